@@ -1,0 +1,194 @@
+package v1alpha1
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestSeedConfigMapIsAcceptedAsWritten(t *testing.T) {
+	data, err := os.ReadFile("testdata/seed-configmap.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), "\t\tprofiles:") {
+		t.Fatal("the fixture must keep the seed's tab indentation")
+	}
+	cfg, src, err := LoadNodeConfig(data, "seed.yaml")
+	if err != nil {
+		t.Fatalf("seed config refused: %v", err)
+	}
+	if len(cfg.Profiles) != 2 || cfg.Profiles[0].Name != "1x" || cfg.Profiles[0].Seats() != 4 || cfg.Profiles[0].Size() != 1 ||
+		cfg.Profiles[1].Name != "2x" || cfg.Profiles[1].Seats() != 3 || cfg.Profiles[1].Size() != 2 {
+		t.Errorf("profiles %+v", cfg.Profiles)
+	}
+	if len(cfg.Groups) != 2 || cfg.Groups[0].Name != "G01" || len(cfg.Groups[1].GPUs) != 2 || cfg.Groups[1].GPUs[1] != 3 {
+		t.Errorf("groups %+v", cfg.Groups)
+	}
+	if cfg.Grouping != GroupingAuto || cfg.AllocationPolicy != PolicyPack || len(cfg.Attributes) != 4 {
+		t.Errorf("defaults not applied: %+v", cfg)
+	}
+	if len(src.Notes) != 2 {
+		t.Errorf("notes %q: the user must learn that tabs were read as spaces", src.Notes)
+	}
+	// The ConfigMap payload starts below the ConfigMap's own lines.
+	if got := src.Line("groups[1].gpus"); got != 16 {
+		t.Errorf("groups[1].gpus is on line %d of the file, want 16", got)
+	}
+}
+
+func TestSeedPayloadAloneIsAccepted(t *testing.T) {
+	cfg, _, err := LoadNodeConfig([]byte(`profiles:
+  - resource: kyb.ai/gpu-1x-seat
+    seatsPerGroup: 4
+  - resource: kyb.ai/gpu-2x-seat
+    seatsPerGroup: 3
+groups:
+  - name: G01
+    gpus: [0,1]
+  - name: G23
+    gpus: [2,3]
+`), "config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Profiles) != 2 || len(cfg.Groups) != 2 {
+		t.Errorf("got %+v", cfg)
+	}
+}
+
+func TestNodeConfigErrorsNameFileLineAndField(t *testing.T) {
+	tests := []struct {
+		name string
+		doc  string
+		want []string
+	}{
+		{"seats at least one", `profiles:
+- resource: kyb.ai/gpu-1x-seat
+- resource: kyb.ai/gpu-2x-seat
+  seatsPerGroup: 0
+`, []string{"c.yaml:4: profiles[1].seatsPerGroup: must be at least 1, not 0"}},
+		{"unknown field", `profiles:
+- resource: kyb.ai/gpu-1x-seat
+  seatPerGroup: 4
+`, []string{`c.yaml:3: profiles[0].seatPerGroup: unknown field`}},
+		{"unknown top-level field and a bad value together", `profile: []
+allocationPolicy: tight
+`, []string{`c.yaml:1: profile: unknown field`, `c.yaml:2: allocationPolicy: must be "pack" or "spread", not "tight"`}},
+		{"wrong type", `profiles:
+- resource: kyb.ai/gpu-1x-seat
+  seatsPerGroup: four
+`, []string{"c.yaml:3: profiles[0].seatsPerGroup: expected an integer, got string"}},
+		{"size not derivable", `profiles:
+- resource: kyb.ai/inference
+`, []string{`c.yaml:2: profiles[0].gpusPerGroup: required: the resource name "kyb.ai/inference" does not carry the group size`}},
+		{"size contradicts resource", `profiles:
+- resource: kyb.ai/gpu-2x-seat
+  gpusPerGroup: 4
+`, []string{`c.yaml:3: profiles[0].gpusPerGroup: 4 contradicts the resource name "kyb.ai/gpu-2x-seat", which says 2`}},
+		{"invalid size", `profiles:
+- resource: kyb.ai/gpu-3x-seat
+`, []string{`c.yaml:2: profiles[0].resource: "kyb.ai/gpu-3x-seat" names groups of 3 GPUs; a group has 1, 2, 4 or 8`}},
+		{"duplicate profile", `profiles:
+- resource: kyb.ai/gpu-1x-seat
+- resource: kyb.ai/gpu-1x-seat
+`, []string{`c.yaml:3: profiles[1].resource: "kyb.ai/gpu-1x-seat" is already used by profiles[0]`}},
+		{"reserved domain", `profiles:
+- resource: kubernetes.io/gpu-1x-seat
+`, []string{`profiles[0].resource: "kubernetes.io/gpu-1x-seat": the kubernetes.io domain is reserved`}},
+		{"group problems", `groups:
+- name: G01
+  gpus: [0, 0]
+- name: g01
+  gpus: [1, 2, 3]
+- gpus: [4]
+`, []string{
+			"c.yaml:3: groups[0].gpus[1]: GPU 0 is listed twice (also at [0])",
+			`c.yaml:4: groups[1].name: group name "g01" is already used by groups[0]`,
+			"c.yaml:5: groups[1].gpus: a group has 1, 2, 4 or 8 GPUs, not 3",
+			"c.yaml:6: groups[2].name: required",
+		}},
+		{"attributes", `attributes: [group, color]
+`, []string{`attributes[1]: unknown attribute "color"`, `attributes: must include "profile"`}},
+		{"empty profiles list", `profiles: []
+`, []string{"c.yaml:1: profiles: must list at least one profile"}},
+		{"wrong kind", `apiVersion: kyb.ai/v1alpha1
+kind: NodeTopology
+`, []string{`c.yaml:2: kind: must be "NodeConfig", not "NodeTopology"`}},
+		{"health", `health:
+  criticalXIDs: [48, -1]
+  ignoredXIDs: [48]
+  recoveryPeriod: 10ms
+  gpuLostEffect: Evict
+`, []string{
+			"health.criticalXIDs[0]: XID 48 is also in ignoredXIDs",
+			"health.criticalXIDs[1]: an XID is a positive number, not -1",
+			"health.recoveryPeriod: must be at least 1s, not 10ms",
+			`health.gpuLostEffect: must be NoSchedule or NoExecute, not "Evict"`,
+		}},
+		{"two documents", "profiles: []\n---\ngroups: []\n", []string{"c.yaml: line 2: a second document starts here"}},
+		{"not YAML", "profiles: [\n", []string{"c.yaml: "}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := LoadNodeConfig([]byte(tc.doc), "c.yaml")
+			if err == nil {
+				t.Fatal("expected an error")
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error:\n%s\ndoes not contain %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestAnnotatedErrorsKeepTheirStructure(t *testing.T) {
+	_, _, err := LoadNodeConfig([]byte("profiles:\n- resource: kyb.ai/gpu-1x-seat\n  seatsPerGroup: 0\n"), "c.yaml")
+	var list FieldErrors
+	if !errors.As(err, &list) || len(list) != 1 || list[0].Path != "profiles[0].seatsPerGroup" {
+		t.Fatalf("errors.As(FieldErrors) = %v", list)
+	}
+}
+
+func TestEmptyConfigGivesDefaults(t *testing.T) {
+	cfg, _, err := LoadNodeConfig([]byte("{}\n"), "c.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Profiles) != 0 || cfg.Grouping != GroupingAuto || cfg.AllocationPolicy != PolicyPack {
+		t.Errorf("got %+v", cfg)
+	}
+	if _, _, err := LoadNodeConfig([]byte(""), "c.yaml"); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("an empty file must be refused as empty, got %v", err)
+	}
+}
+
+func TestProfileDefaults(t *testing.T) {
+	tests := []struct {
+		resource string
+		name     string
+		size     int
+	}{
+		{"kyb.ai/gpu-1x-seat", "1x", 1},
+		{"kyb.ai/gpu-8x-seat", "8x", 8},
+		{"example.com/gpu-2x-train", "2x-train", 2},
+		{"kyb.ai/4x", "4x", 4},
+	}
+	for _, tc := range tests {
+		p := Profile{Resource: tc.resource}
+		p.SetDefaults()
+		if p.Name != tc.name || p.Size() != tc.size || p.Seats() != 1 {
+			t.Errorf("%s: name %q size %d seats %d, want %q %d 1", tc.resource, p.Name, p.Size(), p.Seats(), tc.name, tc.size)
+		}
+	}
+}
+
+func TestConfigMapWithoutConfig(t *testing.T) {
+	_, _, err := LoadNodeConfig([]byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata:\n  a: b\n  c: d\n"), "cm.yaml")
+	if err == nil || !strings.Contains(err.Error(), `has keys a, c but no "config.yaml"`) {
+		t.Errorf("got %v", err)
+	}
+}

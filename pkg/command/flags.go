@@ -1,0 +1,93 @@
+// Package command is the command line of the driver's binaries: flags,
+// their environment equivalents, and the subcommands, each a function of
+// its arguments that returns an exit code, so the command line is tested
+// like any other code. cmd/ holds only the main functions that call it.
+package command
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// flags is a flag set whose flags may also be set from the environment.
+// A flag given on the command line wins over its variable.
+type flags struct {
+	*flag.FlagSet
+	env    map[string]string // flag name -> variable
+	stderr io.Writer
+}
+
+func newFlags(name string, stderr io.Writer) *flags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	// The flag package prints the whole usage on every mistake; the
+	// commands print one line saying what is wrong instead, and the usage
+	// only when asked for (-h).
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return &flags{FlagSet: fs, env: map[string]string{}, stderr: stderr}
+}
+
+// usage prints the command's help: its text, then every flag.
+func (f *flags) usage(text string) {
+	fmt.Fprint(f.stderr, text)
+	f.SetOutput(f.stderr)
+	f.PrintDefaults()
+	f.SetOutput(io.Discard)
+}
+
+// bind marks a flag as settable from variable env and says so in its usage.
+func (f *flags) bind(name, env string) {
+	f.env[name] = env
+	if fl := f.Lookup(name); fl != nil {
+		fl.Usage += " (env " + env + ")"
+	}
+}
+
+// parse parses args, then fills the flags not given from the environment.
+func (f *flags) parse(args []string, getenv func(string) string) error {
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	names := make([]string, 0, len(f.env))
+	for n := range f.env {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if given[name] {
+			continue
+		}
+		env := f.env[name]
+		if v := getenv(env); v != "" {
+			if err := f.Set(name, v); err != nil {
+				return fmt.Errorf("environment variable %s=%q: %w", env, v, err)
+			}
+		}
+	}
+	if f.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", f.Arg(0))
+	}
+	return nil
+}
+
+// oneOf is a string flag restricted to a set of values.
+type oneOf struct {
+	value   string
+	allowed []string
+}
+
+func (o *oneOf) String() string { return o.value }
+
+func (o *oneOf) Set(v string) error {
+	if !slices.Contains(o.allowed, v) {
+		return fmt.Errorf("must be one of %s", strings.Join(o.allowed, ", "))
+	}
+	o.value = v
+	return nil
+}
