@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
@@ -114,6 +115,8 @@ func Plan(ctx context.Context, args []string, getenv func(string) string, stdout
 	output := &oneOf{value: "table", allowed: []string{"table", "yaml", "json", "resourceslices", "deviceclasses"}}
 	f.Var(output, "o", "output format: table, yaml, json, resourceslices or deviceclasses")
 	f.Var(output, "output", "same as -o")
+	layout := &oneOf{value: "shared", allowed: []string{"shared", "per-seat"}}
+	f.Var(layout, "device-layout", "layout of -o resourceslices: shared (one shared device per group) or per-seat (the fallback for clusters without consumable capacity)")
 	if err := f.parse(args, getenv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			f.usage(planUsage)
@@ -137,7 +140,7 @@ func Plan(ctx context.Context, args []string, getenv func(string) string, stdout
 	case "json":
 		err = planview.WriteJSON(stdout, planview.NewView(src.nodeName, node.host.Description, node.inv, node.plan))
 	default:
-		err = writeDRAObjects(stdout, output.value, src.nodeName, node)
+		err = writeDRAObjects(stdout, output.value, src.nodeName, draresources.Layout(layout.value), node)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kyb-dra-plugin plan: %v\n", err)

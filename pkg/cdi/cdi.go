@@ -1,0 +1,189 @@
+// Package cdi writes the driver's CDI specs: one transient spec per
+// prepared claim, vendor kyb.ai, class gpu, in the CDI directory the
+// container runtime reads. It uses the CNCF CDI library for naming,
+// validation and atomic writes.
+package cdi
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+)
+
+const (
+	// Vendor and Class make the CDI kind kyb.ai/gpu.
+	Vendor = "kyb.ai"
+	Class  = "gpu"
+	// specExt is the encoding of the spec files.
+	specExt = ".json"
+)
+
+// Device is one CDI device of a claim's spec.
+type Device struct {
+	// Name is unique within the claim; the CDI name prefixes it with the
+	// claim UID so that it is unique on the node and never reused (container
+	// runtimes cache specs).
+	Name  string
+	Edits *containeredits.Edits
+}
+
+// Writer writes and removes claim specs in one directory.
+type Writer struct {
+	dir   string
+	cache *cdiapi.Cache
+}
+
+// NewWriter prepares dir (creating it if needed).
+func NewWriter(dir string) (*Writer, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create CDI directory %s: %w", dir, err)
+	}
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("open CDI directory %s: %w", dir, err)
+	}
+	return &Writer{dir: dir, cache: cache}, nil
+}
+
+// Dir is the directory the writer writes to.
+func (w *Writer) Dir() string { return w.dir }
+
+// SpecName is the file name (without extension) of a claim's spec.
+func SpecName(claimUID types.UID) string {
+	return cdiapi.GenerateTransientSpecName(Vendor, Class, string(claimUID))
+}
+
+// DeviceID is the qualified CDI name of a claim's device, as the kubelet
+// passes it to the runtime: kyb.ai/gpu=<claim UID>-<name>.
+func DeviceID(claimUID types.UID, name string) string {
+	return parser.QualifiedName(Vendor, Class, deviceName(claimUID, name))
+}
+
+func deviceName(claimUID types.UID, name string) string {
+	return string(claimUID) + "-" + name
+}
+
+// Spec builds a claim's spec without writing it.
+func Spec(claimUID types.UID, devices []Device) (*cdispec.Spec, error) {
+	spec := &cdispec.Spec{Kind: Vendor + "/" + Class}
+	for _, d := range devices {
+		spec.Devices = append(spec.Devices, cdispec.Device{Name: deviceName(claimUID, d.Name), ContainerEdits: toCDI(d.Edits)})
+	}
+	v, err := cdiapi.MinimumRequiredVersion(spec)
+	if err != nil {
+		return nil, fmt.Errorf("CDI version for claim %s: %w", claimUID, err)
+	}
+	spec.Version = v
+	return spec, nil
+}
+
+// Write writes a claim's spec atomically, replacing an older one.
+func (w *Writer) Write(claimUID types.UID, devices []Device) error {
+	spec, err := Spec(claimUID, devices)
+	if err != nil {
+		return err
+	}
+	if err := w.cache.WriteSpec(spec, SpecName(claimUID)+specExt); err != nil {
+		return fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
+	}
+	return nil
+}
+
+// Remove removes a claim's spec; a missing one is not an error.
+func (w *Writer) Remove(claimUID types.UID) error {
+	if err := w.cache.RemoveSpec(SpecName(claimUID) + specExt); err != nil {
+		return fmt.Errorf("remove CDI spec of claim %s: %w", claimUID, err)
+	}
+	return nil
+}
+
+// Exists reports whether a claim's spec file is there.
+func (w *Writer) Exists(claimUID types.UID) bool {
+	_, err := os.Stat(filepath.Join(w.dir, SpecName(claimUID)+specExt))
+	return err == nil
+}
+
+// Claims lists the claims that have a spec file in the directory.
+func (w *Writer) Claims() ([]types.UID, error) {
+	entries, err := os.ReadDir(w.dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list CDI directory %s: %w", w.dir, err)
+	}
+	prefix := SpecName("")
+	var out []types.UID
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), specExt)
+		if !ok || !strings.HasPrefix(name, prefix) || e.IsDir() {
+			continue
+		}
+		out = append(out, types.UID(strings.TrimPrefix(name, prefix)))
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func toCDI(e *containeredits.Edits) cdispec.ContainerEdits {
+	var ce cdispec.ContainerEdits
+	ce.Env = slices.Clone(e.Env)
+	for _, d := range e.DeviceNodes {
+		ce.DeviceNodes = append(ce.DeviceNodes, &cdispec.DeviceNode{
+			Path: d.Path, HostPath: d.HostPath, Type: "c", Major: d.Major, Minor: d.Minor, Permissions: "rw",
+		})
+	}
+	for _, m := range e.Mounts {
+		ce.Mounts = append(ce.Mounts, &cdispec.Mount{
+			HostPath: m.HostPath, ContainerPath: m.ContainerPath, Type: "bind",
+			Options: []string{"ro", "nosuid", "nodev", "rbind", "rprivate"},
+		})
+	}
+	return ce
+}
+
+// NVIDIAKind is the CDI kind of NVIDIA's container toolkit spec.
+const NVIDIAKind = "nvidia.com/gpu"
+
+// FindNVIDIADevices looks in dirs for NVIDIA's CDI spec and returns, per
+// GPU index, the qualified name of its device there: by UUID where the
+// spec names devices by UUID, else by index (nvidia-ctk's default).
+func FindNVIDIADevices(dirs []string, gpus []inventory.GPU) (map[int]string, error) {
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dirs...), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, err
+	}
+	names := map[string]bool{}
+	for _, id := range cache.ListDevices() {
+		vendor, class, name, err := parser.ParseQualifiedName(id)
+		if err != nil || vendor+"/"+class != NVIDIAKind {
+			continue
+		}
+		names[name] = true
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("no %s devices", NVIDIAKind)
+	}
+	out := map[int]string{}
+	for _, g := range gpus {
+		switch idx := strconv.Itoa(g.Index); {
+		case names[g.UUID]:
+			out[g.Index] = parser.QualifiedName("nvidia.com", "gpu", g.UUID)
+		case names[idx]:
+			out[g.Index] = parser.QualifiedName("nvidia.com", "gpu", idx)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,314 @@
+// Package checkpoint is the plugin's memory across restarts: which claim
+// holds which seats, with which generations, and how far each prepare got.
+// It is the source of truth for prepared claims; CDI specs are derived from
+// it and re-created from it after a reboot empties the CDI directory.
+//
+// On disk it is one JSON file under the plugin's data directory:
+//
+//	{"version": "v1", "checksum": "sha256:<hex of data>", "data": {...}}
+//
+// The checksum covers the exact bytes of data as stored, not a re-encoding
+// of the decoded struct, so a newer plugin whose types grew a field still
+// verifies an older file. Writes are atomic (temp file, fsync, rename, fsync
+// of the directory), and the previous good file is kept beside it as a
+// fallback against corruption.
+//
+// Compatibility rule: a plugin reads its own version and every older one
+// (converting on read) and writes its own; it refuses to overwrite a file
+// of a newer version, so a rollback never silently drops state it cannot
+// read.
+package checkpoint
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Version is the format this plugin writes.
+const Version = "v1"
+
+// FileName is the checkpoint's file name in the plugin data directory.
+const FileName = "checkpoint.json"
+
+// Phase is how far a claim's prepare got.
+type Phase string
+
+const (
+	// PrepareStarted: seats are chosen and recorded, the CDI spec and the
+	// claim status may not be written yet. A later prepare completes it
+	// with the same seats; an unprepare releases them.
+	PrepareStarted Phase = "PrepareStarted"
+	// PrepareCompleted: the CDI spec is written and the kubelet got the
+	// CDI IDs.
+	PrepareCompleted Phase = "PrepareCompleted"
+)
+
+// State is everything the checkpoint holds.
+type State struct {
+	// BootID is the boot the state was last written in; a change means the
+	// node rebooted and the CDI directory (tmpfs) is empty.
+	BootID string `json:"bootID,omitempty"`
+	// Claims are the prepared (or being prepared) claims by UID.
+	Claims map[types.UID]*Claim `json:"claims"`
+	// Generations counts, per seat ("<device>/<seat>"), how often the seat
+	// was handed out. It outlives the claims, so that the next holder of a
+	// seat always sees a new generation.
+	Generations map[string]int64 `json:"generations"`
+}
+
+// Claim is one prepared claim.
+type Claim struct {
+	Namespace string   `json:"namespace"`
+	Name      string   `json:"name"`
+	Phase     Phase    `json:"phase"`
+	Devices   []Device `json:"devices"`
+}
+
+// Device is one allocation result of a claim and the seats it holds.
+type Device struct {
+	// Requests are the claim's requests this device serves.
+	Requests []string `json:"requests"`
+	Pool     string   `json:"pool"`
+	Device   string   `json:"device"`
+	// ShareID is the allocation's share of a shared device.
+	ShareID string `json:"shareID,omitempty"`
+	// GroupDevice is the group's shared device name (such as g01-2x): the
+	// space seats are counted in, whichever layout Device was published in.
+	GroupDevice string `json:"groupDevice"`
+	Profile string `json:"profile"`
+	Group   string `json:"group"`
+	// GPUs are the group's GPU indices and UUIDs.
+	GPUs     []int    `json:"gpus"`
+	GPUUUIDs []string `json:"gpuUUIDs"`
+	// Seats and Generations are parallel: seat Seats[i] was handed out
+	// with generation Generations[i].
+	Seats       []int   `json:"seats"`
+	Generations []int64 `json:"generations"`
+	// CDIDevice is the device's name in the claim's CDI spec.
+	CDIDevice string `json:"cdiDevice"`
+	// VisibleDevices is the claim's configured naming of GPUs (uuid, index).
+	VisibleDevices string `json:"visibleDevices,omitempty"`
+}
+
+// New returns an empty state.
+func New() *State {
+	return &State{Claims: map[types.UID]*Claim{}, Generations: map[string]int64{}}
+}
+
+type envelope struct {
+	Version  string          `json:"version"`
+	Checksum string          `json:"checksum"`
+	Data     json.RawMessage `json:"data"`
+}
+
+// ErrCorrupt says a checkpoint file failed its checksum or did not parse.
+var ErrCorrupt = errors.New("checkpoint is corrupt")
+
+// ErrNewerVersion says a checkpoint was written by a newer plugin.
+var ErrNewerVersion = errors.New("checkpoint was written by a newer plugin")
+
+// Store reads and writes the checkpoint in a directory.
+type Store struct {
+	dir string
+}
+
+// NewStore returns a store for dir, which must exist.
+func NewStore(dir string) *Store { return &Store{dir: dir} }
+
+// Path is the checkpoint file.
+func (s *Store) Path() string { return filepath.Join(s.dir, FileName) }
+
+func (s *Store) prevPath() string { return s.Path() + ".prev" }
+
+// LoadResult says where a loaded state came from.
+type LoadResult struct {
+	// Fresh is true when no checkpoint existed (first start).
+	Fresh bool
+	// RecoveredFrom is set when the current file was bad and the previous
+	// copy was used instead; it holds the current file's problem.
+	RecoveredFrom error
+}
+
+// Load reads the checkpoint. A corrupt file is never trusted: the previous
+// good copy is used instead (and the result says so); when both are bad,
+// the error wraps ErrCorrupt.
+func (s *Store) Load() (*State, LoadResult, error) {
+	st, err := readFile(s.Path())
+	if err == nil {
+		return st, LoadResult{}, nil
+	}
+	if errors.Is(err, ErrNewerVersion) {
+		return nil, LoadResult{}, err
+	}
+	currentErr := err
+	if errors.Is(err, os.ErrNotExist) {
+		currentErr = nil
+	}
+	prev, prevErr := readFile(s.prevPath())
+	switch {
+	case prevErr == nil && currentErr == nil:
+		// A crash between keeping the previous copy and renaming the new
+		// file into place can leave only the previous copy.
+		return prev, LoadResult{RecoveredFrom: fmt.Errorf("%s is missing", s.Path())}, nil
+	case prevErr == nil:
+		return prev, LoadResult{RecoveredFrom: currentErr}, nil
+	case currentErr == nil && errors.Is(prevErr, os.ErrNotExist):
+		return New(), LoadResult{Fresh: true}, nil
+	case currentErr == nil:
+		return nil, LoadResult{}, fmt.Errorf("%s is missing and its previous copy is unusable: %w", s.Path(), prevErr)
+	default:
+		return nil, LoadResult{}, fmt.Errorf("%w (previous copy: %v)", currentErr, prevErr)
+	}
+}
+
+func readFile(path string) (*State, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Decode(raw, path)
+}
+
+// Decode parses and verifies checkpoint bytes; name is used in errors.
+func Decode(raw []byte, name string) (*State, error) {
+	var env envelope
+	if err := json.Unmarshal(raw, &env); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, name, err)
+	}
+	if env.Version == "" || len(env.Data) == 0 {
+		return nil, fmt.Errorf("%w: %s: no version or no data", ErrCorrupt, name)
+	}
+	if got := checksum(env.Data); got != env.Checksum {
+		return nil, fmt.Errorf("%w: %s: checksum %s does not match its data (%s)", ErrCorrupt, name, env.Checksum, got)
+	}
+	st, err := convert(env.Version, env.Data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return st, nil
+}
+
+// convert reads data written in version into the current State.
+func convert(version string, data []byte) (*State, error) {
+	switch version {
+	case Version:
+		st := New()
+		if err := json.Unmarshal(data, st); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		if st.Claims == nil {
+			st.Claims = map[types.UID]*Claim{}
+		}
+		if st.Generations == nil {
+			st.Generations = map[string]int64{}
+		}
+		return st, st.check()
+	default:
+		return nil, fmt.Errorf("%w: version %q (this plugin writes %s); refusing to touch it", ErrNewerVersion, version, Version)
+	}
+}
+
+// check rejects states no plugin writes: a decoded file whose checksum
+// matched but whose content contradicts itself was written by a bug.
+func (st *State) check() error {
+	for uid, c := range st.Claims {
+		if c == nil {
+			return fmt.Errorf("%w: claim %s has no entry", ErrCorrupt, uid)
+		}
+		for _, d := range c.Devices {
+			if len(d.Seats) != len(d.Generations) {
+				return fmt.Errorf("%w: claim %s device %s has %d seats but %d generations", ErrCorrupt, uid, d.Device, len(d.Seats), len(d.Generations))
+			}
+		}
+	}
+	return nil
+}
+
+func checksum(data []byte) string {
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// Encode serialises a state into checkpoint bytes.
+func Encode(st *State) ([]byte, error) {
+	data, err := json.Marshal(st)
+	if err != nil {
+		return nil, fmt.Errorf("encode checkpoint: %w", err)
+	}
+	env := envelope{Version: Version, Checksum: checksum(data), Data: data}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(env); err != nil {
+		return nil, fmt.Errorf("encode checkpoint: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// Save writes the state atomically. Before the new file replaces the
+// current one, the current one is kept as the previous copy.
+func (s *Store) Save(st *State) error {
+	if cur, err := os.ReadFile(s.Path()); err == nil {
+		var env envelope
+		if json.Unmarshal(cur, &env) == nil && env.Version != "" && env.Version != Version {
+			if _, err := convert(env.Version, env.Data); errors.Is(err, ErrNewerVersion) {
+				return fmt.Errorf("save checkpoint: %w", err)
+			}
+		}
+	}
+	raw, err := Encode(st)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(s.dir, FileName+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("save checkpoint: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	if _, err := tmp.Write(raw); err != nil {
+		tmp.Close()
+		return fmt.Errorf("save checkpoint: write %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("save checkpoint: fsync %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("save checkpoint: %w", err)
+	}
+	// Keep the current file as the previous copy: a hard link, so that at
+	// every instant at least one complete file exists.
+	if _, err := os.Stat(s.Path()); err == nil {
+		prevTmp := s.prevPath() + ".tmp"
+		os.Remove(prevTmp)
+		if err := os.Link(s.Path(), prevTmp); err == nil {
+			if err := os.Rename(prevTmp, s.prevPath()); err != nil {
+				return fmt.Errorf("save checkpoint: keep previous copy: %w", err)
+			}
+		}
+	}
+	if err := os.Rename(tmp.Name(), s.Path()); err != nil {
+		return fmt.Errorf("save checkpoint: %w", err)
+	}
+	return syncDir(s.dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("save checkpoint: open %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("save checkpoint: fsync %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package checkpoint
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// SeatKey names seat n of a device in Generations.
+func SeatKey(device string, seat int) string { return device + "/" + strconv.Itoa(seat) }
+
+// Holders returns, for a group device, which claim holds each seat.
+func (st *State) Holders(groupDevice string) map[int]types.UID {
+	out := map[int]types.UID{}
+	for uid, c := range st.Claims {
+		for _, d := range c.Devices {
+			if d.GroupDevice != groupDevice {
+				continue
+			}
+			for _, s := range d.Seats {
+				out[s] = uid
+			}
+		}
+	}
+	return out
+}
+
+// ClaimsOnGroups returns, for every group device in use, the claims that
+// hold seats on it (sorted).
+func (st *State) ClaimsOnGroups() map[string][]types.UID {
+	out := map[string][]types.UID{}
+	for uid, c := range st.Claims {
+		for _, d := range c.Devices {
+			if !slices.Contains(out[d.GroupDevice], uid) {
+				out[d.GroupDevice] = append(out[d.GroupDevice], uid)
+			}
+		}
+	}
+	for k := range out {
+		slices.Sort(out[k])
+	}
+	return out
+}
+
+// FreeSeats returns the lowest n seats of device (of seatsPerGroup) that
+// no claim holds.
+func (st *State) FreeSeats(device string, seatsPerGroup, n int) ([]int, error) {
+	held := st.Holders(device)
+	var free []int
+	for s := 0; s < seatsPerGroup && len(free) < n; s++ {
+		if _, taken := held[s]; !taken {
+			free = append(free, s)
+		}
+	}
+	if len(free) < n {
+		return nil, fmt.Errorf("device %s has %d free seat(s) of %d, %d needed", device, seatsPerGroup-len(held), seatsPerGroup, n)
+	}
+	return free, nil
+}
+
+// NextGeneration hands seat out once more and returns its new generation.
+func (st *State) NextGeneration(device string, seat int) int64 {
+	k := SeatKey(device, seat)
+	st.Generations[k]++
+	return st.Generations[k]
+}

@@ -1,0 +1,149 @@
+// Package containeredits decides what a container holding seats gets: the
+// environment, the device nodes and the driver's user-space files. Both
+// surfaces of the driver use it: the DRA plugin writes it into a CDI spec,
+// the device-plugin shim returns it from Allocate, so a container sees the
+// same thing whichever one served it.
+package containeredits
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+)
+
+// The environment variables a container holding seats gets. With several
+// seats, the KYB_* variables list one entry per seat, in the same order.
+const (
+	EnvCUDAVisibleDevices   = "CUDA_VISIBLE_DEVICES"
+	EnvNVIDIAVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+	EnvCUDADeviceOrder      = "CUDA_DEVICE_ORDER"
+	EnvGroup                = "KYB_GPU_GROUP"
+	EnvSeat                 = "KYB_GPU_SEAT"
+	EnvGeneration           = "KYB_SEAT_GEN"
+)
+
+// ControlDevices are the device nodes every CUDA process needs besides its
+// GPUs' own.
+var ControlDevices = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+
+// Seat is one or more seats of one group held by a container.
+type Seat struct {
+	// Group is the group's name.
+	Group string
+	// Seats are the seat indices held on the group.
+	Seats []int
+	// Generations are the seats' generations, one per seat: a generation
+	// changes each time a seat is handed out again.
+	Generations []int64
+	// GPUs are the group's GPUs.
+	GPUs []inventory.GPU
+}
+
+// DeviceNode is a character device to create in the container.
+type DeviceNode struct {
+	Path     string
+	HostPath string
+	Major    int64
+	Minor    int64
+}
+
+// Mount is a read-only bind mount of a driver file.
+type Mount struct {
+	HostPath      string
+	ContainerPath string
+}
+
+// Edits is what a container gets.
+type Edits struct {
+	// Env is sorted "KEY=value".
+	Env         []string
+	DeviceNodes []DeviceNode
+	Mounts      []Mount
+}
+
+// Options shape the edits.
+type Options struct {
+	// VisibleDevices names the GPUs in the visible-devices variables.
+	VisibleDevices v1alpha1.VisibleDevices
+	// DeviceNumbers returns a device node's major and minor.
+	DeviceNumbers func(path string) (major, minor int64, err error)
+	// Driver, when set, is carried into the container as bind mounts.
+	Driver *DriverFiles
+}
+
+// Build computes the edits for a container holding seats.
+func Build(seats []Seat, opts Options) (*Edits, error) {
+	if len(seats) == 0 {
+		return nil, fmt.Errorf("no seats")
+	}
+	var gpus []inventory.GPU
+	var groups, seatIDs, gens []string
+	for _, s := range seats {
+		if len(s.Seats) != len(s.Generations) {
+			return nil, fmt.Errorf("group %s: %d seats but %d generations", s.Group, len(s.Seats), len(s.Generations))
+		}
+		for i := range s.Seats {
+			groups = append(groups, s.Group)
+			seatIDs = append(seatIDs, strconv.Itoa(s.Seats[i]))
+			gens = append(gens, strconv.FormatInt(s.Generations[i], 10))
+		}
+		for _, g := range s.GPUs {
+			if !slices.ContainsFunc(gpus, func(x inventory.GPU) bool { return x.UUID == g.UUID }) {
+				gpus = append(gpus, g)
+			}
+		}
+	}
+	slices.SortFunc(gpus, func(a, b inventory.GPU) int { return a.Index - b.Index })
+
+	uuids := make([]string, len(gpus))
+	for i, g := range gpus {
+		uuids[i] = g.UUID
+	}
+	env := map[string]string{
+		// The NVIDIA runtime reads this on the host, where only UUIDs are
+		// unambiguous.
+		EnvNVIDIAVisibleDevices: strings.Join(uuids, ","),
+		EnvGroup:                strings.Join(groups, ","),
+		EnvSeat:                 strings.Join(seatIDs, ","),
+		EnvGeneration:           strings.Join(gens, ","),
+	}
+	switch opts.VisibleDevices {
+	case v1alpha1.VisibleDevicesIndex:
+		// Inside the container CUDA numbers the devices it can open from
+		// 0, in PCI order when told so.
+		idx := make([]string, len(gpus))
+		for i := range gpus {
+			idx[i] = strconv.Itoa(i)
+		}
+		env[EnvCUDAVisibleDevices] = strings.Join(idx, ",")
+		env[EnvCUDADeviceOrder] = "PCI_BUS_ID"
+	default:
+		env[EnvCUDAVisibleDevices] = strings.Join(uuids, ",")
+	}
+	e := &Edits{}
+	for k, v := range env {
+		e.Env = append(e.Env, k+"="+v)
+	}
+	slices.Sort(e.Env)
+
+	var paths []string
+	for _, g := range gpus {
+		paths = append(paths, "/dev/nvidia"+strconv.Itoa(g.Minor))
+	}
+	paths = append(paths, ControlDevices...)
+	for _, p := range paths {
+		major, minor, err := opts.DeviceNumbers(p)
+		if err != nil {
+			return nil, fmt.Errorf("device node %s: %w", p, err)
+		}
+		e.DeviceNodes = append(e.DeviceNodes, DeviceNode{Path: p, HostPath: p, Major: major, Minor: minor})
+	}
+	if opts.Driver != nil {
+		e.Mounts = opts.Driver.Mounts()
+	}
+	return e, nil
+}

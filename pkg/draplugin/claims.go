@@ -1,0 +1,178 @@
+package draplugin
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+)
+
+// assignSeats decides the seats of a claim's allocation results on this
+// node and records them in st as PrepareStarted. It is pure bookkeeping:
+// no files, no API calls. A claim already recorded as started keeps its
+// seats and generations: a repeated prepare hands out nothing twice.
+//
+// It refuses, for this claim only: a device of another pool, a device the
+// node does not publish, a seat or GPU another claim already holds, and an
+// opaque configuration it does not understand.
+func (d *Driver) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, error) {
+	if prev, ok := st.Claims[claim.UID]; ok && prev.Phase == checkpoint.PrepareStarted {
+		return prev, nil
+	}
+	alloc := claim.Status.Allocation
+	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareStarted}
+	// Record the entry while deciding, so that a claim with several
+	// shares of one group gets distinct seats.
+	st.Claims[claim.UID] = entry
+	ok := false
+	defer func() {
+		if !ok {
+			delete(st.Claims, claim.UID)
+		}
+	}()
+
+	for _, result := range alloc.Devices.Results {
+		if result.Driver != draresources.DriverName {
+			continue
+		}
+		if result.Pool != d.pool {
+			return nil, fmt.Errorf("device %s is in pool %q, but this node's pool is %q: the claim was allocated for another node", result.Device, result.Pool, d.pool)
+		}
+		ref, known := d.index[result.Device]
+		if !known {
+			return nil, fmt.Errorf("device %s is not published by this node; its configuration may have changed since the claim was allocated", result.Device)
+		}
+		cfg, err := seatConfig(alloc.Devices.Config, result)
+		if err != nil {
+			return nil, err
+		}
+		group := ref.Group
+		groupDevice := group.DeviceName()
+		if err := d.checkExclusive(st, claim.UID, group); err != nil {
+			return nil, err
+		}
+		var seats []int
+		if ref.Seat >= 0 {
+			if holder, held := st.Holders(groupDevice)[ref.Seat]; held && holder != claim.UID {
+				return nil, fmt.Errorf("seat %d of group %s is already held by claim %s", ref.Seat, group.Name, d.describeClaim(st, holder))
+			}
+			seats = []int{ref.Seat}
+		} else {
+			n, err := seatsConsumed(result, group)
+			if err != nil {
+				return nil, err
+			}
+			if seats, err = st.FreeSeats(groupDevice, group.Seats(), n); err != nil {
+				return nil, fmt.Errorf("group %s: %w; the scheduler counts seats, so another claim holds more than it should", group.Name, err)
+			}
+		}
+		dev := checkpoint.Device{
+			Requests:       []string{resourceclaim.BaseRequestRef(result.Request)},
+			Pool:           result.Pool,
+			Device:         result.Device,
+			GroupDevice:    groupDevice,
+			Profile:        group.Profile.Name,
+			Group:          group.Name,
+			GPUs:           slices.Clone(group.GPUs),
+			Seats:          seats,
+			CDIDevice:      result.Device,
+			VisibleDevices: string(cfg.VisibleDevices),
+		}
+		for _, x := range group.GPUs {
+			dev.GPUUUIDs = append(dev.GPUUUIDs, d.inv.GPUs[x].UUID)
+		}
+		if result.ShareID != nil {
+			dev.ShareID = string(*result.ShareID)
+			dev.CDIDevice += "-" + dev.ShareID
+		}
+		for _, s := range seats {
+			dev.Generations = append(dev.Generations, st.NextGeneration(groupDevice, s))
+		}
+		entry.Devices = append(entry.Devices, dev)
+	}
+	ok = true
+	return entry, nil
+}
+
+// checkExclusive is the last line of defence against a scheduler (or a
+// stale state) handing one GPU to two groups that exclude each other: no
+// other claim may hold a seat on a group that shares a GPU with this one
+// unless a profile involved allows overprovisioning.
+func (d *Driver) checkExclusive(st *checkpoint.State, self types.UID, group *planner.Group) error {
+	for uid, c := range st.Claims {
+		if uid == self {
+			continue
+		}
+		for _, dev := range c.Devices {
+			other := d.plan.GroupByDevice(dev.GroupDevice)
+			var excludes bool
+			if other != nil {
+				excludes = group.Excludes(other)
+			} else {
+				// A group of an older configuration: judge by its GPUs.
+				excludes = !group.Profile.AllowOverprovision && slices.ContainsFunc(dev.GPUs, func(x int) bool { return slices.Contains(group.GPUs, x) })
+			}
+			if excludes && dev.GroupDevice != group.DeviceName() {
+				return fmt.Errorf("GPU(s) %s of group %s (%s) are in use by claim %s through group %s (%s); groups that share a GPU exclude each other unless a profile allows overprovisioning",
+					group.GPUList(), group.Name, group.Profile.Name, d.describeClaim(st, uid), dev.Group, dev.Profile)
+			}
+		}
+	}
+	return nil
+}
+
+func (d *Driver) describeClaim(st *checkpoint.State, uid types.UID) string {
+	if c, ok := st.Claims[uid]; ok {
+		return fmt.Sprintf("%s/%s (%s)", c.Namespace, c.Name, uid)
+	}
+	return string(uid)
+}
+
+// seatsConsumed is how many seats a share holds: its consumed "seats"
+// capacity (the request policy's default, 1, when the claim asked none).
+func seatsConsumed(result resourceapi.DeviceRequestAllocationResult, group *planner.Group) (int, error) {
+	q, ok := result.ConsumedCapacity[draresources.SeatsCapacity]
+	if !ok {
+		return 1, nil
+	}
+	n, exact := q.AsInt64()
+	if !exact || n < 1 || q.Cmp(*resource.NewQuantity(int64(group.Seats()), resource.DecimalSI)) > 0 {
+		return 0, fmt.Errorf("device %s: consumed seats %s is not a whole number between 1 and %d", result.Device, q.String(), group.Seats())
+	}
+	return int(n), nil
+}
+
+// seatConfig resolves the opaque configuration for one result: class
+// configurations first, then the claim's own, later ones winning; entries
+// for other drivers are ignored, ours must decode.
+func seatConfig(configs []resourceapi.DeviceAllocationConfiguration, result resourceapi.DeviceRequestAllocationResult) (*v1alpha1.SeatConfig, error) {
+	cfg := &v1alpha1.SeatConfig{}
+	cfg.SetDefaults()
+	for _, source := range []resourceapi.AllocationConfigSource{resourceapi.AllocationConfigSourceClass, resourceapi.AllocationConfigSourceClaim} {
+		for i, c := range configs {
+			if c.Source != source || c.Opaque == nil || c.Opaque.Driver != draresources.DriverName {
+				continue
+			}
+			if len(c.Requests) > 0 && !slices.ContainsFunc(c.Requests, func(r string) bool {
+				return r == result.Request || r == resourceclaim.BaseRequestRef(result.Request)
+			}) {
+				continue
+			}
+			parsed, err := v1alpha1.DecodeSeatConfig(c.Opaque.Parameters.Raw)
+			if err != nil {
+				return nil, fmt.Errorf("config[%d] (from the %s): %w", i, strings.ToLower(string(source)), err)
+			}
+			cfg = parsed
+		}
+	}
+	return cfg, nil
+}

@@ -1,0 +1,408 @@
+// Package draplugin is the kyb DRA kubelet plugin: it publishes the node's
+// groups and seats as ResourceSlices and prepares the claims the scheduler
+// allocated on them, through the upstream kubeletplugin helper (gRPC over
+// the kubelet's unix sockets) and its resourceslice controller.
+package draplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+)
+
+// LayoutMode chooses the ResourceSlice layout.
+type LayoutMode string
+
+const (
+	// LayoutAuto publishes shared devices and falls back to one device per
+	// seat when the API server drops the fields shared devices need.
+	LayoutAuto LayoutMode = "auto"
+	// LayoutShared and LayoutPerSeat force a layout.
+	LayoutShared  LayoutMode = "shared"
+	LayoutPerSeat LayoutMode = "per-seat"
+)
+
+// Options configure the plugin. NodeName, Client, Inventory and Plan are
+// required.
+type Options struct {
+	NodeName  string
+	Client    kubernetes.Interface
+	Inventory *inventory.Inventory
+	Plan      *planner.Plan
+	// Edits says how containers get device nodes and driver files.
+	Edits containeredits.Options
+	// NVIDIACDIDevice, when set, names NVIDIA's own CDI device for a GPU
+	// ("" for none); its entry brings the driver files into the container.
+	NVIDIACDIDevice func(index int, uuid string) string
+	// CDIRoot is where claim specs are written (default /var/run/cdi).
+	CDIRoot string
+	// PluginDataDir holds the DRA socket and the checkpoint (default
+	// /var/lib/kubelet/plugins/gpu.kyb.ai).
+	PluginDataDir string
+	// RegistrarDir is the kubelet's plugin registry (default
+	// /var/lib/kubelet/plugins_registry).
+	RegistrarDir string
+	// PodUID enables rolling updates: two plugin pods serve the node at
+	// once during an update, with their own sockets and a shared lock.
+	PodUID types.UID
+	// BootIDFile is read to tell a reboot (default
+	// /proc/sys/kernel/random/boot_id).
+	BootIDFile string
+	// Layout chooses the ResourceSlice layout (default auto).
+	Layout LayoutMode
+	// HealthReportInterval is how often device health is re-sent to the
+	// kubelet (default 10s).
+	HealthReportInterval time.Duration
+	// Health tells which GPUs are unhealthy; nil: all healthy.
+	Health HealthSource
+	// Hooks, for tests only, are called at each step of prepare/unprepare.
+	Hooks func(HookPoint)
+	// Clock, for tests; default the real clock.
+	Clock clock.WithTicker
+}
+
+// Driver is a running plugin.
+type Driver struct {
+	opts        Options
+	pool        string
+	inv         *inventory.Inventory
+	plan        *planner.Plan
+	index       map[string]draresources.DeviceRef
+	store       *checkpoint.Store
+	cdi         *cdi.Writer
+	editOptions containeredits.Options
+	client      kubernetes.Interface
+	clock       clock.WithTicker
+	hooks       hooks
+	health      healthView
+	metrics     *metrics
+
+	helper      *kubeletplugin.Helper
+	broadcaster events.EventBroadcaster
+	recorder    events.EventRecorder
+	nodeRef     *corev1.ObjectReference
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	// mu serialises prepare, unprepare and the start-up repair.
+	mu sync.Mutex
+
+	layoutMu  sync.Mutex
+	layout    draresources.Layout
+	published []string
+}
+
+// Start repairs the node's state, registers with the kubelet and publishes
+// the node's ResourceSlices.
+func Start(ctx context.Context, opts Options) (*Driver, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	logger := klog.FromContext(ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
+	d := &Driver{
+		opts: opts, pool: opts.NodeName, inv: opts.Inventory, plan: opts.Plan,
+		index: draresources.Index(opts.Plan), client: opts.Client, clock: opts.Clock,
+		hooks: hooks(opts.Hooks), health: healthView{opts.Health}, metrics: newMetrics(),
+		editOptions: opts.Edits, ctx: ctx, cancel: cancel, layout: draresources.LayoutShared,
+	}
+	if opts.Layout == LayoutPerSeat {
+		d.layout = draresources.LayoutPerSeat
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			d.Stop()
+		}
+	}()
+	if err := os.MkdirAll(opts.PluginDataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create plugin data directory: %w", err)
+	}
+	d.store = checkpoint.NewStore(opts.PluginDataDir)
+	w, err := cdi.NewWriter(opts.CDIRoot)
+	if err != nil {
+		return nil, err
+	}
+	d.cdi = w
+	if err := d.repair(ctx); err != nil {
+		return nil, err
+	}
+	d.startEvents(ctx)
+
+	helperOpts := []kubeletplugin.Option{
+		kubeletplugin.DriverName(draresources.DriverName),
+		kubeletplugin.KubeClient(opts.Client),
+		kubeletplugin.NodeName(opts.NodeName),
+		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
+		kubeletplugin.PluginDataDirectoryPath(opts.PluginDataDir),
+		kubeletplugin.CDIDirectory(opts.CDIRoot),
+	}
+	if opts.PodUID != "" {
+		helperOpts = append(helperOpts, kubeletplugin.RollingUpdate(opts.PodUID))
+	}
+	helper, err := kubeletplugin.Start(ctx, d, helperOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("start the kubelet plugin: %w", err)
+	}
+	d.helper = helper
+	if err := d.publish(ctx); err != nil {
+		return nil, err
+	}
+	logger.Info("Started", "node", opts.NodeName, "gpus", len(opts.Inventory.GPUs), "devices", len(d.publishedDevices()), "layout", d.currentLayout(), "pluginDir", opts.PluginDataDir, "cdiRoot", opts.CDIRoot)
+	ok = true
+	return d, nil
+}
+
+func (o *Options) setDefaults() error {
+	switch {
+	case o.NodeName == "":
+		return errors.New("the node name is required")
+	case o.Client == nil:
+		return errors.New("a Kubernetes client is required")
+	case o.Inventory == nil || o.Plan == nil:
+		return errors.New("the inventory and the plan are required")
+	case o.Edits.DeviceNumbers == nil:
+		return errors.New("a device-number lookup is required")
+	}
+	if o.CDIRoot == "" {
+		o.CDIRoot = "/var/run/cdi"
+	}
+	if o.PluginDataDir == "" {
+		o.PluginDataDir = kubeletplugin.KubeletPluginsDir + "/" + draresources.DriverName
+	}
+	if o.RegistrarDir == "" {
+		o.RegistrarDir = kubeletplugin.KubeletRegistryDir
+	}
+	if o.BootIDFile == "" {
+		o.BootIDFile = "/proc/sys/kernel/random/boot_id"
+	}
+	if o.Layout == "" {
+		o.Layout = LayoutAuto
+	}
+	if o.HealthReportInterval <= 0 {
+		o.HealthReportInterval = 10 * time.Second
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	return nil
+}
+
+// Stop unregisters from the kubelet and stops publishing. Published
+// ResourceSlices stay: a restarting plugin keeps its node schedulable.
+func (d *Driver) Stop() {
+	if d.helper != nil {
+		d.helper.Stop()
+	}
+	if d.broadcaster != nil {
+		d.broadcaster.Shutdown()
+	}
+	d.cancel(errStopped)
+}
+
+// Done is closed when the plugin stops, on Stop or on a fatal error.
+func (d *Driver) Done() <-chan struct{} { return d.ctx.Done() }
+
+// Err is why the plugin stopped: nil while it runs, errStopped after Stop,
+// or the fatal error that stopped it.
+func (d *Driver) Err() error {
+	if err := context.Cause(d.ctx); err != nil && !errors.Is(err, errStopped) && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// Registry is the plugin's Prometheus registry.
+func (d *Driver) Registry() *prometheus.Registry { return d.metrics.registry }
+
+// Helper is the kubelet plugin helper (for liveness checks).
+func (d *Driver) Helper() *kubeletplugin.Helper { return d.helper }
+
+// HandleError is called by the helper for errors in the background. A
+// ResourceSlice whose fields the API server dropped switches the plugin to
+// the per-seat layout; other recoverable errors are logged (the helper
+// retries); a fatal one stops the plugin.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	logger := klog.FromContext(ctx)
+	var dropped *resourceslice.DroppedFieldsError
+	if errors.As(err, &dropped) {
+		d.fallBack(ctx, dropped)
+		return
+	}
+	if errors.Is(err, kubeletplugin.ErrRecoverable) {
+		if strings.Contains(msg, "ResourceSlice") || apierrors.IsInvalid(err) {
+			d.metrics.errors.WithLabelValues("publish", "api").Inc()
+		}
+		logger.Error(err, msg)
+		return
+	}
+	logger.Error(err, "Fatal error; stopping the plugin", "context", msg)
+	d.cancel(fmt.Errorf("%s: %w", msg, err))
+}
+
+// fallBack switches to one device per seat on the exclusive layout.
+func (d *Driver) fallBack(ctx context.Context, dropped *resourceslice.DroppedFieldsError) {
+	features := dropped.DisabledFeatures()
+	d.layoutMu.Lock()
+	if d.layout == draresources.LayoutPerSeat || d.opts.Layout == LayoutShared {
+		d.layoutMu.Unlock()
+		klog.FromContext(ctx).Error(dropped, "The API server dropped fields of the ResourceSlices and the plugin cannot fall back further", "disabledFeatures", features, "layout", d.opts.Layout)
+		return
+	}
+	d.layout = draresources.LayoutPerSeat
+	d.layoutMu.Unlock()
+	_, why := d.plan.ExclusiveLayout()
+	msg := fmt.Sprintf("The API server dropped fields that shared GPU groups need (features off: %s); publishing one device per seat instead, where %s. Enable DRAConsumableCapacity and DRAPartitionableDevices to get shared groups.",
+		strings.Join(features, ", "), why)
+	klog.Warning(msg)
+	d.event(corev1.EventTypeWarning, "SeatLayoutFallback", msg)
+	if err := d.publish(ctx); err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot publish the per-seat layout")
+	}
+}
+
+// publish publishes the plan in the current layout.
+func (d *Driver) publish(ctx context.Context) error {
+	layout := d.currentLayout()
+	res := draresources.Resources(d.plan, d.inv, d.pool, layout)
+	var names []string
+	perProfile := map[string]int{}
+	for _, s := range res.Pools[d.pool].Slices {
+		for _, dev := range s.Devices {
+			names = append(names, dev.Name)
+			if ref, ok := d.index[dev.Name]; ok {
+				perProfile[ref.Group.Profile.Name]++
+			}
+		}
+	}
+	d.layoutMu.Lock()
+	d.published = names
+	d.layoutMu.Unlock()
+	d.metrics.published.Reset()
+	for p, n := range perProfile {
+		d.metrics.published.WithLabelValues(p, string(layout)).Set(float64(n))
+	}
+	if err := d.helper.PublishResources(ctx, res); err != nil {
+		return fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	return nil
+}
+
+func (d *Driver) currentLayout() draresources.Layout {
+	d.layoutMu.Lock()
+	defer d.layoutMu.Unlock()
+	return d.layout
+}
+
+func (d *Driver) publishedDevices() []string {
+	d.layoutMu.Lock()
+	defer d.layoutMu.Unlock()
+	return slices.Clone(d.published)
+}
+
+// Layout is the layout currently published.
+func (d *Driver) Layout() draresources.Layout { return d.currentLayout() }
+
+// startEvents records Kubernetes Events on the node object.
+func (d *Driver) startEvents(ctx context.Context) {
+	d.nodeRef = &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: d.opts.NodeName}
+	if node, err := d.client.CoreV1().Nodes().Get(ctx, d.opts.NodeName, metav1.GetOptions{}); err == nil {
+		d.nodeRef.UID = node.UID
+	} else {
+		klog.FromContext(ctx).V(2).Info("Cannot read the Node object; events will name it without its UID", "err", err)
+	}
+	d.broadcaster = events.NewBroadcaster(&events.EventSinkImpl{Interface: d.client.EventsV1()})
+	d.broadcaster.StartRecordingToSink(ctx.Done())
+	d.recorder = d.broadcaster.NewRecorder(scheme.Scheme, draresources.DriverName)
+}
+
+func (d *Driver) event(eventType, reason, note string) {
+	if d.recorder == nil {
+		return
+	}
+	d.recorder.Eventf(d.nodeRef, nil, eventType, reason, reason, "%s", note)
+}
+
+// repair makes the node's files agree with the checkpoint before the
+// kubelet can call: specs of prepared claims that are missing (a reboot
+// empties the CDI directory) are written again, specs no claim owns are
+// removed, and the boot ID is recorded.
+func (d *Driver) repair(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st, res, err := d.store.Load()
+	if err != nil {
+		return fmt.Errorf("read the checkpoint %s: %w", d.store.Path(), err)
+	}
+	if res.RecoveredFrom != nil {
+		logger.Error(res.RecoveredFrom, "Checkpoint was unusable; continuing from its previous copy")
+	}
+	bootID := readBootID(d.opts.BootIDFile)
+	if st.BootID != "" && bootID != "" && st.BootID != bootID {
+		logger.Info("The node rebooted since the plugin last ran; restoring the CDI specs of prepared claims", "claims", len(st.Claims))
+	}
+	st.BootID = bootID
+	for uid, c := range st.Claims {
+		if c.Phase != checkpoint.PrepareCompleted || d.cdi.Exists(uid) {
+			continue
+		}
+		if err := d.writeSpec(uid, c); err != nil {
+			// Its next prepare reports the problem for this claim alone.
+			logger.Error(err, "Cannot restore the CDI spec of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
+			continue
+		}
+		logger.Info("Restored the CDI spec of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
+	}
+	specs, err := d.cdi.Claims()
+	if err != nil {
+		return err
+	}
+	for _, uid := range specs {
+		if _, owned := st.Claims[uid]; owned {
+			continue
+		}
+		if err := d.cdi.Remove(uid); err != nil {
+			return err
+		}
+		logger.Info("Removed a CDI spec that no prepared claim owns", "uid", uid)
+	}
+	if err := d.store.Save(st); err != nil {
+		return fmt.Errorf("write the checkpoint: %w", err)
+	}
+	return nil
+}
+
+func readBootID(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}

@@ -1,0 +1,85 @@
+package draplugin
+
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+)
+
+// specDevices derives a claim's CDI devices from its checkpoint entry
+// alone, so that the spec can be re-created after a reboot without the
+// ResourceClaim. Every device of a request carries the edits of the whole
+// request: a container that takes the request sees all of its seats in one
+// consistent environment, whichever device the runtime applies last.
+func (d *Driver) specDevices(uid types.UID, c *checkpoint.Claim) ([]cdi.Device, error) {
+	byRequest := map[string][]containeredits.Seat{}
+	visible := map[string]v1alpha1.VisibleDevices{}
+	var order []string
+	for _, dev := range c.Devices {
+		seat := containeredits.Seat{Group: dev.Group, Seats: dev.Seats, Generations: dev.Generations}
+		for i, x := range dev.GPUs {
+			gpu, err := d.gpu(x, dev.GPUUUIDs[i])
+			if err != nil {
+				return nil, fmt.Errorf("device %s: %w", dev.Device, err)
+			}
+			seat.GPUs = append(seat.GPUs, gpu)
+		}
+		for _, r := range dev.Requests {
+			if _, seen := byRequest[r]; !seen {
+				order = append(order, r)
+			}
+			byRequest[r] = append(byRequest[r], seat)
+			visible[r] = v1alpha1.VisibleDevices(dev.VisibleDevices)
+		}
+	}
+	edits := map[string]*containeredits.Edits{}
+	for _, r := range order {
+		opts := d.editOptions
+		opts.VisibleDevices = visible[r]
+		e, err := containeredits.Build(byRequest[r], opts)
+		if err != nil {
+			return nil, fmt.Errorf("request %s: %w", r, err)
+		}
+		edits[r] = e
+	}
+	var out []cdi.Device
+	for _, dev := range c.Devices {
+		out = append(out, cdi.Device{Name: dev.CDIDevice, Edits: edits[dev.Requests[0]]})
+	}
+	return out, nil
+}
+
+// gpu returns the inventory's GPU at index x, checking that it is still the
+// GPU the seat was given on (a GPU swapped between boots gets a new UUID).
+func (d *Driver) gpu(x int, uuid string) (inventory.GPU, error) {
+	g, ok := d.inv.GPUByIndex(x)
+	if !ok {
+		return inventory.GPU{}, fmt.Errorf("GPU %d no longer exists on this node", x)
+	}
+	if g.UUID != uuid {
+		return inventory.GPU{}, fmt.Errorf("GPU %d is now %s, not %s as when the seat was handed out", x, g.UUID, uuid)
+	}
+	return *g, nil
+}
+
+// cdiIDs are the CDI device IDs the kubelet passes to the runtime for one
+// device of a claim: ours, plus NVIDIA's own entries for the group's GPUs
+// where the node has NVIDIA's CDI spec and the plugin uses it for the
+// driver's files.
+func (d *Driver) cdiIDs(uid types.UID, dev checkpoint.Device) []string {
+	ids := []string{cdi.DeviceID(uid, dev.CDIDevice)}
+	if d.opts.NVIDIACDIDevice != nil {
+		for i, x := range dev.GPUs {
+			if id := d.opts.NVIDIACDIDevice(x, dev.GPUUUIDs[i]); id != "" {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
