@@ -83,8 +83,8 @@ type Device struct {
 	// GroupDevice is the group's shared device name (such as g01-2x): the
 	// space seats are counted in, whichever layout Device was published in.
 	GroupDevice string `json:"groupDevice"`
-	Profile string `json:"profile"`
-	Group   string `json:"group"`
+	Profile     string `json:"profile"`
+	Group       string `json:"group"`
 	// GPUs are the group's GPU indices and UUIDs.
 	GPUs     []int    `json:"gpus"`
 	GPUUUIDs []string `json:"gpuUUIDs"`

@@ -148,7 +148,9 @@ func baseDevice(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.Att
 // attribute computes one attribute of a group; false where the group has
 // no single value (GPUs of different models, no shared NUMA node).
 func attribute(a v1alpha1.AttributeName, g *planner.Group, inv *inventory.Inventory) (resourceapi.DeviceAttribute, bool) {
-	str := func(s string) (resourceapi.DeviceAttribute, bool) { return resourceapi.DeviceAttribute{StringValue: &s}, s != "" }
+	str := func(s string) (resourceapi.DeviceAttribute, bool) {
+		return resourceapi.DeviceAttribute{StringValue: &s}, s != ""
+	}
 	common := func(get func(inventory.GPU) string) string {
 		v := get(inv.GPUs[g.GPUs[0]])
 		for _, x := range g.GPUs[1:] {
