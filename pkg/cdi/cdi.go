@@ -141,9 +141,13 @@ func toCDI(e *containeredits.Edits) cdispec.ContainerEdits {
 	var ce cdispec.ContainerEdits
 	ce.Env = slices.Clone(e.Env)
 	for _, d := range e.DeviceNodes {
-		ce.DeviceNodes = append(ce.DeviceNodes, &cdispec.DeviceNode{
-			Path: d.Path, HostPath: d.HostPath, Type: "c", Major: d.Major, Minor: d.Minor, Permissions: "rw",
-		})
+		dn := &cdispec.DeviceNode{Path: d.Path, Type: "c", Major: d.Major, Minor: d.Minor, Permissions: "rw"}
+		// hostPath needs CDI 0.5.0; leaving it out where it equals the path
+		// keeps the spec readable by older runtimes.
+		if d.HostPath != d.Path {
+			dn.HostPath = d.HostPath
+		}
+		ce.DeviceNodes = append(ce.DeviceNodes, dn)
 	}
 	for _, m := range e.Mounts {
 		ce.Mounts = append(ce.Mounts, &cdispec.Mount{

@@ -5,11 +5,11 @@
 //
 // On disk it is one JSON file under the plugin's data directory:
 //
-//	{"version": "v1", "checksum": "sha256:<hex of data>", "data": {...}}
+//	{"version": "v1", "checksum": "sha256:<hex of compact data>", "data": {...}}
 //
-// The checksum covers the exact bytes of data as stored, not a re-encoding
-// of the decoded struct, so a newer plugin whose types grew a field still
-// verifies an older file. Writes are atomic (temp file, fsync, rename, fsync
+// The checksum covers the bytes of data as stored (in compact form), not a
+// re-encoding of the decoded struct, so a newer plugin whose types grew a
+// field still verifies an older file. Writes are atomic (temp file, fsync, rename, fsync
 // of the directory), and the previous good file is kept beside it as a
 // fallback against corruption.
 //
@@ -186,7 +186,13 @@ func Decode(raw []byte, name string) (*State, error) {
 	if env.Version == "" || len(env.Data) == 0 {
 		return nil, fmt.Errorf("%w: %s: no version or no data", ErrCorrupt, name)
 	}
-	if got := checksum(env.Data); got != env.Checksum {
+	// The file is indented for people; the checksum covers the compact
+	// form, which indentation does not change.
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, env.Data); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, name, err)
+	}
+	if got := checksum(compact.Bytes()); got != env.Checksum {
 		return nil, fmt.Errorf("%w: %s: checksum %s does not match its data (%s)", ErrCorrupt, name, env.Checksum, got)
 	}
 	st, err := convert(env.Version, env.Data)

@@ -1,0 +1,75 @@
+package cdi
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+)
+
+func TestWriteListRemove(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "cdi")
+	w, err := NewWriter(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edits := &containeredits.Edits{Env: []string{"KYB_GPU_GROUP=G0"}, DeviceNodes: []containeredits.DeviceNode{{Path: "/dev/nvidia0", HostPath: "/dev/nvidia0", Major: 195}}}
+	for _, uid := range []string{"b-uid", "a-uid"} {
+		if err := w.Write(types.UID("uid-"+uid), []Device{{Name: "g0-1x", Edits: edits}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "nvidia.com-gpu.yaml"), []byte("x"), 0o644)
+	claims, err := w.Claims()
+	if err != nil || len(claims) != 2 || claims[0] != "uid-a-uid" || claims[1] != "uid-b-uid" {
+		t.Fatalf("claims %v %v", claims, err)
+	}
+	if !w.Exists("uid-a-uid") {
+		t.Error("written spec does not exist")
+	}
+	if err := w.Remove("uid-a-uid"); err != nil || w.Exists("uid-a-uid") {
+		t.Errorf("remove: %v", err)
+	}
+	if err := w.Remove("uid-a-uid"); err != nil {
+		t.Errorf("removing a missing spec: %v", err)
+	}
+	if got := DeviceID("uid-b-uid", "g0-1x"); got != "kyb.ai/gpu=uid-b-uid-g0-1x" {
+		t.Errorf("device ID %s", got)
+	}
+	spec, err := Spec("u", []Device{{Name: "d", Edits: edits}})
+	if err != nil || spec.Version != "0.3.0" {
+		t.Errorf("spec version %q (want the minimum a runtime needs, 0.3.0): %v", spec.Version, err)
+	}
+	if err := w.Write("bad", []Device{{Name: "d", Edits: &containeredits.Edits{}}}); err == nil {
+		t.Error("a device with no edits must be refused")
+	}
+}
+
+func TestFindNVIDIADevices(t *testing.T) {
+	dir := t.TempDir()
+	gpus := []inventory.GPU{{Index: 0, UUID: "GPU-aaaa"}, {Index: 1, UUID: "GPU-bbbb"}}
+	if _, err := FindNVIDIADevices([]string{dir}, gpus); err == nil {
+		t.Error("no spec must be an error")
+	}
+	spec := `cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: "0"
+  containerEdits: {deviceNodes: [{path: /dev/nvidia0}]}
+- name: GPU-bbbb
+  containerEdits: {deviceNodes: [{path: /dev/nvidia1}]}
+- name: all
+  containerEdits: {deviceNodes: [{path: /dev/nvidia0}]}
+containerEdits:
+  env: [NVIDIA_VISIBLE_DEVICES=void]
+`
+	os.WriteFile(filepath.Join(dir, "nvidia.yaml"), []byte(spec), 0o644)
+	got, err := FindNVIDIADevices([]string{dir}, gpus)
+	if err != nil || got[0] != "nvidia.com/gpu=0" || got[1] != "nvidia.com/gpu=GPU-bbbb" {
+		t.Errorf("found %v %v", got, err)
+	}
+}

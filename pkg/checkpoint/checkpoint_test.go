@@ -1,0 +1,158 @@
+package checkpoint
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func sample() *State {
+	st := New()
+	st.BootID = "boot-1"
+	st.Claims["uid-1"] = &Claim{Namespace: "default", Name: "train", Phase: PrepareCompleted, Devices: []Device{{
+		Requests: []string{"gpu"}, Pool: "node-1", Device: "g01-2x", ShareID: "share-1", GroupDevice: "g01-2x",
+		Profile: "2x", Group: "G01", GPUs: []int{0, 1}, GPUUUIDs: []string{"GPU-a", "GPU-b"},
+		Seats: []int{0}, Generations: []int64{3}, CDIDevice: "g01-2x-share-1", VisibleDevices: "uuid",
+	}}}
+	st.Generations["g01-2x/0"] = 3
+	return st
+}
+
+func TestRoundTrip(t *testing.T) {
+	s := NewStore(t.TempDir())
+	st, res, err := s.Load()
+	if err != nil || !res.Fresh || len(st.Claims) != 0 {
+		t.Fatalf("first load: %+v %+v %v", st, res, err)
+	}
+	if err := s.Save(sample()); err != nil {
+		t.Fatal(err)
+	}
+	got, res, err := s.Load()
+	if err != nil || res.Fresh || res.RecoveredFrom != nil {
+		t.Fatalf("load: %+v %v", res, err)
+	}
+	if !reflect.DeepEqual(got, sample()) {
+		t.Errorf("round trip:\n got %+v\nwant %+v", got, sample())
+	}
+	if fi, _ := os.Stat(s.Path()); fi.Mode().Perm() != 0o600 {
+		t.Errorf("checkpoint mode %v, want 0600", fi.Mode().Perm())
+	}
+}
+
+func TestCorruptionIsDetectedAndThePreviousCopyUsed(t *testing.T) {
+	s := NewStore(t.TempDir())
+	first := sample()
+	if err := s.Save(first); err != nil {
+		t.Fatal(err)
+	}
+	second := sample()
+	second.Claims["uid-2"] = &Claim{Namespace: "default", Name: "other", Phase: PrepareStarted}
+	if err := s.Save(second); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(s.Path())
+	for name, corrupt := range map[string][]byte{
+		"flipped byte": bytes.Replace(raw, []byte(`"G01"`), []byte(`"G02"`), 1),
+		"truncated":    raw[:len(raw)/2],
+		"empty":        nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			os.WriteFile(s.Path(), corrupt, 0o600)
+			got, res, err := s.Load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.RecoveredFrom == nil || !errors.Is(res.RecoveredFrom, ErrCorrupt) {
+				t.Errorf("recovery not reported: %+v", res)
+			}
+			if !reflect.DeepEqual(got, first) {
+				t.Errorf("recovered state is not the previous copy")
+			}
+		})
+	}
+	os.WriteFile(s.prevPath(), []byte("{}"), 0o600)
+	if _, _, err := s.Load(); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("both copies bad: %v, want ErrCorrupt", err)
+	}
+}
+
+func TestCrashBeforeRenameLeavesAUsableFile(t *testing.T) {
+	s := NewStore(t.TempDir())
+	s.Save(sample())
+	s.Save(sample())
+	// The instant between keeping the previous copy and renaming the new
+	// file in place, with the current file lost.
+	os.Remove(s.Path())
+	got, res, err := s.Load()
+	if err != nil || res.RecoveredFrom == nil || !reflect.DeepEqual(got, sample()) {
+		t.Errorf("load with only the previous copy: %+v %v", res, err)
+	}
+}
+
+func TestNewerVersionIsRefusedAndNotOverwritten(t *testing.T) {
+	s := NewStore(t.TempDir())
+	data := `{"claims":{}}`
+	newer := `{"version":"v9","checksum":"` + checksum([]byte(data)) + `","data":` + data + `}`
+	os.WriteFile(s.Path(), []byte(newer), 0o600)
+	if _, _, err := s.Load(); !errors.Is(err, ErrNewerVersion) {
+		t.Errorf("load of v9: %v", err)
+	}
+	if err := s.Save(New()); !errors.Is(err, ErrNewerVersion) {
+		t.Errorf("save over v9: %v", err)
+	}
+	if raw, _ := os.ReadFile(s.Path()); string(raw) != newer {
+		t.Error("a newer checkpoint was overwritten")
+	}
+}
+
+func TestContradictoryStateIsCorrupt(t *testing.T) {
+	st := sample()
+	st.Claims["uid-1"].Devices[0].Generations = nil
+	raw, err := Encode(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Decode(raw, "x"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "1 seats but 0 generations") {
+		t.Errorf("decode: %v", err)
+	}
+}
+
+func TestSeats(t *testing.T) {
+	st := sample()
+	free, err := st.FreeSeats("g01-2x", 3, 2)
+	if err != nil || len(free) != 2 || free[0] != 1 || free[1] != 2 {
+		t.Errorf("free seats %v %v, want [1 2]", free, err)
+	}
+	if _, err := st.FreeSeats("g01-2x", 3, 3); err == nil || !strings.Contains(err.Error(), "2 free seat(s) of 3, 3 needed") {
+		t.Errorf("too many seats: %v", err)
+	}
+	if g := st.NextGeneration("g01-2x", 0); g != 4 {
+		t.Errorf("next generation %d, want 4", g)
+	}
+	if g := st.NextGeneration("g23-2x", 1); g != 1 {
+		t.Errorf("first generation %d, want 1", g)
+	}
+	if got := st.ClaimsOnGroups(); len(got) != 1 || got["g01-2x"][0] != "uid-1" {
+		t.Errorf("claims on groups %v", got)
+	}
+}
+
+func TestTempFilesDoNotLinger(t *testing.T) {
+	dir := t.TempDir()
+	s := NewStore(dir)
+	for i := 0; i < 3; i++ {
+		s.Save(sample())
+	}
+	entries, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != FileName+" "+FileName+".prev" {
+		t.Errorf("files left in %s: %v", filepath.Base(dir), names)
+	}
+}

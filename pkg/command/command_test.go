@@ -1,0 +1,124 @@
+package command
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+func run(t *testing.T, env map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	getenv := func(k string) string { return env[k] }
+	code := DRAPlugin(context.Background(), args, getenv, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestPlanTable(t *testing.T) {
+	code, out, errOut := run(t, nil, "plan", "--simulate", "nvlink-2x4", "--config", "../../api/kyb.ai/v1alpha1/testdata/seed-configmap.yaml")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"Node node-1: 8x NVIDIA A100-SXM4-80GB, driver 570.172.08, CUDA 12.8 (simulated: nvlink-2x4)",
+		"GPU3  NV4   NV4   NV4   X     SYS",
+		"1x       kyb.ai/gpu-1x-seat  1           4            8       32     no",
+		"2x       kyb.ai/gpu-2x-seat  2           3            4       12     no",
+		"g01-2x  G01    0,1   nvlink (NV4)  0     pci0000:00  3      config    g0-1x g1-1x",
+		"g45-2x  G45    4,5   nvlink (NV4)  1     pci0000:80  3      topology  g4-1x g5-1x",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("plan output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestPlanMachineOutputs(t *testing.T) {
+	code, out, _ := run(t, map[string]string{"KYB_SIMULATE": "dgx-h100"}, "plan", "-o", "json")
+	if code != 0 || !strings.Contains(out, `"order": [`) || !strings.Contains(out, `"g0123-4x"`) {
+		t.Errorf("json: exit %d\n%s", code, out)
+	}
+	code, out, _ = run(t, nil, "plan", "--simulate", "dgx-h100", "-o", "resourceslices")
+	docs := strings.Split(out, "\n---\n")
+	if code != 0 || len(docs) != 2 {
+		t.Fatalf("resourceslices: exit %d, %d documents", code, len(docs))
+	}
+	var slice map[string]any
+	if err := yaml.Unmarshal([]byte(docs[1]), &slice); err != nil {
+		t.Fatal(err)
+	}
+	devices := slice["spec"].(map[string]any)["devices"].([]any)
+	if len(devices) != 14 {
+		t.Errorf("%d devices, want 14", len(devices))
+	}
+	code, out, _ = run(t, nil, "plan", "--simulate", "dgx-h100", "-o", "resourceslices", "--device-layout", "per-seat")
+	if code != 0 || strings.Contains(out, "sharedCounters") || !strings.Contains(out, "g0123-4x-seat-0") {
+		t.Errorf("per-seat resourceslices: exit %d\n%s", code, out)
+	}
+}
+
+func TestCheckedInDeviceClassesAreCurrent(t *testing.T) {
+	code, out, _ := run(t, nil, "plan", "--simulate", "dgx-h100", "-o", "deviceclasses")
+	if code != 0 {
+		t.Fatal(code)
+	}
+	file, err := os.ReadFile("../../deployments/static/deviceclasses.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(string(file), out) {
+		t.Error("deployments/static/deviceclasses.yaml is stale; run make generate")
+	}
+}
+
+func TestCommandLineErrorsSayWhatToFix(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("profiles:\n- resource: kyb.ai/gpu-1x-seat\n  seatsPerGroup: 0\n"), 0o644)
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		code int
+		want string
+	}{
+		{"unknown flag", nil, []string{"plan", "--simulat", "x"}, 2, "flag provided but not defined: -simulat"},
+		{"bad output", nil, []string{"plan", "-o", "xml"}, 2, `invalid value "xml" for flag -o: must be one of table, yaml, json, resourceslices, deviceclasses`},
+		{"unknown preset", nil, []string{"plan", "--simulate", "dgx-z"}, 1, `unknown preset "dgx-z"; presets are dgx-a100, dgx-h100, nvlink-2x4, pcie-8gpu, single-gpu, workstation-2gpu`},
+		{"bad config", nil, []string{"plan", "--simulate", "dgx-h100", "--config", bad}, 1, bad + ":3: profiles[0].seatsPerGroup: must be at least 1, not 0"},
+		{"missing config", nil, []string{"plan", "--simulate", "dgx-h100", "--config", filepath.Join(dir, "nope.yaml")}, 1, "read node configuration"},
+		{"bad env", map[string]string{"KYB_DEVICE_LAYOUT": "sideways"}, []string{"--node-name", "n"}, 2, `environment variable KYB_DEVICE_LAYOUT="sideways": must be one of auto, shared, per-seat`},
+		{"no node name", nil, []string{"--simulate", "dgx-h100"}, 2, "--node-name (or NODE_NAME) is required"},
+		{"bad port", nil, []string{"--node-name", "n", "--healthcheck-port", "70000"}, 2, "--healthcheck-port 70000 is not a port"},
+		{"no cluster", nil, []string{"--node-name", "n", "--simulate", "dgx-h100"}, 1, "no --kubeconfig given and not running in a cluster"},
+		{"bad kubeconfig", nil, []string{"--node-name", "n", "--kubeconfig", filepath.Join(dir, "nope")}, 1, "read kubeconfig"},
+		{"stray argument", nil, []string{"plan", "extra"}, 2, `unexpected argument "extra"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errOut := run(t, tc.env, tc.args...)
+			if code != tc.code || !strings.Contains(errOut, tc.want) {
+				t.Errorf("exit %d (want %d), stderr:\n%s\nwant it to say %q", code, tc.code, errOut, tc.want)
+			}
+		})
+	}
+}
+
+func TestFlagWinsOverEnvironment(t *testing.T) {
+	code, out, _ := run(t, map[string]string{"KYB_SIMULATE": "dgx-h100"}, "plan", "--simulate", "single-gpu")
+	if code != 0 || !strings.Contains(out, "1x NVIDIA L4") {
+		t.Errorf("exit %d, output %s", code, out)
+	}
+}
+
+func TestHelp(t *testing.T) {
+	code, _, errOut := run(t, nil, "-h")
+	if code != 0 || !strings.Contains(errOut, "-kubelet-plugins-directory-path") || !strings.Contains(errOut, "(env KUBELET_PLUGINS_DIRECTORY_PATH)") {
+		t.Errorf("help: exit %d\n%s", code, errOut)
+	}
+}
