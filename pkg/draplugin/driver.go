@@ -116,6 +116,7 @@ type Driver struct {
 	layoutMu  sync.Mutex
 	layout    draresources.Layout
 	published []string
+	warned    map[string]bool
 }
 
 // Start repairs the node's state, registers with the kubelet and publishes
@@ -256,7 +257,12 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 		return
 	}
 	if errors.Is(err, kubeletplugin.ErrRecoverable) {
-		if strings.Contains(msg, "ResourceSlice") || apierrors.IsInvalid(err) {
+		if apierrors.IsInvalid(err) {
+			// Retrying cannot fix a slice the API server refuses: say so
+			// where an operator looks, once per distinct refusal.
+			d.metrics.errors.WithLabelValues("publish", "invalid").Inc()
+			d.warnOnce("InvalidResourceSlice", "The API server refuses this node's ResourceSlices; the node offers no seats until the configuration or the plugin is fixed: "+err.Error())
+		} else if strings.Contains(msg, "ResourceSlice") {
 			d.metrics.errors.WithLabelValues("publish", "api").Inc()
 		}
 		logger.Error(err, msg)
@@ -340,6 +346,20 @@ func (d *Driver) startEvents(ctx context.Context) {
 	d.broadcaster = events.NewBroadcaster(&events.EventSinkImpl{Interface: d.client.EventsV1()})
 	d.broadcaster.StartRecordingToSink(ctx.Done())
 	d.recorder = d.broadcaster.NewRecorder(scheme.Scheme, draresources.DriverName)
+}
+
+// warnOnce records a Warning event the first time a note is seen.
+func (d *Driver) warnOnce(reason, note string) {
+	d.layoutMu.Lock()
+	if d.warned == nil {
+		d.warned = map[string]bool{}
+	}
+	seen := d.warned[note]
+	d.warned[note] = true
+	d.layoutMu.Unlock()
+	if !seen {
+		d.event(corev1.EventTypeWarning, reason, note)
+	}
 }
 
 func (d *Driver) event(eventType, reason, note string) {

@@ -52,6 +52,7 @@ func newMetrics() *metrics {
 		}
 	}
 	m.errors.WithLabelValues("publish", "api")
+	m.errors.WithLabelValues("publish", "invalid")
 	return m
 }
 

@@ -115,14 +115,8 @@ func sharedDevice(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.A
 	d.AllowMultipleAllocations = ptr.To(true)
 	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 		SeatsCapacity: {
-			Value: *resource.NewQuantity(int64(g.Seats()), resource.DecimalSI),
-			RequestPolicy: &resourceapi.CapacityRequestPolicy{
-				Default: resource.NewQuantity(1, resource.DecimalSI),
-				ValidRange: &resourceapi.CapacityRequestPolicyRange{
-					Min:  resource.NewQuantity(1, resource.DecimalSI),
-					Step: resource.NewQuantity(1, resource.DecimalSI),
-				},
-			},
+			Value:         *resource.NewQuantity(int64(g.Seats()), resource.DecimalSI),
+			RequestPolicy: seatsPolicy(g.Seats()),
 		},
 	}
 	if !g.Profile.AllowOverprovision {
@@ -133,6 +127,21 @@ func sharedDevice(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.A
 		d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: CounterSet, Counters: counters}}
 	}
 	return d
+}
+
+// seatsPolicy lets a share take one seat by default and any whole number
+// of seats up to the group's. The API server refuses a range whose first
+// step already exceeds the capacity (min 1 + step 1 > 1 seat), so a
+// one-seat group lists its only valid value instead.
+func seatsPolicy(seats int) *resourceapi.CapacityRequestPolicy {
+	one := resource.NewQuantity(1, resource.DecimalSI)
+	if seats == 1 {
+		return &resourceapi.CapacityRequestPolicy{Default: one, ValidValues: []resource.Quantity{*one}}
+	}
+	return &resourceapi.CapacityRequestPolicy{
+		Default:    one,
+		ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: one, Step: resource.NewQuantity(1, resource.DecimalSI)},
+	}
 }
 
 func baseDevice(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.AttributeName) resourceapi.Device {
