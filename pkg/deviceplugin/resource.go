@@ -119,7 +119,11 @@ func (r *resource) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugi
 			return nil
 		case <-r.stopped:
 			return nil
-		case <-changed:
+		case _, ok := <-changed:
+			if !ok {
+				// The source ended its subscription: no more changes.
+				changed = nil
+			}
 		}
 	}
 }
