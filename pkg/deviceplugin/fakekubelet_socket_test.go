@@ -173,6 +173,19 @@ func (k *fakeKubelet) connected() int {
 	return len(k.clients)
 }
 
+// drop closes the kubelet's connection to a resource and forgets it
+// without a new registration, as the kubelet's device manager does when a
+// ListAndWatch stream ends.
+func (k *fakeKubelet) drop(resource string) {
+	k.mu.Lock()
+	conn := k.clients[resource]
+	delete(k.clients, resource)
+	k.mu.Unlock()
+	if conn != nil {
+		conn.Close()
+	}
+}
+
 // client is the kubelet's connection to a registered resource.
 func (k *fakeKubelet) client(resource string) pluginapi.DevicePluginClient {
 	k.t.Helper()

@@ -179,3 +179,23 @@ func TestStopRemovesSocketsAndEndsStreamsOverRealSockets(t *testing.T) {
 		t.Errorf("kubelet.sock after Stop: %v; the shim must not touch it", err)
 	}
 }
+
+func TestReRegistersAResourceTheKubeletStoppedWatchingOverRealSockets(t *testing.T) {
+	// The kubelet ignores a registration for a resource it still holds a
+	// client for, and drops the client only when its stream ends; a
+	// registration can thus be lost. The shim registers a resource nobody
+	// watches again.
+	e := newEnv(t, "dgx-h100", "")
+	e.start(func(o *Options) { o.PollInterval = 100 * time.Millisecond })
+	e.kubelet.drop("kyb.ai/gpu-2x-seat")
+	eventually(t, "the 2x resource registered again", func() bool { return e.kubelet.connected() == 3 })
+	var twoX int
+	for _, r := range e.kubelet.registered() {
+		if r == "kyb.ai/gpu-2x-seat" {
+			twoX++
+		}
+	}
+	if got := len(e.kubelet.registrations()); twoX != 2 || got != 4 {
+		t.Errorf("%d registrations, 2x %d times; want 4 and 2 (only the dropped resource again)", got, twoX)
+	}
+}
