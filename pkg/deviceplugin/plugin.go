@@ -165,6 +165,8 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 
 	layout, why := opts.Plan.ExclusiveLayout()
 	logger.Info("Device-plugin layout", "layout", "exclusive", "why", why)
+	// The layout's warnings are the plan's (the caller logs those) and
+	// then its own: profiles the layout left without GPUs.
 	for _, w := range layout.Warnings[len(opts.Plan.Warnings):] {
 		logger.Info("WARNING: "+w, "layout", "exclusive")
 	}
