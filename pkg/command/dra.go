@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/deviceplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 )
 
@@ -54,6 +55,10 @@ type pluginFlags struct {
 	driverFiles    *oneOf
 	hostDriverRoot string
 	bootIDFile     string
+
+	// devicePluginDir is where a live device-plugin shim makes the plugin
+	// refuse to start.
+	devicePluginDir string
 }
 
 func (p *pluginFlags) register(f *flags) {
@@ -70,6 +75,8 @@ func (p *pluginFlags) register(f *flags) {
 	f.bind("kubelet-registrar-directory-path", "KUBELET_REGISTRAR_DIRECTORY_PATH")
 	f.StringVar(&p.pluginsDir, "kubelet-plugins-directory-path", "/var/lib/kubelet/plugins", "the kubelet's plugin directory; the plugin keeps its socket and checkpoint in <dir>/gpu.kyb.ai")
 	f.bind("kubelet-plugins-directory-path", "KUBELET_PLUGINS_DIRECTORY_PATH")
+	f.StringVar(&p.devicePluginDir, "device-plugin-directory-path", "/var/lib/kubelet/device-plugins/", "the kubelet's device-plugin directory; the plugin refuses to start while the kyb device-plugin shim answers there")
+	f.bind("device-plugin-directory-path", "DEVICE_PLUGIN_DIRECTORY_PATH")
 	f.IntVar(&p.healthPort, "healthcheck-port", -1, "port of the gRPC health service on localhost (liveness probe); -1: off")
 	f.bind("healthcheck-port", "HEALTHCHECK_PORT")
 	f.StringVar(&p.metricsAddress, "metrics-address", "", "address of the Prometheus metrics endpoint (/metrics), such as :8080; empty: off")
@@ -134,6 +141,10 @@ func (p *pluginFlags) check() error {
 }
 
 func runPlugin(ctx context.Context, p *pluginFlags) error {
+	// One node runs the DRA plugin or the device-plugin shim, never both.
+	if err := deviceplugin.CheckNoLiveShim(p.devicePluginDir); err != nil {
+		return err
+	}
 	logger := klog.FromContext(ctx)
 	client, err := kubeClient(p.kubeconfig, p.kubeAPIQPS, p.kubeAPIBurst)
 	if err != nil {

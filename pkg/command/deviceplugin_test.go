@@ -1,0 +1,171 @@
+package command
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func runShimCommand(ctx context.Context, env map[string]string, args ...string) (int, string) {
+	var stdout, stderr bytes.Buffer
+	getenv := func(k string) string { return env[k] }
+	code := DevicePlugin(ctx, args, getenv, &stdout, &stderr)
+	return code, stderr.String()
+}
+
+// shortTempDir returns a directory whose socket paths fit the 107 bytes
+// unix sockets allow.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kyb-dp-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// listenAt leaves a live unix socket at path for the rest of the test.
+func listenAt(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lis.Close() })
+}
+
+func TestDevicePluginCommandLineErrorsSayWhatToFix(t *testing.T) {
+	dir := shortTempDir(t)
+	listenAt(t, filepath.Join(dir, "plugins", "gpu.kyb.ai", "dra.sock"))
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		code int
+		want string
+	}{
+		{"unknown flag", nil, []string{"--injections", "cdi"}, 2, "flag provided but not defined: -injections"},
+		{"bad injection", nil, []string{"--injection", "annotations"}, 2, `invalid value "annotations" for flag -injection: must be one of envvar, cdi`},
+		{"bad injection in env", map[string]string{"KYB_INJECTION": "volume-mounts"}, nil, 2, `environment variable KYB_INJECTION="volume-mounts": must be one of envvar, cdi`},
+		{"bad driver files", nil, []string{"--driver-files", "all"}, 2, `invalid value "all" for flag -driver-files: must be one of auto, nvidia-cdi, driver-root, none`},
+		{"relative device-plugin dir", nil, []string{"--device-plugin-directory-path", "device-plugins"}, 2, `--device-plugin-directory-path "device-plugins" must be an absolute path`},
+		{"relative dir in env", map[string]string{"DEVICE_PLUGIN_DIRECTORY_PATH": "dp/"}, nil, 2, `--device-plugin-directory-path "dp/" must be an absolute path`},
+		{"relative CDI root", nil, []string{"--cdi-root", "cdi"}, 2, `--cdi-root "cdi" must be an absolute path`},
+		{"nvidia-cdi without CDI injection", nil, []string{"--driver-files", "nvidia-cdi"}, 2, "--driver-files=nvidia-cdi needs --injection=cdi"},
+		{"stray argument", nil, []string{"serve"}, 2, `unexpected argument "serve"`},
+		{"unknown preset", nil, []string{"--simulate", "dgx-z"}, 1, `unknown preset "dgx-z"`},
+		{"beside a live DRA plugin", nil, []string{"--simulate", "dgx-h100", "--device-plugin-directory-path", filepath.Join(dir, "dp"), "--kubelet-plugins-directory-path", filepath.Join(dir, "plugins")}, 1,
+			"the kyb DRA plugin serves this node (" + filepath.Join(dir, "plugins", "gpu.kyb.ai", "dra.sock") + " answers)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, errOut := runShimCommand(context.Background(), tc.env, tc.args...)
+			if code != tc.code || !strings.Contains(errOut, tc.want) {
+				t.Errorf("exit %d (want %d), stderr:\n%s\nwant it to say %q", code, tc.code, errOut, tc.want)
+			}
+			if tc.code == 2 && strings.Count(strings.TrimSpace(errOut), "\n") > 1 {
+				t.Errorf("a bad flag should get a short message, not:\n%s", errOut)
+			}
+		})
+	}
+}
+
+func TestDevicePluginHelp(t *testing.T) {
+	code, errOut := runShimCommand(context.Background(), nil, "-h")
+	for _, want := range []string{
+		"Usage: kyb-device-plugin",
+		"-device-plugin-directory-path", "(env DEVICE_PLUGIN_DIRECTORY_PATH)",
+		"-injection", "(env KYB_INJECTION)",
+		"-config", "(env KYB_CONFIG)",
+		"-cdi-root", "(env CDI_ROOT)",
+		"-kubelet-plugins-directory-path",
+		"-v value",
+	} {
+		if code != 0 || !strings.Contains(errOut, want) {
+			t.Errorf("help: exit %d, lacks %q", code, want)
+		}
+	}
+}
+
+func TestDevicePluginServesUntilSignalledAndRemovesItsSocketsOverRealSockets(t *testing.T) {
+	dir := shortTempDir(t)
+	dp := filepath.Join(dir, "dp")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	var code int
+	var errOut string
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		code, errOut = runShimCommand(ctx, map[string]string{"KYB_SIMULATE": "dgx-h100", "KUBELET_PLUGINS_DIRECTORY_PATH": filepath.Join(dir, "plugins")},
+			"--device-plugin-directory-path", dp, "--injection", "cdi", "--cdi-root", filepath.Join(dir, "cdi"))
+	}()
+	sockets := []string{"kyb-gpu-1x-seat.sock", "kyb-gpu-2x-seat.sock", "kyb-gpu-4x-seat.sock"}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, s := range sockets {
+		for {
+			if _, err := os.Stat(filepath.Join(dp, s)); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				cancel()
+				wg.Wait()
+				t.Fatalf("no socket %s; exit %d, stderr:\n%s", s, code, errOut)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// While it runs, the DRA plugin refuses to start on this node.
+	dcode, _, dOut := run(t, nil, "--node-name", "n", "--device-plugin-directory-path", dp)
+	if dcode != 1 || !strings.Contains(dOut, "the kyb device-plugin shim serves this node ("+filepath.Join(dp, "kyb-gpu-1x-seat.sock")) {
+		t.Errorf("DRA plugin beside the shim: exit %d\n%s", dcode, dOut)
+	}
+
+	cancel() // SIGTERM
+	wg.Wait()
+	if code != 0 {
+		t.Errorf("exit %d after the signal, stderr:\n%s", code, errOut)
+	}
+	for _, s := range sockets {
+		if _, err := os.Stat(filepath.Join(dp, s)); !os.IsNotExist(err) {
+			t.Errorf("socket %s after shutdown: %v", s, err)
+		}
+	}
+	// Once the shim is gone, the DRA plugin gets past the check.
+	if dcode, _, dOut := run(t, nil, "--node-name", "n", "--device-plugin-directory-path", dp); dcode != 1 || !strings.Contains(dOut, "no --kubeconfig given") {
+		t.Errorf("DRA plugin after the shim stopped: exit %d\n%s", dcode, dOut)
+	}
+}
+
+func TestDRAPluginRefusesBesideALiveShimButNotAStaleSocket(t *testing.T) {
+	dir := shortTempDir(t)
+	stale := filepath.Join(dir, "kyb-gpu-2x-seat.sock")
+	lis, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis.(*net.UnixListener).SetUnlinkOnClose(false)
+	lis.Close()
+	// A stale socket (a crashed shim) does not stop the DRA plugin: it gets
+	// as far as looking for its cluster.
+	if code, _, out := run(t, nil, "--node-name", "n", "--device-plugin-directory-path", dir); code != 1 || !strings.Contains(out, "no --kubeconfig given") {
+		t.Errorf("stale shim socket: exit %d\n%s", code, out)
+	}
+	live := filepath.Join(dir, "kyb-gpu-1x-seat.sock")
+	listenAt(t, live)
+	code, _, out := run(t, map[string]string{"DEVICE_PLUGIN_DIRECTORY_PATH": dir}, "--node-name", "n")
+	if code != 1 || !strings.Contains(out, "the kyb device-plugin shim serves this node ("+live+" answers): a node runs the DRA plugin or the shim, never both") {
+		t.Errorf("live shim socket: exit %d\n%s", code, out)
+	}
+}
