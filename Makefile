@@ -8,8 +8,17 @@ export CGO_ENABLED
 LDFLAGS   ?= -extldflags=-Wl,--unresolved-symbols=ignore-in-object-files
 PRESET    ?= dgx-h100
 GOFILES    = $(shell git ls-files '*.go' 2>/dev/null)
+CHART     := deployments/helm/kyb-dra-driver
+# The image; its tag is the chart's appVersion (hack/image-check.sh keeps the
+# Dockerfile and the chart in step with these).
+IMAGE     ?= ghcr.io/kyb-ai/kyb-dra-driver
+VERSION   ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' $(CHART)/Chart.yaml)
+DOCKER    ?= docker
+# helm for the chart tests, built from the Go module proxy (no binary downloads).
+HELM_VERSION ?= v4.3.1
+HELM      ?= $(CURDIR)/_output/bin/helm
 
-.PHONY: help build test unit lint fmt vet demo plan clean generate
+.PHONY: help build test unit lint fmt vet demo plan clean generate helm chart-test image image-check
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -33,8 +42,22 @@ fmt: ## fail if gofmt would change a file
 vet: ## go vet
 	$(GO) vet ./...
 
-clean: ## remove build outputs
+clean: ## remove build outputs (keeps the helm binary in _output/bin)
 	rm -rf $(BIN)
+
+helm: ## build helm (HELM_VERSION, v4.3.1) from the Go module proxy into _output/bin, once
+	@if [ -x "$(HELM)" ] && $(GO) version -m "$(HELM)" | grep -q "mod[[:space:]]helm.sh/helm/v4[[:space:]]$(HELM_VERSION)[[:space:]]"; then :; \
+	else echo "building helm $(HELM_VERSION) into $(dir $(HELM)) (a few minutes, once)"; \
+	  GOBIN=$(dir $(HELM)) $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION); fi
+
+chart-test: helm ## lint and render the Helm chart over several value sets and check what it renders
+	HELM=$(HELM) $(GO) test -tags charttest -count=1 ./deployments/helm/charttest/
+
+image: ## build the container image IMAGE:VERSION (needs a Docker engine)
+	$(DOCKER) build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+
+image-check: ## check the Dockerfile offline: context, go build, linked libraries, versions
+	hack/image-check.sh $(IMAGE) $(VERSION)
 
 generate: build ## regenerate the checked-in DeviceClasses
 	{ echo "# DeviceClasses of the default profiles: one per seat profile, each mapping its"; \

@@ -1,0 +1,544 @@
+//go:build charttest
+
+package charttest
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	sigsyaml "sigs.k8s.io/yaml"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/command"
+)
+
+// wantProfile is a profile as LoadNodeConfig must read it from the ConfigMap.
+type wantProfile struct {
+	resource      string
+	name          string
+	size          int
+	seats         int
+	overprovision bool
+}
+
+// chartCase is one set of values and what the rendered chart must then say.
+type chartCase struct {
+	name  string
+	files []string
+	set   []string
+
+	deviceMode  bool // mode device-plugin
+	extended    bool // DeviceClasses map extended resources
+	privileged  bool
+	seamless    bool
+	simulated   bool
+	driverMount map[string]string // host path -> container path of the driver root
+	profiles    []wantProfile     // nil: the driver's defaults
+	groups      map[string][]int
+}
+
+var seedProfiles = []wantProfile{
+	{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 4},
+	{resource: "kyb.ai/gpu-2x-seat", name: "2x", size: 2, seats: 3},
+}
+
+var seedGroups = map[string][]int{"G01": {0, 1}, "G23": {2, 3}}
+
+var hostUsr = map[string]string{"/usr": "/driver-root/usr"}
+
+var cases = []chartCase{
+	{
+		name:     "default",
+		extended: true, seamless: true, driverMount: hostUsr,
+	},
+	{
+		name:     "seed example",
+		files:    []string{"../kyb-dra-driver/examples/seed-values.yaml"},
+		extended: true, seamless: true, driverMount: hostUsr,
+		profiles: seedProfiles, groups: seedGroups,
+	},
+	{
+		name:       "device-plugin shim",
+		files:      []string{"../kyb-dra-driver/examples/device-plugin-values.yaml"},
+		deviceMode: true, driverMount: hostUsr,
+		profiles: seedProfiles, groups: seedGroups,
+	},
+	{
+		name:     "overprovisioning and every config field",
+		files:    []string{"testdata/overprovision-values.yaml"},
+		extended: true, seamless: true, driverMount: hostUsr,
+		profiles: []wantProfile{
+			{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 8, overprovision: true},
+			{resource: "kyb.ai/gpu-2x-seat", name: "2x", size: 2, seats: 2, overprovision: true},
+			{resource: "example.com/quad", name: "quad", size: 4, seats: 1},
+			{resource: "kyb.ai/gpu-8x-seat", name: "8x", size: 8, seats: 1},
+		},
+		groups: map[string][]int{"pair-a": {0, 1}, "quad-a": {0, 1, 2, 3}},
+	},
+	{
+		name:     "extended resources off",
+		files:    []string{"../kyb-dra-driver/examples/seed-values.yaml"},
+		set:      []string{"deviceClasses.extendedResourceName=false"},
+		seamless: true, driverMount: hostUsr,
+		profiles: seedProfiles, groups: seedGroups,
+	},
+	{
+		name:     "simulated node",
+		files:    []string{"../kyb-dra-driver/examples/simulated-values.yaml"},
+		extended: true, seamless: true, simulated: true,
+	},
+	{
+		name:       "privileged, without seamless upgrades",
+		set:        []string{"gpuAccess=privileged", "kubeletPlugin.seamlessUpgrade=false"},
+		extended:   true,
+		privileged: true, driverMount: hostUsr,
+	},
+	{
+		name:     "driver container of the GPU operator",
+		set:      []string{"nvidiaDriver.root=/run/nvidia/driver", "nvidiaDriver.mountSubdirectories={.}"},
+		extended: true, seamless: true,
+		driverMount: map[string]string{"/run/nvidia/driver": "/driver-root"},
+	},
+}
+
+func TestChart(t *testing.T) {
+	helmBinary(t)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			lintArgs := append([]string{"lint", "--strict", chartDir, "--namespace", namespace, "--kube-version", kubeVersion}, valueArgs(tc.files, tc.set)...)
+			if out, stderr, err := runHelm(t, lintArgs...); err != nil {
+				t.Fatalf("helm lint: %v\n%s%s", err, out, stderr)
+			}
+			m := render(t, tc.files, tc.set...)
+			t.Run("every object decodes strictly and carries the standard labels", func(t *testing.T) { checkObjects(t, m) })
+			t.Run("the ConfigMap loads as the configured NodeConfig", func(t *testing.T) { checkConfigMap(t, m, tc) })
+			t.Run("DeviceClasses match kyb-dra-plugin plan", func(t *testing.T) { checkDeviceClasses(t, m, tc) })
+			t.Run("RBAC and admission policies", func(t *testing.T) { checkRBAC(t, m, tc) })
+			t.Run("pod security", func(t *testing.T) { checkPodSecurity(t, m, tc) })
+			t.Run("host paths", func(t *testing.T) { checkHostPaths(t, m, tc) })
+			t.Run("upgrade strategy", func(t *testing.T) { checkUpgrade(t, m, tc) })
+			t.Run("probes and ports", func(t *testing.T) { checkProbes(t, m, tc) })
+			t.Run("NOTES", func(t *testing.T) { checkNotes(t, tc) })
+		})
+	}
+}
+
+func checkObjects(t *testing.T, m *manifest) {
+	typed := map[string]func() any{
+		"ConfigMap":                        func() any { return &corev1.ConfigMap{} },
+		"ServiceAccount":                   func() any { return &corev1.ServiceAccount{} },
+		"Service":                          func() any { return &corev1.Service{} },
+		"ResourceQuota":                    func() any { return &corev1.ResourceQuota{} },
+		"DaemonSet":                        func() any { return &appsv1.DaemonSet{} },
+		"ClusterRole":                      func() any { return &rbacv1.ClusterRole{} },
+		"ClusterRoleBinding":               func() any { return &rbacv1.ClusterRoleBinding{} },
+		"Role":                             func() any { return &rbacv1.Role{} },
+		"RoleBinding":                      func() any { return &rbacv1.RoleBinding{} },
+		"NetworkPolicy":                    func() any { return &networkingv1.NetworkPolicy{} },
+		"DeviceClass":                      func() any { return &resourcev1.DeviceClass{} },
+		"ValidatingAdmissionPolicy":        func() any { return &admissionv1.ValidatingAdmissionPolicy{} },
+		"ValidatingAdmissionPolicyBinding": func() any { return &admissionv1.ValidatingAdmissionPolicyBinding{} },
+	}
+	for _, o := range m.objects {
+		newObj, ok := typed[o.Kind]
+		if !ok {
+			if o.Kind != "ServiceMonitor" {
+				t.Errorf("unexpected kind %s (%s)", o.Kind, o.Name)
+			}
+			continue
+		}
+		decode(t, o, newObj())
+		labels, _ := o.Contents["metadata"].(map[string]any)["labels"].(map[string]any)
+		for _, key := range []string{"helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of"} {
+			if labels[key] == nil {
+				t.Errorf("%s %s lacks the label %s", o.Kind, o.Name, key)
+			}
+		}
+	}
+}
+
+func checkConfigMap(t *testing.T, m *manifest, tc chartCase) {
+	var cm corev1.ConfigMap
+	decode(t, m.one(t, "ConfigMap"), &cm)
+	data := cm.Data["config.yaml"]
+	cfg, _, err := v1alpha1.LoadNodeConfig([]byte(data), "config.yaml")
+	if err != nil {
+		t.Fatalf("LoadNodeConfig of the ConfigMap's config.yaml: %v\n%s", err, data)
+	}
+	// The whole ConfigMap is a valid --config too (as NOTES suggests).
+	if _, _, err := v1alpha1.LoadNodeConfig(m.one(t, "ConfigMap").Raw, "configmap.yaml"); err != nil {
+		t.Errorf("LoadNodeConfig of the ConfigMap manifest: %v", err)
+	}
+	var got []wantProfile
+	for _, p := range cfg.Profiles {
+		got = append(got, wantProfile{resource: p.Resource, name: p.Name, size: p.Size(), seats: p.Seats(), overprovision: p.AllowOverprovision})
+	}
+	if !reflect.DeepEqual(got, tc.profiles) {
+		t.Errorf("profiles:\n got %+v\nwant %+v", got, tc.profiles)
+	}
+	groups := map[string][]int{}
+	for _, g := range cfg.Groups {
+		groups[g.Name] = g.GPUs
+	}
+	if len(groups) == 0 {
+		groups = nil
+	}
+	if !reflect.DeepEqual(groups, tc.groups) {
+		t.Errorf("groups: got %v, want %v", groups, tc.groups)
+	}
+}
+
+// planDeviceClasses runs `kyb-dra-plugin plan -o deviceclasses` on a
+// simulated 8-GPU node with the configuration the chart rendered.
+func planDeviceClasses(t *testing.T, config string) map[string]resourcev1.DeviceClassSpec {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := command.DRAPlugin(context.Background(), []string{"plan", "--simulate", "dgx-h100", "--config", path, "-o", "deviceclasses"},
+		func(string) string { return "" }, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("kyb-dra-plugin plan: exit %d: %s", code, stderr.String())
+	}
+	planned, err := parseManifest(stdout.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]resourcev1.DeviceClassSpec{}
+	for _, o := range planned.ofKind("DeviceClass") {
+		var dc resourcev1.DeviceClass
+		decode(t, o, &dc)
+		out[dc.Name] = dc.Spec
+	}
+	return out
+}
+
+func checkDeviceClasses(t *testing.T, m *manifest, tc chartCase) {
+	rendered := m.ofKind("DeviceClass")
+	if tc.deviceMode {
+		if len(rendered) != 0 {
+			t.Errorf("the device-plugin mode renders %d DeviceClasses, want none (the cluster may not have resource.k8s.io)", len(rendered))
+		}
+		return
+	}
+	var cm corev1.ConfigMap
+	decode(t, m.one(t, "ConfigMap"), &cm)
+	want := planDeviceClasses(t, cm.Data["config.yaml"])
+	if !tc.extended {
+		for name, spec := range want {
+			spec.ExtendedResourceName = nil
+			want[name] = spec
+		}
+	}
+	got := map[string]resourcev1.DeviceClassSpec{}
+	for _, o := range rendered {
+		var dc resourcev1.DeviceClass
+		decode(t, o, &dc)
+		got[dc.Name] = dc.Spec
+	}
+	if len(want) == 0 {
+		t.Fatal("plan printed no DeviceClasses")
+	}
+	if !reflect.DeepEqual(got, want) {
+		gotYAML, _ := sigsyaml.Marshal(got)
+		wantYAML, _ := sigsyaml.Marshal(want)
+		t.Errorf("the chart's DeviceClasses differ from `kyb-dra-plugin plan -o deviceclasses`:\nchart:\n%s\nplan:\n%s", gotYAML, wantYAML)
+	}
+	if tc.profiles == nil {
+		names := slices.Sorted(func(yield func(string) bool) {
+			for n := range got {
+				if !yield(n) {
+					return
+				}
+			}
+		})
+		if want := []string{"gpu-1x-seat.kyb.ai", "gpu-2x-seat.kyb.ai", "gpu-4x-seat.kyb.ai"}; !reflect.DeepEqual(names, want) {
+			t.Errorf("default DeviceClasses %v, want %v", names, want)
+		}
+	}
+}
+
+// The rules the plugin needs, and no more; README "RBAC" says which code
+// calls each.
+var wantClusterRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"list", "watch", "create", "update", "delete"}},
+	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
+	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
+	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, ResourceNames: []string{"gpu.kyb.ai"}, Verbs: []string{"associated-node:patch"}},
+	{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
+}
+
+var wantEventRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+}
+
+func checkRBAC(t *testing.T, m *manifest, tc chartCase) {
+	rbacKinds := []string{"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+	if tc.deviceMode {
+		for _, kind := range rbacKinds {
+			if objs := m.ofKind(kind); len(objs) > 0 {
+				t.Errorf("the device-plugin shim calls no API, but the chart renders a %s (%s)", kind, objs[0].Name)
+			}
+		}
+		return
+	}
+	sa := "kyb-kyb-dra-driver"
+	var cr rbacv1.ClusterRole
+	decode(t, m.one(t, "ClusterRole"), &cr)
+	if !reflect.DeepEqual(cr.Rules, wantClusterRules) {
+		t.Errorf("ClusterRole rules:\n got %+v\nwant %+v", cr.Rules, wantClusterRules)
+	}
+	var crb rbacv1.ClusterRoleBinding
+	decode(t, m.one(t, "ClusterRoleBinding"), &crb)
+	if crb.RoleRef.Name != cr.Name || len(crb.Subjects) != 1 || crb.Subjects[0].Name != sa || crb.Subjects[0].Namespace != namespace {
+		t.Errorf("ClusterRoleBinding binds %v to %+v", crb.RoleRef, crb.Subjects)
+	}
+	var role rbacv1.Role
+	decode(t, m.one(t, "Role"), &role)
+	if role.Namespace != "default" || !reflect.DeepEqual(role.Rules, wantEventRules) {
+		t.Errorf("events Role in %q: %+v; want in \"default\" (where events about a Node go): %+v", role.Namespace, role.Rules, wantEventRules)
+	}
+	var rb rbacv1.RoleBinding
+	decode(t, m.one(t, "RoleBinding"), &rb)
+	if rb.Namespace != "default" || rb.RoleRef.Name != role.Name || rb.Subjects[0].Name != sa {
+		t.Errorf("RoleBinding %s/%s binds %v to %+v", rb.Namespace, rb.Name, rb.RoleRef, rb.Subjects)
+	}
+	policies := m.ofKind("ValidatingAdmissionPolicy")
+	bindings := m.ofKind("ValidatingAdmissionPolicyBinding")
+	if len(policies) != 2 || len(bindings) != 2 {
+		t.Fatalf("%d admission policies and %d bindings, want 2 and 2", len(policies), len(bindings))
+	}
+	for i := range bindings {
+		var b admissionv1.ValidatingAdmissionPolicyBinding
+		decode(t, bindings[i], &b)
+		if b.Spec.PolicyName != policies[i].Name || !reflect.DeepEqual(b.Spec.ValidationActions, []admissionv1.ValidationAction{admissionv1.Deny}) {
+			t.Errorf("binding %s: policy %q, actions %v", b.Name, b.Spec.PolicyName, b.Spec.ValidationActions)
+		}
+	}
+}
+
+func daemonSet(t *testing.T, m *manifest) *appsv1.DaemonSet {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	decode(t, m.one(t, "DaemonSet"), &ds)
+	if len(ds.Spec.Template.Spec.Containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(ds.Spec.Template.Spec.Containers))
+	}
+	return &ds
+}
+
+func env(c corev1.Container) map[string]corev1.EnvVar {
+	out := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		out[e.Name] = e
+	}
+	return out
+}
+
+func checkPodSecurity(t *testing.T, m *manifest, tc chartCase) {
+	ds := daemonSet(t, m)
+	pod := ds.Spec.Template.Spec
+	c := pod.Containers[0]
+	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
+		t.Errorf("host namespaces: network %v, pid %v, ipc %v; want none", pod.HostNetwork, pod.HostPID, pod.HostIPC)
+	}
+	if pod.PriorityClassName != "system-node-critical" {
+		t.Errorf("priority class %q", pod.PriorityClassName)
+	}
+	if got := *pod.AutomountServiceAccountToken; got != !tc.deviceMode {
+		t.Errorf("automountServiceAccountToken %v; only the DRA plugin calls the API", got)
+	}
+	sc := c.SecurityContext
+	if sc == nil {
+		t.Fatal("no container securityContext")
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Error("readOnlyRootFilesystem is not true")
+	}
+	if sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Error("seccompProfile is not RuntimeDefault")
+	}
+	if sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.RunAsNonRoot == nil || *sc.RunAsNonRoot {
+		t.Error("want runAsUser 0 and runAsNonRoot false (root-owned host directories)")
+	}
+	if tc.privileged {
+		if sc.Privileged == nil || !*sc.Privileged {
+			t.Error("gpuAccess=privileged renders no privileged container")
+		}
+		return
+	}
+	if sc.Privileged == nil || *sc.Privileged {
+		t.Error("privileged is not false")
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("allowPrivilegeEscalation is not false")
+	}
+	if sc.Capabilities == nil || !reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
+		t.Errorf("capabilities %+v, want drop [ALL] and nothing added", sc.Capabilities)
+	}
+	e := env(c)
+	switch {
+	case tc.simulated:
+		if e["NVIDIA_VISIBLE_DEVICES"].Value != "void" {
+			t.Error("a simulated node must keep the NVIDIA runtime from injecting GPUs")
+		}
+	default:
+		if e["NVIDIA_VISIBLE_DEVICES"].Value != "all" {
+			t.Error("gpuAccess=nvidia-runtime must ask for every GPU (NVIDIA_VISIBLE_DEVICES=all)")
+		}
+	}
+}
+
+func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
+	ds := daemonSet(t, m)
+	pod := ds.Spec.Template.Spec
+	mounts := map[string]corev1.VolumeMount{}
+	for _, vm := range pod.Containers[0].VolumeMounts {
+		mounts[vm.Name] = vm
+	}
+	type hostMount struct {
+		container string
+		readOnly  bool
+	}
+	got := map[string]hostMount{}
+	for _, v := range pod.Volumes {
+		if v.HostPath == nil {
+			continue
+		}
+		vm, ok := mounts[v.Name]
+		if !ok {
+			t.Errorf("host path %s is not mounted", v.HostPath.Path)
+			continue
+		}
+		if vm.MountPropagation != nil && *vm.MountPropagation != corev1.MountPropagationNone {
+			t.Errorf("host path %s has mount propagation %s", v.HostPath.Path, *vm.MountPropagation)
+		}
+		got[v.HostPath.Path] = hostMount{container: vm.MountPath, readOnly: vm.ReadOnly}
+	}
+	want := map[string]hostMount{
+		"/var/lib/kubelet/plugins/gpu.kyb.ai": {container: "/var/lib/kubelet/plugins/gpu.kyb.ai"},
+		"/var/run/cdi":                        {container: "/var/run/cdi"},
+	}
+	if tc.deviceMode {
+		want["/var/lib/kubelet/device-plugins"] = hostMount{container: "/var/lib/kubelet/device-plugins"}
+	} else {
+		want["/var/lib/kubelet/plugins_registry"] = hostMount{container: "/var/lib/kubelet/plugins_registry"}
+	}
+	if !tc.simulated {
+		want["/etc/cdi"] = hostMount{container: "/etc/cdi", readOnly: true}
+		want["/dev"] = hostMount{container: "/host/dev", readOnly: true}
+		for host, ctr := range tc.driverMount {
+			want[host] = hostMount{container: ctr, readOnly: true}
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("host paths:\n got %v\nwant %v", got, want)
+	}
+	e := env(pod.Containers[0])
+	if !tc.simulated {
+		for name, value := range map[string]string{"NVIDIA_DRIVER_ROOT": "/driver-root", "KYB_DEV_ROOT": "/host"} {
+			if e[name].Value != value {
+				t.Errorf("%s=%q, want %q", name, e[name].Value, value)
+			}
+		}
+		for host := range tc.driverMount {
+			if tc.driverMount[host] == "/driver-root" && e["NVIDIA_HOST_DRIVER_ROOT"].Value != host {
+				t.Errorf("NVIDIA_HOST_DRIVER_ROOT=%q, want %q", e["NVIDIA_HOST_DRIVER_ROOT"].Value, host)
+			}
+		}
+	}
+	if e["KYB_CONFIG"].Value != "/etc/kyb-dra-driver/config.yaml" || e["NODE_NAME"].ValueFrom == nil || e["NODE_NAME"].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("KYB_CONFIG %+v, NODE_NAME %+v", e["KYB_CONFIG"], e["NODE_NAME"])
+	}
+}
+
+func checkUpgrade(t *testing.T, m *manifest, tc chartCase) {
+	ds := daemonSet(t, m)
+	ru := ds.Spec.UpdateStrategy.RollingUpdate
+	if ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || ru == nil {
+		t.Fatalf("update strategy %+v", ds.Spec.UpdateStrategy)
+	}
+	surge, unavailable := ru.MaxSurge.String(), ru.MaxUnavailable.String()
+	podUID, hasPodUID := env(ds.Spec.Template.Spec.Containers[0])["POD_UID"]
+	if tc.seamless {
+		if surge != "1" || unavailable != "0" {
+			t.Errorf("seamless upgrade: maxSurge %s, maxUnavailable %s; want 1 and 0", surge, unavailable)
+		}
+		if !hasPodUID || podUID.ValueFrom == nil || podUID.ValueFrom.FieldRef.FieldPath != "metadata.uid" {
+			t.Errorf("POD_UID must come from metadata.uid: %+v", podUID)
+		}
+		return
+	}
+	if surge != "0" || unavailable != "1" {
+		t.Errorf("maxSurge %s, maxUnavailable %s; want 0 and 1", surge, unavailable)
+	}
+	if hasPodUID {
+		t.Error("POD_UID is set without seamless upgrades")
+	}
+}
+
+func checkProbes(t *testing.T, m *manifest, tc chartCase) {
+	ds := daemonSet(t, m)
+	c := ds.Spec.Template.Spec.Containers[0]
+	e := env(c)
+	if tc.deviceMode {
+		if c.Command[0] != "/usr/local/bin/kyb-device-plugin" {
+			t.Errorf("command %v", c.Command)
+		}
+		if e["DEVICE_PLUGIN_DIRECTORY_PATH"].Value != "/var/lib/kubelet/device-plugins/" {
+			t.Errorf("DEVICE_PLUGIN_DIRECTORY_PATH=%q", e["DEVICE_PLUGIN_DIRECTORY_PATH"].Value)
+		}
+		return
+	}
+	if c.Command[0] != "/usr/local/bin/kyb-dra-plugin" {
+		t.Errorf("command %v", c.Command)
+	}
+	if e["HEALTHCHECK_PORT"].Value != "51515" {
+		t.Errorf("HEALTHCHECK_PORT=%q", e["HEALTHCHECK_PORT"].Value)
+	}
+	if a := e["HEALTHCHECK_ADDRESS"]; a.ValueFrom == nil || a.ValueFrom.FieldRef.FieldPath != "status.podIP" {
+		t.Errorf("HEALTHCHECK_ADDRESS must be the pod IP, where the kubelet's gRPC probes connect: %+v", a)
+	}
+	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe} {
+		if p == nil || p.GRPC == nil || p.GRPC.Port != 51515 {
+			t.Errorf("%s probe %+v, want gRPC on 51515", name, p)
+		}
+	}
+	if e["METRICS_ADDRESS"].Value != ":8080" {
+		t.Errorf("METRICS_ADDRESS=%q", e["METRICS_ADDRESS"].Value)
+	}
+}
+
+func checkNotes(t *testing.T, tc chartCase) {
+	args := append([]string{"install", releaseName, chartDir, "--namespace", namespace, "--dry-run=client"}, valueArgs(tc.files, tc.set)...)
+	out, stderr, err := runHelm(t, args...)
+	if err != nil {
+		t.Fatalf("helm install --dry-run=client: %v\n%s", err, stderr)
+	}
+	_, notes, ok := strings.Cut(out, "NOTES:\n")
+	if !ok {
+		t.Fatalf("no NOTES in:\n%s", out)
+	}
+	want := []string{"kubectl -n kyb-system rollout status daemonset/kyb-kyb-dra-driver-kubelet-plugin", "kubectl get resourceslices", "kyb-dra-plugin plan --config node-config.yaml", "deviceClassName: gpu-1x-seat.kyb.ai"}
+	if tc.deviceMode {
+		want = []string{"daemonset/kyb-kyb-dra-driver-device-plugin", `resources.limits: {"kyb.ai/gpu-1x-seat": 1}`}
+	}
+	for _, w := range want {
+		if !strings.Contains(notes, w) {
+			t.Errorf("NOTES lack %q:\n%s", w, notes)
+		}
+	}
+}

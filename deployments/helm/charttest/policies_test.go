@@ -1,0 +1,319 @@
+//go:build charttest
+
+package charttest
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/common/types"
+	"github.com/google/cel-go/common/types/ref"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	sigsyaml "sigs.k8s.io/yaml"
+)
+
+// The admission policies' CEL is evaluated here with cel-go, the way the API
+// server evaluates a ValidatingAdmissionPolicy: match conditions first, then
+// the variables in order, then every validation, with the failure policy
+// Fail (an expression that errors refuses the request). It proves the logic
+// of the expressions on requests written out by hand; that the API server
+// compiles them against its own types is for the end-to-end tests.
+
+const (
+	pluginUser  = "system:serviceaccount:kyb-system:kyb-kyb-dra-driver"
+	nodeNameKey = "authentication.kubernetes.io/node-name"
+)
+
+// admission is a request as a policy sees it.
+type admission struct {
+	operation string
+	user      string
+	node      string // the node in the token; "" for none
+	object    map[string]any
+	oldObject map[string]any
+}
+
+// verdict is what the policy decided.
+type verdict struct {
+	matched  bool
+	denied   bool
+	messages []string
+}
+
+func evaluate(t *testing.T, vap *admissionv1.ValidatingAdmissionPolicy, req admission) verdict {
+	t.Helper()
+	env, err := cel.NewEnv(
+		cel.Variable("request", cel.DynType),
+		cel.Variable("object", cel.DynType),
+		cel.Variable("oldObject", cel.DynType),
+		cel.Variable("variables", cel.MapType(cel.StringType, cel.DynType)),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra := map[string]any{}
+	if req.node != "" {
+		extra[nodeNameKey] = []any{req.node}
+	}
+	vars := map[string]any{}
+	activation := map[string]any{
+		"request": map[string]any{
+			"operation": req.operation,
+			"userInfo":  map[string]any{"username": req.user, "extra": extra},
+		},
+		"object":    nullable(req.object),
+		"oldObject": nullable(req.oldObject),
+		"variables": vars,
+	}
+	eval := func(expr string) (ref.Val, error) {
+		ast, iss := env.Compile(expr)
+		if iss.Err() != nil {
+			t.Fatalf("compile %q: %v", expr, iss.Err())
+		}
+		prg, err := env.Program(ast)
+		if err != nil {
+			t.Fatalf("program %q: %v", expr, err)
+		}
+		out, _, err := prg.Eval(activation)
+		if err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+	for _, mc := range vap.Spec.MatchConditions {
+		v, err := eval(mc.Expression)
+		if err != nil {
+			t.Fatalf("match condition %s: %v", mc.Name, err)
+		}
+		if v != types.True {
+			return verdict{}
+		}
+	}
+	for _, v := range vap.Spec.Variables {
+		val, err := eval(v.Expression)
+		if err != nil {
+			return verdict{matched: true, denied: true, messages: []string{fmt.Sprintf("variable %s: %v", v.Name, err)}}
+		}
+		vars[v.Name] = val
+	}
+	result := verdict{matched: true}
+	for _, v := range vap.Spec.Validations {
+		ok, err := eval(v.Expression)
+		if err == nil && ok == types.True {
+			continue
+		}
+		result.denied = true
+		msg := v.Message
+		switch {
+		case err != nil:
+			msg = fmt.Sprintf("expression failed: %v", err)
+		case v.MessageExpression != "":
+			m, err := eval(v.MessageExpression)
+			if err != nil {
+				t.Fatalf("messageExpression %q: %v", v.MessageExpression, err)
+			}
+			msg = fmt.Sprint(m.Value())
+		}
+		result.messages = append(result.messages, strings.TrimSpace(msg))
+	}
+	return result
+}
+
+func nullable(m map[string]any) any {
+	if m == nil {
+		return types.NullValue
+	}
+	return m
+}
+
+func obj(t *testing.T, y string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := sigsyaml.Unmarshal([]byte(y), &m); err != nil {
+		t.Fatalf("%v\n%s", err, y)
+	}
+	return m
+}
+
+func policies(t *testing.T) map[string]*admissionv1.ValidatingAdmissionPolicy {
+	m := render(t, nil)
+	out := map[string]*admissionv1.ValidatingAdmissionPolicy{}
+	for _, o := range m.ofKind("ValidatingAdmissionPolicy") {
+		var vap admissionv1.ValidatingAdmissionPolicy
+		decode(t, o, &vap)
+		out[strings.TrimPrefix(vap.Name, "kyb-kyb-dra-driver-kyb-system-")] = &vap
+	}
+	if len(out) != 2 || out["resourceslices"] == nil || out["claim-status"] == nil {
+		t.Fatalf("admission policies %v", out)
+	}
+	return out
+}
+
+func slice(t *testing.T, node string) map[string]any {
+	if node == "" {
+		return obj(t, "spec: {driver: gpu.kyb.ai, allNodes: true, pool: {name: cluster, generation: 1, resourceSliceCount: 1}}")
+	}
+	return obj(t, fmt.Sprintf("spec: {driver: gpu.kyb.ai, nodeName: %s, pool: {name: %s, generation: 1, resourceSliceCount: 2}}", node, node))
+}
+
+func TestSlicePolicyKeepsEachPluginOnItsNode(t *testing.T) {
+	vap := policies(t)["resourceslices"]
+	for _, tc := range []struct {
+		name        string
+		req         admission
+		wantMatched bool
+		wantDenied  bool
+		wantMessage string
+	}{
+		{name: "create on its node", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: slice(t, "node-a")}, wantMatched: true},
+		{name: "update on its node", req: admission{operation: "UPDATE", user: pluginUser, node: "node-a", object: slice(t, "node-a"), oldObject: slice(t, "node-a")}, wantMatched: true},
+		{name: "delete on its node", req: admission{operation: "DELETE", user: pluginUser, node: "node-a", oldObject: slice(t, "node-a")}, wantMatched: true},
+		{
+			name: "create on another node", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: slice(t, "node-b")},
+			wantMatched: true, wantDenied: true, wantMessage: `the kyb DRA plugin on node node-a may change only the ResourceSlices of its own node, not of node "node-b"`,
+		},
+		{
+			name: "delete on another node", req: admission{operation: "DELETE", user: pluginUser, node: "node-a", oldObject: slice(t, "node-b")},
+			wantMatched: true, wantDenied: true, wantMessage: `not of node "node-b"`,
+		},
+		{
+			name: "move another node's slice to its node", req: admission{operation: "UPDATE", user: pluginUser, node: "node-a", object: slice(t, "node-a"), oldObject: slice(t, "node-b")},
+			wantMatched: true, wantDenied: true, wantMessage: `not of node "node-b"`,
+		},
+		{
+			name: "create a slice for all nodes", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: slice(t, "")},
+			wantMatched: true, wantDenied: true, wantMessage: `not of node ""`,
+		},
+		{
+			name: "a token without a node", req: admission{operation: "CREATE", user: pluginUser, object: slice(t, "node-a")},
+			wantMatched: true, wantDenied: true, wantMessage: "the kyb DRA plugin's ServiceAccount token names no node",
+		},
+		{name: "another user is not the policy's business", req: admission{operation: "DELETE", user: "system:serviceaccount:kube-system:resourceclaim-controller", oldObject: slice(t, "node-b")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := evaluate(t, vap, tc.req)
+			checkVerdict(t, got, tc.wantMatched, tc.wantDenied, tc.wantMessage)
+		})
+	}
+}
+
+func checkVerdict(t *testing.T, got verdict, matched, denied bool, message string) {
+	t.Helper()
+	if got.matched != matched || got.denied != denied {
+		t.Fatalf("matched %v, denied %v (%q); want matched %v, denied %v", got.matched, got.denied, got.messages, matched, denied)
+	}
+	if message != "" && !strings.Contains(strings.Join(got.messages, "\n"), message) {
+		t.Errorf("messages %q lack %q", got.messages, message)
+	}
+}
+
+// claim returns a claim allocated on node (none for ""), reserved for one
+// pod, with a status entry of this driver and one of another driver.
+func claim(t *testing.T, node string) map[string]any {
+	if node == "" {
+		return obj(t, "spec: {devices: {requests: [{name: seat}]}}\nstatus: {}")
+	}
+	return obj(t, fmt.Sprintf(`
+spec: {devices: {requests: [{name: seat}]}}
+status:
+  allocation:
+    devices:
+      results:
+      - {request: seat, driver: gpu.kyb.ai, pool: %[1]s, device: g01-2x, shareID: 5e7b6a3c-0d5b-4e39-9b2a-6a1f3c2d1e01}
+      - {request: nic, driver: nic.example.com, pool: %[1]s, device: nic-0}
+    nodeSelector:
+      nodeSelectorTerms:
+      - matchFields:
+        - {key: metadata.name, operator: In, values: [%[1]s]}
+  reservedFor:
+  - {resource: pods, name: trainer-0, uid: 7d9c0f4e-1111-4a2b-8c3d-222222222222}
+  devices:
+  - {driver: nic.example.com, pool: %[1]s, device: nic-0, data: {mac: "02:00:00:00:00:01"}}
+`, node))
+}
+
+// withSeatStatus adds (or replaces) this driver's status entry, as the
+// plugin's server-side apply does.
+func withSeatStatus(t *testing.T, c map[string]any) map[string]any {
+	out := obj(t, mustYAML(t, c))
+	status := out["status"].(map[string]any)
+	devices, _ := status["devices"].([]any)
+	devices = append(devices, obj(t, `{driver: gpu.kyb.ai, pool: node-a, device: g01-2x, shareID: 5e7b6a3c-0d5b-4e39-9b2a-6a1f3c2d1e01, data: {profile: 2x, group: G01, gpus: [0, 1], seats: [1], generations: [3]}}`))
+	status["devices"] = devices
+	return out
+}
+
+func mustYAML(t *testing.T, v any) string {
+	b, err := sigsyaml.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestClaimStatusPolicyKeepsEachPluginToItsOwnEntries(t *testing.T) {
+	vap := policies(t)["claim-status"]
+	here := claim(t, "node-a")
+	mutate := func(c map[string]any, f func(status map[string]any)) map[string]any {
+		c = obj(t, mustYAML(t, c))
+		f(c["status"].(map[string]any))
+		return c
+	}
+	for _, tc := range []struct {
+		name        string
+		req         admission
+		wantMatched bool
+		wantDenied  bool
+		wantMessage string
+	}{
+		{
+			name: "its seats in a claim on its node", wantMatched: true,
+			req: admission{operation: "UPDATE", user: pluginUser, node: "node-a", oldObject: here, object: withSeatStatus(t, here)},
+		},
+		{
+			name: "a claim on another node", wantMatched: true, wantDenied: true,
+			wantMessage: "the kyb DRA plugin on node node-b may write the status only of claims allocated on its own node",
+			req:         admission{operation: "UPDATE", user: pluginUser, node: "node-b", oldObject: here, object: withSeatStatus(t, here)},
+		},
+		{
+			name: "a claim not allocated", wantMatched: true, wantDenied: true,
+			wantMessage: "may write the status only of claims allocated on its own node",
+			req:         admission{operation: "UPDATE", user: pluginUser, node: "node-a", oldObject: claim(t, ""), object: claim(t, "")},
+		},
+		{
+			name: "dropping the pod from reservedFor", wantMatched: true, wantDenied: true,
+			wantMessage: "the kyb DRA plugin may not change a claim's allocation or reservedFor",
+			req: admission{operation: "UPDATE", user: pluginUser, node: "node-a", oldObject: here,
+				object: mutate(here, func(s map[string]any) { delete(s, "reservedFor") })},
+		},
+		{
+			name: "deallocating the claim", wantMatched: true, wantDenied: true,
+			wantMessage: "may not change a claim's allocation or reservedFor",
+			req: admission{operation: "UPDATE", user: pluginUser, node: "node-a", oldObject: here,
+				object: mutate(here, func(s map[string]any) { delete(s, "allocation") })},
+		},
+		{
+			name: "another driver's entry", wantMatched: true, wantDenied: true,
+			wantMessage: "the kyb DRA plugin may change only the status.devices entries of driver gpu.kyb.ai",
+			req: admission{operation: "UPDATE", user: pluginUser, node: "node-a", oldObject: here,
+				object: mutate(here, func(s map[string]any) { s["devices"] = []any{} })},
+		},
+		{
+			name: "a token without a node", wantMatched: true, wantDenied: true,
+			wantMessage: "token names no node",
+			req:         admission{operation: "UPDATE", user: pluginUser, oldObject: here, object: withSeatStatus(t, here)},
+		},
+		{
+			name: "the scheduler is not the policy's business",
+			req: admission{operation: "UPDATE", user: "system:kube-scheduler", oldObject: claim(t, ""),
+				object: here},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := evaluate(t, vap, tc.req)
+			checkVerdict(t, got, tc.wantMatched, tc.wantDenied, tc.wantMessage)
+		})
+	}
+}

@@ -1,0 +1,150 @@
+{{/*
+The driver's name: the DRA driver name and the kubelet plugin directory.
+Fixed by the binaries; not a value.
+*/}}
+{{- define "kyb.driverName" -}}gpu.kyb.ai{{- end }}
+
+{{- define "kyb.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kyb.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* component: what the DaemonSet runs. */}}
+{{- define "kyb.component" -}}
+{{- if eq .Values.mode "dra" }}kubelet-plugin{{ else }}device-plugin{{ end }}
+{{- end }}
+
+{{- define "kyb.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+An identifier of this release that is unique in the cluster (namespace and
+name), short enough for a label value.
+*/}}
+{{- define "kyb.instanceID" -}}
+{{- printf "%s/%s" .Release.Namespace .Release.Name | sha256sum | trunc 16 }}
+{{- end }}
+
+{{- define "kyb.labels" -}}
+helm.sh/chart: {{ include "kyb.chart" . }}
+{{ include "kyb.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kyb-dra-driver
+{{- end }}
+
+{{- define "kyb.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kyb.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Selector of the DaemonSet's pods; immutable, so it names the component. */}}
+{{- define "kyb.podSelectorLabels" -}}
+{{ include "kyb.selectorLabels" . }}
+app.kubernetes.io/component: {{ include "kyb.component" . }}
+{{- end }}
+
+{{- define "kyb.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kyb.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kyb.serviceAccountUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "kyb.serviceAccountName" . }}
+{{- end }}
+
+{{- define "kyb.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The profiles the DeviceClasses are made for: the configured ones, or the
+driver's defaults (1x, 2x, 4x; pkg/planner DefaultSizes) when none is
+configured. Each becomes {resource, name}: name is the value of the device
+attribute "profile", defaulted as v1alpha1.DefaultProfileName does (the
+resource's name without "gpu-" and "-seat", lower case).
+Returns a YAML list.
+*/}}
+{{- define "kyb.profiles" -}}
+{{- $profiles := .Values.nodeConfig.profiles }}
+{{- if not $profiles }}
+{{- $profiles = list (dict "resource" "kyb.ai/gpu-1x-seat") (dict "resource" "kyb.ai/gpu-2x-seat") (dict "resource" "kyb.ai/gpu-4x-seat") }}
+{{- end }}
+{{- $out := list }}
+{{- range $profiles }}
+{{- $base := .resource | splitList "/" | last }}
+{{- $name := .name | default ($base | trimPrefix "gpu-" | trimSuffix "-seat" | lower) }}
+{{- $out = append $out (dict "resource" .resource "name" $name) }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/*
+The DeviceClass of a resource, as draresources.DeviceClassName names it:
+kyb.ai/gpu-1x-seat -> gpu-1x-seat.kyb.ai.
+*/}}
+{{- define "kyb.deviceClassName" -}}
+{{- $parts := regexSplit "/" . 2 }}
+{{- printf "%s.%s" (index $parts 1) (index $parts 0) }}
+{{- end }}
+
+{{/*
+The NodeConfig document: only the fields the user set, so that the driver's
+defaults stay the driver's (an empty profiles list would be an error).
+*/}}
+{{- define "kyb.nodeConfig" -}}
+{{- $c := dict "apiVersion" "kyb.ai/v1alpha1" "kind" "NodeConfig" }}
+{{- with .Values.nodeConfig }}
+{{- if .profiles }}{{ $_ := set $c "profiles" .profiles }}{{ end }}
+{{- if .groups }}{{ $_ := set $c "groups" .groups }}{{ end }}
+{{- if .grouping }}{{ $_ := set $c "grouping" .grouping }}{{ end }}
+{{- if .allocationPolicy }}{{ $_ := set $c "allocationPolicy" .allocationPolicy }}{{ end }}
+{{- if .attributes }}{{ $_ := set $c "attributes" .attributes }}{{ end }}
+{{- if .health }}{{ $_ := set $c "health" .health }}{{ end }}
+{{- end }}
+{{- toYaml $c }}
+{{- end }}
+
+{{/* Where the plugin keeps its sockets and checkpoint on the host. */}}
+{{- define "kyb.pluginDataDir" -}}
+{{- printf "%s/plugins/%s" (trimSuffix "/" .Values.kubeletRootDir) (include "kyb.driverName" .) }}
+{{- end }}
+
+{{/* A mount path for a driver-root subdirectory ("." is the root itself). */}}
+{{- define "kyb.driverMountPath" -}}
+{{- if eq . "." }}/driver-root{{ else }}{{ printf "/driver-root/%s" (trimSuffix "/" .) }}{{ end }}
+{{- end }}
+
+{{- define "kyb.driverHostPath" -}}
+{{- $root := trimSuffix "/" .root }}
+{{- if eq .sub "." }}{{ default "/" .root }}{{ else }}{{ printf "%s/%s" $root (trimSuffix "/" .sub) }}{{ end }}
+{{- end }}
+
+{{/*
+Name of an object outside the release's namespace (cluster-scoped, or in
+"default"): carries the namespace, so that releases of the same name in two
+namespaces do not collide.
+*/}}
+{{- define "kyb.globalName" -}}
+{{- printf "%s-%s" (include "kyb.fullname" .) .Release.Namespace | trunc 63 | trimSuffix "-" }}
+{{- end }}
