@@ -18,7 +18,7 @@ DOCKER    ?= docker
 HELM_VERSION ?= v4.3.1
 HELM      ?= $(CURDIR)/_output/bin/helm
 
-.PHONY: help build test unit lint fmt vet demo plan clean generate helm chart-test image image-check
+.PHONY: help build test unit e2e lint fmt vet demo plan clean generate helm chart-test image image-check
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -29,7 +29,14 @@ build: ## build the binaries into bin/
 plan: build ## print the plan of a simulated node (PRESET=dgx-h100)
 	$(BIN)/kyb-dra-plugin plan --simulate $(PRESET)
 
-test: unit ## run every test (unit tests with -race)
+# The in-process API server and kubectl report this version; without it they
+# report v0.0.0-master and version checks fail.
+E2E_LDFLAGS := -X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37
+
+test: unit chart-test e2e ## run every test: unit (-race), chart, end-to-end
+
+e2e: helm ## end-to-end tests against etcd, kube-apiserver, kube-scheduler and the kubelet's DRA manager, in-process
+	cd test && HELM=$(HELM) $(GO) test -count=1 -timeout 25m -ldflags '$(E2E_LDFLAGS)' ./...
 
 unit: ## unit tests of the product module, with the race detector
 	$(GO) test -race -count=1 ./...
@@ -39,8 +46,9 @@ lint: fmt vet ## gofmt and go vet
 fmt: ## fail if gofmt would change a file
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-vet: ## go vet
+vet: ## go vet, both modules
 	$(GO) vet ./...
+	cd test && $(GO) vet ./...
 
 clean: ## remove build outputs (keeps the helm binary in _output/bin)
 	rm -rf $(BIN)

@@ -49,6 +49,7 @@ type pluginFlags struct {
 	registrarDir   string
 	pluginsDir     string
 	healthPort     int
+	healthAddress  string
 	metricsAddress string
 	podUID         string
 	layout         *oneOf
@@ -77,8 +78,10 @@ func (p *pluginFlags) register(f *flags) {
 	f.bind("kubelet-plugins-directory-path", "KUBELET_PLUGINS_DIRECTORY_PATH")
 	f.StringVar(&p.devicePluginDir, "device-plugin-directory-path", "/var/lib/kubelet/device-plugins/", "the kubelet's device-plugin directory; the plugin refuses to start while the kyb device-plugin shim answers there")
 	f.bind("device-plugin-directory-path", "DEVICE_PLUGIN_DIRECTORY_PATH")
-	f.IntVar(&p.healthPort, "healthcheck-port", -1, "port of the gRPC health service on localhost (liveness probe); -1: off")
+	f.IntVar(&p.healthPort, "healthcheck-port", -1, "port of the gRPC health service (liveness probe); -1: off")
 	f.bind("healthcheck-port", "HEALTHCHECK_PORT")
+	f.StringVar(&p.healthAddress, "healthcheck-address", "127.0.0.1", "IP address the gRPC health service listens on; the kubelet's gRPC probes dial the pod IP, so a chart sets it from status.podIP")
+	f.bind("healthcheck-address", "HEALTHCHECK_ADDRESS")
 	f.StringVar(&p.metricsAddress, "metrics-address", "", "address of the Prometheus metrics endpoint (/metrics), such as :8080; empty: off")
 	f.bind("metrics-address", "METRICS_ADDRESS")
 	f.StringVar(&p.podUID, "pod-uid", "", "UID of the plugin's pod; enables seamless rolling updates (kubelet 1.33 or newer)")
@@ -131,6 +134,9 @@ func (p *pluginFlags) check() error {
 	}
 	if p.healthPort < -1 || p.healthPort > 65535 {
 		return fmt.Errorf("--healthcheck-port %d is not a port (or -1 for off)", p.healthPort)
+	}
+	if net.ParseIP(p.healthAddress) == nil {
+		return fmt.Errorf("--healthcheck-address %q is not an IP address", p.healthAddress)
 	}
 	if p.metricsAddress != "" {
 		if _, _, err := net.SplitHostPort(p.metricsAddress); err != nil {
@@ -187,7 +193,7 @@ func runPlugin(ctx context.Context, p *pluginFlags) error {
 		}
 	}
 	if p.healthPort >= 0 {
-		if err := d.ServeLiveness(ctx, p.healthPort); err != nil {
+		if err := d.ServeLiveness(ctx, p.healthAddress, p.healthPort); err != nil {
 			return err
 		}
 	}

@@ -9,12 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -377,6 +379,17 @@ func (d *Driver) repair(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.opts.PodUID != "" {
+		// During a rolling update the old pod still serves the kubelet.
+		// Take the lock the helper takes around every call, so that this
+		// repair neither removes a spec the old pod just wrote nor saves
+		// an older checkpoint over its newer one.
+		lock, err := fileutil.LockFile(filepath.Join(d.opts.PluginDataDir, "serialize.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return fmt.Errorf("lock the plugin data directory: %w", err)
+		}
+		defer lock.Close()
+	}
 	st, res, err := d.store.Load()
 	if err != nil {
 		return fmt.Errorf("read the checkpoint %s: %w", d.store.Path(), err)

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -168,7 +169,11 @@ func (e *env) start() {
 	}
 	e.driver = d
 	e.t.Cleanup(d.Stop)
-	reg := e.dial(filepath.Join(e.dirs.reg, draresources.DriverName+"-reg.sock"))
+	regSock := draresources.DriverName + "-reg.sock"
+	if uid := e.options().PodUID; uid != "" {
+		regSock = kubeletplugin.RollingUpdateRegistrarSocketFile(e.dirs.reg, draresources.DriverName, uid)
+	}
+	reg := e.dial(filepath.Join(e.dirs.reg, regSock))
 	info, err := registerapi.NewRegistrationClient(reg).GetInfo(e.ctx, &registerapi.InfoRequest{})
 	if err != nil {
 		e.t.Fatalf("GetInfo: %v", err)

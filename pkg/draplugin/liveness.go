@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"google.golang.org/grpc"
@@ -20,13 +21,13 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 )
 
-// ServeLiveness serves the gRPC health service on localhost:port for the
+// ServeLiveness serves the gRPC health service on address:port for the
 // pod's liveness probe. A check passes when the plugin can really serve:
 // its registration socket answers GetInfo, and its DRA socket answers an
 // empty NodePrepareResources (which runs the whole gRPC path, checkpoint
 // read included, without preparing anything).
-func (d *Driver) ServeLiveness(ctx context.Context, port int) error {
-	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+func (d *Driver) ServeLiveness(ctx context.Context, address string, port int) error {
+	ln, err := net.Listen("tcp", net.JoinHostPort(address, strconv.Itoa(port)))
 	if err != nil {
 		return fmt.Errorf("health service: %w", err)
 	}
