@@ -7,6 +7,8 @@ export CGO_ENABLED
 # go-nvml dlopens libnvidia-ml at run time; linking must not need it.
 LDFLAGS   ?= -extldflags=-Wl,--unresolved-symbols=ignore-in-object-files
 PRESET    ?= dgx-h100
+NODES     ?= dgx-h100
+KEEP      ?=
 GOFILES    = $(shell git ls-files '*.go' 2>/dev/null)
 CHART     := deployments/helm/kyb-dra-driver
 # The image; its tag is the chart's appVersion (hack/image-check.sh keeps the
@@ -25,6 +27,9 @@ help: ## list the targets
 
 build: ## build the binaries into bin/
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+
+demo: ## run the product on a simulated cluster (NODES=dgx-h100[,pcie-8gpu] KEEP=1 to keep it running)
+	NODES=$(NODES) KEEP=$(KEEP) hack/demo.sh
 
 plan: build ## print the plan of a simulated node (PRESET=dgx-h100)
 	$(BIN)/kyb-dra-plugin plan --simulate $(PRESET)

@@ -41,6 +41,8 @@ type Options struct {
 	// Dir holds the cluster's files; default a new temporary directory,
 	// removed on cleanup.
 	Dir string
+	// EtcdLog is where etcd logs; default stderr.
+	EtcdLog string
 }
 
 // Cluster is a running control plane with its nodes.
@@ -78,7 +80,7 @@ func Start(tb ktesting.TB, opts Options) *Cluster {
 	}
 	tb.Cleanup(cancel)
 
-	etcdURL := c.startEtcd()
+	etcdURL := c.startEtcd(opts.EtcdLog)
 	c.startAPIServer(etcdURL, opts.FeatureGates)
 	c.startScheduler()
 	c.startClaimController()
@@ -98,9 +100,12 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func (c *Cluster) startEtcd() string {
+func (c *Cluster) startEtcd(logFile string) string {
 	tb := c.tb
 	cfg := embed.NewConfig()
+	if logFile != "" {
+		cfg.LogOutputs = []string{logFile}
+	}
 	cfg.Name = "kyb"
 	cfg.Dir = filepath.Join(c.Dir, "etcd")
 	cfg.LogLevel = "error"

@@ -1,0 +1,145 @@
+// Package demo runs the local demo: a simulated cluster in this process
+// (the end-to-end harness), the driver's plugin on each simulated GPU node,
+// the DeviceClasses, and the specs under demo/specs; then it shows what a
+// user wants to see: the ResourceSlices, the seats of each group, where
+// each pod landed and what each container got.
+package demo
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kyb-ai/kyb-dra-driver/test/harness"
+)
+
+// Options configure the demo.
+type Options struct {
+	// Presets are the simulated nodes, one per entry (node-1, node-2, ...).
+	Presets []string
+	// Config is the node configuration file every node uses.
+	Config string
+	// Classes is the DeviceClasses file.
+	Classes string
+	// Specs is the directory of the specs to apply, in file-name order.
+	Specs string
+	// Keep leaves the cluster running until ctx ends.
+	Keep bool
+	// Kubectl is the path of a kubectl binary to suggest (Keep only).
+	Kubectl string
+	// LogFile receives etcd's logs (the others go to the log writer).
+	LogFile string
+}
+
+// Run runs the demo, writing the story to out and the components' logs to
+// log. Fatal problems end it with an error.
+func Run(ctx context.Context, opts Options, out, log io.Writer) (err error) {
+	tb := harness.NewProcessTB(log)
+	defer tb.Close()
+	defer func() {
+		if r := recover(); r != nil {
+			fe, ok := r.(harness.FatalError)
+			if !ok {
+				panic(r)
+			}
+			err = fe
+		}
+	}()
+	start := time.Now()
+	step := func(format string, args ...any) {
+		fmt.Fprintf(out, "  [%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+
+	config, err := os.ReadFile(opts.Config)
+	if err != nil {
+		return fmt.Errorf("read node configuration: %w", err)
+	}
+	var nodes []harness.NodeOptions
+	for i, p := range opts.Presets {
+		nodes = append(nodes, harness.NodeOptions{Name: fmt.Sprintf("node-%d", i+1), Preset: p, Config: string(config), NoPlugin: true})
+	}
+	fmt.Fprintf(out, "kyb DRA driver demo: %d simulated GPU node(s), node configuration %s\n\n", len(nodes), opts.Config)
+	step("starting etcd, kube-apiserver, kube-scheduler and the resource-claim controller")
+	c := harness.Start(tb, harness.Options{EtcdLog: opts.LogFile})
+	step("control plane up; kubeconfig %s", c.Kubeconfig)
+	for _, no := range nodes {
+		n := c.AddNode(no)
+		n.StartPlugin()
+		n.WaitForPlugin()
+		step("node %s (%s): kubelet DRA manager running, kyb-dra-plugin registered and publishing", n.Name, no.Preset)
+	}
+	if _, err := c.ApplyFile(opts.Classes, harness.ApplyOptions{}); err != nil {
+		return err
+	}
+	step("created the DeviceClasses from %s", opts.Classes)
+	files, err := filepath.Glob(filepath.Join(opts.Specs, "*.yaml"))
+	if err != nil {
+		return err
+	}
+	sort.Strings(files)
+	var pods []string
+	for _, f := range files {
+		objs, err := c.ApplyFile(f, harness.ApplyOptions{})
+		if err != nil {
+			return err
+		}
+		var names []string
+		for _, o := range objs {
+			names = append(names, strings.ToLower(o.GetKind())+"/"+o.GetName())
+			if o.GetKind() == "Pod" {
+				pods = append(pods, o.GetName())
+			}
+		}
+		step("applied %s: %s", filepath.Base(f), strings.Join(names, ", "))
+	}
+	settle(ctx, c, pods)
+	step("every pod is running or reported unschedulable")
+	fmt.Fprintln(out)
+
+	if err := report(ctx, c, pods, out); err != nil {
+		return err
+	}
+	if opts.Keep {
+		fmt.Fprintf(out, "\nThe cluster keeps running. In another shell:\n\n  export KUBECONFIG=%s\n  %s get resourceslices\n  %s get resourceclaims -o wide\n  %s get pods -o wide\n\nPress Ctrl-C to stop it.\n", c.Kubeconfig, opts.Kubectl, opts.Kubectl, opts.Kubectl)
+		<-ctx.Done()
+		fmt.Fprintln(out, "stopping")
+	}
+	return nil
+}
+
+// settle waits until each pod runs or the scheduler gave up on it for now.
+func settle(ctx context.Context, c *harness.Cluster, pods []string) {
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		for _, name := range pods {
+			p, err := c.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			if p.Status.Phase == v1.PodRunning {
+				continue
+			}
+			if !unschedulable(p) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+func unschedulable(p *v1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionFalse && cond.Reason == v1.PodReasonUnschedulable {
+			return true
+		}
+	}
+	return false
+}
