@@ -43,6 +43,8 @@ type Options struct {
 	Dir string
 	// EtcdLog is where etcd logs; default stderr.
 	EtcdLog string
+	// APIServerFlags are extra kube-apiserver flags (such as audit logging).
+	APIServerFlags []string
 }
 
 // Cluster is a running control plane with its nodes.
@@ -81,7 +83,7 @@ func Start(tb ktesting.TB, opts Options) *Cluster {
 	tb.Cleanup(cancel)
 
 	etcdURL := c.startEtcd(opts.EtcdLog)
-	c.startAPIServer(etcdURL, opts.FeatureGates)
+	c.startAPIServer(etcdURL, opts.FeatureGates, opts.APIServerFlags)
 	c.startScheduler()
 	c.startClaimController()
 	for _, no := range opts.Nodes {
@@ -136,7 +138,7 @@ func (c *Cluster) startEtcd(logFile string) string {
 	return urls[0].String()
 }
 
-func (c *Cluster) startAPIServer(etcdURL string, gates map[string]bool) {
+func (c *Cluster) startAPIServer(etcdURL string, gates map[string]bool, extra []string) {
 	tb := c.tb
 	storage := storagebackend.NewDefaultConfig(path.Join(uuid.New().String(), "registry"), nil)
 	storage.Transport.ServerList = []string{etcdURL}
@@ -154,6 +156,7 @@ func (c *Cluster) startAPIServer(etcdURL string, gates map[string]bool) {
 		slices.Sort(kv)
 		flags = append(flags, "--feature-gates="+strings.Join(kv, ","))
 	}
+	flags = append(flags, extra...)
 	server, err := kubeapiservertesting.StartTestServer(tb, opts, flags, storage)
 	if err != nil {
 		tb.Fatalf("start kube-apiserver: %v", err)
@@ -172,6 +175,14 @@ func (c *Cluster) startAPIServer(etcdURL string, gates map[string]bool) {
 	if err := writeKubeconfig(cfg, c.Kubeconfig); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// WriteKubeconfig writes a kubeconfig for the cluster that authenticates
+// with a bearer token, such as a ServiceAccount's.
+func (c *Cluster) WriteKubeconfig(file, token string) error {
+	cfg := rest.AnonymousClientConfig(c.Config)
+	cfg.BearerToken = token
+	return writeKubeconfig(cfg, file)
 }
 
 // writeKubeconfig writes an admin kubeconfig for kubectl and the plugins.
