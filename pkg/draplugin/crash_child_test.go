@@ -1,0 +1,114 @@
+package draplugin_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+)
+
+// The crash tests run the plugin in a child process: this test binary,
+// started again with KYB_CRASH_CHILD set. The child serves the plugin on
+// the directories it is given, with a fake API server holding the claims
+// the parent wrote, and kills itself with SIGKILL (no deferred code, no
+// flushing: a real crash) the Nth time it passes the chosen step.
+
+// childSpec is what the parent tells the child.
+type childSpec struct {
+	Preset      string                      `json:"preset"`
+	Config      string                      `json:"config"`
+	RegDir      string                      `json:"regDir"`
+	PluginDir   string                      `json:"pluginDir"`
+	CDIDir      string                      `json:"cdiDir"`
+	BootIDFile  string                      `json:"bootIDFile"`
+	Claims      []resourceapi.ResourceClaim `json:"claims"`
+	CrashAt     draplugin.HookPoint         `json:"crashAt,omitempty"`
+	CrashOnPass int                         `json:"crashOnPass,omitempty"`
+}
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv("KYB_CRASH_CHILD"); spec != "" {
+		os.Exit(runCrashChild(spec))
+	}
+	os.Exit(m.Run())
+}
+
+func runCrashChild(specFile string) int {
+	raw, err := os.ReadFile(specFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	var spec childSpec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	ctx = klog.NewContext(ctx, klog.Background())
+	sim, err := simnode.Load(spec.Preset, nodeName)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	inv, err := inventory.Discover(ctx, sim.NVML(), sim.PCIe())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	cfg, _, err := v1alpha1.LoadNodeConfig([]byte(spec.Config), "config")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	plan, err := planner.New(inv, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	objs := []runtime.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}}}
+	for i := range spec.Claims {
+		objs = append(objs, &spec.Claims[i])
+	}
+	passes := 0
+	d, err := draplugin.Start(ctx, draplugin.Options{
+		NodeName: nodeName, Client: newFakeClient(objs...), Inventory: inv, Plan: plan,
+		Edits:   containeredits.Options{DeviceNumbers: sim.DeviceNumbers},
+		CDIRoot: spec.CDIDir, PluginDataDir: spec.PluginDir, RegistrarDir: spec.RegDir, BootIDFile: spec.BootIDFile,
+		Hooks: func(p draplugin.HookPoint) {
+			if p != spec.CrashAt {
+				return
+			}
+			if passes++; passes == spec.CrashOnPass {
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {} // never returns
+			}
+		},
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("ready " + strconv.Itoa(os.Getpid()))
+	<-ctx.Done()
+	d.Stop()
+	return 0
+}

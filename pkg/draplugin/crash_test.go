@@ -1,0 +1,404 @@
+package draplugin_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+)
+
+// crashRig plays the kubelet against a plugin running in a child process
+// that it can have SIGKILLed at any step, and checks what the node's files
+// say after every crash and restart.
+type crashRig struct {
+	t      testing.TB
+	spec   childSpec
+	dir    string
+	plan   *planner.Plan
+	claims []*resourceapi.ResourceClaim
+
+	cmd  *exec.Cmd
+	conn *grpc.ClientConn
+	dra  drapb.DRAPluginClient
+
+	// The kubelet's view: claims it got CDI IDs for, and those IDs.
+	prepared map[types.UID][]string
+	// Counts for the report.
+	crashes, restarts int
+	crashedAt         map[draplugin.HookPoint]int
+}
+
+func newCrashRig(t testing.TB) *crashRig {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kyb-crash-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	r := &crashRig{t: t, dir: dir, prepared: map[types.UID][]string{}, crashedAt: map[draplugin.HookPoint]int{}}
+	r.spec = childSpec{
+		Preset: "nvlink-2x4", Config: seed,
+		RegDir: filepath.Join(dir, "reg"), PluginDir: filepath.Join(dir, "plugin"), CDIDir: filepath.Join(dir, "cdi"),
+		BootIDFile: filepath.Join(dir, "boot_id"),
+	}
+	for _, d := range []string{r.spec.RegDir, r.spec.PluginDir, r.spec.CDIDir} {
+		os.MkdirAll(d, 0o750)
+	}
+	os.WriteFile(r.spec.BootIDFile, []byte("boot-1\n"), 0o644)
+
+	// Claims allocated together by the scheduler's allocator, so that any
+	// subset of them may be prepared at the same time.
+	sim, _ := simnode.Load(r.spec.Preset, nodeName)
+	inv, err := inventory.Discover(context.Background(), sim.NVML(), sim.PCIe())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, _ := v1alpha1.LoadNodeConfig([]byte(seed), "seed")
+	if r.plan, err = planner.New(inv, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cl := allocator.New(allocator.SchedulerFeatures())
+	cl.AddNode(nodeName, draresources.Resources(r.plan, inv, nodeName, draresources.LayoutShared), draresources.DriverName)
+	cl.AddClasses(draresources.DeviceClasses(r.plan.Profiles, draresources.DeviceClassOptions{})...)
+	for i, class := range []string{class2x, class2x, class1x, class1x, class1x, class1x, class1x, class1x, class2x, class1x} {
+		c := allocator.Claim(fmt.Sprintf("c%d", i), class, 1)
+		c.UID = types.UID(fmt.Sprintf("aaaaaaaa-0000-0000-0000-%012d", i))
+		alloc, err := cl.Allocate(context.Background(), c, nodeName)
+		if err != nil || alloc == nil {
+			t.Fatalf("allocate claim %d: %v", i, err)
+		}
+		c.Status.Allocation = alloc
+		r.claims = append(r.claims, c)
+		r.spec.Claims = append(r.spec.Claims, *c)
+	}
+	t.Cleanup(r.stop)
+	return r
+}
+
+// start starts the plugin child, crashing at (point, pass) if point is set.
+func (r *crashRig) start(point draplugin.HookPoint, pass int) {
+	r.t.Helper()
+	spec := r.spec
+	spec.CrashAt, spec.CrashOnPass = point, pass
+	raw, _ := json.Marshal(spec)
+	file := filepath.Join(r.dir, "child.json")
+	if err := os.WriteFile(file, raw, 0o600); err != nil {
+		r.t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "KYB_CRASH_CHILD="+file)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	cmd.Stderr = nil
+	if err := cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	r.cmd = cmd
+	r.restarts++
+	// Wait for the DRA socket to answer: the kubelet may call as soon as it
+	// does, while the plugin still publishes.
+	sock := filepath.Join(spec.PluginDir, "dra.sock")
+	deadline := time.Now().Add(20 * time.Second)
+	go func() { bufio.NewReader(out).ReadString('\n') }()
+	for {
+		// A fresh connection per attempt: gRPC backs off a second after a
+		// failed dial, which would dominate a restart.
+		var err error
+		if _, statErr := os.Stat(sock); statErr == nil {
+			var conn *grpc.ClientConn
+			if conn, err = grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials())); err == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				_, err = drapb.NewDRAPluginClient(conn).NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{}, grpc.WaitForReady(false))
+				cancel()
+				if err == nil {
+					r.conn, r.dra = conn, drapb.NewDRAPluginClient(conn)
+					return
+				}
+				conn.Close()
+			}
+		} else {
+			err = statErr
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("the plugin child did not come up: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (r *crashRig) stop() {
+	if r.cmd == nil {
+		return
+	}
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	r.cmd.Wait()
+	r.cmd = nil
+	if r.conn != nil {
+		r.conn.Close()
+		r.conn = nil
+	}
+}
+
+// alive reports whether the child still runs (after a failed call: did it crash?).
+func (r *crashRig) crashed() bool {
+	if r.cmd == nil {
+		return true
+	}
+	done := make(chan struct{})
+	go func() { r.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+		r.cmd = nil
+		if r.conn != nil {
+			r.conn.Close()
+			r.conn = nil
+		}
+		return true
+	case <-time.After(3 * time.Second):
+		return false
+	}
+}
+
+// call drives one kubelet call; ok is false when the plugin died during it.
+func (r *crashRig) call(op string, c *resourceapi.ResourceClaim) (ok bool) {
+	r.t.Helper()
+	ref := &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	switch op {
+	case "prepare":
+		resp, err := r.dra.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref}})
+		if err != nil {
+			if !r.crashed() {
+				r.t.Fatalf("prepare %s failed without a crash: %v", c.Name, err)
+			}
+			return false
+		}
+		res := resp.Claims[string(c.UID)]
+		if res.Error != "" {
+			r.t.Fatalf("prepare %s: %s", c.Name, res.Error)
+		}
+		var ids []string
+		for _, d := range res.Devices {
+			ids = append(ids, d.CdiDeviceIds...)
+		}
+		if prev, ok := r.prepared[c.UID]; ok && !slices.Equal(prev, ids) {
+			r.t.Fatalf("prepare %s again returned %v, first %v", c.Name, ids, prev)
+		}
+		r.prepared[c.UID] = ids
+	case "unprepare":
+		resp, err := r.dra.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{ref}})
+		if err != nil {
+			if !r.crashed() {
+				r.t.Fatalf("unprepare %s failed without a crash: %v", c.Name, err)
+			}
+			return false
+		}
+		if e := resp.Claims[string(c.UID)].Error; e != "" {
+			r.t.Fatalf("unprepare %s: %s", c.Name, e)
+		}
+		delete(r.prepared, c.UID)
+	}
+	return true
+}
+
+// drive runs a kubelet call, crashing the plugin at (point, pass) when
+// point is set, then restarts it and re-drives the call as the kubelet
+// would, until it succeeds.
+func (r *crashRig) drive(op string, c *resourceapi.ResourceClaim, point draplugin.HookPoint, pass int) {
+	r.driveThen(op, op, c, point, pass)
+}
+
+// driveThen is drive, re-driving with retry instead of op after a crash:
+// a pod deleted while its prepare crashed is unprepared, not prepared again.
+func (r *crashRig) driveThen(op, retry string, c *resourceapi.ResourceClaim, point draplugin.HookPoint, pass int) {
+	r.t.Helper()
+	if point != "" {
+		r.stop()
+		r.start(point, pass)
+	} else if r.cmd == nil {
+		r.start("", 0)
+	}
+	if r.call(op, c) {
+		if point != "" {
+			// The crash point was not reached by this call: run on without it.
+			r.stop()
+			r.start("", 0)
+		}
+		return
+	}
+	r.crashes++
+	r.crashedAt[point]++
+	r.start("", 0)
+	if !r.call(retry, c) {
+		r.t.Fatalf("%s %s failed after the restart", retry, c.Name)
+	}
+	r.check()
+}
+
+// check compares the node's files with the kubelet's view: the checkpoint
+// is sound and holds exactly the claims the kubelet holds prepared, every
+// one has its spec, no spec is orphaned, no seat is held twice, no two
+// groups that exclude each other are both in use.
+func (r *crashRig) check() {
+	r.t.Helper()
+	st, res, err := checkpoint.NewStore(r.spec.PluginDir).Load()
+	if err != nil || res.RecoveredFrom != nil {
+		r.t.Fatalf("checkpoint after a crash: %v %+v", err, res)
+	}
+	var inCheckpoint, inKubelet []string
+	for uid, c := range st.Claims {
+		if c.Phase != checkpoint.PrepareCompleted {
+			continue
+		}
+		inCheckpoint = append(inCheckpoint, string(uid))
+	}
+	for uid := range r.prepared {
+		inKubelet = append(inKubelet, string(uid))
+	}
+	slices.Sort(inCheckpoint)
+	slices.Sort(inKubelet)
+	for _, uid := range inKubelet {
+		if !slices.Contains(inCheckpoint, uid) {
+			r.t.Fatalf("claim %s is prepared for the kubelet but not completed in the checkpoint (%v)", uid, inCheckpoint)
+		}
+		if _, err := os.Stat(filepath.Join(r.spec.CDIDir, cdi.SpecName(types.UID(uid))+".json")); err != nil {
+			r.t.Fatalf("claim %s has no CDI spec: %v", uid, err)
+		}
+	}
+	specs, _ := os.ReadDir(r.spec.CDIDir)
+	for _, e := range specs {
+		uid := strings.TrimSuffix(strings.TrimPrefix(e.Name(), cdi.SpecName("")), ".json")
+		if _, ok := st.Claims[types.UID(uid)]; !ok && strings.HasSuffix(e.Name(), ".json") {
+			r.t.Fatalf("CDI spec %s belongs to no checkpointed claim", e.Name())
+		}
+	}
+	seats := map[string]types.UID{}
+	var held []*planner.Group
+	for uid, c := range st.Claims {
+		for _, d := range c.Devices {
+			for _, s := range d.Seats {
+				key := d.GroupDevice + "/" + strconv.Itoa(s)
+				if other, dup := seats[key]; dup && other != uid {
+					r.t.Fatalf("seat %s is held by %s and %s", key, other, uid)
+				}
+				seats[key] = uid
+			}
+			held = append(held, r.plan.GroupByDevice(d.GroupDevice))
+		}
+	}
+	for _, a := range held {
+		for _, b := range held {
+			if a.Excludes(b) {
+				r.t.Fatalf("groups %s and %s exclude each other but are both in use", a.DeviceName(), b.DeviceName())
+			}
+		}
+	}
+}
+
+var prepareCrashPoints = []draplugin.HookPoint{
+	draplugin.HookBeforeStartedSave, draplugin.HookAfterStartedSave, draplugin.HookAfterCDIWrite,
+	draplugin.HookAfterStatusWrite, draplugin.HookAfterCompletedSave,
+}
+
+var unprepareCrashPoints = []draplugin.HookPoint{draplugin.HookAfterCDIRemove, draplugin.HookAfterUnprepareSave}
+
+// TestCrashAtEveryStep kills the plugin process at every step of prepare
+// and unprepare, restarts it and re-drives the kubelet's call.
+func TestCrashAtEveryStep(t *testing.T) {
+	r := newCrashRig(t)
+	for i, point := range prepareCrashPoints {
+		c := r.claims[i]
+		r.drive("prepare", c, point, 1)
+		r.drive("prepare", c, "", 0) // idempotent after the crash
+		r.check()
+	}
+	for i, point := range unprepareCrashPoints {
+		r.drive("unprepare", r.claims[i], point, 1)
+		r.check()
+	}
+	// A prepare that crashed half-way, then abandoned: the kubelet
+	// unprepares, and nothing of the claim is left.
+	for _, point := range prepareCrashPoints {
+		c := r.claims[len(r.claims)-1]
+		r.driveThen("prepare", "unprepare", c, point, 1)
+		st, _, _ := checkpoint.NewStore(r.spec.PluginDir).Load()
+		if _, left := st.Claims[c.UID]; left {
+			t.Errorf("abandoned prepare (crash %s) left the claim in the checkpoint", point)
+		}
+	}
+	// The released seats go to new claims with new generations.
+	r.drive("prepare", r.claims[0], "", 0)
+	r.check()
+	if want := 2*len(prepareCrashPoints) + len(unprepareCrashPoints); r.crashes != want {
+		t.Errorf("%d crashes, want one per step and case (%d): %v", r.crashes, want, r.crashedAt)
+	}
+	t.Logf("crash points covered: %d, crashes %d, plugin starts %d", len(r.crashedAt), r.crashes, r.restarts)
+}
+
+// TestRandomCrashes drives random prepares and unprepares of random claims
+// with crashes at random steps. KYB_CRASH_ITERATIONS sets the count (the
+// bench target runs 1,000).
+func TestRandomCrashes(t *testing.T) {
+	iterations := 40
+	if s := os.Getenv("KYB_CRASH_ITERATIONS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			t.Fatalf("KYB_CRASH_ITERATIONS=%q: %v", s, err)
+		}
+		iterations = n
+	}
+	seed := time.Now().UnixNano()
+	if s := os.Getenv("KYB_CRASH_SEED"); s != "" {
+		seed, _ = strconv.ParseInt(s, 10, 64)
+	}
+	t.Logf("seed %d (set KYB_CRASH_SEED to repeat)", seed)
+	rng := rand.New(rand.NewSource(seed))
+	r := newCrashRig(t)
+	for i := 0; i < iterations; i++ {
+		c := r.claims[rng.Intn(len(r.claims))]
+		op, points := "prepare", prepareCrashPoints
+		if _, prepared := r.prepared[c.UID]; prepared && rng.Intn(3) > 0 {
+			op, points = "unprepare", unprepareCrashPoints
+		}
+		var point draplugin.HookPoint
+		if rng.Intn(2) == 0 {
+			point = points[rng.Intn(len(points))]
+		}
+		retry := op
+		if op == "prepare" && rng.Intn(3) == 0 {
+			retry = "unprepare" // the pod went away while its prepare crashed
+		}
+		r.driveThen(op, retry, c, point, 1)
+		r.check()
+	}
+	t.Logf("iterations %d, crashes %d at %d distinct points %v, plugin starts %d", iterations, r.crashes, len(r.crashedAt), r.crashedAt, r.restarts)
+}
