@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -62,6 +63,10 @@ type State struct {
 	// was handed out. It outlives the claims, so that the next holder of a
 	// seat always sees a new generation.
 	Generations map[string]int64 `json:"generations"`
+	// GenerationFloor is set when the state was rebuilt after a loss: every
+	// seat's next generation is above it, so that no generation handed out
+	// before the loss can repeat.
+	GenerationFloor int64 `json:"generationFloor,omitempty"`
 }
 
 // Claim is one prepared claim.
@@ -315,6 +320,21 @@ func syncDir(dir string) error {
 	defer d.Close()
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("save checkpoint: fsync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// Quarantine moves unusable checkpoint files aside, keeping them for
+// diagnosis, so that a rebuilt state can be written in their place.
+func (s *Store) Quarantine() error {
+	suffix := ".corrupt-" + time.Now().UTC().Format("20060102T150405.000000000")
+	for _, p := range []string{s.Path(), s.prevPath()} {
+		if _, err := readFile(p); err == nil || errors.Is(err, os.ErrNotExist) || errors.Is(err, ErrNewerVersion) {
+			continue
+		}
+		if err := os.Rename(p, p+suffix); err != nil {
+			return fmt.Errorf("set the unusable checkpoint %s aside: %w", p, err)
+		}
 	}
 	return nil
 }

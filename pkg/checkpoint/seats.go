@@ -63,6 +63,6 @@ func (st *State) FreeSeats(device string, seatsPerGroup, n int) ([]int, error) {
 // NextGeneration hands seat out once more and returns its new generation.
 func (st *State) NextGeneration(device string, seat int) int64 {
 	k := SeatKey(device, seat)
-	st.Generations[k]++
+	st.Generations[k] = max(st.Generations[k], st.GenerationFloor) + 1
 	return st.Generations[k]
 }

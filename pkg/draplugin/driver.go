@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -114,7 +115,13 @@ type Driver struct {
 
 	// mu serialises prepare, unprepare and the start-up repair.
 	mu sync.Mutex
+	// lost is set while the checkpoint is lost and not yet rebuilt;
+	// releasedWhileLost holds the claims unprepared meanwhile.
+	lost              atomic.Bool
+	releasedWhileLost sync.Map
 
+	// publishMu orders publications (start-up, fallback, health changes).
+	publishMu sync.Mutex
 	layoutMu  sync.Mutex
 	layout    draresources.Layout
 	published []string
@@ -153,10 +160,10 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, err
 	}
 	d.cdi = w
+	d.startEvents(ctx)
 	if err := d.repair(ctx); err != nil {
 		return nil, err
 	}
-	d.startEvents(ctx)
 
 	helperOpts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(draresources.DriverName),
@@ -174,9 +181,16 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("start the kubelet plugin: %w", err)
 	}
 	d.helper = helper
-	if err := d.publish(ctx); err != nil {
-		return nil, err
-	}
+	// Publishing waits for the API server (the resourceslice controller
+	// syncs its informer first). The kubelet may already call: unprepare
+	// and repeated prepares need no slices, so an API server that is down
+	// at start must not hold them up.
+	res := d.resources()
+	go func() {
+		if err := d.publishResources(ctx, res); err != nil {
+			logger.Error(err, "Cannot publish ResourceSlices")
+		}
+	}()
 	logger.Info("Started", "node", opts.NodeName, "gpus", len(opts.Inventory.GPUs), "devices", len(d.publishedDevices()), "layout", d.currentLayout(), "pluginDir", opts.PluginDataDir, "cdiRoot", opts.CDIRoot)
 	ok = true
 	return d, nil
@@ -297,6 +311,12 @@ func (d *Driver) fallBack(ctx context.Context, dropped *resourceslice.DroppedFie
 
 // publish publishes the plan in the current layout.
 func (d *Driver) publish(ctx context.Context) error {
+	return d.publishResources(ctx, d.resources())
+}
+
+// resources computes what to publish in the current layout and records
+// the device names (the health stream reports them).
+func (d *Driver) resources() resourceslice.DriverResources {
 	layout := d.currentLayout()
 	res := draresources.Resources(d.plan, d.inv, d.pool, layout)
 	var names []string
@@ -316,6 +336,12 @@ func (d *Driver) publish(ctx context.Context) error {
 	for p, n := range perProfile {
 		d.metrics.published.WithLabelValues(p, string(layout)).Set(float64(n))
 	}
+	return res
+}
+
+func (d *Driver) publishResources(ctx context.Context, res resourceslice.DriverResources) error {
+	d.publishMu.Lock()
+	defer d.publishMu.Unlock()
 	if err := d.helper.PublishResources(ctx, res); err != nil {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
@@ -340,7 +366,9 @@ func (d *Driver) Layout() draresources.Layout { return d.currentLayout() }
 // startEvents records Kubernetes Events on the node object.
 func (d *Driver) startEvents(ctx context.Context) {
 	d.nodeRef = &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: d.opts.NodeName}
-	if node, err := d.client.CoreV1().Nodes().Get(ctx, d.opts.NodeName, metav1.GetOptions{}); err == nil {
+	getCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if node, err := d.client.CoreV1().Nodes().Get(getCtx, d.opts.NodeName, metav1.GetOptions{}); err == nil {
 		d.nodeRef.UID = node.UID
 	} else {
 		klog.FromContext(ctx).V(2).Info("Cannot read the Node object; events will name it without its UID", "err", err)
@@ -391,6 +419,9 @@ func (d *Driver) repair(ctx context.Context) error {
 		defer lock.Close()
 	}
 	st, res, err := d.store.Load()
+	if errors.Is(err, checkpoint.ErrCorrupt) {
+		return d.repairLost(ctx, err)
+	}
 	if err != nil {
 		return fmt.Errorf("read the checkpoint %s: %w", d.store.Path(), err)
 	}
@@ -429,6 +460,33 @@ func (d *Driver) repair(ctx context.Context) error {
 	if err := d.store.Save(st); err != nil {
 		return fmt.Errorf("write the checkpoint: %w", err)
 	}
+	return nil
+}
+
+// repairLost handles a checkpoint whose copies are both unusable: never
+// trusted, it is rebuilt from the API server; if the API server does not
+// answer, the plugin starts without it, refuses new prepares with a clear
+// error, keeps unpreparing, and rebuilds in the background. Call with d.mu
+// held.
+func (d *Driver) repairLost(ctx context.Context, cause error) error {
+	logger := klog.FromContext(ctx)
+	logger.Error(cause, "The checkpoint and its previous copy are unusable; rebuilding it from the API server")
+	d.metrics.errors.WithLabelValues("prepare", "checkpoint").Inc()
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	st, allocated, err := d.rebuild(rctx)
+	cancel()
+	if err == nil {
+		if err := d.adopt(ctx, st, allocated); err != nil {
+			return err
+		}
+		logger.Info("Rebuilt the checkpoint from the API server", "claims", len(st.Claims))
+		d.event(corev1.EventTypeWarning, "CheckpointRebuilt", fmt.Sprintf("The plugin's checkpoint and its previous copy were unusable (%v); rebuilt %d prepared claims from the API server", cause, len(st.Claims)))
+		return nil
+	}
+	logger.Error(err, "Cannot rebuild the checkpoint now; new claims are refused until it is rebuilt")
+	d.event(corev1.EventTypeWarning, "CheckpointLost", "The plugin's checkpoint is unusable and the API server does not answer; new claims on this node are refused until the checkpoint is rebuilt")
+	d.lost.Store(true)
+	go d.recoverLostState(ctx)
 	return nil
 }
 

@@ -245,13 +245,17 @@ func ref(c *resourceapi.ResourceClaim) *drapb.Claim {
 	return &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}
 }
 
-func (e *env) prepare(claims ...*resourceapi.ResourceClaim) map[string]*drapb.NodePrepareResourceResponse {
-	e.t.Helper()
+func prepareRequest(claims ...*resourceapi.ResourceClaim) *drapb.NodePrepareResourcesRequest {
 	req := &drapb.NodePrepareResourcesRequest{}
 	for _, c := range claims {
 		req.Claims = append(req.Claims, ref(c))
 	}
-	resp, err := e.dra.NodePrepareResources(e.ctx, req)
+	return req
+}
+
+func (e *env) prepare(claims ...*resourceapi.ResourceClaim) map[string]*drapb.NodePrepareResourceResponse {
+	e.t.Helper()
+	resp, err := e.dra.NodePrepareResources(e.ctx, prepareRequest(claims...))
 	if err != nil {
 		e.t.Fatalf("NodePrepareResources: %v", err)
 	}

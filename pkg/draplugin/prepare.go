@@ -31,6 +31,14 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	defer d.mu.Unlock()
 	d.metrics.observePrepareStart()
 	start := d.clock.Now()
+	if d.lost.Load() {
+		d.metrics.observePrepare(d.clock.Since(start), len(claims))
+		results := map[types.UID]kubeletplugin.PrepareResult{}
+		for _, claim := range claims {
+			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): the plugin's checkpoint was lost and is not rebuilt yet (the API server did not answer); seats cannot be chosen safely until it is, retrying", claim.Namespace, claim.Name, claim.UID)}
+		}
+		return results, nil
+	}
 	st, err := d.loadState(ctx)
 	if err != nil {
 		d.metrics.prepareError("checkpoint")
@@ -139,12 +147,23 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	start := d.clock.Now()
+	results := map[types.UID]error{}
+	if d.lost.Load() {
+		// Without a checkpoint, releasing is still safe: the spec goes and
+		// the rebuild will not find the claim allocated here any more.
+		for _, claim := range claims {
+			results[claim.UID] = d.cdi.Remove(claim.UID)
+			// The API server may show the claim allocated for a while yet;
+			// the rebuild must not bring it back.
+			d.releasedWhileLost.Store(claim.UID, true)
+		}
+		return results, nil
+	}
 	st, err := d.loadState(ctx)
 	if err != nil {
 		d.metrics.unprepareError("checkpoint")
 		return nil, err
 	}
-	results := map[types.UID]error{}
 	changed := false
 	for _, claim := range claims {
 		results[claim.UID] = nil

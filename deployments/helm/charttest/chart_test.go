@@ -275,7 +275,7 @@ func checkDeviceClasses(t *testing.T, m *manifest, tc chartCase) {
 // calls each.
 var wantClusterRules = []rbacv1.PolicyRule{
 	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"list", "watch", "create", "update", "delete"}},
-	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
+	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get", "list"}},
 	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
 	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, ResourceNames: []string{"gpu.kyb.ai"}, Verbs: []string{"associated-node:patch"}},
 	{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
