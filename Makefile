@@ -20,7 +20,7 @@ DOCKER    ?= docker
 HELM_VERSION ?= v4.3.1
 HELM      ?= $(CURDIR)/_output/bin/helm
 
-.PHONY: help build test unit e2e lint fmt vet demo plan clean generate helm chart-test image image-check
+.PHONY: help build test unit fuzz e2e lint fmt vet demo plan clean generate helm chart-test image image-check
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -38,7 +38,11 @@ plan: build ## print the plan of a simulated node (PRESET=dgx-h100)
 # report v0.0.0-master and version checks fail.
 E2E_LDFLAGS := -X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37
 
-test: unit chart-test e2e ## run every test: unit (-race), chart, end-to-end
+test: unit fuzz chart-test e2e ## run every test: unit (-race), fuzz (briefly), chart, end-to-end
+
+FUZZTIME ?= 10s
+fuzz: ## run every fuzz target for FUZZTIME (10s) each
+	FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
 e2e: helm ## end-to-end tests against etcd, kube-apiserver, kube-scheduler and the kubelet's DRA manager, in-process
 	cd test && HELM=$(HELM) $(GO) test -count=1 -timeout 25m -ldflags '$(E2E_LDFLAGS)' ./...

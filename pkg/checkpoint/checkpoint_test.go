@@ -156,3 +156,33 @@ func TestTempFilesDoNotLinger(t *testing.T) {
 		t.Errorf("files left in %s: %v", filepath.Base(dir), names)
 	}
 }
+
+// The fixture is a v1 checkpoint as an earlier release wrote it: its own
+// field order and indentation, and a field a later minor release added.
+// The checksum covers the stored bytes, so it still verifies; unknown
+// fields are ignored; phases and seats read back exactly.
+func TestReadsTheV1Fixture(t *testing.T) {
+	raw, err := os.ReadFile("testdata/checkpoint-v1.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := Decode(raw, "testdata/checkpoint-v1.json")
+	if err != nil {
+		t.Fatalf("a v1 checkpoint must stay readable: %v", err)
+	}
+	train := st.Claims["6a1f0e2c-9b1d-4c3e-8f7a-2d3c4b5a6978"]
+	infer := st.Claims["7b2e1f3d-0c2e-4d4f-9a8b-3e4d5c6b7a89"]
+	if train == nil || train.Phase != PrepareCompleted || train.Devices[0].Seats[0] != 0 || train.Devices[0].Generations[0] != 3 || train.Devices[0].ShareID != "3c2b1a09-8f7e-4d6c-5b4a-392817060504" {
+		t.Errorf("train: %+v", train)
+	}
+	if infer == nil || infer.Phase != PrepareStarted || infer.Devices[0].GroupDevice != "g4-1x" {
+		t.Errorf("infer: %+v", infer)
+	}
+	if st.Generations["g4-1x/0"] != 7 || st.NextGeneration("g4-1x", 0) != 8 {
+		t.Errorf("generations %v", st.Generations)
+	}
+	// One changed byte in the data is caught.
+	if _, err := Decode(bytes.Replace(raw, []byte(`"generations": [3]`), []byte(`"generations": [4]`), 1), "edited"); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("an edited checkpoint must fail its checksum: %v", err)
+	}
+}

@@ -275,13 +275,17 @@ func (e *env) prepareOK(c *resourceapi.ResourceClaim) []string {
 	return ids
 }
 
-func (e *env) unprepare(claims ...*resourceapi.ResourceClaim) map[string]*drapb.NodeUnprepareResourceResponse {
-	e.t.Helper()
+func unprepareRequest(claims ...*resourceapi.ResourceClaim) *drapb.NodeUnprepareResourcesRequest {
 	req := &drapb.NodeUnprepareResourcesRequest{}
 	for _, c := range claims {
 		req.Claims = append(req.Claims, ref(c))
 	}
-	resp, err := e.dra.NodeUnprepareResources(e.ctx, req)
+	return req
+}
+
+func (e *env) unprepare(claims ...*resourceapi.ResourceClaim) map[string]*drapb.NodeUnprepareResourceResponse {
+	e.t.Helper()
+	resp, err := e.dra.NodeUnprepareResources(e.ctx, unprepareRequest(claims...))
 	if err != nil {
 		e.t.Fatalf("NodeUnprepareResources: %v", err)
 	}

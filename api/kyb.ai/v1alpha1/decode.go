@@ -14,6 +14,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+// MaxDocumentSize bounds the documents the decoder reads. Real ones are a
+// few kilobytes.
+const MaxDocumentSize = 1 << 20
+
 // Source remembers where a decoded document came from, so that problems
 // found after decoding (validation, planning) can still name the line at
 // fault.
@@ -107,6 +111,9 @@ func parentPath(path string) string {
 // error. The returned Source maps paths to lines.
 func decodeStrict(data []byte, name string, out any) (*Source, FieldErrors, error) {
 	src := &Source{Name: name}
+	if len(data) > MaxDocumentSize {
+		return src, nil, fmt.Errorf("%s: %d bytes; a document is at most %d", name, len(data), MaxDocumentSize)
+	}
 	root, data, err := parseYAML(data, src)
 	if err != nil {
 		return src, nil, err
@@ -209,9 +216,8 @@ func expandLeadingTabs(data []byte) ([]byte, bool) {
 // indexLines records the line of every mapping value and sequence item under
 // the field path syntax of field.Path.
 func indexLines(n *yamlv3.Node, path string, lines map[string]int) {
-	if n.Kind == yamlv3.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
+	// An alias is not followed: nested aliases expand exponentially (the
+	// "billion laughs" document), and its fields are on the anchor's lines.
 	if _, ok := lines[path]; !ok {
 		lines[path] = n.Line
 	}
