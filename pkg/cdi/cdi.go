@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -89,8 +90,22 @@ func Spec(claimUID types.UID, devices []Device) (*cdispec.Spec, error) {
 	return spec, nil
 }
 
+// validUID guards the file names built from claim UIDs: the API server
+// assigns UUIDs, but a name that reaches a path is never trusted blindly.
+var validUID = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]{0,127}$`)
+
+func checkUID(claimUID types.UID) error {
+	if !validUID.MatchString(string(claimUID)) || strings.Contains(string(claimUID), "..") {
+		return fmt.Errorf("claim UID %q is not a safe file name", claimUID)
+	}
+	return nil
+}
+
 // Write writes a claim's spec atomically, replacing an older one.
 func (w *Writer) Write(claimUID types.UID, devices []Device) error {
+	if err := checkUID(claimUID); err != nil {
+		return err
+	}
 	spec, err := Spec(claimUID, devices)
 	if err != nil {
 		return err
@@ -103,6 +118,9 @@ func (w *Writer) Write(claimUID types.UID, devices []Device) error {
 
 // Remove removes a claim's spec; a missing one is not an error.
 func (w *Writer) Remove(claimUID types.UID) error {
+	if err := checkUID(claimUID); err != nil {
+		return err
+	}
 	if err := w.cache.RemoveSpec(SpecName(claimUID) + specExt); err != nil {
 		return fmt.Errorf("remove CDI spec of claim %s: %w", claimUID, err)
 	}
@@ -111,6 +129,9 @@ func (w *Writer) Remove(claimUID types.UID) error {
 
 // Exists reports whether a claim's spec file is there.
 func (w *Writer) Exists(claimUID types.UID) bool {
+	if checkUID(claimUID) != nil {
+		return false
+	}
 	_, err := os.Stat(filepath.Join(w.dir, SpecName(claimUID)+specExt))
 	return err == nil
 }

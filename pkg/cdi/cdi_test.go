@@ -73,3 +73,19 @@ containerEdits:
 		t.Errorf("found %v %v", got, err)
 	}
 }
+
+func TestUnsafeClaimUIDsNeverReachAPath(t *testing.T) {
+	w, err := NewWriter(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	edits := &containeredits.Edits{Env: []string{"A=1"}}
+	for _, uid := range []types.UID{"../../etc/x", "a/b", "", ".hidden", "a..b"} {
+		if err := w.Write(uid, []Device{{Name: "d", Edits: edits}}); err == nil {
+			t.Errorf("Write(%q) accepted an unsafe UID", uid)
+		}
+		if err := w.Remove(uid); err == nil {
+			t.Errorf("Remove(%q) accepted an unsafe UID", uid)
+		}
+	}
+}

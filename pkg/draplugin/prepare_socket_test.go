@@ -84,8 +84,16 @@ func TestPrepareWritesSpecEnvAndStatusOverSockets(t *testing.T) {
 	if seat.Group != "G01" || seat.Profile != "2x" || len(seat.Seats) != 1 || seat.Seats[0] != 0 || seat.Generations[0] != 1 || strings.Join(seat.GPUUUIDs, ",") != e.uuids(0, 1) {
 		t.Errorf("seat status %+v", seat)
 	}
-	if fi, err := os.Stat(filepath.Join(e.dirs.cdi, cdi.SpecName(claim.UID)+".json")); err != nil || fi.Mode().Perm()&0o022 != 0 {
-		t.Errorf("CDI spec must exist and not be writable by others: %v %v", fi, err)
+	for path, most := range map[string]os.FileMode{
+		filepath.Join(e.dirs.cdi, cdi.SpecName(claim.UID)+".json"): 0o600,
+		filepath.Join(e.dirs.plugin, checkpoint.FileName):           0o600,
+		filepath.Join(e.dirs.plugin, "dra.sock"):                    0o755,
+		e.dirs.plugin:                                               0o750,
+	} {
+		fi, err := os.Stat(path)
+		if err != nil || fi.Mode().Perm()&^most != 0 {
+			t.Errorf("%s: mode %v (%v), want at most %v", path, fi.Mode().Perm(), err, most)
+		}
 	}
 }
 

@@ -7,7 +7,9 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
+	"slices"
 	"path/filepath"
 	"runtime"
 	"testing"
@@ -19,6 +21,26 @@ func repoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
+// TestMain checks that the tests leave nothing behind: every cluster's
+// directory (etcd data, sockets, CDI specs, checkpoints) is gone after its
+// test, whatever happened in it.
 func TestMain(m *testing.M) {
-	os.Exit(m.Run())
+	before := leftovers()
+	code := m.Run()
+	for _, d := range leftovers() {
+		if !slices.Contains(before, d) {
+			fmt.Fprintf(os.Stderr, "FAIL: the tests left %s behind\n", d)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func leftovers() []string {
+	var out []string
+	for _, pattern := range []string{"kyb-cluster-*", "kubernetes-kube-apiserver*"} {
+		m, _ := filepath.Glob(filepath.Join(os.TempDir(), pattern))
+		out = append(out, m...)
+	}
+	return out
 }

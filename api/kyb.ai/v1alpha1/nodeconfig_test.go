@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSeedConfigMapIsAcceptedAsWritten(t *testing.T) {
@@ -190,5 +191,24 @@ func TestConfigMapWithoutConfig(t *testing.T) {
 	_, _, err := LoadNodeConfig([]byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata:\n  a: b\n  c: d\n"), "cm.yaml")
 	if err == nil || !strings.Contains(err.Error(), `has keys a, c but no "config.yaml"`) {
 		t.Errorf("got %v", err)
+	}
+}
+
+func TestAliasBombIsRefusedQuickly(t *testing.T) {
+	doc := "a: &a [x, x, x, x, x, x, x, x, x]\n"
+	prev := "a"
+	for _, n := range []string{"b", "c", "d", "e", "f", "g", "h", "i"} {
+		doc += n + ": &" + n + " [*" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + "]\n"
+		prev = n
+	}
+	done := make(chan error, 1)
+	go func() { _, _, err := LoadNodeConfig([]byte(doc), "bomb.yaml"); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a document of aliases only must not be a valid configuration")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("an alias bomb kept the decoder busy for 5 seconds")
 	}
 }
