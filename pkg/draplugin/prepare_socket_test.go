@@ -86,9 +86,9 @@ func TestPrepareWritesSpecEnvAndStatusOverSockets(t *testing.T) {
 	}
 	for path, most := range map[string]os.FileMode{
 		filepath.Join(e.dirs.cdi, cdi.SpecName(claim.UID)+".json"): 0o600,
-		filepath.Join(e.dirs.plugin, checkpoint.FileName):           0o600,
-		filepath.Join(e.dirs.plugin, "dra.sock"):                    0o755,
-		e.dirs.plugin:                                               0o750,
+		filepath.Join(e.dirs.plugin, checkpoint.FileName):          0o600,
+		filepath.Join(e.dirs.plugin, "dra.sock"):                   0o755,
+		e.dirs.plugin:                                              0o750,
 	} {
 		fi, err := os.Stat(path)
 		if err != nil || fi.Mode().Perm()&^most != 0 {

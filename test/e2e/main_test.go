@@ -9,9 +9,9 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"slices"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"testing"
 )
 
