@@ -190,6 +190,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		if err := d.publishResources(ctx, res); err != nil {
 			logger.Error(err, "Cannot publish ResourceSlices")
 		}
+		d.watchForWipes(ctx)
 	}()
 	logger.Info("Started", "node", opts.NodeName, "gpus", len(opts.Inventory.GPUs), "devices", len(d.publishedDevices()), "layout", d.currentLayout(), "pluginDir", opts.PluginDataDir, "cdiRoot", opts.CDIRoot)
 	ok = true

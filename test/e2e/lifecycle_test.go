@@ -108,3 +108,33 @@ func mustPod(t *testing.T, c *harness.Cluster, name string) *v1.Pod {
 	}
 	return p
 }
+
+// The kubelet restarts while pods hold seats: it re-registers the running
+// plugin, its DRA manager keeps the prepared claims, new pods are prepared
+// and old ones unprepared through the new connection.
+func TestKubeletRestart(t *testing.T) {
+	c := harness.Start(t, harness.Options{Nodes: []harness.NodeOptions{{Name: "node-a", Preset: "dgx-h100", Config: seedConfig}}})
+	installClasses(t, c)
+	node := c.Node("node-a")
+	createTemplate(t, c, "gpu0", class1x, selector(`device.attributes["gpu.kyb.ai"].gpuIndices == "0"`))
+	createPod(t, c, podSpec{name: "a", claims: fromTemplate("gpu0")})
+	c.WaitForPodRunning(t, "default", "a", timeout)
+
+	t0 := time.Now()
+	node.RestartKubelet()
+	node.WaitForPlugin()
+	t.Logf("kubelet restarted, plugin registered again in %v", time.Since(t0).Round(time.Millisecond))
+
+	createPod(t, c, podSpec{name: "b", claims: fromTemplate("gpu0")})
+	_, _, b := c.WaitForPodRunning(t, "default", "b", timeout)
+	if b["app"].Env["KYB_GPU_SEAT"] != "1" {
+		t.Errorf("after the kubelet restart a new pod got seat %s; seat 0 is held", b["app"].Env["KYB_GPU_SEAT"])
+	}
+	t0 = time.Now()
+	c.DeletePod(t, "default", "a")
+	t.Logf("pod a deleted and unprepared in %v", time.Since(t0).Round(time.Millisecond))
+	st, _, err := checkpoint.NewStore(node.PluginsDir + "/gpu.kyb.ai").Load()
+	if err != nil || len(st.Claims) != 1 {
+		t.Errorf("after deleting a: %d prepared claims (%v), want only b's", len(st.Claims), err)
+	}
+}

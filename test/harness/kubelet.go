@@ -44,7 +44,13 @@ func labelsEverything() labels.Selector { return labels.Everything() }
 // them when it goes away, and report it running.
 func (n *Node) sync(ctx context.Context, key types.NamespacedName) error {
 	logger := klog.FromContext(ctx)
-	pods, err := n.lister()
+	n.mu.Lock()
+	lister := n.lister
+	n.mu.Unlock()
+	if lister == nil {
+		return fmt.Errorf("the kubelet is restarting")
+	}
+	pods, err := lister()
 	if err != nil {
 		return err
 	}

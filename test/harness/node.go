@@ -57,8 +57,9 @@ type Node struct {
 	// PluginLog collects the plugin's output.
 	PluginLog *SyncBuffer
 
-	c   *Cluster
-	dra *dra.Manager
+	c           *Cluster
+	dra         *dra.Manager
+	stopKubelet func()
 
 	mu         sync.Mutex
 	plugin     *pluginRun
@@ -104,7 +105,11 @@ func (c *Cluster) AddNode(opts NodeOptions) *Node {
 		}
 	}
 	n.createNodeObject()
-	n.startKubelet()
+	n.stopKubelet = n.startKubelet()
+	tb.Cleanup(func() {
+		n.stopKubelet()
+		n.StopPlugin()
+	})
 	c.Nodes = append(c.Nodes, n)
 	if !opts.NoPlugin {
 		n.StartPlugin()
@@ -149,7 +154,18 @@ type allReady struct{}
 func (allReady) AddSource(string) {}
 func (allReady) AllReady() bool   { return true }
 
-func (n *Node) startKubelet() {
+// RestartKubelet stops the node's kubelet parts (DRA manager, plugin
+// manager, pod loop) and starts new ones on the same directories, as a
+// kubelet restart does; the plugin keeps running and registers again.
+func (n *Node) RestartKubelet() {
+	n.stopKubelet()
+	n.mu.Lock()
+	n.lister = nil
+	n.mu.Unlock()
+	n.stopKubelet = n.startKubelet()
+}
+
+func (n *Node) startKubelet() (stop func()) {
 	tb, client := n.c.tb, n.c.Client
 	ctx, cancel := context.WithCancel(n.c.Ctx)
 	logger := klog.FromContext(ctx).WithValues("node", n.Name)
@@ -162,7 +178,9 @@ func (n *Node) startKubelet() {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", n.Name).String()
 	}))
 	pods := inf.Core().V1().Pods()
+	n.mu.Lock()
 	n.lister = func() ([]*v1.Pod, error) { return pods.Lister().List(labelsEverything()) }
+	n.mu.Unlock()
 	getNode := func(ctx context.Context) (*v1.Node, error) {
 		return client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 	}
@@ -210,22 +228,24 @@ func (n *Node) startKubelet() {
 			queue.Done(key)
 		}
 	}()
-	tb.Cleanup(func() {
+	return func() {
 		queue.ShutDown()
 		<-done
-		n.StopPlugin()
 		cancel()
 		mgr.Stop()
 		inf.Shutdown()
-	})
+	}
 }
 
 // activePods are the pods the kubelet still runs: bound here, not finished.
 func (n *Node) activePods() []*v1.Pod {
-	if n.lister == nil {
+	n.mu.Lock()
+	lister := n.lister
+	n.mu.Unlock()
+	if lister == nil {
 		return nil
 	}
-	all, err := n.lister()
+	all, err := lister()
 	if err != nil {
 		return nil
 	}

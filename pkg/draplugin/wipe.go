@@ -1,0 +1,66 @@
+package draplugin
+
+import (
+	"context"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+)
+
+// republishAfterWipe is how long the plugin waits after its slices were
+// deleted before it publishes again: long enough for the resourceslice
+// controller's own informer to see the deletion too.
+const republishAfterWipe = time.Second
+
+// watchForWipes publishes again soon after this node's slices are deleted
+// by someone else. The kubelet deletes every ResourceSlice of its node when
+// it starts; the resourceslice controller would only notice at its next
+// sync, up to 30 seconds later, leaving the node without seats meanwhile.
+func (d *Driver) watchForWipes(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	selector := fields.Set{
+		resourceapi.ResourceSliceSelectorNodeName: d.pool,
+		resourceapi.ResourceSliceSelectorDriver:   draresources.DriverName,
+	}.String()
+	inf := informers.NewSharedInformerFactoryWithOptions(d.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = selector
+	}))
+	wiped := make(chan struct{}, 1)
+	_, err := inf.Resource().V1().ResourceSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(any) {
+			select {
+			case wiped <- struct{}{}:
+			default:
+			}
+		},
+	})
+	if err != nil {
+		logger.Error(err, "Cannot watch this node's ResourceSlices; slices deleted by a kubelet restart come back at the next resync")
+		return
+	}
+	inf.Start(ctx.Done())
+	defer inf.Shutdown()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wiped:
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.clock.After(republishAfterWipe):
+		}
+		logger.V(2).Info("ResourceSlices of this node were deleted (the kubelet removes them when it starts); publishing again")
+		if err := d.publishResources(ctx, d.resources()); err != nil {
+			logger.Error(err, "Cannot publish ResourceSlices again")
+		}
+	}
+}
