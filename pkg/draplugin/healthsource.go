@@ -48,12 +48,8 @@ func (h healthView) faults() map[int]health.Fault {
 	return h.src.Faults()
 }
 
-// groupHealth reports whether all GPUs of a group are healthy, and if not,
-// which are not and why.
-func (h healthView) groupHealth(g *planner.Group) (bool, string) {
-	return groupHealthOf(g, h.faults())
-}
-
+// groupHealthOf reports whether all GPUs of a group are healthy, and if
+// not, which are not and why.
 func groupHealthOf(g *planner.Group, bad map[int]health.Fault) (bool, string) {
 	var msgs []string
 	for _, x := range g.GPUs {
