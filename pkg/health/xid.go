@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// DefaultIgnoredXIDs are the XIDs that do not make a GPU unhealthy unless
+// DefaultIgnoredXIDs returns the XIDs that do not make a GPU unhealthy unless
 // the configuration lists them in health.criticalXIDs. NVIDIA's XID catalog
 // (docs.nvidia.com/deploy/xid-errors) gives every XID its possible causes;
 // these are the ones whose usual cause is the application that ran on the
@@ -47,7 +47,7 @@ import (
 // (GSP timeout/error) and XIDs newer than this list. An XID that turns out
 // to be harmless for a workload costs one recovery period per occurrence;
 // a harmful one that was ignored would cost a workload.
-var DefaultIgnoredXIDs = []uint64{13, 31, 43, 45, 68, 94, 109}
+func DefaultIgnoredXIDs() []uint64 { return []uint64{13, 31, 43, 45, 68, 94, 109} }
 
 // xidNames are short descriptions of the XIDs that users meet most, for
 // messages; the XID number is always given as well.
@@ -77,12 +77,12 @@ type XIDPolicy struct {
 	ignored map[uint64]bool
 }
 
-// NewXIDPolicy starts from DefaultIgnoredXIDs, adds ignored and removes
+// NewXIDPolicy starts from DefaultIgnoredXIDs(), adds ignored and removes
 // critical. A number in both is an error (the configuration's validation
 // refuses it too).
 func NewXIDPolicy(ignored, critical []int) (XIDPolicy, error) {
 	p := XIDPolicy{ignored: map[uint64]bool{}}
-	for _, x := range DefaultIgnoredXIDs {
+	for _, x := range DefaultIgnoredXIDs() {
 		p.ignored[x] = true
 	}
 	for _, x := range ignored {
