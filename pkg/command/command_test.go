@@ -98,6 +98,7 @@ func TestCommandLineErrorsSayWhatToFix(t *testing.T) {
 		{"no cluster", nil, []string{"--node-name", "n", "--simulate", "dgx-h100"}, 1, "no --kubeconfig given and not running in a cluster"},
 		{"bad kubeconfig", nil, []string{"--node-name", "n", "--kubeconfig", filepath.Join(dir, "nope")}, 1, "read kubeconfig"},
 		{"stray argument", nil, []string{"plan", "extra"}, 2, `unexpected argument "extra"`},
+		{"faults without a simulated node", map[string]string{"KYB_SIMULATE_FAULTS_FILE": "/tmp/faults"}, []string{"--node-name", "n"}, 2, "--simulate-faults-file needs --simulate"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

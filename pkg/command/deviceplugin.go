@@ -35,6 +35,7 @@ Flags:
 // shimFlags are the flags of the device-plugin shim.
 type shimFlags struct {
 	nodeSource
+	healthFlags
 	devicePluginDir string
 	pluginsDir      string
 	cdiRoot         string
@@ -45,6 +46,7 @@ type shimFlags struct {
 
 func (s *shimFlags) register(f *flags) {
 	s.nodeSource.register(f, "")
+	s.healthFlags.register(f)
 	f.StringVar(&s.devicePluginDir, "device-plugin-directory-path", "/var/lib/kubelet/device-plugins/", "the kubelet's device-plugin directory, holding kubelet.sock and the shim's sockets")
 	f.bind("device-plugin-directory-path", "DEVICE_PLUGIN_DIRECTORY_PATH")
 	f.StringVar(&s.pluginsDir, "kubelet-plugins-directory-path", "/var/lib/kubelet/plugins", "the kubelet's plugin directory; the shim refuses to start while the DRA plugin answers in <dir>/gpu.kyb.ai")
@@ -101,7 +103,7 @@ func (s *shimFlags) check() error {
 	if s.driverFiles.value == "nvidia-cdi" && s.injection.value != string(deviceplugin.InjectionCDI) {
 		return errors.New("--driver-files=nvidia-cdi needs --injection=cdi: NVIDIA's CDI entries reach a container only as CDI devices")
 	}
-	return nil
+	return s.healthFlags.check(&s.nodeSource)
 }
 
 func runShim(ctx context.Context, s *shimFlags) error {
@@ -123,6 +125,13 @@ func runShim(ctx context.Context, s *shimFlags) error {
 	if err != nil {
 		return err
 	}
+	// The shim has no API client: health changes show in ListAndWatch and
+	// in the monitor's log.
+	mon, stopHealth, err := startHealth(ctx, node, s.faultsFile)
+	if err != nil {
+		return err
+	}
+	defer stopHealth()
 	p, err := deviceplugin.Start(ctx, deviceplugin.Options{
 		NodeName:          s.nodeName,
 		Inventory:         node.inv,
@@ -133,6 +142,7 @@ func runShim(ctx context.Context, s *shimFlags) error {
 		CDIRoot:           s.cdiRoot,
 		DevicePluginDir:   s.devicePluginDir,
 		KubeletPluginsDir: s.pluginsDir,
+		Health:            mon,
 	})
 	if err != nil {
 		return err

@@ -63,6 +63,7 @@ func TestDevicePluginCommandLineErrorsSayWhatToFix(t *testing.T) {
 		{"relative CDI root", nil, []string{"--cdi-root", "cdi"}, 2, `--cdi-root "cdi" must be an absolute path`},
 		{"nvidia-cdi without CDI injection", nil, []string{"--driver-files", "nvidia-cdi"}, 2, "--driver-files=nvidia-cdi needs --injection=cdi"},
 		{"stray argument", nil, []string{"serve"}, 2, `unexpected argument "serve"`},
+		{"faults without a simulated node", nil, []string{"--simulate-faults-file", "/tmp/faults"}, 2, "--simulate-faults-file needs --simulate"},
 		{"unknown preset", nil, []string{"--simulate", "dgx-z"}, 1, `unknown preset "dgx-z"`},
 		{"beside a live DRA plugin", nil, []string{"--simulate", "dgx-h100", "--device-plugin-directory-path", filepath.Join(dir, "dp"), "--kubelet-plugins-directory-path", filepath.Join(dir, "plugins")}, 1,
 			"the kyb DRA plugin serves this node (" + filepath.Join(dir, "plugins", "gpu.kyb.ai", "dra.sock") + " answers)"},
@@ -89,6 +90,7 @@ func TestDevicePluginHelp(t *testing.T) {
 		"-config", "(env KYB_CONFIG)",
 		"-cdi-root", "(env CDI_ROOT)",
 		"-kubelet-plugins-directory-path",
+		"-simulate-faults-file", "(env KYB_SIMULATE_FAULTS_FILE)", "xid GPU XID",
 		"-v value",
 	} {
 		if code != 0 || !strings.Contains(errOut, want) {

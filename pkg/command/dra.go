@@ -11,7 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -42,6 +44,7 @@ Flags:
 // pluginFlags are the flags of the node plugin.
 type pluginFlags struct {
 	nodeSource
+	healthFlags
 	kubeconfig     string
 	kubeAPIQPS     float64
 	kubeAPIBurst   int
@@ -64,6 +67,7 @@ type pluginFlags struct {
 
 func (p *pluginFlags) register(f *flags) {
 	p.nodeSource.register(f, "")
+	p.healthFlags.register(f)
 	f.StringVar(&p.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
 	f.bind("kubeconfig", "KUBECONFIG")
 	f.Float64Var(&p.kubeAPIQPS, "kube-api-qps", 5, "queries per second to the API server")
@@ -143,7 +147,7 @@ func (p *pluginFlags) check() error {
 			return fmt.Errorf("--metrics-address %q: %w", p.metricsAddress, err)
 		}
 	}
-	return nil
+	return p.healthFlags.check(&p.nodeSource)
 }
 
 func runPlugin(ctx context.Context, p *pluginFlags) error {
@@ -166,6 +170,12 @@ func runPlugin(ctx context.Context, p *pluginFlags) error {
 		logger.Info("Plan", "warning", w)
 	}
 
+	mon, stopHealth, err := startHealth(ctx, node, p.faultsFile)
+	if err != nil {
+		return err
+	}
+	defer stopHealth()
+
 	opts := draplugin.Options{
 		NodeName:      p.nodeName,
 		Client:        client,
@@ -178,6 +188,11 @@ func runPlugin(ctx context.Context, p *pluginFlags) error {
 		PodUID:        types.UID(p.podUID),
 		BootIDFile:    p.bootIDFile,
 		Layout:        draplugin.LayoutMode(p.layout.value),
+		Health:        mon,
+		Collectors:    []prometheus.Collector{mon.Collector()},
+	}
+	if h := node.config.Health; h != nil {
+		opts.GPULostEffect = resourceapi.DeviceTaintEffect(h.GPULostEffect)
 	}
 	if err := p.chooseDriverFiles(ctx, node, &opts); err != nil {
 		return err

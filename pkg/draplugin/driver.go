@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -81,8 +82,16 @@ type Options struct {
 	// HealthReportInterval is how often device health is re-sent to the
 	// kubelet (default 10s).
 	HealthReportInterval time.Duration
-	// Health tells which GPUs are unhealthy; nil: all healthy.
+	// Health tells which GPUs are unhealthy; nil: all healthy. The
+	// devices of groups with an unhealthy GPU are tainted, and the slices
+	// republished whenever health changes.
 	Health HealthSource
+	// GPULostEffect is the taint effect for a lost GPU: NoSchedule
+	// (default) or NoExecute. Other faults taint NoSchedule.
+	GPULostEffect resourceapi.DeviceTaintEffect
+	// Collectors are further metrics to serve with the plugin's, such as
+	// the health monitor's.
+	Collectors []prometheus.Collector
 	// Hooks, for tests only, are called at each step of prepare/unprepare.
 	Hooks func(HookPoint)
 	// Clock, for tests; default the real clock.
@@ -112,6 +121,8 @@ type Driver struct {
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// background goroutines (the health watch) that Stop waits for.
+	background sync.WaitGroup
 
 	// mu serialises prepare, unprepare and the start-up repair.
 	mu sync.Mutex
@@ -120,8 +131,10 @@ type Driver struct {
 	lost              atomic.Bool
 	releasedWhileLost sync.Map
 
-	// publishMu orders publications (start-up, fallback, health changes).
+	// publishMu serialises publishing: start-up, a health change, a layout
+	// fallback and a kubelet's wipe may republish at once.
 	publishMu sync.Mutex
+
 	layoutMu  sync.Mutex
 	layout    draresources.Layout
 	published []string
@@ -139,7 +152,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	d := &Driver{
 		opts: opts, pool: opts.NodeName, inv: opts.Inventory, plan: opts.Plan,
 		index: draresources.Index(opts.Plan), client: opts.Client, clock: opts.Clock,
-		hooks: hooks(opts.Hooks), health: healthView{opts.Health}, metrics: newMetrics(),
+		hooks: hooks(opts.Hooks), health: healthView{src: opts.Health, lostEffect: opts.GPULostEffect}, metrics: newMetrics(),
 		editOptions: opts.Edits, ctx: ctx, cancel: cancel, layout: draresources.LayoutShared,
 	}
 	if opts.Layout == LayoutPerSeat {
@@ -151,6 +164,11 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 			d.Stop()
 		}
 	}()
+	for _, c := range opts.Collectors {
+		if err := d.metrics.registry.Register(c); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
 	if err := os.MkdirAll(opts.PluginDataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("create plugin data directory: %w", err)
 	}
@@ -181,16 +199,25 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("start the kubelet plugin: %w", err)
 	}
 	d.helper = helper
+	// Subscribe before the first publish, so that no change is missed.
+	changed, unsubscribe := d.health.subscribe()
 	// Publishing waits for the API server (the resourceslice controller
 	// syncs its informer first). The kubelet may already call: unprepare
 	// and repeated prepares need no slices, so an API server that is down
-	// at start must not hold them up.
-	res := d.resources()
+	// at start must not hold them up. The device names are known now.
+	d.resources()
+	d.background.Add(2)
 	go func() {
-		if err := d.publishResources(ctx, res); err != nil {
+		defer d.background.Done()
+		if err := d.publish(ctx); err != nil {
 			logger.Error(err, "Cannot publish ResourceSlices")
 		}
 		d.watchForWipes(ctx)
+	}()
+	go func() {
+		defer d.background.Done()
+		defer unsubscribe()
+		d.watchHealth(ctx, changed)
 	}()
 	logger.Info("Started", "node", opts.NodeName, "gpus", len(opts.Inventory.GPUs), "devices", len(d.publishedDevices()), "layout", d.currentLayout(), "pluginDir", opts.PluginDataDir, "cdiRoot", opts.CDIRoot)
 	ok = true
@@ -229,6 +256,13 @@ func (o *Options) setDefaults() error {
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
+	switch o.GPULostEffect {
+	case "":
+		o.GPULostEffect = resourceapi.DeviceTaintEffectNoSchedule
+	case resourceapi.DeviceTaintEffectNoSchedule, resourceapi.DeviceTaintEffectNoExecute:
+	default:
+		return fmt.Errorf("GPU-lost taint effect %q: must be NoSchedule or NoExecute", o.GPULostEffect)
+	}
 	return nil
 }
 
@@ -238,10 +272,11 @@ func (d *Driver) Stop() {
 	if d.helper != nil {
 		d.helper.Stop()
 	}
+	d.cancel(errStopped)
+	d.background.Wait()
 	if d.broadcaster != nil {
 		d.broadcaster.Shutdown()
 	}
-	d.cancel(errStopped)
 }
 
 // Done is closed when the plugin stops, on Stop or on a fatal error.
@@ -270,7 +305,16 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	logger := klog.FromContext(ctx)
 	var dropped *resourceslice.DroppedFieldsError
 	if errors.As(err, &dropped) {
-		d.fallBack(ctx, dropped)
+		// Dropped taints cost the scheduler's view of health, not seats:
+		// no reason to change the layout for them.
+		features := dropped.DisabledFeatures()
+		rest := slices.DeleteFunc(slices.Clone(features), func(f string) bool { return f == "DRADeviceTaints" })
+		if len(rest) < len(features) {
+			d.taintsDropped(ctx)
+		}
+		if len(rest) > 0 {
+			d.fallBack(ctx, dropped, rest)
+		}
 		return
 	}
 	if errors.Is(err, kubeletplugin.ErrRecoverable) {
@@ -290,8 +334,7 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 }
 
 // fallBack switches to one device per seat on the exclusive layout.
-func (d *Driver) fallBack(ctx context.Context, dropped *resourceslice.DroppedFieldsError) {
-	features := dropped.DisabledFeatures()
+func (d *Driver) fallBack(ctx context.Context, dropped *resourceslice.DroppedFieldsError, features []string) {
 	d.layoutMu.Lock()
 	if d.layout == draresources.LayoutPerSeat || d.opts.Layout == LayoutShared {
 		d.layoutMu.Unlock()
@@ -310,16 +353,25 @@ func (d *Driver) fallBack(ctx context.Context, dropped *resourceslice.DroppedFie
 	}
 }
 
-// publish publishes the plan in the current layout.
+// publish publishes the plan in the current layout, with the taints of
+// the unhealthy GPUs.
 func (d *Driver) publish(ctx context.Context) error {
-	return d.publishResources(ctx, d.resources())
+	d.publishMu.Lock()
+	defer d.publishMu.Unlock()
+	res := d.resources()
+	if err := d.helper.PublishResources(ctx, res); err != nil {
+		return fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	return nil
 }
 
-// resources computes what to publish in the current layout and records
-// the device names (the health stream reports them).
+// resources computes what to publish in the current layout, with the
+// taints of unhealthy GPUs, and records the device names (the health
+// stream reports them).
 func (d *Driver) resources() resourceslice.DriverResources {
 	layout := d.currentLayout()
 	res := draresources.Resources(d.plan, d.inv, d.pool, layout)
+	draresources.Taint(res, d.plan, taintsOf(d.health.faults(), d.health.lostEffect))
 	var names []string
 	perProfile := map[string]int{}
 	for _, s := range res.Pools[d.pool].Slices {
@@ -338,15 +390,6 @@ func (d *Driver) resources() resourceslice.DriverResources {
 		d.metrics.published.WithLabelValues(p, string(layout)).Set(float64(n))
 	}
 	return res
-}
-
-func (d *Driver) publishResources(ctx context.Context, res resourceslice.DriverResources) error {
-	d.publishMu.Lock()
-	defer d.publishMu.Unlock()
-	if err := d.helper.PublishResources(ctx, res); err != nil {
-		return fmt.Errorf("publish ResourceSlices: %w", err)
-	}
-	return nil
 }
 
 func (d *Driver) currentLayout() draresources.Layout {

@@ -34,6 +34,7 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 // healthOfPublished is the health of every device currently published.
 func (d *Driver) healthOfPublished() []kubeletplugin.DeviceHealth {
 	now := d.clock.Now()
+	bad := d.health.faults()
 	var out []kubeletplugin.DeviceHealth
 	for _, name := range d.publishedDevices() {
 		h := kubeletplugin.DeviceHealth{
@@ -41,7 +42,7 @@ func (d *Driver) healthOfPublished() []kubeletplugin.DeviceHealth {
 			LastUpdated: now, HealthCheckTimeout: 30 * time.Second,
 		}
 		if ref, ok := d.index[name]; ok {
-			if ok, msg := d.health.groupHealth(ref.Group); !ok {
+			if ok, msg := groupHealthOf(ref.Group, bad); !ok {
 				h.Health = kubeletplugin.HealthStatusUnhealthy
 				h.Message = msg
 			}

@@ -59,7 +59,7 @@ func (d *Driver) watchForWipes(ctx context.Context) {
 		case <-d.clock.After(republishAfterWipe):
 		}
 		logger.V(2).Info("ResourceSlices of this node were deleted (the kubelet removes them when it starts); publishing again")
-		if err := d.publishResources(ctx, d.resources()); err != nil {
+		if err := d.publish(ctx); err != nil {
 			logger.Error(err, "Cannot publish ResourceSlices again")
 		}
 	}

@@ -40,10 +40,9 @@ const (
 	// capacity: on a shared device every capacity is consumable, and one
 	// without a request policy would be taken whole by the first seat.
 	SeatsCapacity resourceapi.QualifiedName = "seats"
-	// MaxDevicesPerSlice is the API limit for slices with counters.
+	// MaxDevicesPerSlice is the API limit for slices with counters or
+	// taints.
 	MaxDevicesPerSlice = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
-	// MaxPlainDevicesPerSlice is the API limit for slices without.
-	MaxPlainDevicesPerSlice = resourceapi.ResourceSliceMaxDevices
 )
 
 // Layout is how groups and seats become devices.
@@ -75,7 +74,10 @@ func Resources(plan *planner.Plan, inv *inventory.Inventory, pool string, layout
 				devices = append(devices, d)
 			}
 		}
-		slices = chunk(devices, MaxPlainDevicesPerSlice)
+		// Without counters the API allows 128 devices per slice, but only
+		// 64 once one has a taint: cutting at 64 always keeps the slices
+		// the same whether or not a GPU is unhealthy.
+		slices = chunk(devices, MaxDevicesPerSlice)
 	default:
 		var devices []resourceapi.Device
 		usesCounters := false

@@ -82,14 +82,15 @@ type Node struct {
 
 	mu   sync.Mutex
 	sets []*eventSet
-	lost map[int]bool
+	// errs are the errors GPUs answer device calls with (lost, failing).
+	errs map[int]nvml.Return
 }
 
 // New builds a simulated node. nodeName seeds the GPU UUIDs the
 // description leaves out, so that nodes of one simulated cluster have
 // distinct GPUs.
 func New(topo *v1alpha1.NodeTopology, nodeName string) *Node {
-	n := &Node{topo: topo, nodeName: nodeName, lost: map[int]bool{}}
+	n := &Node{topo: topo, nodeName: nodeName, errs: map[int]nvml.Return{}}
 	gpus := slices.Clone(topo.GPUs)
 	slices.SortFunc(gpus, func(a, b v1alpha1.SimulatedGPU) int { return a.Index - b.Index })
 	for _, g := range gpus {
@@ -219,27 +220,27 @@ func (n *Node) newDevice(gpus []v1alpha1.SimulatedGPU, i int) *mock.Device {
 	fmt.Sscanf(g.CUDAComputeCapability, "%d.%d", &ccMajor, &ccMinor)
 
 	d := &mock.Device{}
-	lost := func() bool { return n.isLost(g.Index) }
+	failing := func() nvml.Return { return n.failure(g.Index) }
 	d.GetIndexFunc = func() (int, nvml.Return) { return g.Index, nvml.SUCCESS }
 	d.GetUUIDFunc = func() (string, nvml.Return) {
-		if lost() {
-			return "", nvml.ERROR_GPU_IS_LOST
+		if ret := failing(); ret != nvml.SUCCESS {
+			return "", ret
 		}
 		return n.uuids[i], nvml.SUCCESS
 	}
 	d.GetMinorNumberFunc = func() (int, nvml.Return) { return *g.Minor, nvml.SUCCESS }
 	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return pciInfo(g.PCIBusID), nvml.SUCCESS }
 	d.GetNameFunc = func() (string, nvml.Return) {
-		if lost() {
-			return "", nvml.ERROR_GPU_IS_LOST
+		if ret := failing(); ret != nvml.SUCCESS {
+			return "", ret
 		}
 		return g.ProductName, nvml.SUCCESS
 	}
 	d.GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) { return arch, nvml.SUCCESS }
 	d.GetCudaComputeCapabilityFunc = func() (int, int, nvml.Return) { return ccMajor, ccMinor, nvml.SUCCESS }
 	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
-		if lost() {
-			return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST
+		if ret := failing(); ret != nvml.SUCCESS {
+			return nvml.Memory{}, ret
 		}
 		total := uint64(g.MemoryMiB) << 20
 		return nvml.Memory{Total: total, Free: total}, nvml.SUCCESS
@@ -280,7 +281,7 @@ func (n *Node) newDevice(gpus []v1alpha1.SimulatedGPU, i int) *mock.Device {
 		return commonAncestor(g, gpus[j]), nvml.SUCCESS
 	}
 	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
-		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError, nvml.SUCCESS
+		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError | nvml.EventTypeGpuUnavailableError, nvml.SUCCESS
 	}
 	d.RegisterEventsFunc = func(mask uint64, set nvml.EventSet) nvml.Return {
 		es, ok := set.(*eventSet)
@@ -351,6 +352,8 @@ func nvmlErrorString(r nvml.Return) string {
 		return "Timeout"
 	case nvml.ERROR_GPU_IS_LOST:
 		return "GPU is lost"
+	case nvml.ERROR_UNKNOWN:
+		return "Unknown Error"
 	default:
 		return fmt.Sprintf("NVML error %d", int(r))
 	}
@@ -384,19 +387,37 @@ func (n *Node) Inject(ev Event) error {
 // SetLost makes GPU i answer ERROR_GPU_IS_LOST (or answer again), as a GPU
 // that fell off the bus does.
 func (n *Node) SetLost(i int, lost bool) error {
+	ret := nvml.SUCCESS
+	if lost {
+		ret = nvml.ERROR_GPU_IS_LOST
+	}
+	return n.SetError(i, ret)
+}
+
+// SetError makes GPU i answer its identity and memory calls with ret
+// (nvml.SUCCESS: answer normally again), as a GPU that the driver cannot
+// reach does.
+func (n *Node) SetError(i int, ret nvml.Return) error {
 	if i < 0 || i >= len(n.devices) {
 		return fmt.Errorf("simulated node has no GPU %d (%d GPUs)", i, len(n.devices))
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.lost[i] = lost
+	if ret == nvml.SUCCESS {
+		delete(n.errs, i)
+	} else {
+		n.errs[i] = ret
+	}
 	return nil
 }
 
-func (n *Node) isLost(i int) bool {
+func (n *Node) failure(i int) nvml.Return {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.lost[i]
+	if ret, ok := n.errs[i]; ok {
+		return ret
+	}
+	return nvml.SUCCESS
 }
 
 func (n *Node) newEventSet() *eventSet {

@@ -109,7 +109,11 @@ func Run(ctx context.Context, opts Options, out, log io.Writer) (err error) {
 		return err
 	}
 	if opts.Keep {
-		fmt.Fprintf(out, "\nThe cluster keeps running. In another shell:\n\n  export KUBECONFIG=%s\n  %s get resourceslices\n  %s get resourceclaims -o wide\n  %s get pods -o wide\n\nPress Ctrl-C to stop it.\n", c.Kubeconfig, opts.Kubectl, opts.Kubectl, opts.Kubectl)
+		fmt.Fprintf(out, "\nThe cluster keeps running. In another shell:\n\n  export KUBECONFIG=%s\n  %s get resourceslices\n  %s get resourceclaims -o wide\n  %s get pods -o wide\n", c.Kubeconfig, opts.Kubectl, opts.Kubectl, opts.Kubectl)
+		// Faults go through the simulated NVML, so the plugin's real health
+		// handling taints the GPU's groups (docs/health.md).
+		fmt.Fprintf(out, "\nInject a GPU fault (XID 79 on GPU 0 of %s) and watch its groups get tainted:\n\n  echo 'xid 0 79' >> %s\n  %s get resourceslices -o yaml | grep -B2 -A3 taints\n", c.Nodes[0].Name, c.Nodes[0].FaultsFile, opts.Kubectl)
+		fmt.Fprintf(out, "\nPress Ctrl-C to stop it.\n")
 		<-ctx.Done()
 		fmt.Fprintln(out, "stopping")
 	}

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -184,6 +185,7 @@ func (n *Node) markRunning(ctx context.Context, pod *v1.Pod) error {
 			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}},
 		})
 	}
+	n.dra.UpdateAllocatedResourcesStatus(klog.FromContext(ctx), p, &p.Status)
 	_, err := n.c.Client.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{})
 	if err != nil && !isNotFound(err) {
 		return err
@@ -212,6 +214,78 @@ func (n *Node) PreparedPods() []string {
 	var out []string
 	for _, p := range n.prepared {
 		out = append(out, p.Namespace+"/"+p.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// forwardHealth does what the kubelet's sync loop does with the DRA
+// manager's health updates (KEP-4680): for every pod whose devices changed
+// health, it writes the manager's view into the pod's container statuses
+// (allocatedResourcesStatus), through the manager's own
+// UpdateAllocatedResourcesStatus.
+func (n *Node) forwardHealth(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u := <-n.dra.Updates():
+			for _, uid := range u.PodUIDs {
+				if err := n.updateHealthStatus(ctx, types.UID(uid)); err != nil {
+					klog.FromContext(ctx).Info("Cannot update the pod's resource health", "podUID", uid, "err", err)
+				}
+			}
+		}
+	}
+}
+
+func (n *Node) updateHealthStatus(ctx context.Context, uid types.UID) error {
+	pods, err := n.lister()
+	if err != nil {
+		return err
+	}
+	var key *v1.Pod
+	for _, p := range pods {
+		if p.UID == uid {
+			key = p
+		}
+	}
+	if key == nil {
+		return nil
+	}
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p, err := n.c.Client.CoreV1().Pods(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
+		if isNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if p.UID != uid || len(p.Status.ContainerStatuses) == 0 {
+			// Replaced, or not running yet: markRunning reports it.
+			return nil
+		}
+		n.dra.UpdateAllocatedResourcesStatus(klog.FromContext(ctx), p, &p.Status)
+		_, err = n.c.Client.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// ResourceHealth returns what a pod's status says about the health of its
+// containers' devices: "container resource health (message)" per device,
+// sorted.
+func ResourceHealth(pod *v1.Pod) []string {
+	var out []string
+	for _, cs := range pod.Status.ContainerStatuses {
+		for _, rs := range cs.AllocatedResourcesStatus {
+			for _, h := range rs.Resources {
+				line := fmt.Sprintf("%s %s %s", cs.Name, rs.Name, h.Health)
+				if h.Message != nil && *h.Message != "" {
+					line += " (" + *h.Message + ")"
+				}
+				out = append(out, line)
+			}
+		}
 	}
 	slices.Sort(out)
 	return out

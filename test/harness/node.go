@@ -54,6 +54,9 @@ type Node struct {
 	Options NodeOptions
 	// Directories as the kubelet and the plugin see them.
 	RegistryDir, PluginsDir, CDIDir, StateDir, BootIDFile string
+	// FaultsFile is the plugin's fault-injection file
+	// (--simulate-faults-file); InjectFault appends to it.
+	FaultsFile string
 	// PluginLog collects the plugin's output.
 	PluginLog *SyncBuffer
 
@@ -88,6 +91,7 @@ func (c *Cluster) AddNode(opts NodeOptions) *Node {
 		CDIDir:      filepath.Join(dir, "cdi"),
 		StateDir:    filepath.Join(dir, "kubelet"),
 		BootIDFile:  filepath.Join(dir, "boot_id"),
+		FaultsFile:  filepath.Join(dir, "faults"),
 		PluginLog:   &SyncBuffer{},
 		prepared:    map[types.UID]*v1.Pod{},
 		containers:  map[types.UID]map[string]*Container{},
@@ -188,6 +192,11 @@ func (n *Node) startKubelet() (stop func()) {
 		tb.Fatal(err)
 	}
 	n.dra = mgr
+	healthDone := make(chan struct{})
+	go func() {
+		defer close(healthDone)
+		n.forwardHealth(ctx)
+	}()
 	pm := pluginmanager.NewPluginManager(n.RegistryDir, &record.FakeRecorder{})
 	pm.AddHandler(pluginwatcherapi.DRAPlugin, mgr.GetWatcherHandler())
 	go pm.Run(ctx, allReady{}, ctx.Done())
@@ -232,6 +241,7 @@ func (n *Node) startKubelet() (stop func()) {
 		queue.ShutDown()
 		<-done
 		cancel()
+		<-healthDone
 		mgr.Stop()
 		inf.Shutdown()
 	}
@@ -280,6 +290,7 @@ func (n *Node) pluginArgs() []string {
 		"--kubelet-registrar-directory-path", n.RegistryDir,
 		"--kubelet-plugins-directory-path", n.PluginsDir,
 		"--boot-id-file", n.BootIDFile,
+		"--simulate-faults-file", n.FaultsFile,
 		"--kube-api-qps", "100", "--kube-api-burst", "200",
 	}
 	if n.Options.Config != "" {
@@ -387,6 +398,20 @@ func (b *SyncBuffer) Tail(n int) string {
 var _ io.Writer = (*SyncBuffer)(nil)
 
 func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
+
+// InjectFault appends a line to the node's fault-injection file, such as
+// "xid 2 79": the running plugin's simulated NVML delivers it (see
+// simnode.FaultsFileFormat).
+func (n *Node) InjectFault(line string) {
+	f, err := os.OpenFile(n.FaultsFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		n.c.tb.Fatalf("node %s: open the faults file: %v", n.Name, err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(line + "\n"); err != nil {
+		n.c.tb.Fatalf("node %s: write the faults file: %v", n.Name, err)
+	}
+}
 
 // GPUUUID returns the UUID of GPU i of this simulated node, as the plugin
 // discovers it (simulated UUIDs derive from the node name).

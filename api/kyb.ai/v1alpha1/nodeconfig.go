@@ -154,8 +154,10 @@ func DefaultAttributes() []AttributeName {
 
 // HealthConfig tunes the GPU health monitor.
 type HealthConfig struct {
-	// IgnoredXIDs are added to the built-in list of XIDs that are the
-	// application's fault and do not make a GPU unhealthy.
+	// IgnoredXIDs are added to the built-in list of XIDs that do not make
+	// a GPU unhealthy: 13, 31, 43, 45, 68 and 109 (the application's
+	// fault) and 94 (an ECC error contained to one application). See
+	// docs/health.md.
 	IgnoredXIDs []int `json:"ignoredXIDs,omitempty"`
 	// CriticalXIDs are removed from the built-in ignore list: they make a
 	// GPU unhealthy even though the built-in list calls them application
@@ -165,7 +167,8 @@ type HealthConfig struct {
 	// event must answer NVML normally before it is healthy again. Default 5m.
 	RecoveryPeriod *metav1.Duration `json:"recoveryPeriod,omitempty"`
 	// GPULostEffect is the taint effect for a GPU that fell off the bus:
-	// NoSchedule (default) or NoExecute.
+	// NoSchedule (default) or NoExecute (also evicts the pods using it).
+	// Other faults always taint NoSchedule.
 	GPULostEffect string `json:"gpuLostEffect,omitempty"`
 }
 

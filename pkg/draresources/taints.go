@@ -1,0 +1,102 @@
+package draresources
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+)
+
+// TaintKey is the key of the taint on every device whose group contains
+// an unhealthy GPU. A claim that tolerates it (operator Exists, or Equal
+// with a reason such as xid-79) can still be allocated such a device.
+const TaintKey = DriverName + "/unhealthy"
+
+// Fault is how an unhealthy GPU taints the devices of its groups.
+type Fault struct {
+	// Reason is the taint's value, such as xid-79 or gpu-lost. The API
+	// takes label values only (63 characters of [A-Za-z0-9._-]); other
+	// characters become '-'.
+	Reason string
+	// Effect is NoSchedule or NoExecute.
+	Effect resourceapi.DeviceTaintEffect
+}
+
+// Faults are the unhealthy GPUs by index.
+type Faults map[int]Fault
+
+// Taint puts a taint on every device of res whose group contains an
+// unhealthy GPU, in either layout: a GPU's failure keeps the scheduler
+// off exactly the groups that contain it. TimeAdded is left to the API
+// server, and the resourceslice controller keeps it while the taint stays
+// the same.
+func Taint(res resourceslice.DriverResources, plan *planner.Plan, faults Faults) {
+	if len(faults) == 0 {
+		return
+	}
+	idx := Index(plan)
+	for _, pool := range res.Pools {
+		for _, s := range pool.Slices {
+			for i := range s.Devices {
+				ref, ok := idx[s.Devices[i].Name]
+				if !ok {
+					continue
+				}
+				if t, ok := GroupTaint(ref.Group.GPUs, faults); ok {
+					s.Devices[i].Taints = append(s.Devices[i].Taints, t)
+				}
+			}
+		}
+	}
+}
+
+// GroupTaint is the taint of a group of GPUs: the strongest effect of its
+// unhealthy GPUs, and as value the reason of the first GPU with that
+// effect. One taint per device, not one per GPU, so that a toleration of
+// the key covers a group however many of its GPUs failed.
+func GroupTaint(gpus []int, faults Faults) (resourceapi.DeviceTaint, bool) {
+	sorted := slices.Clone(gpus)
+	slices.Sort(sorted)
+	var worst *Fault
+	for _, x := range sorted {
+		f, ok := faults[x]
+		if !ok {
+			continue
+		}
+		if worst == nil || (f.Effect == resourceapi.DeviceTaintEffectNoExecute && worst.Effect != resourceapi.DeviceTaintEffectNoExecute) {
+			worst = &f
+		}
+	}
+	if worst == nil {
+		return resourceapi.DeviceTaint{}, false
+	}
+	effect := worst.Effect
+	if effect == "" {
+		effect = resourceapi.DeviceTaintEffectNoSchedule
+	}
+	return resourceapi.DeviceTaint{Key: TaintKey, Value: labelValue(worst.Reason), Effect: effect}, true
+}
+
+var notLabelChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+
+// labelValue makes a reason a valid label value: "unhealthy" if nothing
+// of it is left.
+func labelValue(s string) string {
+	if len(validation.IsValidLabelValue(s)) == 0 && s != "" {
+		return s
+	}
+	s = notLabelChars.ReplaceAllString(s, "-")
+	if len(s) > validation.LabelValueMaxLength {
+		s = s[:validation.LabelValueMaxLength]
+	}
+	s = strings.TrimFunc(s, func(r rune) bool { return r == '-' || r == '.' || r == '_' })
+	if s == "" {
+		return "unhealthy"
+	}
+	return s
+}

@@ -1,0 +1,125 @@
+package health
+
+import "time"
+
+// Kind is what made a GPU unhealthy.
+type Kind string
+
+const (
+	// KindXID is a critical XID error event.
+	KindXID Kind = "xid"
+	// KindECC is a double-bit (uncorrectable) ECC error event.
+	KindECC Kind = "ecc"
+	// KindUnreachable is an NVML probe that failed with an error other than
+	// "GPU is lost": the GPU may come back (after a reset, for example).
+	KindUnreachable Kind = "unreachable"
+	// KindLost is a GPU that fell off the bus (ERROR_GPU_IS_LOST, or a
+	// GPU-unavailable event). It stays unhealthy until the plugin restarts:
+	// a lost GPU needs a reset or a reboot, and NVML handles taken before
+	// do not come back.
+	KindLost Kind = "lost"
+)
+
+// Fault is why a GPU is unhealthy.
+type Fault struct {
+	Kind Kind
+	// XID is the XID of a KindXID fault.
+	XID uint64
+	// Reason is a short code that is also a valid label value (the device
+	// taint's value): xid-79, double-bit-ecc, unreachable, gpu-lost.
+	Reason string
+	// Message says what happened, for people: the health stream, events
+	// and logs.
+	Message string
+	// Since is when the GPU became unhealthy.
+	Since time.Time
+}
+
+// Permanent reports whether the fault never recovers while the plugin runs.
+func (f Fault) Permanent() bool { return f.Kind == KindLost }
+
+// gpuState is one unhealthy GPU. A healthy GPU has none.
+type gpuState struct {
+	fault Fault
+	// quietSince is the last time something went wrong with the GPU: the
+	// fault, a later event, a failed probe. Recovery counts from here.
+	quietSince time.Time
+}
+
+// tracker is the health state machine of a node's GPUs:
+//
+//	healthy --critical event / failed probe--> unhealthy
+//	unhealthy --new event / failed probe--> unhealthy, recovery clock restarts
+//	unhealthy --successful probe, quiet for the recovery period--> healthy
+//	any --lost--> lost (terminal until restart)
+//
+// It is pure: every input carries its time, and it reports whether the set
+// of unhealthy GPUs changed, so that the monitor around it decides about
+// locking, logging and notification.
+type tracker struct {
+	recovery time.Duration
+	gpus     map[int]*gpuState
+}
+
+func newTracker(recovery time.Duration) *tracker {
+	return &tracker{recovery: recovery, gpus: map[int]*gpuState{}}
+}
+
+// transition is a change of one GPU's health.
+type transition struct {
+	gpu int
+	// fault is the new fault; nil when the GPU became healthy.
+	fault *Fault
+	// previous is the fault it had before; nil when it was healthy.
+	previous *Fault
+}
+
+// fail records that something went wrong with a GPU at now. A healthy GPU
+// becomes unhealthy with f; an unhealthy one keeps its first fault (the
+// cause an operator looks for) and restarts its recovery clock, unless f is
+// a loss, which replaces any fault because it never recovers.
+func (t *tracker) fail(gpu int, f Fault, now time.Time) *transition {
+	f.Since = now
+	st, bad := t.gpus[gpu]
+	switch {
+	case !bad:
+		t.gpus[gpu] = &gpuState{fault: f, quietSince: now}
+		return &transition{gpu: gpu, fault: &f}
+	case st.fault.Permanent():
+		return nil
+	case f.Permanent():
+		prev := st.fault
+		st.fault, st.quietSince = f, now
+		return &transition{gpu: gpu, fault: &f, previous: &prev}
+	default:
+		st.quietSince = now
+		return nil
+	}
+}
+
+// succeed records a successful probe of a GPU at now: an unhealthy GPU
+// that has been quiet for the recovery period is healthy again.
+func (t *tracker) succeed(gpu int, now time.Time) *transition {
+	st, bad := t.gpus[gpu]
+	if !bad || st.fault.Permanent() || now.Sub(st.quietSince) < t.recovery {
+		return nil
+	}
+	delete(t.gpus, gpu)
+	prev := st.fault
+	return &transition{gpu: gpu, previous: &prev}
+}
+
+// lost reports whether a GPU is lost (and need not be probed any more).
+func (t *tracker) lost(gpu int) bool {
+	st, bad := t.gpus[gpu]
+	return bad && st.fault.Permanent()
+}
+
+// faults are the faults of the unhealthy GPUs.
+func (t *tracker) faults() map[int]Fault {
+	out := make(map[int]Fault, len(t.gpus))
+	for gpu, st := range t.gpus {
+		out[gpu] = st.fault
+	}
+	return out
+}

@@ -1,0 +1,217 @@
+package health
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
+)
+
+// watchedEvents are the NVML events that can make a GPU unhealthy.
+// Single-bit ECC errors are corrected by the hardware and are not watched;
+// a GPU that has too many raises XID 92.
+const watchedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeGpuUnavailableError
+
+// maxWaitBackoff caps the pause after failed event waits.
+const maxWaitBackoff = 30 * time.Second
+
+// device returns the NVML handle of a GPU, taking it by UUID if the
+// monitor has none yet (UUIDs survive renumbering; indices need not). A GPU
+// that NVML cannot hand out is marked unhealthy here.
+func (m *Monitor) device(ctx context.Context, gpu int) nvml.Device {
+	m.devMu.Lock()
+	dev := m.devices[gpu]
+	m.devMu.Unlock()
+	if dev != nil {
+		return dev
+	}
+	uuid := m.opts.Inventory.GPUs[gpu].UUID
+	dev, ret := m.opts.NVML.DeviceGetHandleByUUID(uuid)
+	if ret != nvml.SUCCESS {
+		m.fail(ctx, gpu, m.probeFault(ret, "DeviceGetHandleByUUID"))
+		return nil
+	}
+	m.devMu.Lock()
+	m.devices[gpu] = dev
+	m.devMu.Unlock()
+	return dev
+}
+
+// openEvents creates an event set and registers every GPU for the events
+// it supports. A GPU that cannot be registered is still probed.
+func (m *Monitor) openEvents(ctx context.Context) (nvml.EventSet, error) {
+	logger := klog.FromContext(ctx)
+	set, ret := m.opts.NVML.EventSetCreate()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("create an NVML event set: %s", m.opts.NVML.ErrorString(ret))
+	}
+	registered := 0
+	for gpu := range m.devices {
+		dev := m.device(ctx, gpu)
+		if dev == nil {
+			continue
+		}
+		supported, ret := dev.GetSupportedEventTypes()
+		if ret != nvml.SUCCESS {
+			logger.Info("GPU does not report its supported events; it is watched by probes only", "gpu", gpu, "err", m.opts.NVML.ErrorString(ret))
+			continue
+		}
+		mask := supported & watchedEvents
+		if mask == 0 {
+			logger.Info("GPU reports none of the health events; it is watched by probes only", "gpu", gpu)
+			continue
+		}
+		if ret := dev.RegisterEvents(mask, set); ret != nvml.SUCCESS {
+			logger.Info("Cannot register for the GPU's health events; it is watched by probes only", "gpu", gpu, "err", m.opts.NVML.ErrorString(ret))
+			continue
+		}
+		registered++
+	}
+	if registered == 0 {
+		set.Free()
+		return nil, fmt.Errorf("no GPU could be registered for health events")
+	}
+	return set, nil
+}
+
+// watchEvents waits for events until ctx ends, then frees the set.
+func (m *Monitor) watchEvents(ctx context.Context, set nvml.EventSet) {
+	logger := klog.FromContext(ctx)
+	defer set.Free()
+	backoff := time.Second
+	for ctx.Err() == nil {
+		ev, ret := set.Wait(uint32(m.opts.WaitTimeout.Milliseconds()))
+		switch ret {
+		case nvml.SUCCESS:
+			backoff = time.Second
+			m.handleEvent(ctx, ev)
+		case nvml.ERROR_TIMEOUT:
+			backoff = time.Second
+		default:
+			// NVIDIA's device plugin marks every GPU unhealthy here, which
+			// takes a node down for one failed call. Ask each GPU instead.
+			logger.Error(nil, "Waiting for NVML events failed; probing every GPU", "err", m.opts.NVML.ErrorString(ret), "retryIn", backoff)
+			m.probeAll(ctx)
+			select {
+			case <-ctx.Done():
+			case <-m.clock.After(backoff):
+			}
+			backoff = min(2*backoff, maxWaitBackoff)
+		}
+	}
+}
+
+// handleEvent turns one NVML event into a fault, or ignores it.
+func (m *Monitor) handleEvent(ctx context.Context, ev nvml.EventData) {
+	logger := klog.FromContext(ctx)
+	gpu, ok := m.gpuOf(ev.Device)
+	if !ok {
+		logger.Info("NVML event for a device the plugin does not know; probing every GPU", "eventType", ev.EventType, "data", ev.EventData)
+		m.probeAll(ctx)
+		return
+	}
+	switch {
+	case ev.EventType&nvml.EventTypeXidCriticalError != 0:
+		xid := ev.EventData
+		if !m.policy.Critical(xid) {
+			m.metrics.count(gpu, kindIgnoredXID)
+			logger.V(2).Info("Ignoring an XID that is the application's fault", "gpu", gpu, "xid", xid, "message", describeXID(xid))
+			return
+		}
+		m.fail(ctx, gpu, Fault{Kind: KindXID, XID: xid, Reason: fmt.Sprintf("xid-%d", xid), Message: describeXID(xid)})
+		// A GPU that fell off the bus answers "lost" at once: find out now
+		// rather than at the next probe.
+		m.probe(ctx, gpu)
+	case ev.EventType&nvml.EventTypeDoubleBitEccError != 0:
+		m.fail(ctx, gpu, Fault{Kind: KindECC, Reason: "double-bit-ecc", Message: "double-bit (uncorrectable) ECC error"})
+		m.probe(ctx, gpu)
+	case ev.EventType&nvml.EventTypeGpuUnavailableError != 0:
+		m.fail(ctx, gpu, Fault{Kind: KindLost, Reason: "gpu-lost", Message: "GPU unavailable (NVML event)"})
+	default:
+		logger.V(4).Info("Ignoring an NVML event", "gpu", gpu, "eventType", ev.EventType, "data", ev.EventData)
+	}
+}
+
+// gpuOf finds the GPU an event is about: by handle, else by UUID.
+func (m *Monitor) gpuOf(dev nvml.Device) (int, bool) {
+	if dev == nil {
+		return -1, false
+	}
+	m.devMu.Lock()
+	for i, d := range m.devices {
+		if d != nil && d == dev {
+			m.devMu.Unlock()
+			return i, true
+		}
+	}
+	m.devMu.Unlock()
+	uuid, ret := dev.GetUUID()
+	if ret != nvml.SUCCESS {
+		return -1, false
+	}
+	for i, g := range m.opts.Inventory.GPUs {
+		if strings.EqualFold(g.UUID, uuid) {
+			return i, true
+		}
+	}
+	return -1, false
+}
+
+// probeLoop probes every GPU at the probe interval until ctx ends.
+func (m *Monitor) probeLoop(ctx context.Context) {
+	t := m.clock.NewTicker(m.opts.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+			m.probeAll(ctx)
+		}
+	}
+}
+
+func (m *Monitor) probeAll(ctx context.Context) {
+	for gpu := range m.devices {
+		m.probe(ctx, gpu)
+	}
+}
+
+// probe asks a GPU for its UUID and memory: calls that need the GPU itself
+// to answer, not just the driver's cache. A lost GPU is not asked again.
+func (m *Monitor) probe(ctx context.Context, gpu int) {
+	if m.isLost(gpu) {
+		return
+	}
+	dev := m.device(ctx, gpu)
+	if dev == nil {
+		return
+	}
+	want := m.opts.Inventory.GPUs[gpu].UUID
+	uuid, ret := dev.GetUUID()
+	if ret != nvml.SUCCESS {
+		m.fail(ctx, gpu, m.probeFault(ret, "GetUUID"))
+		return
+	}
+	if !strings.EqualFold(uuid, want) {
+		m.fail(ctx, gpu, Fault{Kind: KindUnreachable, Reason: "unreachable", Message: fmt.Sprintf("NVML handle answers as %s, not %s", uuid, want)})
+		return
+	}
+	if _, ret := dev.GetMemoryInfo(); ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED {
+		m.fail(ctx, gpu, m.probeFault(ret, "GetMemoryInfo"))
+		return
+	}
+	m.succeed(ctx, gpu)
+}
+
+// probeFault is the fault of a failed NVML call.
+func (m *Monitor) probeFault(ret nvml.Return, call string) Fault {
+	msg := fmt.Sprintf("NVML %s: %s", call, m.opts.NVML.ErrorString(ret))
+	if ret == nvml.ERROR_GPU_IS_LOST {
+		return Fault{Kind: KindLost, Reason: "gpu-lost", Message: msg}
+	}
+	return Fault{Kind: KindUnreachable, Reason: "unreachable", Message: msg}
+}

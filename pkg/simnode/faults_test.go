@@ -1,0 +1,137 @@
+package simnode
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2/ktesting"
+)
+
+func TestParseFault(t *testing.T) {
+	for _, tt := range []struct {
+		line string
+		want Fault
+		err  string
+	}{
+		{line: "xid 0 79", want: Fault{Op: "xid", GPU: 0, XID: 79}},
+		{line: "  ecc   3 ", want: Fault{Op: "ecc", GPU: 3}},
+		{line: "lost 5", want: Fault{Op: "lost", GPU: 5}},
+		{line: "recover 5", want: Fault{Op: "recover", GPU: 5}},
+		{line: "xid 0", err: "xid takes 2 argument(s), got 1"},
+		{line: "ecc 1 2", err: "ecc takes 1 argument(s), got 2"},
+		{line: "xid 0 zero", err: `XID "zero" is not a positive number`},
+		{line: "xid -1 79", err: `GPU "-1" is not an index`},
+		{line: "reset 1", err: `unknown command "reset"`},
+	} {
+		t.Run(tt.line, func(t *testing.T) {
+			got, err := ParseFault(tt.line)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("error %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("got %+v, %v; want %+v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+// received drains an event set: "gpu:type:data" per event.
+func received(t *testing.T, n *Node, set nvml.EventSet, count int) []string {
+	t.Helper()
+	var out []string
+	for i := 0; i < count; i++ {
+		ev, ret := set.Wait(5000)
+		if ret != nvml.SUCCESS {
+			t.Fatalf("event %d of %d: %v (got %v)", i+1, count, ret, out)
+		}
+		idx, _ := ev.Device.GetIndex()
+		out = append(out, fmt.Sprintf("%d:%d:%d", idx, ev.EventType, ev.EventData))
+	}
+	if ev, ret := set.Wait(50); ret == nvml.SUCCESS {
+		t.Fatalf("unexpected extra event %+v after %v", ev, out)
+	}
+	return out
+}
+
+func TestWatchFaultsAppliesAppendedLinesOnce(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	n, err := Load("dgx-h100", "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, _ := n.NVML().EventSetCreate()
+	defer set.Free()
+	for i := 0; i < 8; i++ {
+		d, _ := n.NVML().DeviceGetHandleByIndex(i)
+		d.RegisterEvents(nvml.EventTypeXidCriticalError|nvml.EventTypeDoubleBitEccError|nvml.EventTypeGpuUnavailableError, set)
+	}
+	path := filepath.Join(t.TempDir(), "faults")
+	// Lines already there when the watch starts are history, not news.
+	if err := os.WriteFile(path, []byte("xid 1 48\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.WatchFaults(ctx, path, 10*time.Millisecond)
+	}()
+	appendLine := func(s string) {
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.WriteString(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // let the watch skip the existing line
+	appendLine("# a comment\n\nxid 0 79\necc 3\nbogus 1\nlos")
+	// Type 8 is an XID event, 2 a double-bit ECC error; "bogus" is
+	// skipped, "los" waits for the rest of its line.
+	got := received(t, n, set, 2)
+	if want := []string{"0:8:79", "3:2:0"}; strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("events %v, want %v", got, want)
+	}
+	appendLine("t 5\n")
+	got = received(t, n, set, 1)
+	if got[0] != "5:16384:0" { // a GPU-unavailable event
+		t.Errorf("lost event %v", got)
+	}
+	if _, ret := mustDevice(t, n, 5).GetUUID(); ret != nvml.ERROR_GPU_IS_LOST {
+		t.Errorf("lost GPU 5 answers %v, want ERROR_GPU_IS_LOST", ret)
+	}
+	appendLine("recover 5\n")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, ret := mustDevice(t, n, 5).GetUUID(); ret == nvml.SUCCESS {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("GPU 5 still does not answer after recover")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+}
+
+func mustDevice(t *testing.T, n *Node, i int) nvml.Device {
+	t.Helper()
+	d, ret := n.NVML().DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	return d
+}
