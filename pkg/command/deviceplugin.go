@@ -3,7 +3,6 @@ package command
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -68,26 +67,7 @@ func DevicePlugin(ctx context.Context, args []string, getenv func(string) string
 	f := newFlags("kyb-device-plugin", stderr)
 	var s shimFlags
 	s.register(f)
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	klogFlags.VisitAll(func(fl *flag.Flag) { f.Var(fl.Value, fl.Name, fl.Usage) })
-	if err := f.parse(args, getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			f.usage(devicePluginUsage)
-			return 0
-		}
-		fmt.Fprintf(stderr, "kyb-device-plugin: %v\nRun 'kyb-device-plugin -h' for the flags.\n", err)
-		return 2
-	}
-	if err := s.check(); err != nil {
-		fmt.Fprintf(stderr, "kyb-device-plugin: %v\n", err)
-		return 2
-	}
-	if err := runShim(ctx, &s); err != nil {
-		fmt.Fprintf(stderr, "kyb-device-plugin: %v\n", err)
-		return 1
-	}
-	return 0
+	return execute("kyb-device-plugin", devicePluginUsage, f, args, getenv, s.check, func() error { return runShim(ctx, &s) })
 }
 
 func (s *shimFlags) check() error {

@@ -3,7 +3,6 @@ package command
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -110,26 +109,7 @@ func DRAPlugin(ctx context.Context, args []string, getenv func(string) string, s
 	f := newFlags("kyb-dra-plugin", stderr)
 	var p pluginFlags
 	p.register(f)
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	klogFlags.VisitAll(func(fl *flag.Flag) { f.Var(fl.Value, fl.Name, fl.Usage) })
-	if err := f.parse(args, getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			f.usage(draUsage)
-			return 0
-		}
-		fmt.Fprintf(stderr, "kyb-dra-plugin: %v\nRun 'kyb-dra-plugin -h' for the flags.\n", err)
-		return 2
-	}
-	if err := p.check(); err != nil {
-		fmt.Fprintf(stderr, "kyb-dra-plugin: %v\n", err)
-		return 2
-	}
-	if err := runPlugin(ctx, &p); err != nil {
-		fmt.Fprintf(stderr, "kyb-dra-plugin: %v\n", err)
-		return 1
-	}
-	return 0
+	return execute("kyb-dra-plugin", draUsage, f, args, getenv, p.check, func() error { return runPlugin(ctx, &p) })
 }
 
 func (p *pluginFlags) check() error {

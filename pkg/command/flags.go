@@ -5,12 +5,15 @@
 package command
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"slices"
 	"sort"
 	"strings"
+
+	"k8s.io/klog/v2"
 )
 
 // flags is a flag set whose flags may also be set from the environment.
@@ -90,4 +93,30 @@ func (o *oneOf) Set(v string) error {
 	}
 	o.value = v
 	return nil
+}
+
+// execute is the life of a daemon command: parse the flags (klog's
+// included) and the environment, print the usage on -h, check the values,
+// run. Exit codes: 0 done, 1 failed while running, 2 bad flags.
+func execute(name, usage string, f *flags, args []string, getenv func(string) string, check, run func() error) int {
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	klogFlags.VisitAll(func(fl *flag.Flag) { f.Var(fl.Value, fl.Name, fl.Usage) })
+	if err := f.parse(args, getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			f.usage(usage)
+			return 0
+		}
+		fmt.Fprintf(f.stderr, "%s: %v\nRun '%s -h' for the flags.\n", name, err, name)
+		return 2
+	}
+	if err := check(); err != nil {
+		fmt.Fprintf(f.stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	if err := run(); err != nil {
+		fmt.Fprintf(f.stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	return 0
 }
