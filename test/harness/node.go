@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -417,4 +418,16 @@ func (n *Node) InjectFault(line string) {
 // discovers it (simulated UUIDs derive from the node name).
 func (n *Node) GPUUUID(i int) string {
 	return simnode.DeriveUUID(n.Name, i)
+}
+
+// DRAManager is the node's kubelet DRA manager, for callers that drive
+// PrepareResources and UnprepareResources themselves (the benchmarks).
+func (n *Node) DRAManager() *dra.Manager { return n.dra }
+
+// RESTConfig is a copy of the admin REST config with the given client-side
+// rate limits, for clients that must be throttled like a node component.
+func (c *Cluster) RESTConfig(qps float32, burst int) *rest.Config {
+	cfg := rest.CopyConfig(c.Config)
+	cfg.QPS, cfg.Burst = qps, burst
+	return cfg
 }

@@ -1,0 +1,138 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
+)
+
+// These measurements drive the scheduler's own allocator
+// (k8s.io/dynamic-resource-allocation/structured, kube-scheduler 1.37's
+// default features) the way kube-scheduler does: one allocator per claim
+// (PreFilter), then Allocate once per node (Filter).
+
+// cluster builds n nodes of a shape.
+func cluster(s Shape, n int) *allocator.Cluster {
+	c := allocator.New(allocator.SchedulerFeatures())
+	for i := 0; i < n; i++ {
+		node := nodeName(i)
+		c.AddNode(node, s.Resources(node), s.Driver)
+	}
+	c.AddClasses(s.Classes...)
+	return c
+}
+
+func nodeName(i int) string { return fmt.Sprintf("node-%03d", i) }
+
+// fillNode allocates one-device claims of the shape's class on node until
+// one does not fit, and checks that exactly PerNode fit.
+func fillNode(ctx context.Context, s Shape, c *allocator.Cluster, node string, next *int) error {
+	for k := 0; ; k++ {
+		*next++
+		r, err := c.Allocate(ctx, allocator.Claim(fmt.Sprintf("fill-%d", *next), s.Class, 1), node)
+		if err != nil {
+			return fmt.Errorf("shape %s: fill %s: %w", s.Name, node, err)
+		}
+		if r == nil {
+			if k != s.PerNode {
+				return fmt.Errorf("shape %s: %d claims fit on %s, want %d", s.Name, k, node, s.PerNode)
+			}
+			return nil
+		}
+	}
+}
+
+// RejectFull is how long Allocate takes to find that a claim does not fit
+// on a full node: the common Filter outcome in a busy cluster. nodes full
+// nodes are each tried once per allocator (as the scheduler does for one
+// pod), reps times with fresh allocators; it returns the mean per node.
+func RejectFull(ctx context.Context, s Shape, nodes, reps int) (time.Duration, error) {
+	c := cluster(s, nodes)
+	next := 0
+	for i := 0; i < nodes; i++ {
+		if err := fillNode(ctx, s, c, nodeName(i), &next); err != nil {
+			return 0, err
+		}
+	}
+	return timeRejects(ctx, s, c, nodes, reps)
+}
+
+// minRejectTime is how long each reject measurement runs at least: the
+// basic shape rejects a node in microseconds, and a short run is all noise.
+const minRejectTime = 300 * time.Millisecond
+
+func timeRejects(ctx context.Context, s Shape, c *allocator.Cluster, nodes, reps int) (time.Duration, error) {
+	claim := allocator.Claim("probe", s.Class, 1)
+	var total time.Duration
+	r := 0
+	for ; r < reps || total < minRejectTime; r++ {
+		a, err := c.Allocator(ctx)
+		if err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		for i := 0; i < nodes; i++ {
+			res, err := c.AllocateWith(ctx, a, claim, nodeName(i))
+			if err != nil {
+				return 0, fmt.Errorf("shape %s: %w", s.Name, err)
+			}
+			if res != nil {
+				return 0, fmt.Errorf("shape %s: a claim fit on full node %s", s.Name, nodeName(i))
+			}
+		}
+		total += time.Since(start)
+	}
+	return total / time.Duration(nodes*r), nil
+}
+
+// RejectEmpty is RejectFull for a shape whose nodes hold no claim of its
+// class at all (PerNode 0): a node that publishes only what a full node
+// could not skip.
+func RejectEmpty(ctx context.Context, s Shape, nodes, reps int) (time.Duration, error) {
+	return timeRejects(ctx, s, cluster(s, nodes), nodes, reps)
+}
+
+// FirstFit is M2 of allocator-cost.md: for each of claims one-device
+// claims, a fresh allocator, then Allocate on node-000, node-001, … until
+// the claim fits. It returns claims per second and the Allocate calls made.
+func FirstFit(ctx context.Context, s Shape, nodes, claims int) (FirstFitResult, error) {
+	c := cluster(s, nodes)
+	res := FirstFitResult{Claims: claims}
+	start := time.Now()
+	for k := 0; k < claims; k++ {
+		claim := allocator.Claim(fmt.Sprintf("ff-%d", k), s.Class, 1)
+		a, err := c.Allocator(ctx)
+		if err != nil {
+			return res, err
+		}
+		placed := false
+		for i := 0; i < nodes && !placed; i++ {
+			res.Calls++
+			r, err := c.AllocateWith(ctx, a, claim, nodeName(i))
+			if err != nil {
+				return res, fmt.Errorf("shape %s: %w", s.Name, err)
+			}
+			placed = r != nil
+		}
+		if !placed {
+			return res, fmt.Errorf("shape %s: claim %d fits nowhere on %d nodes", s.Name, k, nodes)
+		}
+	}
+	res.Elapsed = time.Since(start)
+	return res, nil
+}
+
+// FirstFitResult is one FirstFit run.
+type FirstFitResult struct {
+	Claims  int
+	Calls   int
+	Elapsed time.Duration
+}
+
+// ClaimsPerSecond is the allocation throughput.
+func (r FirstFitResult) ClaimsPerSecond() float64 { return float64(r.Claims) / r.Elapsed.Seconds() }
+
+// PerCall is the mean time of one Allocate call.
+func (r FirstFitResult) PerCall() time.Duration { return r.Elapsed / time.Duration(max(r.Calls, 1)) }

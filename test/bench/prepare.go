@@ -1,0 +1,260 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/test/harness"
+)
+
+// PrepareOptions shape the prepare latency study.
+type PrepareOptions struct {
+	// Concurrent is how many claims are prepared at once (one call each).
+	Concurrent int
+	// Single is how many one-claim calls are made one after the other.
+	Single int
+	// Rounds of the whole study; figures are medians over rounds.
+	Rounds int
+	// QPS and Burst are both drivers' client-side API rate limits.
+	QPS   float32
+	Burst int
+}
+
+// Path is how a prepare reaches the driver.
+type Path string
+
+const (
+	// PathSocket is NodePrepareResources straight on the driver's socket.
+	PathSocket Path = "socket"
+	// PathKubelet is the kubelet's DRA manager's PrepareResources for a pod.
+	PathKubelet Path = "kubelet"
+)
+
+// Latency is one scenario's latencies for one driver in one round.
+type Latency struct {
+	Path       Path
+	Driver     string
+	Concurrent int
+	Samples    []time.Duration
+	// Batches is how many batches our plugin prepared the claims in.
+	Batches int
+}
+
+// PrepareStudy holds every round's latencies and our plugin's steps.
+type PrepareStudy struct {
+	Options PrepareOptions
+	Rounds  [][]Latency
+	// Steps are the mean durations of our prepare's steps over the
+	// one-claim socket calls of all rounds.
+	Steps []Step
+}
+
+// Step is one part of our prepare.
+type Step struct {
+	Name string
+	Mean time.Duration
+}
+
+// RunPrepare measures prepare latency of our driver and the no-op driver
+// on one node of a running cluster.
+func RunPrepare(ctx context.Context, c *harness.Cluster, opts PrepareOptions) (*PrepareStudy, error) {
+	e, err := newPrepareEnv(ctx, c, opts.QPS, opts.Burst)
+	if err != nil {
+		return nil, err
+	}
+	defer e.ours.Stop()
+	defer e.noop.Stop()
+	study := &PrepareStudy{Options: opts}
+	var steps []map[string]time.Duration
+	for r := 0; r < opts.Rounds; r++ {
+		var round []Latency
+		// Alternate which driver goes first, so that neither always runs
+		// on the heels of the other's background work.
+		drivers := []string{draresources.DriverName, NoopDriver}
+		if r%2 == 1 {
+			drivers[0], drivers[1] = drivers[1], drivers[0]
+		}
+		for _, path := range []Path{PathSocket, PathKubelet} {
+			for _, n := range []int{1, opts.Concurrent} {
+				for _, drv := range drivers {
+					l, s, err := e.measure(ctx, path, drv, n, opts.Single)
+					if err != nil {
+						return nil, fmt.Errorf("round %d, %s, %s, %d at once: %w", r, path, drv, n, err)
+					}
+					round = append(round, l)
+					steps = append(steps, s...)
+				}
+			}
+		}
+		study.Rounds = append(study.Rounds, round)
+	}
+	study.Steps = meanSteps(steps)
+	return study, nil
+}
+
+// settle is the pause between scenarios.
+const settle = 500 * time.Millisecond
+
+// measure prepares claims of driver through path: single one-claim calls
+// one after the other when n is 1, else n one-claim calls at once; then
+// unprepares them (not measured).
+func (e *prepareEnv) measure(ctx context.Context, path Path, driver string, n, single int) (Latency, []map[string]time.Duration, error) {
+	count := n
+	if n == 1 {
+		count = single
+	}
+	claims, err := e.claims(ctx, driver, count)
+	if err != nil {
+		return Latency{}, nil, err
+	}
+	l := Latency{Path: path, Driver: driver, Concurrent: n}
+	var steps []map[string]time.Duration
+	e.steps.batches()
+	if n == 1 {
+		for _, bc := range claims {
+			e.steps.reset()
+			start := time.Now()
+			if err := e.prepare(ctx, path, driver, bc); err != nil {
+				return l, nil, err
+			}
+			end := time.Now()
+			l.Samples = append(l.Samples, end.Sub(start))
+			if path == PathSocket && driver == draresources.DriverName {
+				steps = append(steps, stepDurations(start, e.steps.reset(), end))
+			}
+		}
+	} else {
+		l.Samples = make([]time.Duration, n)
+		errs := make([]error, n)
+		var ready, done sync.WaitGroup
+		gate := make(chan struct{})
+		for i, bc := range claims {
+			ready.Add(1)
+			done.Add(1)
+			go func() {
+				defer done.Done()
+				ready.Done()
+				<-gate
+				start := time.Now()
+				errs[i] = e.prepare(ctx, path, driver, bc)
+				l.Samples[i] = time.Since(start)
+			}()
+		}
+		ready.Wait()
+		close(gate)
+		done.Wait()
+		if err := errorsJoin(errs); err != nil {
+			return l, nil, err
+		}
+	}
+	l.Batches = e.steps.batches()
+	if err := e.unprepare(ctx, path, driver, claims); err != nil {
+		return l, nil, err
+	}
+	e.release(claims)
+	// Let background work (our claim status writes) finish before the
+	// next scenario: on this machine the API server shares the CPUs.
+	time.Sleep(settle)
+	return l, steps, nil
+}
+
+func (e *prepareEnv) prepare(ctx context.Context, path Path, driver string, bc *benchClaim) error {
+	if path == PathKubelet {
+		return e.node.DRAManager().PrepareResources(ctx, bc.pod)
+	}
+	resp, err := e.conns[driver].NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
+	if err != nil {
+		return err
+	}
+	return checkPrepared(resp, bc)
+}
+
+func (e *prepareEnv) unprepare(ctx context.Context, path Path, driver string, claims []*benchClaim) error {
+	if path == PathKubelet {
+		for _, bc := range claims {
+			if err := e.node.DRAManager().UnprepareResources(ctx, bc.pod); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	req := &drapb.NodeUnprepareResourcesRequest{}
+	for _, bc := range claims {
+		req.Claims = append(req.Claims, claimRef(bc))
+	}
+	resp, err := e.conns[driver].NodeUnprepareResources(ctx, req)
+	if err != nil {
+		return err
+	}
+	for uid, r := range resp.Claims {
+		if r.Error != "" {
+			return fmt.Errorf("unprepare %s: %s", uid, r.Error)
+		}
+	}
+	return nil
+}
+
+// stepDurations splits one prepare call into its steps by the times our
+// plugin passed its hook points (the status write runs in the background
+// and is not part of the call).
+func stepDurations(start time.Time, at map[draplugin.HookPoint]time.Time, end time.Time) map[string]time.Duration {
+	seq := []struct {
+		name string
+		at   time.Time
+	}{
+		{stepOrder[0], at[draplugin.HookBeforeStartedSave]},
+		{stepOrder[1], at[draplugin.HookAfterStartedSave]},
+		{stepOrder[2], at[draplugin.HookAfterCDIWrite]},
+		{stepOrder[3], at[draplugin.HookAfterCompletedSave]},
+		{stepOrder[4], end},
+	}
+	out := map[string]time.Duration{}
+	prev := start
+	for _, s := range seq {
+		if s.at.Before(start) || s.at.After(end) {
+			continue
+		}
+		out[s.name] = s.at.Sub(prev)
+		prev = s.at
+	}
+	out[stepOrder[len(stepOrder)-1]] = end.Sub(start)
+	return out
+}
+
+// stepOrder names the steps of a prepare call. The claim status is
+// written in the background, after the call.
+var stepOrder = []string{
+	"gRPC + helper's claim GET + lock + checkpoint read", "checkpoint save (Started, fsync)", "CDI spec write",
+	"checkpoint save (Completed, fsync)", "reply", "total",
+}
+
+func meanSteps(all []map[string]time.Duration) []Step {
+	var out []Step
+	for _, name := range stepOrder {
+		var ds []time.Duration
+		for _, m := range all {
+			if d, ok := m[name]; ok {
+				ds = append(ds, d)
+			}
+		}
+		if len(ds) > 0 {
+			out = append(out, Step{Name: name, Mean: Mean(ds)})
+		}
+	}
+	return out
+}
+
+// ClaimGET times a GET of one claim with the drivers' client: what the
+// helper does before every prepare.
+func (e *prepareEnv) claimGET(ctx context.Context, name string) (time.Duration, error) {
+	start := time.Now()
+	_, err := e.client.ResourceV1().ResourceClaims("default").Get(ctx, name, metav1.GetOptions{})
+	return time.Since(start), err
+}

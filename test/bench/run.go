@@ -1,0 +1,101 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/kyb-ai/kyb-dra-driver/test/harness"
+)
+
+// Options choose the studies and their sizes.
+type Options struct {
+	// Studies to run: alloc, sched, prepare, footprint.
+	Studies []string
+	// Rounds of each study; figures are medians over rounds.
+	Rounds int
+	Alloc  AllocOptions
+	// Prepare is the prepare latency study.
+	Prepare PrepareOptions
+	Sched   SchedOptions
+	// Footprint is the plugin binary's footprint study.
+	Footprint FootprintOptions
+	// Log receives the control plane's progress lines.
+	Log io.Writer
+}
+
+// Run runs the chosen studies and writes their tables to out as markdown.
+func Run(ctx context.Context, opts Options, out io.Writer) error {
+	has := func(s string) bool { return slices.Contains(opts.Studies, s) }
+	if has("alloc") {
+		start := time.Now()
+		st, err := RunAlloc(ctx, opts.Alloc, opts.Rounds)
+		if err != nil {
+			return fmt.Errorf("allocator study: %w", err)
+		}
+		for _, t := range st.Tables() {
+			t.Write(out)
+		}
+		fmt.Fprintf(opts.Log, "allocator study: %v\n", time.Since(start).Round(time.Second))
+	}
+	needCluster := has("prepare") || has("sched") || has("footprint")
+	if !needCluster {
+		return nil
+	}
+	tb := harness.NewProcessTB(opts.Log)
+	defer tb.Close()
+	var err error
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				if f, ok := r.(harness.FatalError); ok {
+					err = fmt.Errorf("cluster: %s", f.Msg)
+					return
+				}
+				panic(r)
+			}
+		}()
+		err = runWithCluster(ctx, tb, opts, out)
+	}()
+	return err
+}
+
+func runWithCluster(ctx context.Context, tb *harness.ProcessTB, opts Options, out io.Writer) error {
+	has := func(s string) bool { return slices.Contains(opts.Studies, s) }
+	c := harness.Start(tb, harness.Options{})
+	if has("prepare") {
+		start := time.Now()
+		p := opts.Prepare
+		p.Rounds = opts.Rounds
+		st, err := RunPrepare(ctx, c, p)
+		if err != nil {
+			return fmt.Errorf("prepare study: %w", err)
+		}
+		st.Table().Write(out)
+		st.StepTable().Write(out)
+		fmt.Fprintf(opts.Log, "prepare study: %v\n", time.Since(start).Round(time.Second))
+	}
+	if has("footprint") {
+		start := time.Now()
+		st, err := RunFootprint(ctx, c, opts.Footprint)
+		if err != nil {
+			return fmt.Errorf("footprint study: %w", err)
+		}
+		st.Table().Write(out)
+		fmt.Fprintf(opts.Log, "footprint study: %v\n", time.Since(start).Round(time.Second))
+	}
+	if has("sched") {
+		start := time.Now()
+		s := opts.Sched
+		s.Rounds = opts.Rounds
+		st, err := RunSched(ctx, c, s)
+		if err != nil {
+			return fmt.Errorf("scheduler study: %w", err)
+		}
+		st.Table().Write(out)
+		fmt.Fprintf(opts.Log, "scheduler study: %v\n", time.Since(start).Round(time.Second))
+	}
+	return nil
+}

@@ -1,0 +1,86 @@
+// Command kyb-bench runs the driver's benchmarks against the real
+// Kubernetes components (make bench): the scheduler's allocator and the
+// in-process kube-scheduler over our ResourceSlices against upstream's
+// basic shape, prepare latency against a no-op driver, and the plugin
+// binary's footprint. It prints markdown tables of ratios taken within this
+// one run.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/test/bench"
+)
+
+func main() {
+	var opts bench.Options
+	studies := flag.String("studies", "alloc,prepare,footprint,sched", "studies to run, comma-separated: alloc, prepare, footprint, sched")
+	flag.IntVar(&opts.Rounds, "rounds", 3, "rounds of each study; figures are medians over rounds")
+	flag.IntVar(&opts.Alloc.RejectNodes, "reject-nodes", 50, "allocator study: full nodes each reject measurement tries")
+	flag.IntVar(&opts.Alloc.FirstFitNodes, "firstfit-nodes", 500, "allocator study: nodes of the first-fit run")
+	flag.IntVar(&opts.Alloc.FirstFitClaims, "firstfit-claims", 1000, "allocator study: claims of the first-fit run")
+	flag.StringVar(&opts.Alloc.Preset, "preset", "dgx-h100", "simulated node of our shape")
+	flag.IntVar(&opts.Prepare.Concurrent, "prepare-concurrent", 64, "prepare study: claims prepared at once")
+	flag.IntVar(&opts.Prepare.Single, "prepare-single", 16, "prepare study: one-claim calls made one after the other")
+	qps := flag.Float64("prepare-qps", 1000, "prepare study: both drivers' client QPS")
+	flag.IntVar(&opts.Prepare.Burst, "prepare-burst", 1000, "prepare study: both drivers' client burst")
+	flag.IntVar(&opts.Sched.Nodes, "sched-nodes", 100, "scheduler study: nodes")
+	flag.IntVar(&opts.Sched.Pods, "sched-pods", 300, "scheduler study: pods scheduled per shape and round")
+	flag.StringVar(&opts.Footprint.Plugin, "plugin", "bin/kyb-dra-plugin", "footprint study: the plugin binary")
+	flag.IntVar(&opts.Footprint.Cycles, "cycles", 1000, "footprint study: prepare/unprepare cycles")
+	out := flag.String("o", "", "also write the tables to this file")
+	logFile := flag.String("log", "_output/bench.log", "where the control plane logs")
+	flag.Parse()
+	opts.Studies = strings.Split(*studies, ",")
+	opts.Prepare.QPS = float32(*qps)
+	opts.Alloc.Config = bench.DemoConfig
+
+	if err := os.MkdirAll("_output", 0o755); err != nil {
+		fail(err)
+	}
+	log, err := os.Create(*logFile)
+	if err != nil {
+		fail(err)
+	}
+	defer log.Close()
+	// The control plane logs a lot; keep it out of the tables.
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	for k, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL"} {
+		if err := klogFlags.Set(k, v); err != nil {
+			fail(err)
+		}
+	}
+	klog.SetOutput(log)
+	opts.Log = io.MultiWriter(os.Stderr, log)
+
+	var w io.Writer = os.Stdout
+	if *out != "" {
+		f, err := os.Create(*out)
+		if err != nil {
+			fail(err)
+		}
+		defer f.Close()
+		w = io.MultiWriter(os.Stdout, f)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := bench.Run(ctx, opts, w); err != nil {
+		stop()
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintf(os.Stderr, "kyb-bench: %v\n", err)
+	os.Exit(1)
+}
