@@ -363,3 +363,35 @@ func TestOptionalAttributes(t *testing.T) {
 		t.Error("a version selector on cudaComputeCapability found nothing")
 	}
 }
+
+// A one-seat group is an ordinary device: the allocator marks it allocated
+// (no share ID), skips it from then on, and counters still keep the groups
+// that overlap it out; a claim that names its one seat still fits.
+func TestOneSeatGroupsArePlainDevices(t *testing.T) {
+	n := newNode(t, "dgx-h100", "", draresources.LayoutShared)
+	one := n.allocate(t, "one", class1x, allocator.WithCapacity("seats", "1"))
+	if one == nil {
+		t.Fatal("a claim for one seat does not fit on an empty node")
+	}
+	res := one.Devices.Results[0]
+	if res.Device != "g0-1x" || res.ShareID != nil {
+		t.Fatalf("one-seat group: %+v, want g0-1x without a share ID", res)
+	}
+	if r := n.allocate(t, "two", class1x, allocator.WithCapacity("seats", "2")); r != nil {
+		t.Errorf("two seats of a one-seat group: %+v", r.Devices.Results)
+	}
+	got := n.fill(t, class1x)
+	if len(got) != 7 || count(got)["g0-1x"] != 0 {
+		t.Errorf("1x seats after g0-1x: %v, want the 7 other GPUs once each", got)
+	}
+	if r := n.allocate(t, "wide", class2x); r != nil {
+		t.Errorf("a 2x seat fit on a node whose GPUs all hold 1x seats: %+v", r.Devices.Results)
+	}
+	for _, s := range n.cluster.Slices() {
+		for _, d := range s.Spec.Devices {
+			if d.AllowMultipleAllocations != nil || d.Capacity[draresources.SeatsCapacity].RequestPolicy != nil {
+				t.Errorf("device %s: one-seat group published as a shared device", d.Name)
+			}
+		}
+	}
+}

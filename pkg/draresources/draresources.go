@@ -114,13 +114,18 @@ func chunk(devices []resourceapi.Device, max int) []resourceslice.Slice {
 
 func sharedDevice(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.AttributeName) resourceapi.Device {
 	d := baseDevice(g, inv, attrs)
-	d.AllowMultipleAllocations = ptr.To(true)
-	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-		SeatsCapacity: {
-			Value:         *resource.NewQuantity(int64(g.Seats()), resource.DecimalSI),
-			RequestPolicy: seatsPolicy(g.Seats()),
-		},
+	seats := resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(g.Seats()), resource.DecimalSI)}
+	// A group of one seat is an ordinary device. Once allocated, the
+	// scheduler's allocator skips it before evaluating any selector, while
+	// it evaluates the class's CEL on a shared device however full it is:
+	// on a busy node this halves the cost of every Filter call
+	// (docs/performance.md). Its "seats" capacity stays, so that a claim
+	// asking for one seat explicitly still fits.
+	if g.Seats() > 1 {
+		d.AllowMultipleAllocations = ptr.To(true)
+		seats.RequestPolicy = seatsPolicy()
 	}
+	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{SeatsCapacity: seats}
 	if !g.Profile.AllowOverprovision {
 		counters := map[string]resourceapi.Counter{}
 		for _, x := range g.GPUs {
@@ -132,14 +137,9 @@ func sharedDevice(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.A
 }
 
 // seatsPolicy lets a share take one seat by default and any whole number
-// of seats up to the group's. The API server refuses a range whose first
-// step already exceeds the capacity (min 1 + step 1 > 1 seat), so a
-// one-seat group lists its only valid value instead.
-func seatsPolicy(seats int) *resourceapi.CapacityRequestPolicy {
+// of seats up to the group's (groups of two seats or more).
+func seatsPolicy() *resourceapi.CapacityRequestPolicy {
 	one := resource.NewQuantity(1, resource.DecimalSI)
-	if seats == 1 {
-		return &resourceapi.CapacityRequestPolicy{Default: one, ValidValues: []resource.Quantity{*one}}
-	}
 	return &resourceapi.CapacityRequestPolicy{
 		Default:    one,
 		ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: one, Step: resource.NewQuantity(1, resource.DecimalSI)},
