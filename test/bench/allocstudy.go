@@ -3,9 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
-
-	"k8s.io/dynamic-resource-allocation/resourceslice"
 )
 
 // AllocOptions size the allocator study.
@@ -14,8 +13,8 @@ type AllocOptions struct {
 	RejectNodes int
 	// FirstFitNodes and FirstFitClaims size the first-fit run (M2).
 	FirstFitNodes, FirstFitClaims int
-	// Preset and Config are our node.
-	Preset, Config string
+	// Preset is our node.
+	Preset string
 }
 
 // Allocator goals, as ratios to the basic shape.
@@ -28,51 +27,61 @@ const (
 // AllocStudy is the allocator study's rounds.
 type AllocStudy struct {
 	Options AllocOptions
-	// Shapes are basic first, then ours.
-	Shapes []string
-	// Reject and FirstFit per round, per shape.
+	// Variants are basic first, then ours, step by step.
+	Variants []Variant
+	// Reject and FirstFit per round, per step.
 	Reject   [][]time.Duration
 	FirstFit [][]FirstFitResult
-	// Skip are the estimates of an upstream change: reject times of our
-	// node with what such a change would skip left out of the slice.
-	SkipNames []string
-	Skip      [][]time.Duration
-	// PerNode is how many claims one node of each shape holds.
-	PerNode []int
+	// Upstream are estimates of an allocator change: reject times of a
+	// full node of ours with what the change would skip left out.
+	Upstream []Upstream
+	Skip     [][]time.Duration
 }
 
-// RunAlloc measures the basic shape and ours, interleaved, rounds times.
+// Upstream is one estimated allocator change.
+type Upstream struct {
+	Shape
+	// Of is the index of the step whose full node it stands for.
+	Of int
+}
+
+// RunAlloc measures the basic shape and every step of ours, interleaved,
+// rounds times.
 func RunAlloc(ctx context.Context, opts AllocOptions, rounds int) (*AllocStudy, error) {
-	basic := BasicShape()
-	ours, err := KybShape(ctx, "ours ("+opts.Preset+", demo config)", opts.Preset, opts.Config, "1x")
+	steps, err := Variants(ctx, opts.Preset)
 	if err != nil {
 		return nil, err
 	}
-	// What skipping before CEL would leave: the full node without its
-	// exhausted 1x groups (upstream skips exhausted shared devices), and
-	// without anything it cannot allocate (also devices whose counters are
-	// used up). A 1x claim is rejected on both at once.
-	noExhausted := withoutDevices(ours, "ours, exhausted groups left out", func(name string) bool { return hasSuffix(name, "-1x") })
-	noneLeft := withoutDevices(ours, "ours, every unallocatable device left out", func(string) bool { return true })
-	st := &AllocStudy{Options: opts, Shapes: []string{basic.Name, ours.Name}, SkipNames: []string{noExhausted.Name, noneLeft.Name},
-		PerNode: []int{basic.PerNode, ours.PerNode}}
+	basic := Variant{Shape: BasicShape(), Note: "10 plain devices, 13 attributes, 2 capacities"}
+	st := &AllocStudy{Options: opts, Variants: append([]Variant{basic}, steps...)}
+	def, demo := st.step("lean, one-seat groups plain (default)"), st.step("consumable seats (demo config)")
+	if def < 0 || demo < 0 {
+		return nil, fmt.Errorf("allocator study: a step is missing")
+	}
+	is1x := func(name string) bool { return strings.HasSuffix(name, "-1x") }
+	all := func(string) bool { return true }
+	st.Upstream = []Upstream{
+		{withoutDevices(st.Variants[demo].Shape, "demo config: exhausted shared devices skipped", is1x), demo},
+		{withoutDevices(st.Variants[def].Shape, "default: devices without free counters skipped", all), def},
+		{withoutDevices(st.Variants[demo].Shape, "demo config: both", all), demo},
+	}
 	for r := 0; r < rounds; r++ {
 		var rej []time.Duration
 		var ff []FirstFitResult
-		for _, s := range []Shape{basic, ours} {
-			d, err := RejectFull(ctx, s, opts.RejectNodes, 5)
+		for _, s := range st.Variants {
+			d, err := RejectFull(ctx, s.Shape, opts.RejectNodes, 5)
 			if err != nil {
 				return nil, err
 			}
-			res, err := FirstFit(ctx, s, opts.FirstFitNodes, opts.FirstFitClaims)
+			res, err := FirstFit(ctx, s.Shape, opts.FirstFitNodes, opts.FirstFitClaims)
 			if err != nil {
 				return nil, err
 			}
 			rej, ff = append(rej, d), append(ff, res)
 		}
 		var skip []time.Duration
-		for _, s := range []Shape{noExhausted, noneLeft} {
-			d, err := RejectEmpty(ctx, s, opts.RejectNodes, 5)
+		for _, u := range st.Upstream {
+			d, err := RejectEmpty(ctx, u.Shape, opts.RejectNodes, 5)
 			if err != nil {
 				return nil, err
 			}
@@ -83,89 +92,88 @@ func RunAlloc(ctx context.Context, opts AllocOptions, rounds int) (*AllocStudy, 
 	return st, nil
 }
 
-func hasSuffix(s, suffix string) bool {
-	return len(s) >= len(suffix) && s[len(s)-len(suffix):] == suffix
+func (st *AllocStudy) step(name string) int {
+	for i, s := range st.Variants {
+		if s.Name == name {
+			return i
+		}
+	}
+	return -1
 }
 
-// withoutDevices is s with the devices drop names left out of every
-// slice, and no claim of its class fitting anywhere.
-func withoutDevices(s Shape, name string, drop func(device string) bool) Shape {
-	out := s
-	out.Name = name
-	out.PerNode = 0
-	out.Resources = func(node string) resourceslice.DriverResources {
-		res := s.Resources(node)
-		for pn, pool := range res.Pools {
-			for i, sl := range pool.Slices {
-				kept := sl.Devices[:0:0]
-				for _, d := range sl.Devices {
-					if !drop(d.Name) {
-						kept = append(kept, d)
-					}
-				}
-				pool.Slices[i].Devices = kept
-			}
-			res.Pools[pn] = pool
-		}
-		return res
+// Figures are the medians over rounds of one step, as ratios to basic.
+type Figures struct {
+	Reject, RejectRatio   float64 // µs, ratio
+	ClaimsPerS, CPSRatio  float64
+	PerCall               time.Duration
+	Calls, PerNode        int
+	ClaimTime, ClaimRatio float64 // µs per allocated claim, ratio
+}
+
+// Figures returns step i's medians.
+func (st *AllocStudy) Figures(i int) Figures {
+	var rej, rejRatio, cps, cpsRatio, per []float64
+	f := Figures{PerNode: st.Variants[i].PerNode}
+	for r := range st.Reject {
+		rej = append(rej, float64(st.Reject[r][i])/1e3)
+		rejRatio = append(rejRatio, float64(st.Reject[r][i])/float64(st.Reject[r][0]))
+		cps = append(cps, st.FirstFit[r][i].ClaimsPerSecond())
+		cpsRatio = append(cpsRatio, st.FirstFit[r][i].ClaimsPerSecond()/st.FirstFit[r][0].ClaimsPerSecond())
+		per = append(per, float64(st.FirstFit[r][i].PerCall()))
+		f.Calls = st.FirstFit[r][i].Calls
 	}
-	return out
+	f.Reject, f.RejectRatio, f.ClaimsPerS, f.CPSRatio = Median(rej), Median(rejRatio), Median(cps), Median(cpsRatio)
+	f.PerCall = time.Duration(Median(per))
+	f.ClaimTime, f.ClaimRatio = 1e6/f.ClaimsPerS, 1/f.CPSRatio
+	return f
 }
 
 // Tables are the study's results.
 func (st *AllocStudy) Tables() []*Table {
-	rounds := len(st.Reject)
 	t := &Table{
-		Title: fmt.Sprintf("Scheduler allocator: our shape against upstream's basic shape (median of %d rounds)", rounds),
-		Header: []string{"shape", "reject a full node", "ratio to basic", "goal ≤ 5x", "first-fit claims/s", "ratio to basic", "goal ≥ 0.4x",
-			"Allocate calls"},
+		Title: fmt.Sprintf("Scheduler allocator: our node (%s) against upstream's basic shape, step by step (median of %d rounds)", st.Options.Preset, len(st.Reject)),
+		Header: []string{"shape", "change", "claims/node", "reject a full node", "ratio", "goal ≤ 5x", "first-fit claims/s", "ratio", "goal ≥ 0.4x",
+			"time per claim", "Allocate calls"},
 	}
-	for i, name := range st.Shapes {
-		var rej []time.Duration
-		var rejRatio, cps, cpsRatio []float64
-		calls := 0
-		for r := 0; r < rounds; r++ {
-			rej = append(rej, st.Reject[r][i])
-			rejRatio = append(rejRatio, float64(st.Reject[r][i])/float64(st.Reject[r][0]))
-			cps = append(cps, st.FirstFit[r][i].ClaimsPerSecond())
-			cpsRatio = append(cpsRatio, st.FirstFit[r][i].ClaimsPerSecond()/st.FirstFit[r][0].ClaimsPerSecond())
-			calls = st.FirstFit[r][i].Calls
-		}
-		rr, cr := Median(rejRatio), Median(cpsRatio)
-		row := []string{name, Dur(MedianDuration(rej)), Ratio(rr), "", fmt.Sprintf("%.0f", Median(cps)), Ratio(cr), "", fmt.Sprint(calls)}
-		if i > 0 {
-			row[3], row[6] = Verdict(rr <= RejectGoal), Verdict(cr >= ClaimsGoal)
+	for i, s := range st.Variants {
+		f := st.Figures(i)
+		row := []string{s.Name, s.Note, fmt.Sprint(f.PerNode), Dur(time.Duration(f.Reject * 1e3)), Ratio(f.RejectRatio), "",
+			fmt.Sprintf("%.0f", f.ClaimsPerS), Ratio(f.CPSRatio), "", Dur(time.Duration(f.ClaimTime * 1e3)), fmt.Sprint(f.Calls)}
+		if s.Goals {
+			row[5], row[8] = Verdict(f.RejectRatio <= RejectGoal), Verdict(f.CPSRatio >= ClaimsGoal)
 		}
 		t.Rows = append(t.Rows, row)
 	}
 	t.Notes = []string{fmt.Sprintf("Reject: a one-device claim against %d full nodes, each once per allocator as kube-scheduler's Filter does. "+
-		"First fit: %d one-device claims over %d nodes, a fresh allocator per claim, Allocate node by node until it fits (M2 of allocator-cost.md). "+
-		"A node holds %d basic claims, %d of ours (one-GPU seats).", st.Options.RejectNodes, st.Options.FirstFitClaims, st.Options.FirstFitNodes, st.PerNode[0], st.PerNode[1])}
+		"First fit: %d one-device claims over %d nodes, a fresh allocator per claim (PreFilter), Allocate node by node until it fits (Filter). "+
+		"Claims are 1x seats of ours, one plain device of basic; time per claim is the first-fit run's time divided by its claims. "+
+		"Goals are judged on the product's shapes (default and consumable seats).",
+		st.Options.RejectNodes, st.Options.FirstFitClaims, st.Options.FirstFitNodes)}
 
 	p := &Table{
-		Title:  "Upstream allocator change, estimated: our full node with what the change would skip left out of the slice",
+		Title:  "Upstream allocator change, estimated: a full node of ours with what the change would skip left out of the slice",
 		Header: []string{"variant", "reject a full node", "ratio to basic", "est. first-fit claims/s ratio to basic"},
 	}
-	for j, name := range st.SkipNames {
+	for j, u := range st.Upstream {
 		var rej []time.Duration
 		var rr, est []float64
-		for r := 0; r < rounds; r++ {
+		for r := range st.Reject {
 			rej = append(rej, st.Skip[r][j])
 			rr = append(rr, float64(st.Skip[r][j])/float64(st.Reject[r][0]))
-			est = append(est, st.estimate(r, st.Skip[r][j])/st.FirstFit[r][0].ClaimsPerSecond())
+			est = append(est, st.estimate(r, u.Of, st.Skip[r][j])/st.FirstFit[r][0].ClaimsPerSecond())
 		}
-		p.Rows = append(p.Rows, []string{name, Dur(MedianDuration(rej)), Ratio(Median(rr)), Ratio(Median(est))})
+		p.Rows = append(p.Rows, []string{u.Name, Dur(MedianDuration(rej)), Ratio(Median(rr)), Ratio(Median(est))})
 	}
-	p.Notes = []string{"Estimate: our first-fit run's time with each full-node reject costing the variant's time instead of ours " +
+	p.Notes = []string{"Estimate: the step's first-fit run's time with each full-node reject costing the variant's time instead " +
 		"(every Allocate call but the last of each claim rejects a full node)."}
 	return []*Table{t, p}
 }
 
-// estimate is our first-fit throughput in round r had each full-node
+// estimate is step i's first-fit throughput in round r had each full-node
 // reject taken reject instead of what it took.
-func (st *AllocStudy) estimate(r int, reject time.Duration) float64 {
-	ff := st.FirstFit[r][1]
+func (st *AllocStudy) estimate(r, i int, reject time.Duration) float64 {
+	ff := st.FirstFit[r][i]
 	rejects := ff.Calls - ff.Claims
-	elapsed := ff.Elapsed - time.Duration(rejects)*(st.Reject[r][1]-reject)
+	elapsed := ff.Elapsed - time.Duration(rejects)*(st.Reject[r][i]-reject)
 	return float64(ff.Claims) / elapsed.Seconds()
 }

@@ -33,8 +33,8 @@ func main() {
 	flag.IntVar(&opts.Prepare.Single, "prepare-single", 16, "prepare study: one-claim calls made one after the other")
 	qps := flag.Float64("prepare-qps", 1000, "prepare study: both drivers' client QPS")
 	flag.IntVar(&opts.Prepare.Burst, "prepare-burst", 1000, "prepare study: both drivers' client burst")
-	flag.IntVar(&opts.Sched.Nodes, "sched-nodes", 100, "scheduler study: nodes")
-	flag.IntVar(&opts.Sched.Pods, "sched-pods", 300, "scheduler study: pods scheduled per shape and round")
+	flag.IntVar(&opts.Sched.Nodes, "sched-nodes", 120, "scheduler study: nodes")
+	flag.IntVar(&opts.Sched.Pods, "sched-pods", 400, "scheduler study: pods scheduled per shape and round")
 	flag.StringVar(&opts.Footprint.Plugin, "plugin", "bin/kyb-dra-plugin", "footprint study: the plugin binary")
 	flag.IntVar(&opts.Footprint.Cycles, "cycles", 1000, "footprint study: prepare/unprepare cycles")
 	out := flag.String("o", "", "also write the tables to this file")
@@ -42,7 +42,7 @@ func main() {
 	flag.Parse()
 	opts.Studies = strings.Split(*studies, ",")
 	opts.Prepare.QPS = float32(*qps)
-	opts.Alloc.Config = bench.DemoConfig
+	opts.Sched.Preset = opts.Alloc.Preset
 
 	if err := os.MkdirAll("_output", 0o755); err != nil {
 		fail(err)
