@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -249,5 +250,40 @@ func TestPreferredAnswerIsAvailableAndOneGroupWherePossible(t *testing.T) {
 		if fits && len(groups) != 1 {
 			t.Fatalf("round %d: size %d fits one group (%v) but the answer spans %v", round, size, free, got)
 		}
+	}
+}
+
+// BenchmarkGetPreferredAllocationScaling shows the cost growing linearly
+// with the groups: 1x groups of 8 seats on synthetic PCIe nodes of 8 to 128
+// node may have) GPUs, every other seat in use, a request for 3 seats.
+func BenchmarkGetPreferredAllocationScaling(b *testing.B) {
+	for _, gpus := range []int{4, 8, 16, 32} {
+		var topo strings.Builder
+		topo.WriteString("apiVersion: kyb.ai/v1alpha1\nkind: NodeTopology\ndriverVersion: \"580.95.05\"\ncudaDriverVersion: \"13.0\"\n" +
+			"defaults: {productName: NVIDIA L40S, architecture: ada, cudaComputeCapability: \"8.9\", memoryMiB: 46068}\ngpus:\n")
+		for i := 0; i < gpus; i++ {
+			fmt.Fprintf(&topo, "- {index: %d, pciBusID: \"0000:%02x:%02x.0\", numaNode: %d, pcieRoot: pci0000:%02x}\n", i, i/32+1, i%32, i*2/gpus, i/4)
+		}
+		file := b.TempDir() + "/topology.yaml"
+		if err := os.WriteFile(file, []byte(topo.String()), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		r := testResource(b, file, "profiles: [{resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 8}]\n", "kyb.ai/gpu-1x-seat")
+		var available []string
+		for i, id := range r.ids {
+			if i%2 == 1 {
+				available = append(available, id)
+			}
+		}
+		req := &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{AvailableDeviceIDs: available, AllocationSize: 3}}}
+		b.Run(fmt.Sprintf("groups=%d", len(r.groups)), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, _ := r.GetPreferredAllocation(context.Background(), req)
+				if len(resp.ContainerResponses[0].DeviceIDs) != 3 {
+					b.Fatalf("answer %v", resp.ContainerResponses[0].DeviceIDs)
+				}
+			}
+		})
 	}
 }
