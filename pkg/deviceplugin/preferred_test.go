@@ -254,8 +254,9 @@ func TestPreferredAnswerIsAvailableAndOneGroupWherePossible(t *testing.T) {
 }
 
 // BenchmarkGetPreferredAllocationScaling shows the cost growing linearly
-// with the groups: 1x groups of 8 seats on synthetic PCIe nodes of 8 to 128
-// node may have) GPUs, every other seat in use, a request for 3 seats.
+// with the groups: 1x groups of 8 seats on synthetic PCIe nodes of 4 to 32
+// GPUs (the most a node may have), every other seat in use, a request for 3
+// seats.
 func BenchmarkGetPreferredAllocationScaling(b *testing.B) {
 	for _, gpus := range []int{4, 8, 16, 32} {
 		var topo strings.Builder
