@@ -20,7 +20,7 @@ DOCKER    ?= docker
 HELM_VERSION ?= v4.3.1
 HELM      ?= $(CURDIR)/_output/bin/helm
 
-.PHONY: help build test unit fuzz e2e lint fmt vet demo plan clean generate helm chart-test image image-check
+.PHONY: help build test unit fuzz bench e2e lint fmt vet demo plan clean generate helm chart-test image image-check
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -43,6 +43,9 @@ test: unit fuzz chart-test e2e ## run every test: unit (-race), fuzz (briefly), 
 FUZZTIME ?= 10s
 fuzz: ## run every fuzz target for FUZZTIME (10s) each
 	FUZZTIME=$(FUZZTIME) hack/fuzz.sh
+
+bench: ## every benchmark of docs/performance.md in one run (ROUNDS=3); tables in _output/bench/report.md
+	ROUNDS=$(or $(ROUNDS),3) hack/bench.sh
 
 e2e: helm ## end-to-end tests against etcd, kube-apiserver, kube-scheduler and the kubelet's DRA manager, in-process
 	cd test && HELM=$(HELM) $(GO) test -count=1 -timeout 25m -ldflags '$(E2E_LDFLAGS)' ./...

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# make bench: every performance measurement of docs/performance.md in one
+# run, each part timed, the tables gathered in _output/bench/report.md and
+# printed at the end. Figures are ratios taken within this run; the
+# absolute times drift with the machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+ROUNDS=${ROUNDS:-3}
+BENCH_FUZZTIME=${BENCH_FUZZTIME:-20s}
+out=_output/bench
+mkdir -p "$out"
+report=$out/report.md
+start=$(date +%s)
+
+part() { # name, then the command; its stdout goes to $out/<name>.md
+  local name=$1; shift
+  local t0=$(date +%s)
+  echo "== $name" >&2
+  if ! "$@" >"$out/$name.md" 2>"$out/$name.log"; then
+    tail -40 "$out/$name.log" >&2
+    echo "bench: $name FAILED (log: $out/$name.log)" >&2
+    exit 1
+  fi
+  echo "   $name: $(( $(date +%s) - t0 )) s" >&2
+  echo "| $name | $(( $(date +%s) - t0 )) s |" >>"$out/times.md"
+}
+
+: >"$out/times.md"
+$GO build -o bin/ ./cmd/...
+part shim $GO test -run '^$' -bench 'GetPreferredAllocation' -benchtime 20000x -benchmem ./pkg/deviceplugin
+part placement $GO run ./cmd/kyb-sim -o /dev/stdout -svg "$out/placement.svg"
+(cd test && $GO build -ldflags "-X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
+  -o ../bin/kyb-bench ./cmd/kyb-bench)
+part kube bin/kyb-bench -rounds "$ROUNDS" -log "$out/control-plane.log"
+part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
+
+{
+  echo "# make bench, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(go env GOVERSION)"
+  echo
+  echo "## Shim: GetPreferredAllocation"
+  echo
+  echo '```'
+  grep -E '^Benchmark' "$out/shim.md"
+  echo '```'
+  cat "$out/kube.md"
+  echo
+  echo "## Placement study"
+  cat "$out/placement.md"
+  echo
+  echo "## Fuzzing"
+  echo
+  echo '```'
+  cat "$out/fuzz.md"
+  echo '```'
+  echo
+  echo "## Time per part"
+  echo
+  echo "| part | time |"
+  echo "| --- | --- |"
+  cat "$out/times.md"
+  echo "| total | $(( $(date +%s) - start )) s |"
+} >"$report"
+cat "$report"
