@@ -127,22 +127,27 @@ func (c *Cluster) Allocate(ctx context.Context, claim *resourceapi.ResourceClaim
 	return c.AllocateWith(ctx, a, claim, node)
 }
 
-// AllocateWith is Allocate with an allocator the caller reuses.
-func (c *Cluster) AllocateWith(ctx context.Context, a structured.Allocator, claim *resourceapi.ResourceClaim, node string) (*resourceapi.AllocationResult, error) {
+// Try is AllocateWith without recording: whether and how claim would fit
+// on node, as the scheduler's Filter asks before it picks a node.
+func (c *Cluster) Try(ctx context.Context, a structured.Allocator, claim *resourceapi.ResourceClaim, node string) (*resourceapi.AllocationResult, error) {
 	n, ok := c.nodes[node]
 	if !ok {
 		return nil, fmt.Errorf("no node %s", node)
 	}
 	results, err := a.Allocate(ctx, n, []*resourceapi.ResourceClaim{claim})
-	if err != nil {
+	if err != nil || len(results) == 0 {
 		return nil, err
 	}
-	if len(results) == 0 {
-		return nil, nil
+	return &results[0], nil
+}
+
+// AllocateWith is Allocate with an allocator the caller reuses.
+func (c *Cluster) AllocateWith(ctx context.Context, a structured.Allocator, claim *resourceapi.ResourceClaim, node string) (*resourceapi.AllocationResult, error) {
+	r, err := c.Try(ctx, a, claim, node)
+	if r != nil {
+		c.Record(r)
 	}
-	r := results[0]
-	c.Record(&r)
-	return &r, nil
+	return r, err
 }
 
 // Record adds an allocation to the state, as the scheduler does for every

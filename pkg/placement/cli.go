@@ -1,0 +1,85 @@
+package placement
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+)
+
+// Main is kyb-sim: it parses args, runs the study and writes the table to
+// stdout (and -o), the plot to -svg. Errors are printed to stderr.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	err := run(ctx, args, stdout)
+	if err != nil && err != flag.ErrHelp {
+		fmt.Fprintf(stderr, "kyb-sim: %v\n", err)
+	}
+	return err
+}
+
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("kyb-sim", flag.ContinueOnError)
+	nodes := fs.String("nodes", "dgx-h100:4,nvlink-2x4:4,pcie-8gpu:4", "nodes: <preset>:<count>,...")
+	mix := fs.String("mix", "1x:0.6,2x:0.3,4x:0.1", "request sizes and their shares")
+	policies := fs.String("policies", strings.Join(append(slices.Clone(ClassicPolicies), DRAPolicies...), ","), "policies to compare")
+	var w Workload
+	fs.Uint64Var(&w.Seed, "seed", 1, "random seed")
+	fs.IntVar(&w.Requests, "requests", 5000, "requests to replay")
+	fs.StringVar(&w.Arrival, "arrival", "exp", "inter-arrival distribution: "+strings.Join(Distributions, ", "))
+	fs.StringVar(&w.Duration, "duration", "lognormal", "duration distribution: "+strings.Join(Distributions, ", "))
+	fs.Float64Var(&w.Load, "load", 1.0, "offered load: GPUs the requests would keep busy, as a share of the cluster's")
+	warmup := fs.Float64("warmup", 0.1, "share of requests that warm the cluster up and are not counted")
+	batch := fs.Float64("batch-window", 0.05, "bin-packing's batch window, in mean durations")
+	out := fs.String("o", "", "also write the markdown table to this file")
+	svg := fs.String("svg", "", "write a plot (SVG) to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	w.MeanDuration = 1
+	opts := Options{Workload: w, Warmup: *warmup, BatchWindow: *batch}
+	var err error
+	if opts.Nodes, err = ParseNodes(*nodes); err != nil {
+		return err
+	}
+	if opts.Workload.Mix, err = ParseMix(*mix); err != nil {
+		return err
+	}
+	known := append(slices.Clone(ClassicPolicies), DRAPolicies...)
+	for _, p := range strings.Split(*policies, ",") {
+		if !slices.Contains(known, p) {
+			return fmt.Errorf("-policies: unknown policy %q (known: %s)", p, strings.Join(known, ", "))
+		}
+		opts.Policies = append(opts.Policies, p)
+	}
+	if *warmup < 0 || *warmup >= 1 {
+		return fmt.Errorf("-warmup %v: must be in [0, 1)", *warmup)
+	}
+	st, err := Run(ctx, opts)
+	if err != nil {
+		return err
+	}
+	targets := []io.Writer{stdout}
+	if *out != "" {
+		f, err := os.Create(*out)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		targets = append(targets, f)
+	}
+	st.Markdown(io.MultiWriter(targets...))
+	if *svg != "" {
+		f, err := os.Create(*svg)
+		if err != nil {
+			return err
+		}
+		st.SVG(f)
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("write %s: %w", *svg, err)
+		}
+	}
+	return nil
+}
