@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // metrics are the plugin's Prometheus metrics. Each Driver has its own
@@ -46,6 +47,9 @@ func newMetrics() *metrics {
 		}),
 	}
 	m.registry.MustRegister(m.prepares, m.unprepares, m.prepareDuration, m.unprepareDuration, m.errors, m.published, m.inflight)
+	// The runtime's own figures (goroutines, heap, resident memory), which
+	// operators watch for leaks.
+	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, op := range []string{"prepare", "unprepare"} {
 		for _, kind := range []string{"claim", "checkpoint", "cdi", "status"} {
 			m.errors.WithLabelValues(op, kind)

@@ -1,25 +1,287 @@
 package bench
 
 import (
+	"bufio"
 	"context"
-	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
 
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
 // FootprintOptions configure the footprint study.
 type FootprintOptions struct {
+	// Plugin is the plugin binary (bin/kyb-dra-plugin).
 	Plugin string
+	// Cycles of prepare and unprepare, one claim each.
 	Cycles int
 }
 
-// FootprintStudy is the footprint study's result.
-type FootprintStudy struct{}
+// FootprintGoal is the most resident memory the plugin may use, in MiB.
+const FootprintGoal = 40
 
-// RunFootprint is not written yet.
+// Sample is the plugin process's footprint at one moment.
+type Sample struct {
+	When                     string
+	RSSMiB, PeakMiB, HeapMiB float64
+	// AnonMiB is the private memory; the rest of RSS is the binary's and
+	// libraries' pages, shared with every other process mapping them.
+	AnonMiB float64
+	Goroutines               int
+}
+
+// FootprintStudy is the plugin's footprint after start and after the
+// cycles.
+type FootprintStudy struct {
+	Options FootprintOptions
+	Samples []Sample
+	Elapsed time.Duration
+}
+
+// RunFootprint starts the plugin binary on a simulated dgx-h100 node of
+// the cluster, as a DaemonSet would (its own process, its own client),
+// samples it once its slices are published, drives the prepare/unprepare
+// cycles over its socket, and samples it again.
 func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions) (*FootprintStudy, error) {
-	return nil, errors.New("not yet")
+	plugin, err := filepath.Abs(opts.Plugin)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(plugin); err != nil {
+		return nil, fmt.Errorf("footprint: the plugin binary: %w (make build)", err)
+	}
+	node := c.AddNode(harness.NodeOptions{Name: "footprint-node", Preset: "dgx-h100", NoPlugin: true})
+	dir, err := os.MkdirTemp("", "kyb-footprint-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	config := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(config, []byte(PrepareConfig), 0o600); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	metrics := fmt.Sprintf("127.0.0.1:%d", port)
+	logFile, err := os.Create(filepath.Join(dir, "plugin.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	cmd := exec.CommandContext(ctx, plugin,
+		"--node-name", node.Name, "--kubeconfig", c.Kubeconfig, "--simulate", "dgx-h100", "--config", config,
+		"--cdi-root", node.CDIDir, "--kubelet-registrar-directory-path", node.RegistryDir,
+		"--kubelet-plugins-directory-path", node.PluginsDir, "--boot-id-file", node.BootIDFile,
+		"--metrics-address", metrics, "--kube-api-qps", "100", "--kube-api-burst", "200")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", plugin, err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	}()
+
+	start := time.Now()
+	var conn drapb.DRAPluginClient
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		conn, err = dialDriver(ctx, node.RegistryDir, draresources.DriverName)
+		return err == nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the plugin did not come up: %w (log: %s)", err, tail(logFile.Name()))
+	}
+	// Slices are published in the background; wait for them.
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		m, err := scrape(metrics)
+		return err == nil && m["kyb_dra_published_devices"] > 0, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the plugin published nothing: %w", err)
+	}
+	st := &FootprintStudy{Options: opts}
+	settle := func(when string) error {
+		time.Sleep(3 * time.Second)
+		s, err := sample(cmd.Process.Pid, metrics, when)
+		st.Samples = append(st.Samples, s)
+		return err
+	}
+	if err := settle("after start, slices published"); err != nil {
+		return nil, err
+	}
+
+	// Claims allocated on the node and reserved for pods, cycled through.
+	plan, inv, _, err := Plan(ctx, "dgx-h100", node.Name, PrepareConfig)
+	if err != nil {
+		return nil, err
+	}
+	alloc := allocator.New(allocator.SchedulerFeatures())
+	alloc.AddNode(node.Name, draresources.Resources(plan, inv, node.Name, draresources.LayoutShared), draresources.DriverName)
+	alloc.AddClasses(draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{})...)
+	class := draresources.DeviceClassName(plan.Profile("1x").Resource)
+	e := &prepareEnv{c: c}
+	var claims []*benchClaim
+	for i := 0; i < 16; i++ {
+		name := fmt.Sprintf("fp%03d", i)
+		r, err := alloc.Allocate(ctx, allocator.Claim(name, class, 1), node.Name)
+		if err != nil || r == nil {
+			return nil, fmt.Errorf("allocate %s: %v", name, err)
+		}
+		claim := allocator.Claim(name, class, 1)
+		claim.UID = ""
+		claim.Status.Allocation = r
+		bc := &benchClaim{claim: claim, pod: footprintPod(name, claim.Name)}
+		if err := e.store(ctx, bc); err != nil {
+			return nil, err
+		}
+		claims = append(claims, bc)
+	}
+	for i := 0; i < opts.Cycles; i++ {
+		bc := claims[i%len(claims)]
+		resp, err := conn.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
+		if err != nil {
+			return nil, fmt.Errorf("cycle %d: prepare: %w", i, err)
+		}
+		if err := checkPrepared(resp, bc); err != nil {
+			return nil, fmt.Errorf("cycle %d: %w", i, err)
+		}
+		un, err := conn.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
+		if err != nil {
+			return nil, fmt.Errorf("cycle %d: unprepare: %w", i, err)
+		}
+		if r := un.Claims[string(bc.claim.UID)]; r == nil || r.Error != "" {
+			return nil, fmt.Errorf("cycle %d: unprepare: %v", i, r)
+		}
+	}
+	if err := settle(fmt.Sprintf("after %d prepare/unprepare cycles", opts.Cycles)); err != nil {
+		return nil, err
+	}
+	st.Elapsed = time.Since(start)
+	return st, nil
+}
+
+// sample reads the process's memory from /proc and the runtime's figures
+// from its metrics endpoint.
+func sample(pid int, metrics, when string) (Sample, error) {
+	s := Sample{When: when}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return s, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		key, val, _ := strings.Cut(sc.Text(), ":")
+		fields := strings.Fields(val)
+		if len(fields) == 0 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(fields[0], 64)
+		switch key {
+		case "VmRSS":
+			s.RSSMiB = kb / 1024
+		case "VmHWM":
+			s.PeakMiB = kb / 1024
+		case "RssAnon":
+			s.AnonMiB = kb / 1024
+		}
+	}
+	m, err := scrape(metrics)
+	if err != nil {
+		return s, err
+	}
+	s.Goroutines = int(m["go_goroutines"])
+	s.HeapMiB = m["go_memstats_heap_inuse_bytes"] / (1 << 20)
+	return s, nil
+}
+
+// scrape reads the unlabelled samples of a metrics endpoint.
+func scrape(addr string) (map[string]float64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, val, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		if i := strings.IndexByte(name, '{'); i >= 0 {
+			name = name[:i]
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err == nil {
+			out[name] += v
+		}
+	}
+	return out, sc.Err()
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func tail(file string) string {
+	data, _ := os.ReadFile(file)
+	if len(data) > 2000 {
+		data = data[len(data)-2000:]
+	}
+	return string(data)
 }
 
 // Table summarises the study.
-func (s *FootprintStudy) Table() *Table { return &Table{} }
+func (st *FootprintStudy) Table() *Table {
+	t := &Table{
+		Title:  "Plugin footprint (bin/kyb-dra-plugin, simulated dgx-h100, 64 one-GPU seats)",
+		Header: []string{"when", "RSS", "of it private (anon)", "peak RSS", "Go heap in use", "goroutines", "goal RSS ≤ 40 MiB"},
+	}
+	for _, s := range st.Samples {
+		t.Rows = append(t.Rows, []string{s.When, fmt.Sprintf("%.1f MiB", s.RSSMiB), fmt.Sprintf("%.1f MiB", s.AnonMiB), fmt.Sprintf("%.1f MiB", s.PeakMiB),
+			fmt.Sprintf("%.1f MiB", s.HeapMiB), fmt.Sprint(s.Goroutines), Verdict(s.RSSMiB <= FootprintGoal)})
+	}
+	if n := len(st.Samples); n == 2 {
+		a, b := st.Samples[0], st.Samples[1]
+		t.Notes = append(t.Notes, fmt.Sprintf("Growth over the cycles: RSS %+.1f MiB, heap %+.1f MiB, goroutines %+d. "+
+			"Each cycle prepares one claim over the plugin's socket (checkpoint, CDI spec, claim status) and unprepares it; 16 claims take turns.",
+			b.RSSMiB-a.RSSMiB, b.HeapMiB-a.HeapMiB, b.Goroutines-a.Goroutines))
+	}
+	return t
+}
+
+// footprintPod is the pod a footprint claim is reserved for: bound to a
+// node without a kubelet, so nothing runs it.
+func footprintPod(name, claim string) *v1.Pod {
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p" + name, Namespace: "default"}}
+	pod.Spec.NodeName = "no-kubelet"
+	pod.Spec.Containers = []v1.Container{{Name: "c", Image: "pause"}}
+	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim}}
+	return pod
+}
