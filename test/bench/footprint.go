@@ -40,8 +40,8 @@ type Sample struct {
 	RSSMiB, PeakMiB, HeapMiB float64
 	// AnonMiB is the private memory; the rest of RSS is the binary's and
 	// libraries' pages, shared with every other process mapping them.
-	AnonMiB float64
-	Goroutines               int
+	AnonMiB    float64
+	Goroutines int
 }
 
 // FootprintStudy is the plugin's footprint after start and after the

@@ -232,7 +232,7 @@ func stepDurations(start time.Time, at map[draplugin.HookPoint]time.Time, end ti
 // written in the background, after the call.
 var stepOrder = []string{
 	"gRPC + helper's claim GET + lock + checkpoint read", "checkpoint save (Started, fsync)", "CDI spec write",
-	"checkpoint save (Completed, fsync)", "reply", "total",
+	"claim status write (API) + checkpoint save (Completed, fsync)", "reply", "total",
 }
 
 func meanSteps(all []map[string]time.Duration) []Step {
