@@ -202,8 +202,8 @@ func (e *prepareEnv) unprepare(ctx context.Context, path Path, driver string, cl
 }
 
 // stepDurations splits one prepare call into its steps by the times our
-// plugin passed its hook points (the status write runs in the background
-// and is not part of the call).
+// plugin passed its hook points. The claim status write falls between the
+// CDI write and the Completed save.
 func stepDurations(start time.Time, at map[draplugin.HookPoint]time.Time, end time.Time) map[string]time.Duration {
 	seq := []struct {
 		name string
@@ -228,8 +228,7 @@ func stepDurations(start time.Time, at map[draplugin.HookPoint]time.Time, end ti
 	return out
 }
 
-// stepOrder names the steps of a prepare call. The claim status is
-// written in the background, after the call.
+// stepOrder names the steps of a prepare call.
 var stepOrder = []string{
 	"gRPC + helper's claim GET + lock + checkpoint read", "checkpoint save (Started, fsync)", "CDI spec write",
 	"claim status write (API) + checkpoint save (Completed, fsync)", "reply", "total",
