@@ -150,9 +150,12 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 	createPod(t, c, podSpec{name: "on-b", node: "node-b", claims: fromTemplate("one-1x")})
 	pb, _, _ := c.WaitForPodRunning(t, "default", "on-b", timeout)
 	claimB := harness.PodClaim(pb, "gpu")
-	apply := resourceapply.ResourceClaim(claimB, "default").WithStatus(resourceapply.ResourceClaimStatus().WithDevices(
-		resourceapply.AllocatedDeviceStatus().WithDriver(draresources.DriverName).WithPool("node-b").WithDevice("g0-1x").
-			WithShareID(shareOf(t, c, claimB)).WithData(runtime.RawExtension{Raw: []byte(`{"group":"stolen"}`)})))
+	device := resourceapply.AllocatedDeviceStatus().WithDriver(draresources.DriverName).WithPool("node-b").WithDevice("g0-1x").
+		WithData(runtime.RawExtension{Raw: []byte(`{"group":"stolen"}`)})
+	if share := shareOf(t, c, claimB); share != "" {
+		device = device.WithShareID(share)
+	}
+	apply := resourceapply.ResourceClaim(claimB, "default").WithStatus(resourceapply.ResourceClaimStatus().WithDevices(device))
 	if _, err := asPlugin.ResourceV1().ResourceClaims("default").ApplyStatus(c.Ctx, apply, metav1.ApplyOptions{FieldManager: "intruder", Force: true}); err == nil {
 		t.Error("node-a's plugin wrote the status of a claim allocated on node-b")
 	} else {
@@ -187,7 +190,11 @@ func shareOf(t *testing.T, c *harness.Cluster, claim string) string {
 	if err != nil || cl.Status.Allocation == nil {
 		t.Fatalf("claim %s: %v", claim, err)
 	}
-	return string(*cl.Status.Allocation.Devices.Results[0].ShareID)
+	// A one-seat group is an ordinary device: no share.
+	if id := cl.Status.Allocation.Devices.Results[0].ShareID; id != nil {
+		return string(*id)
+	}
+	return ""
 }
 
 // auditCalls returns the distinct "verb group/resource[/sub] allowed|forbidden" of a user.
