@@ -88,6 +88,15 @@ func (c *Cluster) AddNode(node string, res resourceslice.DriverResources, driver
 	}
 }
 
+// SetNode replaces the slices node's pools have of driver with res, as a
+// driver publishing again does.
+func (c *Cluster) SetNode(node string, res resourceslice.DriverResources, driver string) {
+	c.slices = slices.DeleteFunc(c.slices, func(s *resourceapi.ResourceSlice) bool {
+		return s.Spec.Driver == driver && s.Spec.NodeName != nil && *s.Spec.NodeName == node
+	})
+	c.AddNode(node, res, driver)
+}
+
 // AddClasses adds DeviceClasses.
 func (c *Cluster) AddClasses(classes ...*resourceapi.DeviceClass) {
 	for _, dc := range classes {

@@ -9,9 +9,12 @@
 //
 // The checksum covers the bytes of data as stored (in compact form), not a
 // re-encoding of the decoded struct, so a newer plugin whose types grew a
-// field still verifies an older file. Writes are atomic (temp file, fsync, rename, fsync
-// of the directory), and the previous good file is kept beside it as a
-// fallback against corruption.
+// field still verifies an older file. Writes are atomic (temp file,
+// rename), and the previous good file is kept beside it as a fallback
+// against corruption. A save is safe against the plugin crashing the moment
+// it returns (the page cache outlives the process); Sync makes it durable
+// against the node losing power, which callers do behind the save, off the
+// path of the call that needed it (see the plugin's design notes).
 //
 // Compatibility rule: a plugin reads its own version and every older one
 // (converting on read) and writes its own; it refuses to overwrite a file
@@ -26,8 +29,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"sync"
+	"syscall"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -120,9 +126,51 @@ var ErrCorrupt = errors.New("checkpoint is corrupt")
 // ErrNewerVersion says a checkpoint was written by a newer plugin.
 var ErrNewerVersion = errors.New("checkpoint was written by a newer plugin")
 
-// Store reads and writes the checkpoint in a directory.
+// Store reads and writes the checkpoint in a directory. It remembers the
+// file it last read or wrote, so that a caller keeping the state in memory
+// can tell whether another writer (the other plugin instance of a rolling
+// update) replaced it since.
 type Store struct {
 	dir string
+
+	mu sync.Mutex
+	// last is the file as this store last read or wrote it.
+	last fileStamp
+}
+
+// fileStamp tells one version of a file from another: every save writes a
+// new file (a new inode), and a write in place changes size or mtime.
+type fileStamp struct {
+	dev, ino    uint64
+	size, mtime int64
+}
+
+func stampOf(fi os.FileInfo) fileStamp {
+	st := fileStamp{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
+		st.dev, st.ino = uint64(sys.Dev), sys.Ino
+	}
+	return st
+}
+
+func (s *Store) remember(st fileStamp) {
+	s.mu.Lock()
+	s.last = st
+	s.mu.Unlock()
+}
+
+// Changed reports whether the checkpoint file is no longer the one this
+// store last read or wrote: another writer replaced it, or it is gone.
+// Callers that share the file serialise reads and writes with a lock, so
+// the answer holds until they release it.
+func (s *Store) Changed() bool {
+	fi, err := os.Stat(s.Path())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		return s.last != fileStamp{}
+	}
+	return stampOf(fi) != s.last
 }
 
 // NewStore returns a store for dir, which must exist.
@@ -146,8 +194,10 @@ type LoadResult struct {
 // good copy is used instead (and the result says so); when both are bad,
 // the error wraps ErrCorrupt.
 func (s *Store) Load() (*State, LoadResult, error) {
-	st, err := readFile(s.Path())
+	s.remember(fileStamp{})
+	st, fi, err := readFileStamped(s.Path())
 	if err == nil {
+		s.remember(stampOf(fi))
 		return st, LoadResult{}, nil
 	}
 	if errors.Is(err, ErrNewerVersion) {
@@ -175,11 +225,28 @@ func (s *Store) Load() (*State, LoadResult, error) {
 }
 
 func readFile(path string) (*State, error) {
-	raw, err := os.ReadFile(path)
+	st, _, err := readFileStamped(path)
+	return st, err
+}
+
+// readFileStamped reads and decodes path, with the file's stat taken from
+// the open file, so that it describes exactly the bytes read.
+func readFileStamped(path string) (*State, os.FileInfo, error) {
+	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return Decode(raw, path)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	raw, err := io.ReadAll(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := Decode(raw, path)
+	return st, fi, err
 }
 
 // Decode parses and verifies checkpoint bytes; name is used in errors.
@@ -265,13 +332,18 @@ func Encode(st *State) ([]byte, error) {
 }
 
 // Save writes the state atomically. Before the new file replaces the
-// current one, the current one is kept as the previous copy.
+// current one, the current one is kept as the previous copy. Save does not
+// wait for the disk; Sync does.
 func (s *Store) Save(st *State) error {
-	if cur, err := os.ReadFile(s.Path()); err == nil {
-		var env envelope
-		if json.Unmarshal(cur, &env) == nil && env.Version != "" && env.Version != Version {
-			if _, err := convert(env.Version, env.Data); errors.Is(err, ErrNewerVersion) {
-				return fmt.Errorf("save checkpoint: %w", err)
+	if s.Changed() {
+		// Not the file this store wrote last: another plugin may have
+		// written it, perhaps a newer one in a rollback.
+		if cur, err := os.ReadFile(s.Path()); err == nil {
+			var env envelope
+			if json.Unmarshal(cur, &env) == nil && env.Version != "" && env.Version != Version {
+				if _, err := convert(env.Version, env.Data); errors.Is(err, ErrNewerVersion) {
+					return fmt.Errorf("save checkpoint: %w", err)
+				}
 			}
 		}
 	}
@@ -288,9 +360,10 @@ func (s *Store) Save(st *State) error {
 		tmp.Close()
 		return fmt.Errorf("save checkpoint: write %s: %w", tmp.Name(), err)
 	}
-	if err := tmp.Sync(); err != nil {
+	fi, err := tmp.Stat()
+	if err != nil {
 		tmp.Close()
-		return fmt.Errorf("save checkpoint: fsync %s: %w", tmp.Name(), err)
+		return fmt.Errorf("save checkpoint: %w", err)
 	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("save checkpoint: %w", err)
@@ -309,17 +382,36 @@ func (s *Store) Save(st *State) error {
 	if err := os.Rename(tmp.Name(), s.Path()); err != nil {
 		return fmt.Errorf("save checkpoint: %w", err)
 	}
+	s.remember(stampOf(fi))
+	return nil
+}
+
+// Sync makes the last save durable: it flushes the current file and the
+// directory that names it (and the previous copy) to disk. A missing file
+// is nothing to flush.
+func (s *Store) Sync() error {
+	f, err := os.Open(s.Path())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("sync checkpoint: %w", err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync checkpoint: fsync %s: %w", s.Path(), err)
+	}
 	return syncDir(s.dir)
 }
 
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("save checkpoint: open %s: %w", dir, err)
+		return fmt.Errorf("sync checkpoint: open %s: %w", dir, err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("save checkpoint: fsync %s: %w", dir, err)
+		return fmt.Errorf("sync checkpoint: fsync %s: %w", dir, err)
 	}
 	return nil
 }

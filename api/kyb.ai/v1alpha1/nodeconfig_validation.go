@@ -98,6 +98,11 @@ func (c *NodeConfig) Validate() error {
 	default:
 		errs.Add(field.NewPath("allocationPolicy"), "must be %q or %q, not %q", PolicyPack, PolicySpread, c.AllocationPolicy)
 	}
+	switch c.BlockedGroups {
+	case "", BlockedGroupsHide, BlockedGroupsPublish:
+	default:
+		errs.Add(field.NewPath("blockedGroups"), "must be %q or %q, not %q", BlockedGroupsHide, BlockedGroupsPublish, c.BlockedGroups)
+	}
 	if c.Attributes != nil {
 		validateAttributes(c.Attributes, field.NewPath("attributes"), &errs)
 	}
