@@ -143,7 +143,7 @@ type inUseGroup struct {
 	// everything and result are the claim's allocations on the node that
 	// publishes every group and on the one that hides blocked groups.
 	everything, result *resourceapi.AllocationResult
-	device string
+	device             string
 }
 
 func deviceNames(in []inUseGroup) []string {
