@@ -49,12 +49,14 @@ const FileName = "checkpoint.json"
 type Phase string
 
 const (
-	// PrepareStarted: seats are chosen and recorded, the CDI spec and the
-	// claim status may not be written yet. A later prepare completes it
-	// with the same seats; an unprepare releases them.
+	// PrepareStarted: seats are chosen and recorded, the CDI spec may not
+	// be written yet and the kubelet has no answer. Earlier plugins wrote
+	// it; a later prepare completes it with the same seats, an unprepare
+	// releases them.
 	PrepareStarted Phase = "PrepareStarted"
-	// PrepareCompleted: the CDI spec is written and the kubelet got the
-	// CDI IDs.
+	// PrepareCompleted: the claim holds its seats and its CDI spec is owed:
+	// written by the prepare that recorded it, or again by a repeated
+	// prepare or the next start when it is missing.
 	PrepareCompleted Phase = "PrepareCompleted"
 )
 
@@ -81,6 +83,10 @@ type Claim struct {
 	Name      string   `json:"name"`
 	Phase     Phase    `json:"phase"`
 	Devices   []Device `json:"devices"`
+	// StatusWritten says the claim's status holds its seats. It is kept
+	// with the next save after the write, so a restart may write a status
+	// again, never miss one.
+	StatusWritten bool `json:"statusWritten,omitempty"`
 }
 
 // Device is one allocation result of a claim and the seats it holds.

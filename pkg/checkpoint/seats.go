@@ -66,3 +66,21 @@ func (st *State) NextGeneration(device string, seat int) int64 {
 	st.Generations[k] = max(st.Generations[k], st.GenerationFloor) + 1
 	return st.Generations[k]
 }
+
+// lostHandouts bounds how often one seat can have been handed out between
+// a save and its flush to disk: far more than any node prepares in the
+// milliseconds a flush takes.
+const lostHandouts = 1024
+
+// RaiseGenerationFloor is for a state that may have lost its last saves
+// (a power loss before they reached the disk): every seat's next
+// generation is made larger than min (the clock, in seconds), and than
+// any generation the state records by a margin no lost save can have
+// used, so that no generation handed out before repeats.
+func (st *State) RaiseGenerationFloor(min int64) {
+	floor := max(st.GenerationFloor, min)
+	for _, g := range st.Generations {
+		floor = max(floor, g+lostHandouts)
+	}
+	st.GenerationFloor = floor
+}

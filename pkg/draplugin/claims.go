@@ -17,19 +17,20 @@ import (
 )
 
 // assignSeats decides the seats of a claim's allocation results on this
-// node and records them in st as PrepareStarted. It is pure bookkeeping:
-// no files, no API calls. A claim already recorded as started keeps its
-// seats and generations: a repeated prepare hands out nothing twice.
+// node and records them in st as prepared. It is pure bookkeeping: no
+// files, no API calls. A claim an older plugin recorded as started keeps
+// its seats and generations: a repeated prepare hands out nothing twice.
 //
 // It refuses, for this claim only: a device of another pool, a device the
 // node does not publish, a seat or GPU another claim already holds, and an
 // opaque configuration it does not understand.
 func (d *Driver) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, error) {
 	if prev, ok := st.Claims[claim.UID]; ok && prev.Phase == checkpoint.PrepareStarted {
+		prev.Phase = checkpoint.PrepareCompleted
 		return prev, nil
 	}
 	alloc := claim.Status.Allocation
-	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareStarted}
+	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted}
 	// Record the entry while deciding, so that a claim with several
 	// shares of one group gets distinct seats.
 	st.Claims[claim.UID] = entry

@@ -324,10 +324,10 @@ func (r *crashRig) check() {
 	}
 }
 
-var prepareCrashPoints = []draplugin.HookPoint{
-	draplugin.HookBeforeStartedSave, draplugin.HookAfterStartedSave, draplugin.HookAfterCDIWrite,
-	draplugin.HookAfterStatusWrite, draplugin.HookAfterCompletedSave,
-}
+// prepareCrashPoints are the steps of a prepare before its answer. The
+// status write follows the answer, in the background: a crash there is
+// TestStatusWrittenAfterARestart's.
+var prepareCrashPoints = []draplugin.HookPoint{draplugin.HookBeforeSave, draplugin.HookAfterSave, draplugin.HookAfterCDIWrite}
 
 var unprepareCrashPoints = []draplugin.HookPoint{draplugin.HookAfterCDIRemove, draplugin.HookAfterUnprepareSave}
 

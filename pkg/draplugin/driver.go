@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -17,7 +16,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -26,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -124,8 +123,19 @@ type Driver struct {
 	// background goroutines (the health watch) that Stop waits for.
 	background sync.WaitGroup
 
-	// mu serialises prepare, unprepare and the start-up repair.
-	mu sync.Mutex
+	// mu serialises every change of the checkpoint: batches of prepares,
+	// unprepares, the start-up repair. st is the checkpoint in memory (nil:
+	// read it from the file); pending are prepares waiting for a batch.
+	mu        sync.Mutex
+	st        *checkpoint.State
+	pendingMu sync.Mutex
+	pending   []*reservation
+	// flushCh asks the flusher to make the last save durable; heldCh says
+	// the groups in use changed (publish again).
+	flushCh chan struct{}
+	heldCh  chan struct{}
+	// statusQueue holds the claims whose status still lacks their seats.
+	statusQueue workqueue.TypedRateLimitingInterface[types.UID]
 	// lost is set while the checkpoint is lost and not yet rebuilt;
 	// releasedWhileLost holds the claims unprepared meanwhile.
 	lost              atomic.Bool
@@ -138,7 +148,9 @@ type Driver struct {
 	layoutMu  sync.Mutex
 	layout    draresources.Layout
 	published []string
-	warned    map[string]bool
+	// held are the group devices of the checkpoint's claims.
+	held   []string
+	warned map[string]bool
 }
 
 // Start repairs the node's state, registers with the kubelet and publishes
@@ -154,6 +166,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		index: draresources.Index(opts.Plan), client: opts.Client, clock: opts.Clock,
 		hooks: hooks(opts.Hooks), health: healthView{src: opts.Health, lostEffect: opts.GPULostEffect}, metrics: newMetrics(),
 		editOptions: opts.Edits, ctx: ctx, cancel: cancel, layout: draresources.LayoutShared,
+		flushCh: make(chan struct{}, 1), heldCh: make(chan struct{}, 1), statusQueue: newStatusQueue(),
 	}
 	if opts.Layout == LayoutPerSeat {
 		d.layout = draresources.LayoutPerSeat
@@ -179,6 +192,11 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	}
 	d.cdi = w
 	d.startEvents(ctx)
+	d.background.Add(1)
+	go func() {
+		defer d.background.Done()
+		d.flush(ctx)
+	}()
 	if err := d.repair(ctx); err != nil {
 		return nil, err
 	}
@@ -190,6 +208,11 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(opts.PluginDataDir),
 		kubeletplugin.CDIDirectory(opts.CDIRoot),
+		// The plugin serialises only what must be: changes of the
+		// checkpoint, in batches (state.go), with the rolling-update file
+		// lock where two instances serve the node. Specs are written and
+		// answers sent concurrently.
+		kubeletplugin.Serialize(false),
 	}
 	if opts.PodUID != "" {
 		helperOpts = append(helperOpts, kubeletplugin.RollingUpdate(opts.PodUID))
@@ -206,7 +229,8 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	// and repeated prepares need no slices, so an API server that is down
 	// at start must not hold them up. The device names are known now.
 	d.resources()
-	d.background.Add(2)
+	d.queueMissingStatuses()
+	d.background.Add(4)
 	go func() {
 		defer d.background.Done()
 		if err := d.publish(ctx); err != nil {
@@ -217,7 +241,15 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	go func() {
 		defer d.background.Done()
 		defer unsubscribe()
-		d.watchHealth(ctx, changed)
+		d.watchChanges(ctx, changed)
+	}()
+	go func() {
+		defer d.background.Done()
+		d.writeStatuses(ctx)
+	}()
+	go func() {
+		defer d.background.Done()
+		d.releaseStale(ctx)
 	}()
 	logger.Info("Started", "node", opts.NodeName, "gpus", len(opts.Inventory.GPUs), "devices", len(d.publishedDevices()), "layout", d.currentLayout(), "pluginDir", opts.PluginDataDir, "cdiRoot", opts.CDIRoot)
 	ok = true
@@ -268,14 +300,38 @@ func (o *Options) setDefaults() error {
 
 // Stop unregisters from the kubelet and stops publishing. Published
 // ResourceSlices stay: a restarting plugin keeps its node schedulable.
+// Claim statuses still queued get a few seconds to be written, and the
+// checkpoint is flushed to disk.
 func (d *Driver) Stop() {
 	if d.helper != nil {
 		d.helper.Stop()
 	}
+	d.drainStatuses()
 	d.cancel(errStopped)
 	d.background.Wait()
 	if d.broadcaster != nil {
 		d.broadcaster.Shutdown()
+	}
+	if d.store != nil {
+		if err := d.store.Sync(); err != nil {
+			klog.Background().Error(err, "Cannot flush the checkpoint to disk at stop")
+		}
+	}
+}
+
+// drainStatuses stops the status queue, giving queued writes a bounded
+// time to finish.
+func (d *Driver) drainStatuses() {
+	drained := make(chan struct{})
+	go func() {
+		d.statusQueue.ShutDownWithDrain()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-time.After(stopDrainTimeout):
+		// Writes left are retried by the next start (StatusWritten).
+		d.statusQueue.ShutDown()
 	}
 }
 
@@ -371,6 +427,11 @@ func (d *Driver) publish(ctx context.Context) error {
 func (d *Driver) resources() resourceslice.DriverResources {
 	layout := d.currentLayout()
 	res := draresources.Resources(d.plan, d.inv, d.pool, layout)
+	hidden := 0
+	if layout == draresources.LayoutShared && d.plan.HideBlocked {
+		hidden = draresources.HideBlocked(res, d.plan, d.heldGroups())
+	}
+	d.metrics.hidden.Set(float64(hidden))
 	draresources.Taint(res, d.plan, taintsOf(d.health.faults(), d.health.lostEffect))
 	var names []string
 	perProfile := map[string]int{}
@@ -451,17 +512,15 @@ func (d *Driver) repair(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.opts.PodUID != "" {
-		// During a rolling update the old pod still serves the kubelet.
-		// Take the lock the helper takes around every call, so that this
-		// repair neither removes a spec the old pod just wrote nor saves
-		// an older checkpoint over its newer one.
-		lock, err := fileutil.LockFile(filepath.Join(d.opts.PluginDataDir, "serialize.lock"), os.O_RDWR|os.O_CREATE, 0o600)
-		if err != nil {
-			return fmt.Errorf("lock the plugin data directory: %w", err)
-		}
-		defer lock.Close()
+	// During a rolling update the old pod still serves the kubelet. Take
+	// the lock around its checkpoint changes, so that this repair neither
+	// removes a spec the old pod just wrote nor saves an older checkpoint
+	// over its newer one.
+	unlock, err := d.lockFile()
+	if err != nil {
+		return err
 	}
+	defer unlock()
 	st, res, err := d.store.Load()
 	if errors.Is(err, checkpoint.ErrCorrupt) {
 		return d.repairLost(ctx, err)
@@ -474,7 +533,14 @@ func (d *Driver) repair(ctx context.Context) error {
 	}
 	bootID := readBootID(d.opts.BootIDFile)
 	if st.BootID != "" && bootID != "" && st.BootID != bootID {
-		logger.Info("The node rebooted since the plugin last ran; restoring the CDI specs of prepared claims", "claims", len(st.Claims))
+		// Saves are flushed to disk right behind the calls that made
+		// them; a power loss may still have taken the last few. A
+		// generation handed out then must not repeat: start above the
+		// clock, as after a rebuild. The kubelet prepares every claim
+		// again after a reboot; claims whose unprepare was lost are found
+		// by releaseStale.
+		st.RaiseGenerationFloor(d.clock.Now().Unix())
+		logger.Info("The node rebooted since the plugin last ran; restoring the CDI specs of prepared claims", "claims", len(st.Claims), "generationFloor", st.GenerationFloor)
 	}
 	st.BootID = bootID
 	for uid, c := range st.Claims {
@@ -501,7 +567,7 @@ func (d *Driver) repair(ctx context.Context) error {
 		}
 		logger.Info("Removed a CDI spec that no prepared claim owns", "uid", uid)
 	}
-	if err := d.store.Save(st); err != nil {
+	if err := d.save(st); err != nil {
 		return fmt.Errorf("write the checkpoint: %w", err)
 	}
 	return nil

@@ -13,11 +13,12 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 )
 
-// watchHealth republishes the ResourceSlices whenever the set of unhealthy
-// GPUs changes, so that taints appear and go, and records an event on the
-// Node for every GPU that changes health. It starts from "all healthy",
-// so GPUs already unhealthy when the plugin starts get their event too.
-func (d *Driver) watchHealth(ctx context.Context, changed <-chan struct{}) {
+// watchChanges republishes the ResourceSlices whenever the set of
+// unhealthy GPUs changes, so that taints appear and go, and whenever the
+// groups in use change, so that blocked groups go and come back. It
+// records an event on the Node for every GPU that changes health, starting
+// from "all healthy", so GPUs already unhealthy at start get theirs too.
+func (d *Driver) watchChanges(ctx context.Context, healthChanged <-chan struct{}) {
 	logger := klog.FromContext(ctx)
 	last := map[int]health.Fault{}
 	for {
@@ -27,13 +28,14 @@ func (d *Driver) watchHealth(ctx context.Context, changed <-chan struct{}) {
 			return
 		}
 		if err := d.publish(ctx); err != nil {
-			logger.Error(err, "Cannot republish after a health change")
+			logger.Error(err, "Cannot publish the ResourceSlices again")
 		}
 		last = now
 		select {
 		case <-ctx.Done():
 			return
-		case <-changed:
+		case <-healthChanged:
+		case <-d.heldCh:
 		}
 	}
 }

@@ -5,11 +5,14 @@ package draplugin
 type HookPoint string
 
 const (
-	HookBeforeStartedSave  HookPoint = "before-started-save"
-	HookAfterStartedSave   HookPoint = "after-started-save"
-	HookAfterCDIWrite      HookPoint = "after-cdi-write"
+	// HookBeforeSave and HookAfterSave surround the checkpoint save that
+	// records a batch's seats.
+	HookBeforeSave    HookPoint = "before-save"
+	HookAfterSave     HookPoint = "after-save"
+	HookAfterCDIWrite HookPoint = "after-cdi-write"
+	// HookAfterStatusWrite is passed in the background, after a claim's
+	// status got its seats, once the prepare was answered.
 	HookAfterStatusWrite   HookPoint = "after-status-write"
-	HookAfterCompletedSave HookPoint = "after-completed-save"
 	HookAfterCDIRemove     HookPoint = "after-cdi-remove"
 	HookAfterUnprepareSave HookPoint = "after-unprepare-save"
 )
@@ -17,8 +20,8 @@ const (
 // HookPoints lists every point, in the order a prepare and an unprepare
 // pass them.
 var HookPoints = []HookPoint{
-	HookBeforeStartedSave, HookAfterStartedSave, HookAfterCDIWrite, HookAfterStatusWrite,
-	HookAfterCompletedSave, HookAfterCDIRemove, HookAfterUnprepareSave,
+	HookBeforeSave, HookAfterSave, HookAfterCDIWrite, HookAfterStatusWrite,
+	HookAfterCDIRemove, HookAfterUnprepareSave,
 }
 
 type hooks func(HookPoint)

@@ -17,6 +17,7 @@ type metrics struct {
 	unprepareDuration prometheus.Histogram
 	errors            *prometheus.CounterVec
 	published         *prometheus.GaugeVec
+	hidden            prometheus.Gauge
 	inflight          prometheus.Gauge
 }
 
@@ -42,11 +43,14 @@ func newMetrics() *metrics {
 		published: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kyb_dra_published_devices", Help: "Devices published in the node's ResourceSlices, by profile and layout.",
 		}, []string{"profile", "layout"}),
+		hidden: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kyb_dra_blocked_devices_hidden", Help: "Devices left out of the ResourceSlices because an overlapping group is in use (blockedGroups: hide).",
+		}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kyb_dra_prepare_inflight", Help: "NodePrepareResources calls in progress.",
 		}),
 	}
-	m.registry.MustRegister(m.prepares, m.unprepares, m.prepareDuration, m.unprepareDuration, m.errors, m.published, m.inflight)
+	m.registry.MustRegister(m.prepares, m.unprepares, m.prepareDuration, m.unprepareDuration, m.errors, m.published, m.hidden, m.inflight)
 	// The runtime's own figures (goroutines, heap, resident memory), which
 	// operators watch for leaks.
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -13,91 +13,60 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 )
 
-// PrepareResourceClaims prepares the claims of a pod. The state machine of
-// one claim:
+// PrepareResourceClaims prepares the claims of a pod. The life of one
+// claim:
 //
-//	(absent) --assign seats, save--> PrepareStarted
-//	PrepareStarted --write CDI spec, write claim status, save--> PrepareCompleted
-//	PrepareCompleted --(repeated prepare)--> same seats, same CDI IDs; the
-//	                   spec is written again if it went missing
+//	(absent) --choose seats, save checkpoint--> prepared (spec owed)
+//	         --write CDI spec--> answered; the claim's status is written behind
+//	prepared --repeated prepare--> the same seats and CDI IDs; the spec is
+//	         written again if it is missing
 //
-// The checkpoint is saved before any side effect, so a crash at any point
-// leaves a state from which the next prepare continues with the same seats,
-// and the next start removes what no entry owns. A bad claim fails its own
-// result; only an unreadable or unwritable checkpoint fails the call.
+// Seats are saved before any side effect, so a crash at any point leaves a
+// state from which the next prepare continues with the same seats, and the
+// next start writes the specs that are owed and removes those no entry
+// owns. Calls run concurrently: concurrent claims share one checkpoint
+// save (reserve). A bad claim fails its own result; only an unreadable or
+// unwritable checkpoint fails the call.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	logger := klog.FromContext(ctx)
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.metrics.observePrepareStart()
 	start := d.clock.Now()
+	defer func() { d.metrics.observePrepare(d.clock.Since(start), len(claims)) }()
+	results := map[types.UID]kubeletplugin.PrepareResult{}
 	if d.lost.Load() {
-		d.metrics.observePrepare(d.clock.Since(start), len(claims))
-		results := map[types.UID]kubeletplugin.PrepareResult{}
 		for _, claim := range claims {
 			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): the plugin's checkpoint was lost and is not rebuilt yet (the API server did not answer); seats cannot be chosen safely until it is, retrying", claim.Namespace, claim.Name, claim.UID)}
 		}
 		return results, nil
 	}
-	st, err := d.loadState(ctx)
-	if err != nil {
+	r := d.reserve(ctx, claims)
+	if r.err != nil {
 		d.metrics.prepareError("checkpoint")
-		return nil, err
+		return nil, r.err
 	}
-
-	results := map[types.UID]kubeletplugin.PrepareResult{}
-	var pending []*resourceapi.ResourceClaim
-	changed := false
 	for _, claim := range claims {
-		if c, ok := st.Claims[claim.UID]; ok && c.Phase == checkpoint.PrepareCompleted {
+		if err := r.errs[claim.UID]; err != nil {
+			results[claim.UID] = kubeletplugin.PrepareResult{Err: err}
+			continue
+		}
+		c := r.entries[claim.UID]
+		if !r.fresh[claim.UID] {
 			results[claim.UID] = d.completedResult(ctx, claim.UID, c)
 			continue
 		}
-		if _, err := d.assignSeats(st, claim); err != nil {
-			d.metrics.prepareError("claim")
-			logger.Error(err, "Cannot prepare claim", "claim", klog.KObj(claim), "uid", claim.UID)
-			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)}
-			continue
-		}
-		pending = append(pending, claim)
-		changed = true
-	}
-	if changed {
-		d.hooks.run(HookBeforeStartedSave)
-		if err := d.store.Save(st); err != nil {
-			d.metrics.prepareError("checkpoint")
-			return nil, fmt.Errorf("record seats in the checkpoint: %w", err)
-		}
-		d.hooks.run(HookAfterStartedSave)
-	}
-
-	for _, claim := range pending {
-		c := st.Claims[claim.UID]
 		if err := d.writeSpec(claim.UID, c); err != nil {
+			// The seats stay recorded: the kubelet retries the prepare,
+			// which writes the spec, or unprepares the claim.
 			d.metrics.prepareError("cdi")
 			logger.Error(err, "Cannot write CDI spec", "claim", klog.KObj(claim))
 			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)}
 			continue
 		}
 		d.hooks.run(HookAfterCDIWrite)
-		if err := d.writeStatus(ctx, claim, c); err != nil {
-			// The seat status is for operators; the pod can run without it.
-			d.metrics.prepareError("status")
-			logger.Error(err, "Cannot record the seats in the claim's status; the pod is not affected", "claim", klog.KObj(claim))
-		}
-		d.hooks.run(HookAfterStatusWrite)
-		c.Phase = checkpoint.PrepareCompleted
+		d.statusQueue.Add(claim.UID)
 		results[claim.UID] = d.result(claim.UID, c)
 		logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "seats", describeSeats(c))
 	}
-	if len(pending) > 0 {
-		if err := d.store.Save(st); err != nil {
-			d.metrics.prepareError("checkpoint")
-			return nil, fmt.Errorf("record prepared claims in the checkpoint: %w", err)
-		}
-		d.hooks.run(HookAfterCompletedSave)
-	}
-	d.metrics.observePrepare(d.clock.Since(start), len(claims))
 	return results, nil
 }
 
@@ -159,7 +128,13 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		}
 		return results, nil
 	}
-	st, err := d.loadState(ctx)
+	unlock, err := d.lockFile()
+	if err != nil {
+		d.metrics.unprepareError("checkpoint")
+		return nil, err
+	}
+	defer unlock()
+	st, err := d.state(ctx)
 	if err != nil {
 		d.metrics.unprepareError("checkpoint")
 		return nil, err
@@ -180,31 +155,15 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		}
 	}
 	if changed {
-		if err := d.store.Save(st); err != nil {
+		if err := d.save(st); err != nil {
 			d.metrics.unprepareError("checkpoint")
+			d.st = nil
 			return nil, fmt.Errorf("release seats in the checkpoint: %w", err)
 		}
 		d.hooks.run(HookAfterUnprepareSave)
 	}
 	d.metrics.observeUnprepare(d.clock.Since(start), len(claims))
 	return results, nil
-}
-
-// loadState reads the checkpoint at the start of every call: with rolling
-// updates two plugin instances serve the node, serialised by a file lock,
-// and either may have written last.
-func (d *Driver) loadState(ctx context.Context) (*checkpoint.State, error) {
-	st, res, err := d.store.Load()
-	if err != nil {
-		return nil, fmt.Errorf("read the checkpoint: %w", err)
-	}
-	if res.RecoveredFrom != nil {
-		klog.FromContext(ctx).Error(res.RecoveredFrom, "Checkpoint was unusable; continuing from its previous copy")
-		if err := d.store.Save(st); err != nil {
-			return nil, fmt.Errorf("rewrite the checkpoint from its previous copy: %w", err)
-		}
-	}
-	return st, nil
 }
 
 func describeSeats(c *checkpoint.Claim) []string {

@@ -69,11 +69,9 @@ func TestPrepareWritesSpecEnvAndStatusOverSockets(t *testing.T) {
 		}
 	}
 
-	// The seat is recorded in the claim's status for operators.
-	stored, err := e.client.ResourceV1().ResourceClaims("default").Get(e.ctx, claim.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The seat is recorded in the claim's status for operators, behind
+	// the call.
+	stored := e.waitStatus(claim)
 	if len(stored.Status.Devices) != 1 || stored.Status.Devices[0].Device != "g01-2x" || *stored.Status.Devices[0].ShareID != share {
 		t.Fatalf("status.devices %+v", stored.Status.Devices)
 	}

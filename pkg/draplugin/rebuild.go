@@ -119,6 +119,12 @@ func (d *Driver) recoverLostState(ctx context.Context) {
 		}
 		d.mu.Lock()
 		defer d.mu.Unlock()
+		unlock, err := d.lockFile()
+		if err != nil {
+			logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
+			return false, nil
+		}
+		defer unlock()
 		if err := d.adopt(ctx, st, allocated); err != nil {
 			logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
 			return false, nil
@@ -132,7 +138,7 @@ func (d *Driver) recoverLostState(ctx context.Context) {
 
 // adopt makes a rebuilt state the node's state: it writes the specs of its
 // claims, removes specs of claims no longer allocated here, and saves it.
-// Call with d.mu held.
+// Call with d.mu and the file lock held.
 func (d *Driver) adopt(ctx context.Context, st *checkpoint.State, allocated []types.UID) error {
 	st.BootID = readBootID(d.opts.BootIDFile)
 	for uid, c := range st.Claims {
@@ -155,5 +161,5 @@ func (d *Driver) adopt(ctx context.Context, st *checkpoint.State, allocated []ty
 	if err := d.store.Quarantine(); err != nil {
 		return err
 	}
-	return d.store.Save(st)
+	return d.save(st)
 }

@@ -202,18 +202,17 @@ func (e *prepareEnv) unprepare(ctx context.Context, path Path, driver string, cl
 }
 
 // stepDurations splits one prepare call into its steps by the times our
-// plugin passed its hook points. The claim status write falls between the
-// CDI write and the Completed save.
+// plugin passed its hook points. The claim status write and the fsync of
+// the checkpoint happen behind the call and are not part of it.
 func stepDurations(start time.Time, at map[draplugin.HookPoint]time.Time, end time.Time) map[string]time.Duration {
 	seq := []struct {
 		name string
 		at   time.Time
 	}{
-		{stepOrder[0], at[draplugin.HookBeforeStartedSave]},
-		{stepOrder[1], at[draplugin.HookAfterStartedSave]},
+		{stepOrder[0], at[draplugin.HookBeforeSave]},
+		{stepOrder[1], at[draplugin.HookAfterSave]},
 		{stepOrder[2], at[draplugin.HookAfterCDIWrite]},
-		{stepOrder[3], at[draplugin.HookAfterCompletedSave]},
-		{stepOrder[4], end},
+		{stepOrder[3], end},
 	}
 	out := map[string]time.Duration{}
 	prev := start
@@ -230,8 +229,8 @@ func stepDurations(start time.Time, at map[draplugin.HookPoint]time.Time, end ti
 
 // stepOrder names the steps of a prepare call.
 var stepOrder = []string{
-	"gRPC + helper's claim GET + lock + checkpoint read", "checkpoint save (Started, fsync)", "CDI spec write",
-	"claim status write (API) + checkpoint save (Completed, fsync)", "reply", "total",
+	"gRPC + helper's claim GET + batch wait + seat choice", "checkpoint save (rename; fsync behind the call)", "CDI spec write",
+	"reply", "total",
 }
 
 func meanSteps(all []map[string]time.Duration) []Step {

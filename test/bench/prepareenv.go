@@ -66,7 +66,7 @@ func (s *stepClock) record(p draplugin.HookPoint) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.times[p] = time.Now()
-	if p == draplugin.HookAfterStartedSave {
+	if p == draplugin.HookAfterSave {
 		s.saves++
 	}
 }

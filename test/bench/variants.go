@@ -56,9 +56,11 @@ func Variants(ctx context.Context, preset string) ([]Variant, error) {
 	defs := []def{
 		{"every attribute, every group shared", fullAttributes(""), "all 11 attributes; one-seat groups published as shared devices", sharedOneSeat, false},
 		{"lean attributes, every group shared", "", "the default 4 attributes (attribute diet)", sharedOneSeat, false},
-		{"lean, one-seat groups plain (default)", "", "one-seat groups as ordinary devices: skipped once allocated", nil, true},
-		{"default, largest groups first", "", "device order reversed: 4x, 2x, then 1x groups", reverseDevices, false},
-		{"consumable seats (demo config)", DemoConfig, "1x groups of 4 seats, 2x of 3 (shared devices)", nil, true},
+		{"lean, one-seat groups plain", "", "one-seat groups as ordinary devices: skipped once allocated", nil, false},
+		{"lean, plain, largest groups first", "", "device order reversed: 4x, 2x, then 1x groups", reverseDevices, false},
+		{"lean, plain, blocked groups hidden (default)", "", "groups overlapping a held group left out of the slice (blockedGroups: hide)", hidingBlocked, true},
+		{"consumable seats (demo config)", DemoConfig, "1x groups of 4 seats, 2x of 3 (shared devices)", nil, false},
+		{"demo config, blocked groups hidden", DemoConfig, "as above, with blockedGroups: hide (the default)", hidingBlocked, true},
 		{"1x profile only", OneXOnlyConfig, "only the profile a DeviceClass uses", nil, false},
 	}
 	var out []Variant
@@ -79,8 +81,7 @@ func Variants(ctx context.Context, preset string) ([]Variant, error) {
 // mapDevices is s with every slice's device list replaced by f's result.
 func mapDevices(s Shape, f func([]resourceapi.Device) []resourceapi.Device) Shape {
 	out := s
-	out.Resources = func(node string) resourceslice.DriverResources {
-		res := s.Resources(node)
+	apply := func(res resourceslice.DriverResources) resourceslice.DriverResources {
 		for pn, pool := range res.Pools {
 			for i := range pool.Slices {
 				if len(pool.Slices[i].Devices) > 0 {
@@ -90,6 +91,10 @@ func mapDevices(s Shape, f func([]resourceapi.Device) []resourceapi.Device) Shap
 			res.Pools[pn] = pool
 		}
 		return res
+	}
+	out.Resources = func(node string) resourceslice.DriverResources { return apply(s.Resources(node)) }
+	if s.Republish != nil {
+		out.Republish = func(node string, held []string) resourceslice.DriverResources { return apply(s.Republish(node, held)) }
 	}
 	return out
 }
@@ -110,6 +115,13 @@ func sharedOneSeat(s Shape) Shape {
 		}
 		return ds
 	})
+}
+
+// hidingBlocked publishes s again after every allocation, without the
+// groups its held groups block: the plugin's default, blockedGroups: hide.
+func hidingBlocked(s Shape) Shape {
+	s.Republish = s.hide
+	return s
 }
 
 func reverseDevices(s Shape) Shape {
