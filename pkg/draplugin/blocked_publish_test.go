@@ -24,7 +24,7 @@ func waitPublished(t *testing.T, e *env, what string, ok func([]string) bool) []
 
 // A held pair hides the one-GPU groups it overlaps, so that the scheduler
 // stops visiting devices that cannot be allocated; releasing it brings them
-// back. With blockedGroups: publish, nothing is hidden.
+// back. With unavailableGroups: publish, nothing is hidden.
 func TestHeldGroupHidesTheGroupsItBlocks(t *testing.T) {
 	e := newEnv(t, "nvlink-2x4", seed)
 	waitPublished(t, e, "before any claim", func(d []string) bool { return len(d) == 12 })
@@ -52,13 +52,13 @@ func TestHeldGroupHidesTheGroupsItBlocks(t *testing.T) {
 	})
 }
 
-func TestBlockedGroupsPublishKeepsEveryGroup(t *testing.T) {
-	e := newEnv(t, "nvlink-2x4", seed+"blockedGroups: publish\n")
+func TestUnavailableGroupsPublishKeepsEveryGroup(t *testing.T) {
+	e := newEnv(t, "nvlink-2x4", seed+"unavailableGroups: publish\n")
 	c := e.claim(class2x)
 	e.prepareOK(c)
 	// Give a republish the time it would take, then check nothing went.
 	time.Sleep(time.Second)
 	if got := publishedDevices(t, e); len(got) != 12 {
-		t.Errorf("blockedGroups: publish hid devices: %v", got)
+		t.Errorf("unavailableGroups: publish hid devices: %v", got)
 	}
 }

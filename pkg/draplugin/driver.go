@@ -148,8 +148,8 @@ type Driver struct {
 	layoutMu  sync.Mutex
 	layout    draresources.Layout
 	published []string
-	// held are the group devices of the checkpoint's claims.
-	held   []string
+	// held are the seats of the checkpoint's claims per group device.
+	held   draresources.Held
 	warned map[string]bool
 }
 
@@ -428,8 +428,8 @@ func (d *Driver) resources() resourceslice.DriverResources {
 	layout := d.currentLayout()
 	res := draresources.Resources(d.plan, d.inv, d.pool, layout)
 	hidden := 0
-	if layout == draresources.LayoutShared && d.plan.HideBlocked {
-		hidden = draresources.HideBlocked(res, d.plan, d.heldGroups())
+	if layout == draresources.LayoutShared && d.plan.HideUnavailable {
+		hidden = draresources.HideUnavailable(res, d.plan, d.heldSeats())
 	}
 	d.metrics.hidden.Set(float64(hidden))
 	draresources.Taint(res, d.plan, taintsOf(d.health.faults(), d.health.lostEffect))

@@ -48,7 +48,7 @@ func TestAPIServerDownAtStartAndMidRun(t *testing.T) {
 	a := e.claim(class2x)
 	idsA := e.prepareOK(a)
 	// 12 groups, less the two one-GPU groups the held pair overlaps
-	// (blockedGroups: hide is the default).
+	// (unavailableGroups: hide is the default).
 	deadline := time.Now().Add(60 * time.Second)
 	for len(publishedDevices(t, e)) != 10 {
 		if time.Now().After(deadline) {

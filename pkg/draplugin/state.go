@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"maps"
 	"path/filepath"
-	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 )
 
 // The plugin keeps the checkpoint in memory and writes it once per batch:
@@ -190,21 +191,19 @@ func (d *Driver) lockFile() (func(), error) {
 	return func() { lock.Close() }, nil
 }
 
-// noteHeld records the group devices the checkpoint's claims hold and,
-// when they changed, has the slices published again: groups blocked by
-// them come and go (blockedGroups: hide). Call with d.mu held.
+// noteHeld records the seats the checkpoint's claims hold per group
+// device and, when they changed, has the slices published again: groups
+// that cannot take another claim come and go (unavailableGroups: hide). Call
+// with d.mu held.
 func (d *Driver) noteHeld(st *checkpoint.State) {
-	held := make([]string, 0, len(st.Claims))
+	held := draresources.Held{}
 	for _, c := range st.Claims {
 		for _, dev := range c.Devices {
-			if !slices.Contains(held, dev.GroupDevice) {
-				held = append(held, dev.GroupDevice)
-			}
+			held[dev.GroupDevice] += max(len(dev.Seats), 1)
 		}
 	}
-	slices.Sort(held)
 	d.layoutMu.Lock()
-	same := slices.Equal(held, d.held)
+	same := maps.Equal(held, d.held)
 	d.held = held
 	d.layoutMu.Unlock()
 	if !same {
@@ -215,9 +214,9 @@ func (d *Driver) noteHeld(st *checkpoint.State) {
 	}
 }
 
-// heldGroups are the group devices in use, as of the last batch.
-func (d *Driver) heldGroups() []string {
+// heldSeats are the seats in use per group device, as of the last batch.
+func (d *Driver) heldSeats() draresources.Held {
 	d.layoutMu.Lock()
 	defer d.layoutMu.Unlock()
-	return slices.Clone(d.held)
+	return maps.Clone(d.held)
 }

@@ -19,7 +19,7 @@ import (
 // longer allocated on this node, holds seats nobody will release: the
 // kubelet unprepares only claims it knows. A power loss can leave one (an
 // unprepare saved but not yet flushed), and so can a kubelet that lost its
-// own state. Such an entry would keep its seats, and with blockedGroups:
+// own state. Such an entry would keep its seats, and with unavailableGroups:
 // hide also the groups it blocks, out of the scheduler's reach for good.
 // At every start the plugin asks the API server about each held claim and
 // releases those that are gone.

@@ -12,7 +12,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 )
 
-func TestBlockedGroups(t *testing.T) {
+func TestUnavailableGroups(t *testing.T) {
 	n := newNode(t, "dgx-h100", "", draresources.LayoutShared)
 	// g0-1x held: the 2x and 4x groups on GPU 0 are blocked, nothing else.
 	got := draresources.Blocked(n.plan, []string{"g0-1x"})
@@ -34,16 +34,17 @@ func TestBlockedGroups(t *testing.T) {
 
 	res := draresources.Resources(n.plan, n.inv, "node-1", draresources.LayoutShared)
 	before := len(res.Pools["node-1"].Slices)
-	if hidden := draresources.HideBlocked(res, n.plan, []string{"g0-1x"}); hidden != 2 {
-		t.Errorf("hid %d devices, want 2", hidden)
+	// g0-1x has one seat: held, it is full and hidden too.
+	if hidden := draresources.HideUnavailable(res, n.plan, draresources.Held{"g0-1x": 1}); hidden != 3 {
+		t.Errorf("hid %d devices, want 3", hidden)
 	}
 	if len(res.Pools["node-1"].Slices) != before {
 		t.Errorf("hiding changed the slice count: %d, was %d", len(res.Pools["node-1"].Slices), before)
 	}
 	for _, s := range res.Pools["node-1"].Slices {
 		for _, d := range s.Devices {
-			if d.Name == "g01-2x" || d.Name == "g0123-4x" {
-				t.Errorf("blocked device %s published", d.Name)
+			if d.Name == "g01-2x" || d.Name == "g0123-4x" || d.Name == "g0-1x" {
+				t.Errorf("unavailable device %s published", d.Name)
 			}
 		}
 	}
@@ -56,16 +57,23 @@ profiles:
 	if got := draresources.Blocked(over.plan, []string{"g0-1x", "g23-2x"}); len(got) != 0 {
 		t.Errorf("overprovisioned 1x groups neither block nor are blocked: %v", got)
 	}
+	// A shared group is hidden when its last seat is taken, not before.
+	if got := draresources.Unavailable(over.plan, draresources.Held{"g0-1x": 3}); len(got) != 0 {
+		t.Errorf("a group with a free seat is unavailable: %v", got)
+	}
+	if got := draresources.Unavailable(over.plan, draresources.Held{"g0-1x": 4}); len(got) != 1 || !got["g0-1x"] {
+		t.Errorf("full g0-1x: unavailable %v, want g0-1x alone", got)
+	}
 }
 
-// Hiding blocked groups must change what the scheduler costs, never what
-// it decides. Two clusters of one node see the same random claims and
+// Hiding unavailable groups must change what the scheduler costs, never
+// what it decides. Two clusters of one node see the same random claims and
 // releases: one publishes every group, the other republishes without the
-// blocked groups after every change, as the plugin does after every
-// prepare and unprepare. The scheduler's allocator must give every claim
+// blocked and full groups after every change, as the plugin does after
+// every prepare and unprepare. The scheduler's allocator must give every claim
 // the same device on both (or refuse it on both), and no two groups in use
 // may share a GPU.
-func TestHidingBlockedGroupsChangesNoDecision(t *testing.T) {
+func TestHidingUnavailableGroupsChangesNoDecision(t *testing.T) {
 	configs := map[string]string{
 		"defaults":        "",
 		"seed":            "seed",
@@ -85,10 +93,10 @@ func TestHidingBlockedGroupsChangesNoDecision(t *testing.T) {
 				var inUse []inUseGroup
 				republish := func() {
 					res := draresources.Resources(lean.plan, lean.inv, "node-1", draresources.LayoutShared)
-					draresources.HideBlocked(res, lean.plan, deviceNames(inUse))
+					draresources.HideUnavailable(res, lean.plan, heldOf(inUse))
 					lean.cluster.SetNode("node-1", res, draresources.DriverName)
 				}
-				placed, refused, hiddenSeen := 0, 0, false
+				placed, refused, blockedSeen, fullSeen := 0, 0, false, false
 				for i := 0; i < 400; i++ {
 					if len(inUse) > 0 && rng.Intn(3) == 0 {
 						k := rng.Intn(len(inUse))
@@ -110,12 +118,12 @@ func TestHidingBlockedGroupsChangesNoDecision(t *testing.T) {
 					}
 					switch {
 					case (a == nil) != (b == nil):
-						t.Fatalf("claim %d (%s): publishing every group gives %v, hiding blocked groups %v", i, class, a, b)
+						t.Fatalf("claim %d (%s): publishing every group gives %v, hiding unavailable groups %v", i, class, a, b)
 					case a == nil:
 						refused++
 						continue
 					case a.Devices.Results[0].Device != b.Devices.Results[0].Device:
-						t.Fatalf("claim %d (%s): device %s with every group published, %s with blocked groups hidden", i, class, a.Devices.Results[0].Device, b.Devices.Results[0].Device)
+						t.Fatalf("claim %d (%s): device %s with every group published, %s with unavailable groups hidden", i, class, a.Devices.Results[0].Device, b.Devices.Results[0].Device)
 					}
 					placed++
 					inUse = append(inUse, inUseGroup{everything: a, result: b, device: b.Devices.Results[0].Device})
@@ -128,10 +136,15 @@ func TestHidingBlockedGroupsChangesNoDecision(t *testing.T) {
 						}
 					}
 					republish()
-					hiddenSeen = hiddenSeen || len(draresources.Blocked(lean.plan, deviceNames(inUse))) > 0
+					held := heldOf(inUse)
+					blocked := draresources.Blocked(lean.plan, held.Devices())
+					blockedSeen = blockedSeen || len(blocked) > 0
+					for name := range draresources.Unavailable(lean.plan, held) {
+						fullSeen = fullSeen || !blocked[name]
+					}
 				}
-				if placed < 50 || refused < 20 || !hiddenSeen {
-					t.Errorf("the run proves little: %d placed, %d refused, blocked groups seen: %t", placed, refused, hiddenSeen)
+				if placed < 50 || refused < 20 || !blockedSeen || !fullSeen {
+					t.Errorf("the run proves little: %d placed, %d refused, blocked groups seen: %t, full groups seen: %t", placed, refused, blockedSeen, fullSeen)
 				}
 			})
 		}
@@ -146,10 +159,10 @@ type inUseGroup struct {
 	device             string
 }
 
-func deviceNames(in []inUseGroup) []string {
-	var out []string
+func heldOf(in []inUseGroup) draresources.Held {
+	out := draresources.Held{}
 	for _, h := range in {
-		out = append(out, h.device)
+		out[h.device]++
 	}
 	return out
 }

@@ -29,9 +29,9 @@ type Plan struct {
 	Policy v1alpha1.AllocationPolicy
 	// Attributes are the device attributes to publish.
 	Attributes []v1alpha1.AttributeName
-	// HideBlocked leaves groups blocked by an overlapping group in use out
-	// of the published slices.
-	HideBlocked bool
+	// HideUnavailable leaves groups that cannot take another claim out of
+	// the published slices (unavailableGroups: hide).
+	HideUnavailable bool
 	// Profiles in ascending group size (then name).
 	Profiles []*Profile
 	// Warnings say what the planner decided on the user's behalf.

@@ -3,12 +3,12 @@ package bench
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 )
 
 // These measurements drive the scheduler's own allocator
@@ -29,9 +29,9 @@ func cluster(s Shape, n int) *allocator.Cluster {
 
 func nodeName(i int) string { return fmt.Sprintf("node-%03d", i) }
 
-// holdings are the devices allocated per node, for shapes that publish
-// again when they change (Shape.Republish).
-type holdings map[string][]string
+// holdings are the seats allocated per node and device, for shapes that
+// publish again when they change (Shape.Republish).
+type holdings map[string]draresources.Held
 
 // note records what r allocated on node and, if the shape hides what its
 // allocations block, publishes the node again. It returns how long the
@@ -42,9 +42,12 @@ func (h holdings) note(s Shape, c *allocator.Cluster, node string, r *resourceap
 		return 0
 	}
 	start := time.Now()
+	if h[node] == nil {
+		h[node] = draresources.Held{}
+	}
 	for _, res := range r.Devices.Results {
-		if res.Driver == s.Driver && !slices.Contains(h[node], res.Device) {
-			h[node] = append(h[node], res.Device)
+		if res.Driver == s.Driver {
+			h[node][res.Device]++
 		}
 	}
 	c.SetNode(node, s.Republish(node, h[node]), s.Driver)

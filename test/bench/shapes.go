@@ -43,13 +43,13 @@ type Shape struct {
 	// PerNode is how many such claims one node holds (hand-checked by the
 	// study before it measures).
 	PerNode int
-	// Republish, when set, is what the node publishes while the group
-	// devices held are in use: the plugin's blockedGroups: hide. The
-	// study publishes it after every allocation on the node.
-	Republish func(node string, held []string) resourceslice.DriverResources
-	// hide is what the plugin publishes with blockedGroups: hide, for
-	// hidingBlocked to turn on.
-	hide func(node string, held []string) resourceslice.DriverResources
+	// Republish, when set, is what the node publishes while the seats
+	// held are in use: the plugin's unavailableGroups: hide. The study
+	// publishes it after every allocation on the node.
+	Republish func(node string, held draresources.Held) resourceslice.DriverResources
+	// hide is what the plugin publishes with unavailableGroups: hide, for
+	// hidingUnavailable to turn on.
+	hide func(node string, held draresources.Held) resourceslice.DriverResources
 }
 
 // BasicDriver is the driver of upstream's scheduler_perf DRA workloads.
@@ -129,9 +129,9 @@ func KybShape(ctx context.Context, name, preset, config, profile string) (Shape,
 		Resources: func(node string) resourceslice.DriverResources {
 			return draresources.Resources(plan, inv, node, draresources.LayoutShared)
 		},
-		hide: func(node string, held []string) resourceslice.DriverResources {
+		hide: func(node string, held draresources.Held) resourceslice.DriverResources {
 			res := draresources.Resources(plan, inv, node, draresources.LayoutShared)
-			draresources.HideBlocked(res, plan, held)
+			draresources.HideUnavailable(res, plan, held)
 			return res
 		},
 	}, nil

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 )
 
 // The allocator study measures our representation step by step, so that
@@ -58,9 +59,9 @@ func Variants(ctx context.Context, preset string) ([]Variant, error) {
 		{"lean attributes, every group shared", "", "the default 4 attributes (attribute diet)", sharedOneSeat, false},
 		{"lean, one-seat groups plain", "", "one-seat groups as ordinary devices: skipped once allocated", nil, false},
 		{"lean, plain, largest groups first", "", "device order reversed: 4x, 2x, then 1x groups", reverseDevices, false},
-		{"lean, plain, blocked groups hidden (default)", "", "groups overlapping a held group left out of the slice (blockedGroups: hide)", hidingBlocked, true},
+		{"lean, plain, unavailable groups hidden (default)", "", "groups overlapping a held group, and full groups, left out of the slice (unavailableGroups: hide)", hidingUnavailable, true},
 		{"consumable seats (demo config)", DemoConfig, "1x groups of 4 seats, 2x of 3 (shared devices)", nil, false},
-		{"demo config, blocked groups hidden", DemoConfig, "as above, with blockedGroups: hide (the default)", hidingBlocked, true},
+		{"demo config, unavailable groups hidden", DemoConfig, "as above, with unavailableGroups: hide (the default)", hidingUnavailable, true},
 		{"1x profile only", OneXOnlyConfig, "only the profile a DeviceClass uses", nil, false},
 	}
 	var out []Variant
@@ -94,7 +95,9 @@ func mapDevices(s Shape, f func([]resourceapi.Device) []resourceapi.Device) Shap
 	}
 	out.Resources = func(node string) resourceslice.DriverResources { return apply(s.Resources(node)) }
 	if s.Republish != nil {
-		out.Republish = func(node string, held []string) resourceslice.DriverResources { return apply(s.Republish(node, held)) }
+		out.Republish = func(node string, held draresources.Held) resourceslice.DriverResources {
+			return apply(s.Republish(node, held))
+		}
 	}
 	return out
 }
@@ -117,9 +120,10 @@ func sharedOneSeat(s Shape) Shape {
 	})
 }
 
-// hidingBlocked publishes s again after every allocation, without the
-// groups its held groups block: the plugin's default, blockedGroups: hide.
-func hidingBlocked(s Shape) Shape {
+// hidingUnavailable publishes s again after every allocation, without the
+// groups that cannot take another claim: the plugin's default,
+// unavailableGroups: hide.
+func hidingUnavailable(s Shape) Shape {
 	s.Republish = s.hide
 	return s
 }

@@ -49,15 +49,16 @@ type NodeConfig struct {
 	// on it).
 	Attributes []AttributeName `json:"attributes,omitempty"`
 
-	// BlockedGroups says what the node publishes of a group it cannot hand
-	// out because one of its GPUs is held through an overlapping group
-	// (a 2x group while a 1x seat on one of its GPUs is in use): "hide"
-	// (default) leaves it out of the ResourceSlices until that GPU is free
-	// again, which spares the scheduler a selector evaluation per blocked
-	// group on every node it filters; "publish" keeps it in, and the
-	// scheduler's counters refuse it. Either way overlapping groups exclude
-	// each other: the counters decide, not the slice.
-	BlockedGroups BlockedGroupsMode `json:"blockedGroups,omitempty"`
+	// UnavailableGroups says what the node publishes of a group that
+	// cannot take another claim: one blocked because one of its GPUs is
+	// held through an overlapping group (a 2x group while a 1x seat on one
+	// of its GPUs is in use), or one whose every seat is held. "hide"
+	// (default) leaves it out of the ResourceSlices until that changes,
+	// which spares the scheduler a selector evaluation per such group on
+	// every node it filters; "publish" keeps it in, and the scheduler's
+	// counters and capacities refuse it. Either way overlapping groups
+	// exclude each other and seats are never handed out twice.
+	UnavailableGroups UnavailableGroupsMode `json:"unavailableGroups,omitempty"`
 
 	// Health tunes how GPU faults turn into unhealthy groups.
 	Health *HealthConfig `json:"health,omitempty"`
@@ -124,15 +125,15 @@ const (
 	PolicySpread AllocationPolicy = "spread"
 )
 
-// BlockedGroupsMode says whether groups blocked by an overlapping group in
-// use are published.
-type BlockedGroupsMode string
+// UnavailableGroupsMode says whether groups that cannot take another claim
+// are published.
+type UnavailableGroupsMode string
 
 const (
-	// BlockedGroupsHide leaves blocked groups out of the ResourceSlices.
-	BlockedGroupsHide BlockedGroupsMode = "hide"
-	// BlockedGroupsPublish publishes every group, blocked or not.
-	BlockedGroupsPublish BlockedGroupsMode = "publish"
+	// UnavailableGroupsHide leaves them out of the ResourceSlices.
+	UnavailableGroupsHide UnavailableGroupsMode = "hide"
+	// UnavailableGroupsPublish publishes every group.
+	UnavailableGroupsPublish UnavailableGroupsMode = "publish"
 )
 
 // AttributeName names a device attribute the driver can publish.
@@ -244,8 +245,8 @@ func (c *NodeConfig) SetDefaults() {
 	if c.AllocationPolicy == "" {
 		c.AllocationPolicy = PolicyPack
 	}
-	if c.BlockedGroups == "" {
-		c.BlockedGroups = BlockedGroupsHide
+	if c.UnavailableGroups == "" {
+		c.UnavailableGroups = UnavailableGroupsHide
 	}
 	if len(c.Attributes) == 0 {
 		c.Attributes = DefaultAttributes()

@@ -76,8 +76,8 @@ func TestNodeConfigErrorsNameFileLineAndField(t *testing.T) {
 `, []string{`c.yaml:3: profiles[0].seatPerGroup: unknown field`}},
 		{"unknown top-level field and a bad value together", `profile: []
 allocationPolicy: tight
-blockedGroups: drop
-`, []string{`c.yaml:1: profile: unknown field`, `c.yaml:2: allocationPolicy: must be "pack" or "spread", not "tight"`, `c.yaml:3: blockedGroups: must be "hide" or "publish", not "drop"`}},
+unavailableGroups: drop
+`, []string{`c.yaml:1: profile: unknown field`, `c.yaml:2: allocationPolicy: must be "pack" or "spread", not "tight"`, `c.yaml:3: unavailableGroups: must be "hide" or "publish", not "drop"`}},
 		{"wrong type", `profiles:
 - resource: kyb.ai/gpu-1x-seat
   seatsPerGroup: four

@@ -98,10 +98,10 @@ func (c *NodeConfig) Validate() error {
 	default:
 		errs.Add(field.NewPath("allocationPolicy"), "must be %q or %q, not %q", PolicyPack, PolicySpread, c.AllocationPolicy)
 	}
-	switch c.BlockedGroups {
-	case "", BlockedGroupsHide, BlockedGroupsPublish:
+	switch c.UnavailableGroups {
+	case "", UnavailableGroupsHide, UnavailableGroupsPublish:
 	default:
-		errs.Add(field.NewPath("blockedGroups"), "must be %q or %q, not %q", BlockedGroupsHide, BlockedGroupsPublish, c.BlockedGroups)
+		errs.Add(field.NewPath("unavailableGroups"), "must be %q or %q, not %q", UnavailableGroupsHide, UnavailableGroupsPublish, c.UnavailableGroups)
 	}
 	if c.Attributes != nil {
 		validateAttributes(c.Attributes, field.NewPath("attributes"), &errs)

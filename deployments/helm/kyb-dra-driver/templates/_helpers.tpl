@@ -119,6 +119,7 @@ defaults stay the driver's (an empty profiles list would be an error).
 {{- if .groups }}{{ $_ := set $c "groups" .groups }}{{ end }}
 {{- if .grouping }}{{ $_ := set $c "grouping" .grouping }}{{ end }}
 {{- if .allocationPolicy }}{{ $_ := set $c "allocationPolicy" .allocationPolicy }}{{ end }}
+{{- if .unavailableGroups }}{{ $_ := set $c "unavailableGroups" .unavailableGroups }}{{ end }}
 {{- if .attributes }}{{ $_ := set $c "attributes" .attributes }}{{ end }}
 {{- if .health }}{{ $_ := set $c "health" .health }}{{ end }}
 {{- end }}
