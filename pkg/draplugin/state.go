@@ -3,8 +3,8 @@ package draplugin
 import (
 	"context"
 	"fmt"
-	"os"
 	"maps"
+	"os"
 	"path/filepath"
 
 	resourceapi "k8s.io/api/resource/v1"
