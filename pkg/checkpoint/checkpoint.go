@@ -32,6 +32,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -321,25 +322,40 @@ func checksum(data []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// Encode serialises a state into checkpoint bytes.
+// Encode serialises a state into checkpoint bytes: one line, the data
+// as it was checksummed. (Indenting it for people cost more than the rest
+// of a save; jq shows it as well.) Files written indented by earlier
+// versions decode the same.
 func Encode(st *State) ([]byte, error) {
 	data, err := json.Marshal(st)
 	if err != nil {
 		return nil, fmt.Errorf("encode checkpoint: %w", err)
 	}
-	env := envelope{Version: Version, Checksum: checksum(data), Data: data}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(env); err != nil {
+	head, err := json.Marshal(struct {
+		Version  string `json:"version"`
+		Checksum string `json:"checksum"`
+	}{Version, checksum(data)})
+	if err != nil {
 		return nil, fmt.Errorf("encode checkpoint: %w", err)
 	}
-	return buf.Bytes(), nil
+	// {"version":…,"checksum":…,"data":<data>}
+	out := make([]byte, 0, len(head)+len(data)+10)
+	out = append(out, head[:len(head)-1]...)
+	out = append(out, `,"data":`...)
+	out = append(out, data...)
+	out = append(out, "}\n"...)
+	return out, nil
 }
 
-// Save writes the state atomically. Before the new file replaces the
-// current one, the current one is kept as the previous copy. Save does not
-// wait for the disk; Sync does.
+// Save writes the state atomically: the current file becomes the previous
+// copy and a new file takes its place, so that a crash at any instant
+// leaves a complete file (between the renames, only the previous copy,
+// which Load then uses). Save does not wait for the disk; Sync does.
+//
+// No rename replaces a file: the previous copy being dropped is first
+// renamed aside, and Sync deletes it behind the calls. Replacing it, or
+// deleting it here, frees its blocks on the call's path, which took most
+// of a save's time.
 func (s *Store) Save(st *State) error {
 	if s.Changed() {
 		// Not the file this store wrote last: another plugin may have
@@ -374,16 +390,14 @@ func (s *Store) Save(st *State) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("save checkpoint: %w", err)
 	}
-	// Keep the current file as the previous copy: a hard link, so that at
-	// every instant at least one complete file exists.
-	if _, err := os.Stat(s.Path()); err == nil {
-		prevTmp := s.prevPath() + ".tmp"
-		os.Remove(prevTmp)
-		if err := os.Link(s.Path(), prevTmp); err == nil {
-			if err := os.Rename(prevTmp, s.prevPath()); err != nil {
-				return fmt.Errorf("save checkpoint: keep previous copy: %w", err)
-			}
-		}
+	// checkpoint.json.<random>.tmp's previous copy goes aside as
+	// checkpoint.json.<random>.old, a name nobody else uses.
+	aside := strings.TrimSuffix(tmp.Name(), ".tmp") + ".old"
+	if err := os.Rename(s.prevPath(), aside); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("save checkpoint: drop previous copy: %w", err)
+	}
+	if err := os.Rename(s.Path(), s.prevPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("save checkpoint: keep previous copy: %w", err)
 	}
 	if err := os.Rename(tmp.Name(), s.Path()); err != nil {
 		return fmt.Errorf("save checkpoint: %w", err)
@@ -393,8 +407,8 @@ func (s *Store) Save(st *State) error {
 }
 
 // Sync makes the last save durable: it flushes the current file and the
-// directory that names it (and the previous copy) to disk. A missing file
-// is nothing to flush.
+// directory that names it (and the previous copy) to disk, then deletes
+// the copies saves put aside. A missing file is nothing to flush.
 func (s *Store) Sync() error {
 	f, err := os.Open(s.Path())
 	if errors.Is(err, os.ErrNotExist) {
@@ -407,7 +421,19 @@ func (s *Store) Sync() error {
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("sync checkpoint: fsync %s: %w", s.Path(), err)
 	}
-	return syncDir(s.dir)
+	if err := syncDir(s.dir); err != nil {
+		return err
+	}
+	old, err := filepath.Glob(filepath.Join(s.dir, FileName+".*.old"))
+	if err != nil {
+		return fmt.Errorf("sync checkpoint: %w", err)
+	}
+	for _, p := range old {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("sync checkpoint: %w", err)
+		}
+	}
+	return nil
 }
 
 func syncDir(dir string) error {

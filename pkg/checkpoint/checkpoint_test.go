@@ -80,12 +80,12 @@ func TestCorruptionIsDetectedAndThePreviousCopyUsed(t *testing.T) {
 	}
 }
 
-func TestCrashBeforeRenameLeavesAUsableFile(t *testing.T) {
+func TestCrashBetweenTheRenamesLeavesAUsableFile(t *testing.T) {
 	s := NewStore(t.TempDir())
 	s.Save(sample())
 	s.Save(sample())
-	// The instant between keeping the previous copy and renaming the new
-	// file in place, with the current file lost.
+	// The instant between the two renames of a save: only the previous
+	// copy exists.
 	os.Remove(s.Path())
 	got, res, err := s.Load()
 	if err != nil || res.RecoveredFrom == nil || !reflect.DeepEqual(got, sample()) {
@@ -146,6 +146,10 @@ func TestTempFilesDoNotLinger(t *testing.T) {
 	s := NewStore(dir)
 	for i := 0; i < 3; i++ {
 		s.Save(sample())
+	}
+	// Saves put dropped copies aside; the flush deletes them.
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
 	}
 	entries, _ := os.ReadDir(dir)
 	var names []string

@@ -322,6 +322,9 @@ func (d *Driver) Stop() {
 // drainStatuses stops the status queue, giving queued writes a bounded
 // time to finish.
 func (d *Driver) drainStatuses() {
+	// Statuses still waiting out their delay are written now: the next
+	// start, or a rebuild of a lost checkpoint, finds them in place.
+	d.queueMissingStatuses()
 	drained := make(chan struct{})
 	go func() {
 		d.statusQueue.ShutDownWithDrain()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -36,9 +37,23 @@ func (d *Driver) watchChanges(ctx context.Context, healthChanged <-chan struct{}
 			return
 		case <-healthChanged:
 		case <-d.heldCh:
+			// Prepares and unprepares come in bursts (a node starting or
+			// draining pods): one publish for the burst, not one per
+			// batch. Health changes below publish at once.
+			select {
+			case <-ctx.Done():
+				return
+			case <-healthChanged:
+			case <-d.clock.After(heldPublishDelay):
+			}
 		}
 	}
 }
+
+// heldPublishDelay gathers the changes of the groups in use into one
+// publish. Until it, the scheduler sees groups that cannot take a claim,
+// which it refuses; a released group waits as long to be offered again.
+const heldPublishDelay = 500 * time.Millisecond
 
 // healthEvents records an event for every GPU whose fault appeared,
 // changed or went away between two views.

@@ -63,7 +63,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			continue
 		}
 		d.hooks.run(HookAfterCDIWrite)
-		d.statusQueue.Add(claim.UID)
+		d.statusQueue.AddAfter(claim.UID, statusWriteDelay)
 		results[claim.UID] = d.result(claim.UID, c)
 		logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "seats", describeSeats(c))
 	}

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -160,6 +161,9 @@ func (d *Driver) save(st *checkpoint.State) error {
 	return nil
 }
 
+// flushDelay gathers the saves of a burst into one flush.
+const flushDelay = 20 * time.Millisecond
+
 // flush makes every save durable soon after it happened: fsync of the
 // checkpoint and its directory, coalescing saves that come meanwhile.
 func (d *Driver) flush(ctx context.Context) {
@@ -168,6 +172,14 @@ func (d *Driver) flush(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-d.flushCh:
+		}
+		// A burst of prepares saves many times in a few milliseconds;
+		// each flush commits the file system's journal, which holds up
+		// the saves and spec writes of the calls still running. One flush
+		// for the burst is as durable for the calls answered before it.
+		select {
+		case <-ctx.Done():
+		case <-d.clock.After(flushDelay):
 		}
 		if err := d.store.Sync(); err != nil {
 			d.metrics.prepareError("checkpoint")

@@ -56,15 +56,21 @@ func (d *Driver) writeStatus(ctx context.Context, c *checkpoint.Claim) error {
 	return nil
 }
 
-// The seats are written into the claims' status behind the prepare calls:
-// the status is for operators (and for rebuilding a lost checkpoint), the
-// pod does not wait for it. A queue keyed by claim UID retries failures
+// The seats are written into the claims' status behind the prepare calls,
+// a second later: the status is for operators (and for rebuilding a lost
+// checkpoint), the pod does not wait for it. A queue keyed by claim UID retries failures
 // with backoff; an entry that is gone by then (unprepared) is skipped.
 // That a status was written is kept in the checkpoint with the next save,
 // so a restart writes again only the statuses it may have missed.
 
 // statusWriteTimeout bounds one status write.
 const statusWriteTimeout = 10 * time.Second
+
+// statusWriteDelay is how long a status write waits after its prepare:
+// when the kubelet starts many pods at once, their prepares go first and
+// the API server is not asked to apply statuses while it answers the
+// kubelet's and the plugin's reads for the pods still starting.
+const statusWriteDelay = time.Second
 
 // stopDrainTimeout is how long Stop waits for queued status writes.
 const stopDrainTimeout = 5 * time.Second

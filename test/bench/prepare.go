@@ -99,8 +99,11 @@ func RunPrepare(ctx context.Context, c *harness.Cluster, opts PrepareOptions) (*
 	return study, nil
 }
 
-// settle is the pause between scenarios.
-const settle = 500 * time.Millisecond
+// settle is the pause between scenarios: longer than our plugin's delays
+// of its background work (claim status writes after 1 s, one slice
+// publish per 0.5 s of changes), so that a scenario's background work is
+// done before the next scenario starts.
+const settle = 3 * time.Second
 
 // measure prepares claims of driver through path: single one-claim calls
 // one after the other when n is 1, else n one-claim calls at once; then
