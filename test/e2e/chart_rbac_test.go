@@ -117,9 +117,9 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 	if ctrs["app"].Env["KYB_GPU_GROUP"] != "G0" {
 		t.Errorf("env %v", ctrs["app"].Env)
 	}
-	claimA, err := c.Client.ResourceV1().ResourceClaims("default").Get(c.Ctx, harness.PodClaim(p, "gpu"), metav1.GetOptions{})
-	if err != nil || len(claimA.Status.Devices) != 1 {
-		t.Fatalf("the plugin could not write the seat status with the chart's RBAC: %+v %v\n%s", claimA.Status.Devices, err, nodeA.PluginLog.Tail(20))
+	claimA := waitClaimStatus(t, c, "default", harness.PodClaim(p, "gpu"))
+	if len(claimA.Status.Devices) != 1 {
+		t.Fatalf("the plugin could not write the seat status with the chart's RBAC: %+v\n%s", claimA.Status.Devices, nodeA.PluginLog.Tail(20))
 	}
 
 	// The same credentials, aimed at node-b: refused.

@@ -139,10 +139,11 @@ func TestSeats(t *testing.T) {
 		if got := strings.Join(app.DeviceNodePaths(), " "); got != "/dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia0 /dev/nvidiactl" {
 			t.Errorf("device nodes %s", got)
 		}
-		// The seat is visible in the claim's status.
-		cl, err := c.Client.ResourceV1().ResourceClaims("default").Get(c.Ctx, claim, metav1.GetOptions{})
-		if err != nil || len(cl.Status.Devices) != 1 {
-			t.Fatalf("claim status %+v %v", cl.Status.Devices, err)
+		// The seat is visible in the claim's status, written behind the
+		// prepare.
+		cl := waitClaimStatus(t, c, "default", claim)
+		if len(cl.Status.Devices) != 1 {
+			t.Fatalf("claim status %+v", cl.Status.Devices)
 		}
 		var seat draplugin.SeatStatus
 		if err := json.Unmarshal(cl.Status.Devices[0].Data.Raw, &seat); err != nil || seat.Group != "G0" || seat.Seats[0] != 0 {
