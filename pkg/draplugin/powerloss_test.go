@@ -8,6 +8,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 )
@@ -90,5 +91,42 @@ func TestPowerLossLosingTheLastSaves(t *testing.T) {
 	pair := e.claim(class2x)
 	if env, _ := e.container(e.prepareOK(pair)...); env["KYB_GPU_GROUP"] == "" {
 		t.Errorf("no group for a new pair: %v", env)
+	}
+}
+
+// Saves do not wait for the disk; the flusher makes them durable behind
+// the calls and then drops the copies that saves put aside. A burst of
+// prepares must still end flushed: no copy left aside, and the checkpoint
+// on disk holding every claim.
+func TestABurstOfSavesIsFlushed(t *testing.T) {
+	e := newEnv(t, "nvlink-2x4", seed)
+	var claims []string
+	for range 4 {
+		c := e.claim(class1x)
+		e.prepareOK(c)
+		claims = append(claims, string(c.UID))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		aside, err := filepath.Glob(filepath.Join(e.dirs.plugin, checkpoint.FileName+".*.old"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(aside) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after a burst of saves, copies are still aside (no flush ran): %v", aside)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, _, err := checkpoint.NewStore(e.dirs.plugin).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, uid := range claims {
+		if _, ok := st.Claims[types.UID(uid)]; !ok {
+			t.Errorf("claim %s is not in the flushed checkpoint", uid)
+		}
 	}
 }

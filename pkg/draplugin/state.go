@@ -161,8 +161,16 @@ func (d *Driver) save(st *checkpoint.State) error {
 	return nil
 }
 
-// flushDelay gathers the saves of a burst into one flush.
-const flushDelay = 20 * time.Millisecond
+// A burst of prepares saves every few milliseconds; a flush commits the
+// file system's journal, which holds up the renames and spec writes of the
+// calls still running. So the flusher waits until saves have been quiet
+// for flushQuiet, but never longer than flushMaxDelay after the first save
+// it has not flushed: one flush per burst, and a bounded window in which
+// a power loss can take saves (which the next start repairs).
+const (
+	flushQuiet    = 20 * time.Millisecond
+	flushMaxDelay = 200 * time.Millisecond
+)
 
 // flush makes every save durable soon after it happened: fsync of the
 // checkpoint and its directory, coalescing saves that come meanwhile.
@@ -173,13 +181,19 @@ func (d *Driver) flush(ctx context.Context) {
 			return
 		case <-d.flushCh:
 		}
-		// A burst of prepares saves many times in a few milliseconds;
-		// each flush commits the file system's journal, which holds up
-		// the saves and spec writes of the calls still running. One flush
-		// for the burst is as durable for the calls answered before it.
-		select {
-		case <-ctx.Done():
-		case <-d.clock.After(flushDelay):
+		deadline := d.clock.Now().Add(flushMaxDelay)
+	gather:
+		for {
+			select {
+			case <-ctx.Done():
+				break gather
+			case <-d.flushCh:
+				if !d.clock.Now().Before(deadline) {
+					break gather
+				}
+			case <-d.clock.After(flushQuiet):
+				break gather
+			}
 		}
 		if err := d.store.Sync(); err != nil {
 			d.metrics.prepareError("checkpoint")

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -51,6 +52,9 @@ type Latency struct {
 type PrepareStudy struct {
 	Options PrepareOptions
 	Rounds  [][]Latency
+	// CDIOnTmpfs says whether our plugin wrote its CDI specs to a tmpfs,
+	// as on a node, or to the machine's disk (no tmpfs here).
+	CDIOnTmpfs bool
 	// Steps are the mean durations of our prepare's steps over the
 	// one-claim socket calls of all rounds.
 	Steps []Step
@@ -71,7 +75,10 @@ func RunPrepare(ctx context.Context, c *harness.Cluster, opts PrepareOptions) (*
 	}
 	defer e.ours.Stop()
 	defer e.noop.Stop()
-	study := &PrepareStudy{Options: opts}
+	if e.cdiOnTmpfs {
+		defer os.RemoveAll(e.cdiRoot)
+	}
+	study := &PrepareStudy{Options: opts, CDIOnTmpfs: e.cdiOnTmpfs}
 	var steps []map[string]time.Duration
 	for r := 0; r < opts.Rounds; r++ {
 		var round []Latency

@@ -58,6 +58,11 @@ func (s *PrepareStudy) Table() *Table {
 	t.Notes = append(t.Notes, fmt.Sprintf("Both drivers register through the kubeletplugin helper with the same client rate limits (QPS %g, burst %d). "+
 		"socket: NodePrepareResources on the driver's socket, one claim per call; kubelet: the kubelet DRA manager's PrepareResources for a pod with one claim. "+
 		"1 claim at once: %d calls one after the other; p99 of n at once is the slowest of the n.", s.Options.QPS, s.Options.Burst, s.Options.Single))
+	if s.CDIOnTmpfs {
+		t.Notes = append(t.Notes, "Our CDI specs go to a tmpfs (/dev/shm), as on a node, where /var/run/cdi is one; the checkpoint to the disk.")
+	} else {
+		t.Notes = append(t.Notes, "This machine has no /dev/shm: our CDI specs go to the disk, which a node's /var/run/cdi (a tmpfs) does not.")
+	}
 	return t
 }
 

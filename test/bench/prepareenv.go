@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -52,6 +53,10 @@ type prepareEnv struct {
 	steps  *stepClock
 	n      int
 	mu     sync.Mutex
+	// cdiRoot is where our plugin writes its CDI specs; cdiOnTmpfs says
+	// whether it is a tmpfs of ours, removed at the end.
+	cdiRoot    string
+	cdiOnTmpfs bool
 }
 
 // stepClock records when our plugin passes each step of prepare.
@@ -98,11 +103,12 @@ func newPrepareEnv(ctx context.Context, c *harness.Cluster, qps float32, burst i
 	if err != nil {
 		return nil, err
 	}
-	e := &prepareEnv{c: c, node: node, client: client, steps: &stepClock{times: map[draplugin.HookPoint]time.Time{}}, conns: map[string]drapb.DRAPluginClient{}}
+	cdiRoot, onTmpfs := cdiDir(node.CDIDir)
+	e := &prepareEnv{c: c, node: node, cdiRoot: cdiRoot, cdiOnTmpfs: onTmpfs, client: client, steps: &stepClock{times: map[draplugin.HookPoint]time.Time{}}, conns: map[string]drapb.DRAPluginClient{}}
 	e.ours, err = draplugin.Start(ctx, draplugin.Options{
 		NodeName: node.Name, Client: client, Inventory: inv, Plan: plan,
 		Edits:         containeredits.Options{DeviceNumbers: sim.DeviceNumbers},
-		CDIRoot:       node.CDIDir,
+		CDIRoot:       cdiRoot,
 		PluginDataDir: filepath.Join(node.PluginsDir, draresources.DriverName),
 		RegistrarDir:  node.RegistryDir,
 		BootIDFile:    node.BootIDFile,
@@ -271,4 +277,17 @@ func errorsJoin(errs []error) error {
 		return nil
 	}
 	return fmt.Errorf("%s", strings.Join(msgs, "; "))
+}
+
+// cdiDir is where our plugin writes its specs in the study. On a node that
+// is /var/run/cdi, a tmpfs (a reboot empties it); the harness's directory
+// is on this machine's disk, where each spec's create and rename would
+// cost a journal entry a node never pays. So the specs go to a tmpfs when
+// the machine has one (/dev/shm), else to the harness's directory.
+func cdiDir(fallback string) (dir string, onTmpfs bool) {
+	dir, err := os.MkdirTemp("/dev/shm", "kyb-bench-cdi-")
+	if err != nil {
+		return fallback, false
+	}
+	return dir, true
 }

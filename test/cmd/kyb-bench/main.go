@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -39,6 +40,7 @@ func main() {
 	flag.IntVar(&opts.Footprint.Cycles, "cycles", 1000, "footprint study: prepare/unprepare cycles")
 	out := flag.String("o", "", "also write the tables to this file")
 	logFile := flag.String("log", "_output/bench.log", "where the control plane logs")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (control plane and drivers share the process) to this file")
 	flag.Parse()
 	opts.Studies = strings.Split(*studies, ",")
 	opts.Prepare.QPS = float32(*qps)
@@ -71,6 +73,17 @@ func main() {
 		}
 		defer f.Close()
 		w = io.MultiWriter(os.Stdout, f)
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fail(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
