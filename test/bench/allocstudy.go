@@ -164,16 +164,25 @@ func (st *AllocStudy) Tables() []*Table {
 		}
 		p.Rows = append(p.Rows, []string{u.Name, Dur(MedianDuration(rej)), Ratio(Median(rr)), Ratio(Median(est))})
 	}
-	p.Notes = []string{"Estimate: the step's first-fit run's time with each full-node reject costing the variant's time instead " +
-		"(every Allocate call but the last of each claim rejects a full node)."}
+	p.Notes = []string{"Estimate: the step's first-fit run with each full-node reject (every Allocate call but the last of each claim) " +
+		"scaled by the variant's reject time over the step's; the claim's last call costs the run's mean call."}
 	return []*Table{t, p}
 }
 
 // estimate is step i's first-fit throughput in round r had each full-node
-// reject taken reject instead of what it took.
+// reject taken reject instead of what it took. The run's Allocate calls
+// are scaled, not subtracted: the mean call of the run costs what it cost,
+// and a reject that much less by reject's ratio to the step's reject time.
+// (Subtracting the measured difference from the run's time is fragile:
+// the two are of one size, and noise between them turned it negative.)
 func (st *AllocStudy) estimate(r, i int, reject time.Duration) float64 {
 	ff := st.FirstFit[r][i]
-	rejects := ff.Calls - ff.Claims
-	elapsed := ff.Elapsed - time.Duration(rejects)*(st.Reject[r][i]-reject)
-	return float64(ff.Claims) / elapsed.Seconds()
+	if ff.Calls == 0 || st.Reject[r][i] <= 0 {
+		return 0
+	}
+	perCall := ff.Elapsed.Seconds() / float64(ff.Calls)
+	scale := float64(reject) / float64(st.Reject[r][i])
+	rejects := float64(ff.Calls - ff.Claims)
+	elapsed := float64(ff.Claims)*perCall + rejects*perCall*scale
+	return float64(ff.Claims) / elapsed
 }

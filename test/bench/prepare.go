@@ -19,8 +19,11 @@ import (
 type PrepareOptions struct {
 	// Concurrent is how many claims are prepared at once (one call each).
 	Concurrent int
-	// Single is how many one-claim calls are made one after the other.
-	Single int
+	// Single is how many one-claim calls are made one after the other,
+	// holding their claims; Passes is how many times that is done (the
+	// claims unprepared between passes), so that a p99 rests on
+	// Single*Passes samples and not on the slowest of a few.
+	Single, Passes int
 	// Rounds of the whole study; figures are medians over rounds.
 	Rounds int
 	// QPS and Burst are both drivers' client-side API rate limits.
@@ -62,8 +65,8 @@ type PrepareStudy struct {
 
 // Step is one part of our prepare.
 type Step struct {
-	Name string
-	Mean time.Duration
+	Name           string
+	Mean, P50, P99 time.Duration
 }
 
 // RunPrepare measures prepare latency of our driver and the no-op driver
@@ -91,7 +94,7 @@ func RunPrepare(ctx context.Context, c *harness.Cluster, opts PrepareOptions) (*
 		for _, path := range []Path{PathSocket, PathKubelet} {
 			for _, n := range []int{1, opts.Concurrent} {
 				for _, drv := range drivers {
-					l, s, err := e.measure(ctx, path, drv, n, opts.Single)
+					l, s, err := e.measure(ctx, path, drv, n, opts)
 					if err != nil {
 						return nil, fmt.Errorf("round %d, %s, %s, %d at once: %w", r, path, drv, n, err)
 					}
@@ -112,67 +115,83 @@ func RunPrepare(ctx context.Context, c *harness.Cluster, opts PrepareOptions) (*
 // done before the next scenario starts.
 const settle = 3 * time.Second
 
+// passSettle is the pause between passes of one-claim calls: just past
+// those delays.
+const passSettle = 1500 * time.Millisecond
+
 // measure prepares claims of driver through path: single one-claim calls
 // one after the other when n is 1, else n one-claim calls at once; then
 // unprepares them (not measured).
-func (e *prepareEnv) measure(ctx context.Context, path Path, driver string, n, single int) (Latency, []map[string]time.Duration, error) {
-	count := n
-	if n == 1 {
-		count = single
-	}
-	claims, err := e.claims(ctx, driver, count)
-	if err != nil {
-		return Latency{}, nil, err
-	}
+func (e *prepareEnv) measure(ctx context.Context, path Path, driver string, n int, opts PrepareOptions) (Latency, []map[string]time.Duration, error) {
 	l := Latency{Path: path, Driver: driver, Concurrent: n}
 	var steps []map[string]time.Duration
 	e.steps.batches()
 	if n == 1 {
-		for _, bc := range claims {
-			e.steps.reset()
-			start := time.Now()
-			if err := e.prepare(ctx, path, driver, bc); err != nil {
+		for range max(opts.Passes, 1) {
+			claims, err := e.claims(ctx, driver, opts.Single)
+			if err != nil {
 				return l, nil, err
 			}
-			end := time.Now()
-			l.Samples = append(l.Samples, end.Sub(start))
-			if path == PathSocket && driver == draresources.DriverName {
-				steps = append(steps, stepDurations(start, e.steps.reset(), end))
+			for _, bc := range claims {
+				e.steps.reset()
+				start := time.Now()
+				if err := e.prepare(ctx, path, driver, bc); err != nil {
+					return l, nil, err
+				}
+				end := time.Now()
+				l.Samples = append(l.Samples, end.Sub(start))
+				if path == PathSocket && driver == draresources.DriverName {
+					steps = append(steps, stepDurations(start, e.steps.reset(), end))
+				}
+			}
+			if err := e.done(ctx, path, driver, claims, passSettle); err != nil {
+				return l, nil, err
 			}
 		}
-	} else {
-		l.Samples = make([]time.Duration, n)
-		errs := make([]error, n)
-		var ready, done sync.WaitGroup
-		gate := make(chan struct{})
-		for i, bc := range claims {
-			ready.Add(1)
-			done.Add(1)
-			go func() {
-				defer done.Done()
-				ready.Done()
-				<-gate
-				start := time.Now()
-				errs[i] = e.prepare(ctx, path, driver, bc)
-				l.Samples[i] = time.Since(start)
-			}()
-		}
-		ready.Wait()
-		close(gate)
-		done.Wait()
-		if err := errorsJoin(errs); err != nil {
-			return l, nil, err
-		}
+		l.Batches = e.steps.batches()
+		return l, steps, nil
 	}
-	l.Batches = e.steps.batches()
-	if err := e.unprepare(ctx, path, driver, claims); err != nil {
+	claims, err := e.claims(ctx, driver, n)
+	if err != nil {
 		return l, nil, err
 	}
+	l.Samples = make([]time.Duration, n)
+	errs := make([]error, n)
+	var ready, done sync.WaitGroup
+	gate := make(chan struct{})
+	for i, bc := range claims {
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			ready.Done()
+			<-gate
+			start := time.Now()
+			errs[i] = e.prepare(ctx, path, driver, bc)
+			l.Samples[i] = time.Since(start)
+		}()
+	}
+	ready.Wait()
+	close(gate)
+	done.Wait()
+	if err := errorsJoin(errs); err != nil {
+		return l, nil, err
+	}
+	l.Batches = e.steps.batches()
+	return l, steps, e.done(ctx, path, driver, claims, settle)
+}
+
+// done unprepares a scenario's claims (not measured), frees their seats in
+// the allocator, and lets background work (our claim status writes) finish
+// before the next measurement: on this machine the API server shares the
+// CPUs.
+func (e *prepareEnv) done(ctx context.Context, path Path, driver string, claims []*benchClaim, pause time.Duration) error {
+	if err := e.unprepare(ctx, path, driver, claims); err != nil {
+		return err
+	}
 	e.release(claims)
-	// Let background work (our claim status writes) finish before the
-	// next scenario: on this machine the API server shares the CPUs.
-	time.Sleep(settle)
-	return l, steps, nil
+	time.Sleep(pause)
+	return nil
 }
 
 func (e *prepareEnv) prepare(ctx context.Context, path Path, driver string, bc *benchClaim) error {
@@ -253,7 +272,7 @@ func meanSteps(all []map[string]time.Duration) []Step {
 			}
 		}
 		if len(ds) > 0 {
-			out = append(out, Step{Name: name, Mean: Mean(ds)})
+			out = append(out, Step{Name: name, Mean: Mean(ds), P50: Percentile(ds, 50), P99: Percentile(ds, 99)})
 		}
 	}
 	return out

@@ -57,7 +57,8 @@ func (s *PrepareStudy) Table() *Table {
 	}
 	t.Notes = append(t.Notes, fmt.Sprintf("Both drivers register through the kubeletplugin helper with the same client rate limits (QPS %g, burst %d). "+
 		"socket: NodePrepareResources on the driver's socket, one claim per call; kubelet: the kubelet DRA manager's PrepareResources for a pod with one claim. "+
-		"1 claim at once: %d calls one after the other; p99 of n at once is the slowest of the n.", s.Options.QPS, s.Options.Burst, s.Options.Single))
+		"1 claim at once: %d passes of %d calls one after the other (the claims unprepared between passes); p99 of n at once is the slowest of the n.",
+		s.Options.QPS, s.Options.Burst, max(s.Options.Passes, 1), s.Options.Single))
 	if s.CDIOnTmpfs {
 		t.Notes = append(t.Notes, "Our CDI specs go to a tmpfs (/dev/shm), as on a node, where /var/run/cdi is one; the checkpoint to the disk.")
 	} else {
@@ -68,9 +69,9 @@ func (s *PrepareStudy) Table() *Table {
 
 // StepTable is where the time of one of our prepares goes.
 func (s *PrepareStudy) StepTable() *Table {
-	t := &Table{Title: "Where one prepare's time goes (ours, socket, one claim at a time; mean)", Header: []string{"step", "mean"}}
+	t := &Table{Title: "Where one prepare's time goes (ours, socket, one claim at a time)", Header: []string{"step", "mean", "p50", "p99"}}
 	for _, st := range s.Steps {
-		t.Rows = append(t.Rows, []string{st.Name, Dur(st.Mean)})
+		t.Rows = append(t.Rows, []string{st.Name, Dur(st.Mean), Dur(st.P50), Dur(st.P99)})
 	}
 	return t
 }
