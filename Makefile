@@ -6,6 +6,11 @@ CGO_ENABLED ?= 1
 export CGO_ENABLED
 # go-nvml dlopens libnvidia-ml at run time; linking must not need it.
 LDFLAGS   ?= -extldflags=-Wl,--unresolved-symbols=ignore-in-object-files
+# grpcnotrace leaves out grpc's golang.org/x/net/trace, whose html/template
+# makes the linker keep every exported method of every type: the plugin's
+# binary is a third smaller without it, and so is its resident memory
+# (docs/performance.md). hack/deps-check.sh keeps it that way.
+TAGS      ?= grpcnotrace
 PRESET    ?= dgx-h100
 NODES     ?= dgx-h100
 KEEP      ?=
@@ -20,13 +25,13 @@ DOCKER    ?= docker
 HELM_VERSION ?= v4.3.1
 HELM      ?= $(CURDIR)/_output/bin/helm
 
-.PHONY: help build test unit fuzz bench e2e lint fmt vet demo plan clean generate helm chart-test image image-check
+.PHONY: help build test unit fuzz bench e2e lint fmt vet deps-check demo plan clean generate helm chart-test image image-check
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## build the binaries into bin/
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+	$(GO) build -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 demo: ## run the product on a simulated cluster (NODES=dgx-h100[,pcie-8gpu] KEEP=1 to keep it running)
 	NODES=$(NODES) KEEP=$(KEEP) hack/demo.sh
@@ -53,7 +58,7 @@ e2e: helm ## end-to-end tests against etcd, kube-apiserver, kube-scheduler and t
 unit: ## unit tests of the product module, with the race detector
 	$(GO) test -race -count=1 ./...
 
-lint: fmt vet ## gofmt and go vet
+lint: fmt vet deps-check ## gofmt, go vet, and what the binaries link
 
 fmt: ## fail if gofmt would change a file
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
@@ -61,6 +66,9 @@ fmt: ## fail if gofmt would change a file
 vet: ## go vet, both modules
 	$(GO) vet ./...
 	cd test && $(GO) vet ./...
+
+deps-check: ## fail if a binary links a package that costs its memory (text/template and others)
+	TAGS='$(TAGS)' hack/deps-check.sh
 
 clean: ## remove build outputs (keeps the helm binary in _output/bin)
 	rm -rf $(BIN)

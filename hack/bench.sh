@@ -27,7 +27,7 @@ part() { # name, then the command; its stdout goes to $out/<name>.md
 }
 
 : >"$out/times.md"
-$GO build -o bin/ ./cmd/...
+make build GO="$GO"
 part shim $GO test -run '^$' -bench 'GetPreferredAllocation' -benchtime 20000x -benchmem ./pkg/deviceplugin
 part placement $GO run ./cmd/kyb-sim -svg "$out/placement.svg"
 (cd test && $GO build -ldflags "-X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \

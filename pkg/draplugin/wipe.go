@@ -7,7 +7,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
+	resourceinformers "k8s.io/client-go/informers/resource/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -29,11 +29,13 @@ func (d *Driver) watchForWipes(ctx context.Context) {
 		resourceapi.ResourceSliceSelectorNodeName: d.pool,
 		resourceapi.ResourceSliceSelectorDriver:   draresources.DriverName,
 	}.String()
-	inf := informers.NewSharedInformerFactoryWithOptions(d.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	// The one informer this needs, not a factory: a factory links an
+	// informer and a lister for every API group into the binary.
+	inf := resourceinformers.NewFilteredResourceSliceInformer(d.client, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
 		o.FieldSelector = selector
-	}))
+	})
 	wiped := make(chan struct{}, 1)
-	_, err := inf.Resource().V1().ResourceSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(any) {
 			select {
 			case wiped <- struct{}{}:
@@ -45,8 +47,7 @@ func (d *Driver) watchForWipes(ctx context.Context) {
 		logger.Error(err, "Cannot watch this node's ResourceSlices; slices deleted by a kubelet restart come back at the next resync")
 		return
 	}
-	inf.Start(ctx.Done())
-	defer inf.Shutdown()
+	go inf.RunWithContext(ctx)
 	for {
 		select {
 		case <-ctx.Done():

@@ -138,3 +138,35 @@ func TestKubeletRestart(t *testing.T) {
 		t.Errorf("after deleting a: %d prepared claims (%v), want only b's", len(st.Claims), err)
 	}
 }
+
+// A starting kubelet deletes every ResourceSlice of its node. The plugin
+// sees the deletion and publishes again within seconds, instead of at the
+// resourceslice controller's next resync, 30 seconds on, with the node
+// offering no seats meanwhile.
+func TestSlicesComeBackAfterTheKubeletDeletesThem(t *testing.T) {
+	c := harness.Start(t, harness.Options{Nodes: []harness.NodeOptions{{Name: "node-a", Preset: "dgx-h100", Config: seedConfig}}})
+	slices := c.Client.ResourceV1().ResourceSlices()
+	onNode := metav1.ListOptions{FieldSelector: "spec.nodeName=node-a"}
+	before, err := slices.List(c.Ctx, onNode)
+	if err != nil || len(before.Items) == 0 {
+		t.Fatalf("node-a's slices before: %d, %v", len(before.Items), err)
+	}
+
+	t0 := time.Now()
+	if err := slices.DeleteCollection(c.Ctx, metav1.DeleteOptions{}, onNode); err != nil {
+		t.Fatal(err)
+	}
+	var after int
+	err = wait.PollUntilContextTimeout(c.Ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := slices.List(ctx, onNode)
+		if err != nil {
+			return false, err
+		}
+		after = len(l.Items)
+		return after == len(before.Items), nil
+	})
+	if err != nil {
+		t.Fatalf("10 s after node-a's slices were deleted it has %d of %d: %v\nplugin log:\n%s", after, len(before.Items), err, c.Node("node-a").PluginLog.Tail(20))
+	}
+	t.Logf("node-a's %d slices published again %v after their deletion", after, time.Since(t0).Round(time.Millisecond))
+}
