@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 ROUNDS=${ROUNDS:-3}
-BENCH_FUZZTIME=${BENCH_FUZZTIME:-20s}
+BENCH_FUZZTIME=${BENCH_FUZZTIME:-10s}
 out=_output/bench
 mkdir -p "$out"
 report=$out/report.md

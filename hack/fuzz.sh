@@ -5,7 +5,7 @@
 # than a duration: Go 1.26's fuzzing coordinator can fail a target with a
 # bare "context deadline exceeded" when a -fuzztime duration runs out while
 # a worker is busy (golang/go#75804, fixed in Go 1.27), and a count has no
-# deadline to race. FUZZTIME=20s (make bench) runs each target for that
+# deadline to race. FUZZTIME=10s (make bench) runs each target for that
 # long instead; there, a failure that wrote no failing input and says only
 # "context deadline exceeded" is that race, reported and run once more.
 set -euo pipefail

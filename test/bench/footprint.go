@@ -159,25 +159,30 @@ func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions
 		}
 		claims = append(claims, bc)
 	}
-	for i := 0; i < opts.Cycles; i++ {
-		bc := claims[i%len(claims)]
-		resp, err := conn.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
-		if err != nil {
-			return nil, fmt.Errorf("cycle %d: prepare: %w", i, err)
+	// Twice Cycles cycles, sampled after each half: what the first half
+	// adds is warm-up (allocator arenas, the client's connection); a leak
+	// grows in the second half as well.
+	for half := 1; half <= 2; half++ {
+		for i := (half - 1) * opts.Cycles; i < half*opts.Cycles; i++ {
+			bc := claims[i%len(claims)]
+			resp, err := conn.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
+			if err != nil {
+				return nil, fmt.Errorf("cycle %d: prepare: %w", i, err)
+			}
+			if err := checkPrepared(resp, bc); err != nil {
+				return nil, fmt.Errorf("cycle %d: %w", i, err)
+			}
+			un, err := conn.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
+			if err != nil {
+				return nil, fmt.Errorf("cycle %d: unprepare: %w", i, err)
+			}
+			if r := un.Claims[string(bc.claim.UID)]; r == nil || r.Error != "" {
+				return nil, fmt.Errorf("cycle %d: unprepare: %v", i, r)
+			}
 		}
-		if err := checkPrepared(resp, bc); err != nil {
-			return nil, fmt.Errorf("cycle %d: %w", i, err)
+		if err := settle(fmt.Sprintf("after %d prepare/unprepare cycles", half*opts.Cycles)); err != nil {
+			return nil, err
 		}
-		un, err := conn.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
-		if err != nil {
-			return nil, fmt.Errorf("cycle %d: unprepare: %w", i, err)
-		}
-		if r := un.Claims[string(bc.claim.UID)]; r == nil || r.Error != "" {
-			return nil, fmt.Errorf("cycle %d: unprepare: %v", i, r)
-		}
-	}
-	if err := settle(fmt.Sprintf("after %d prepare/unprepare cycles", opts.Cycles)); err != nil {
-		return nil, err
 	}
 	st.Elapsed = time.Since(start)
 	return st, nil
@@ -295,11 +300,13 @@ func (st *FootprintStudy) Table() *Table {
 		t.Rows = append(t.Rows, []string{s.When, fmt.Sprintf("%.1f MiB", s.RSSMiB), fmt.Sprintf("%.1f MiB", s.AnonMiB), fmt.Sprintf("%.1f MiB", s.PeakMiB),
 			fmt.Sprintf("%.1f MiB", s.HeapMiB), fmt.Sprint(s.Goroutines), Verdict(s.RSSMiB <= FootprintGoal)})
 	}
-	if n := len(st.Samples); n == 2 {
-		a, b := st.Samples[0], st.Samples[1]
-		t.Notes = append(t.Notes, fmt.Sprintf("Growth over the cycles: RSS %+.1f MiB, heap %+.1f MiB, goroutines %+d. "+
+	if n := len(st.Samples); n == 3 {
+		a, b, c := st.Samples[0], st.Samples[1], st.Samples[2]
+		t.Notes = append(t.Notes, fmt.Sprintf("Growth over the first %d cycles: RSS %+.1f MiB, heap %+.1f MiB, goroutines %+d; "+
+			"over the next %d: RSS %+.1f MiB, heap %+.1f MiB, goroutines %+d. "+
 			"Each cycle prepares one claim over the plugin's socket (checkpoint, CDI spec, claim status) and unprepares it; 16 claims take turns.",
-			b.RSSMiB-a.RSSMiB, b.HeapMiB-a.HeapMiB, b.Goroutines-a.Goroutines))
+			st.Options.Cycles, b.RSSMiB-a.RSSMiB, b.HeapMiB-a.HeapMiB, b.Goroutines-a.Goroutines,
+			st.Options.Cycles, c.RSSMiB-b.RSSMiB, c.HeapMiB-b.HeapMiB, c.Goroutines-b.Goroutines))
 	}
 	return t
 }

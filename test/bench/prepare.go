@@ -24,6 +24,9 @@ type PrepareOptions struct {
 	// claims unprepared between passes), so that a p99 rests on
 	// Single*Passes samples and not on the slowest of a few.
 	Single, Passes int
+	// Bursts is how many times Concurrent claims are prepared at once in
+	// a round; their p99 is over all bursts' samples.
+	Bursts int
 	// Rounds of the whole study; figures are medians over rounds.
 	Rounds int
 	// QPS and Burst are both drivers' client-side API rate limits.
@@ -47,8 +50,9 @@ type Latency struct {
 	Driver     string
 	Concurrent int
 	Samples    []time.Duration
-	// Batches is how many batches our plugin prepared the claims in.
-	Batches int
+	// Batches is how many batches our plugin prepared the claims of all
+	// Passes in.
+	Batches, Passes int
 }
 
 // PrepareStudy holds every round's latencies and our plugin's steps.
@@ -85,22 +89,14 @@ func RunPrepare(ctx context.Context, c *harness.Cluster, opts PrepareOptions) (*
 	var steps []map[string]time.Duration
 	for r := 0; r < opts.Rounds; r++ {
 		var round []Latency
-		// Alternate which driver goes first, so that neither always runs
-		// on the heels of the other's background work.
-		drivers := []string{draresources.DriverName, NoopDriver}
-		if r%2 == 1 {
-			drivers[0], drivers[1] = drivers[1], drivers[0]
-		}
 		for _, path := range []Path{PathSocket, PathKubelet} {
 			for _, n := range []int{1, opts.Concurrent} {
-				for _, drv := range drivers {
-					l, s, err := e.measure(ctx, path, drv, n, opts)
-					if err != nil {
-						return nil, fmt.Errorf("round %d, %s, %s, %d at once: %w", r, path, drv, n, err)
-					}
-					round = append(round, l)
-					steps = append(steps, s...)
+				ls, s, err := e.measurePair(ctx, path, n, r, opts)
+				if err != nil {
+					return nil, fmt.Errorf("round %d, %s, %d at once: %w", r, path, n, err)
 				}
+				round = append(round, ls...)
+				steps = append(steps, s...)
 			}
 		}
 		study.Rounds = append(study.Rounds, round)
@@ -119,43 +115,74 @@ const settle = 3 * time.Second
 // those delays.
 const passSettle = 1500 * time.Millisecond
 
-// measure prepares claims of driver through path: single one-claim calls
-// one after the other when n is 1, else n one-claim calls at once; then
-// unprepares them (not measured).
-func (e *prepareEnv) measure(ctx context.Context, path Path, driver string, n int, opts PrepareOptions) (Latency, []map[string]time.Duration, error) {
-	l := Latency{Path: path, Driver: driver, Concurrent: n}
+// measurePair measures both drivers on one path and concurrency, taking
+// turns pass by pass (burst by burst), the first driver alternating, so
+// that both see the same machine: on a shared machine the noise of a
+// minute is larger than the difference measured. Each driver's samples are
+// pooled over its passes.
+func (e *prepareEnv) measurePair(ctx context.Context, path Path, n, round int, opts PrepareOptions) ([]Latency, []map[string]time.Duration, error) {
+	ls := map[string]*Latency{}
+	drivers := []string{draresources.DriverName, NoopDriver}
+	passes := max(opts.Passes, 1)
+	if n > 1 {
+		passes = max(opts.Bursts, 1)
+	}
+	for _, drv := range drivers {
+		ls[drv] = &Latency{Path: path, Driver: drv, Concurrent: n, Passes: passes}
+	}
 	var steps []map[string]time.Duration
 	e.steps.batches()
-	if n == 1 {
-		for range max(opts.Passes, 1) {
-			claims, err := e.claims(ctx, driver, opts.Single)
+	for p := range passes {
+		order := drivers
+		if (round+p)%2 == 1 {
+			order = []string{drivers[1], drivers[0]}
+		}
+		for _, drv := range order {
+			samples, s, err := e.measurePass(ctx, path, drv, n, opts.Single)
 			if err != nil {
-				return l, nil, err
+				return nil, nil, fmt.Errorf("%s: %w", drv, err)
 			}
-			for _, bc := range claims {
-				e.steps.reset()
-				start := time.Now()
-				if err := e.prepare(ctx, path, driver, bc); err != nil {
-					return l, nil, err
-				}
-				end := time.Now()
-				l.Samples = append(l.Samples, end.Sub(start))
-				if path == PathSocket && driver == draresources.DriverName {
-					steps = append(steps, stepDurations(start, e.steps.reset(), end))
-				}
-			}
-			if err := e.done(ctx, path, driver, claims, passSettle); err != nil {
-				return l, nil, err
+			ls[drv].Samples = append(ls[drv].Samples, samples...)
+			if drv == draresources.DriverName {
+				steps = append(steps, s...)
+				ls[drv].Batches += e.steps.batches()
 			}
 		}
-		l.Batches = e.steps.batches()
-		return l, steps, nil
+	}
+	return []Latency{*ls[drivers[0]], *ls[drivers[1]]}, steps, nil
+}
+
+// measurePass prepares claims of driver through path: single one-claim
+// calls one after the other when n is 1, else n one-claim calls at once;
+// then unprepares them (not measured) and lets the driver's background
+// work finish.
+func (e *prepareEnv) measurePass(ctx context.Context, path Path, driver string, n, single int) ([]time.Duration, []map[string]time.Duration, error) {
+	if n == 1 {
+		var samples []time.Duration
+		var steps []map[string]time.Duration
+		claims, err := e.claims(ctx, driver, single)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, bc := range claims {
+			e.steps.reset()
+			start := time.Now()
+			if err := e.prepare(ctx, path, driver, bc); err != nil {
+				return nil, nil, err
+			}
+			end := time.Now()
+			samples = append(samples, end.Sub(start))
+			if path == PathSocket && driver == draresources.DriverName {
+				steps = append(steps, stepDurations(start, e.steps.reset(), end))
+			}
+		}
+		return samples, steps, e.done(ctx, path, driver, claims, passSettle)
 	}
 	claims, err := e.claims(ctx, driver, n)
 	if err != nil {
-		return l, nil, err
+		return nil, nil, err
 	}
-	l.Samples = make([]time.Duration, n)
+	samples := make([]time.Duration, n)
 	errs := make([]error, n)
 	var ready, done sync.WaitGroup
 	gate := make(chan struct{})
@@ -168,17 +195,16 @@ func (e *prepareEnv) measure(ctx context.Context, path Path, driver string, n in
 			<-gate
 			start := time.Now()
 			errs[i] = e.prepare(ctx, path, driver, bc)
-			l.Samples[i] = time.Since(start)
+			samples[i] = time.Since(start)
 		}()
 	}
 	ready.Wait()
 	close(gate)
 	done.Wait()
 	if err := errorsJoin(errs); err != nil {
-		return l, nil, err
+		return nil, nil, err
 	}
-	l.Batches = e.steps.batches()
-	return l, steps, e.done(ctx, path, driver, claims, settle)
+	return samples, nil, e.done(ctx, path, driver, claims, settle)
 }
 
 // done unprepares a scenario's claims (not measured), frees their seats in

@@ -15,7 +15,7 @@ const PrepareGoal = 1.5
 func (s *PrepareStudy) Table() *Table {
 	t := &Table{
 		Title:  fmt.Sprintf("Prepare latency: ours against a no-op driver (median of %d rounds)", len(s.Rounds)),
-		Header: []string{"path", "claims at once", "ours p50", "ours p99", "no-op p50", "no-op p99", "p99 ratio", "goal ≤ 1.5x", "our batches"},
+		Header: []string{"path", "claims at once", "ours p50", "ours p99", "no-op p50", "no-op p99", "p99 ratio", "goal ≤ 1.5x", "our batches per pass"},
 	}
 	type key struct {
 		path Path
@@ -44,7 +44,7 @@ func (s *PrepareStudy) Table() *Table {
 					noop = l
 				}
 			}
-			batches = append(batches, float64(ours.Batches))
+			batches = append(batches, float64(ours.Batches)/float64(max(ours.Passes, 1)))
 			o50 = append(o50, Percentile(ours.Samples, 50))
 			o99 = append(o99, Percentile(ours.Samples, 99))
 			n50 = append(n50, Percentile(noop.Samples, 50))
@@ -53,12 +53,13 @@ func (s *PrepareStudy) Table() *Table {
 		}
 		r := Median(ratios)
 		t.Rows = append(t.Rows, []string{string(k.path), fmt.Sprint(k.n), Dur(MedianDuration(o50)), Dur(MedianDuration(o99)),
-			Dur(MedianDuration(n50)), Dur(MedianDuration(n99)), Ratio(r), Verdict(r <= PrepareGoal), fmt.Sprintf("%.0f", Median(batches))})
+			Dur(MedianDuration(n50)), Dur(MedianDuration(n99)), Ratio(r), Verdict(r <= PrepareGoal), fmt.Sprintf("%.1f", Median(batches))})
 	}
 	t.Notes = append(t.Notes, fmt.Sprintf("Both drivers register through the kubeletplugin helper with the same client rate limits (QPS %g, burst %d). "+
 		"socket: NodePrepareResources on the driver's socket, one claim per call; kubelet: the kubelet DRA manager's PrepareResources for a pod with one claim. "+
-		"1 claim at once: %d passes of %d calls one after the other (the claims unprepared between passes); p99 of n at once is the slowest of the n.",
-		s.Options.QPS, s.Options.Burst, max(s.Options.Passes, 1), s.Options.Single))
+		"1 claim at once: %d passes of %d calls one after the other (the claims unprepared between passes); %d at once: %d bursts, p99 over their %d samples. "+
+		"The drivers take turns pass by pass, the first alternating, and each p99 pools a driver's passes of one round.",
+		s.Options.QPS, s.Options.Burst, max(s.Options.Passes, 1), s.Options.Single, s.Options.Concurrent, max(s.Options.Bursts, 1), max(s.Options.Bursts, 1)*s.Options.Concurrent))
 	if s.CDIOnTmpfs {
 		t.Notes = append(t.Notes, "Our CDI specs go to a tmpfs (/dev/shm), as on a node, where /var/run/cdi is one; the checkpoint to the disk.")
 	} else {

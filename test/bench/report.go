@@ -36,13 +36,28 @@ func (t *Table) Write(w io.Writer) {
 
 // Dur formats a duration with three significant digits.
 func Dur(d time.Duration) string {
+	// Three significant digits; the unit is chosen after rounding, so that
+	// 999.7 µs reads 1 ms and not 1e+03 µs.
 	switch {
-	case d >= time.Second:
+	case d >= 999500*time.Microsecond:
 		return fmt.Sprintf("%.2f s", d.Seconds())
-	case d >= time.Millisecond:
-		return fmt.Sprintf("%.3g ms", float64(d)/float64(time.Millisecond))
+	case d >= 999500*time.Nanosecond:
+		return sig3(float64(d)/float64(time.Millisecond)) + " ms"
 	default:
-		return fmt.Sprintf("%.3g µs", float64(d)/float64(time.Microsecond))
+		return sig3(float64(d)/float64(time.Microsecond)) + " µs"
+	}
+}
+
+// sig3 formats x (below 1000) with three significant digits, without an
+// exponent.
+func sig3(x float64) string {
+	switch {
+	case x >= 99.95:
+		return fmt.Sprintf("%.0f", x)
+	case x >= 9.995:
+		return fmt.Sprintf("%.1f", x)
+	default:
+		return fmt.Sprintf("%.2f", x)
 	}
 }
 

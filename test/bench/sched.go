@@ -24,21 +24,36 @@ import (
 type SchedOptions struct {
 	// Nodes of each shape.
 	Nodes int
-	// Pods scheduled per shape and round, one claim each.
+	// Pods scheduled per shape and round onto empty nodes, one claim each.
 	Pods   int
 	Rounds int
+	// BusyShare is the share of the nodes that are full before the pods
+	// are released in the busy-cluster scenario; BusyFill is the share of
+	// the other nodes' seats those pods take (the same share for every
+	// shape, so that the last pods find as much room on each).
+	BusyShare, BusyFill float64
 	// Preset is our node.
 	Preset string
 }
 
-// SchedStudy is the in-process kube-scheduler's throughput on both shapes.
+// SchedStudy is the in-process kube-scheduler's throughput on both shapes,
+// on empty nodes and on a busy cluster.
 type SchedStudy struct {
-	Options SchedOptions
-	Shapes  []string
+	Options   SchedOptions
+	Scenarios []*SchedScenario
+}
+
+// SchedScenario is one situation the pods are released into, and the
+// shapes measured in it; the first shape is the basis of the ratios.
+type SchedScenario struct {
+	Name   string
+	Shapes []Shape
+	// Full is how many of the nodes are full before the pods come; Pods
+	// is how many pods come, per shape.
+	Full int
+	Pods []int
 	// PodsPerSecond per round, per shape.
 	PodsPerSecond [][]float64
-	// Fill is the share of the nodes' claims taken at the end of a round.
-	Fill []float64
 }
 
 // UpstreamBasicThreshold is scheduler_perf's pods/s threshold for its
@@ -50,56 +65,68 @@ const UpstreamBasicThreshold = 56
 // that the scheduler, not pod creation, sets the pace.
 const schedLabel = "bench.kyb.ai/round"
 
-// RunSched measures the scheduler's throughput on nodes of both shapes.
-// Every round gets fresh nodes, so that all rounds start from empty nodes.
+// RunSched measures the scheduler's throughput on nodes of each shape:
+// pods released onto empty nodes, and pods released onto a cluster most of
+// whose nodes are full, where most Filter calls reject a full node. The
+// busy cluster is measured with every group published and with
+// unavailable groups hidden (the plugin's default), each node published
+// as the plugin publishes it once its claims are prepared. Every round
+// gets fresh nodes, and the shapes take turns, the first alternating.
 func RunSched(ctx context.Context, c *harness.Cluster, opts SchedOptions) (*SchedStudy, error) {
-	ours, err := KybShape(ctx, "ours ("+opts.Preset+", default config)", opts.Preset, "", "1x")
+	ours, err := KybShape(ctx, "ours ("+opts.Preset+", every group published)", opts.Preset, "", "1x")
 	if err != nil {
 		return nil, err
 	}
-	shapes := []Shape{BasicShape(), ours}
-	st := &SchedStudy{Options: opts}
-	for _, s := range shapes {
-		st.Shapes = append(st.Shapes, s.Name)
-		st.Fill = append(st.Fill, float64(opts.Pods)/float64(opts.Nodes*s.PerNode))
-		if opts.Pods > opts.Nodes*s.PerNode {
-			return nil, fmt.Errorf("scheduler study: %d pods do not fit on %d nodes of %s", opts.Pods, opts.Nodes, s.Name)
-		}
-		for _, dc := range s.Classes {
-			if _, err := c.Client.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				return nil, fmt.Errorf("create class %s: %w", dc.Name, err)
+	hiding := hidingUnavailable(ours)
+	hiding.Name = "ours (" + opts.Preset + ", unavailable groups hidden: the default)"
+	basic := BasicShape()
+	full := int(float64(opts.Nodes)*opts.BusyShare + 0.5)
+	busy := fmt.Sprintf("busy: %d of %d nodes full", full, opts.Nodes)
+	busyPods := func(s Shape) int { return int(float64((opts.Nodes-full)*s.PerNode)*opts.BusyFill + 0.5) }
+	st := &SchedStudy{Options: opts, Scenarios: []*SchedScenario{
+		{Name: "empty nodes", Shapes: []Shape{basic, ours}, Pods: []int{opts.Pods, opts.Pods}},
+		{Name: busy, Shapes: []Shape{basic, ours, hiding}, Full: full, Pods: []int{busyPods(basic), busyPods(ours), busyPods(hiding)}},
+	}}
+	for _, sc := range st.Scenarios {
+		for i, s := range sc.Shapes {
+			if free := (opts.Nodes - sc.Full) * s.PerNode; sc.Pods[i] > free || sc.Pods[i] < 20 {
+				return nil, fmt.Errorf("scheduler study: %d pods for %d free nodes of %s: too many, or too few to measure", sc.Pods[i], opts.Nodes-sc.Full, s.Name)
+			}
+			for _, dc := range s.Classes {
+				if _, err := c.Client.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+					return nil, fmt.Errorf("create class %s: %w", dc.Name, err)
+				}
 			}
 		}
 	}
 	for r := 0; r < opts.Rounds; r++ {
-		var round []float64
-		order := []int{0, 1}
-		if r%2 == 1 {
-			order = []int{1, 0}
-		}
-		rates := make([]float64, len(shapes))
-		for _, i := range order {
-			rate, err := schedRound(ctx, c, shapes[i], fmt.Sprintf("r%d-s%d", r, i), opts)
-			if err != nil {
-				return nil, fmt.Errorf("round %d, %s: %w", r, shapes[i].Name, err)
+		for si, sc := range st.Scenarios {
+			rates := make([]float64, len(sc.Shapes))
+			for k := range sc.Shapes {
+				// Rotate which shape goes first from round to round.
+				i := (k + r) % len(sc.Shapes)
+				rate, err := schedRound(ctx, c, sc.Shapes[i], fmt.Sprintf("r%d-c%d-s%d", r, si, i), opts.Nodes, sc.Full, sc.Pods[i])
+				if err != nil {
+					return nil, fmt.Errorf("round %d, %s, %s: %w", r, sc.Name, sc.Shapes[i].Name, err)
+				}
+				rates[i] = rate
 			}
-			rates[i] = rate
+			sc.PodsPerSecond = append(sc.PodsPerSecond, rates)
 		}
-		round = append(round, rates...)
-		st.PodsPerSecond = append(st.PodsPerSecond, round)
 	}
 	return st, nil
 }
 
-// schedRound creates opts.Nodes nodes of shape s with their slices and
-// opts.Pods pods with one claim each, releases the pods and returns the
-// steady-state pods/s: from the tenth of them scheduled to the last.
-func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, opts SchedOptions) (float64, error) {
+// schedRound creates n nodes of shape s with their slices, fills the first
+// full of them (fillNodes), creates pods pods with one claim each,
+// releases them and returns the steady-state pods/s: from the tenth of
+// them scheduled to the last.
+func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, full, pods int) (float64, error) {
 	ns := "sched-" + id
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return 0, err
 	}
-	nodes := make([]string, opts.Nodes)
+	nodes := make([]string, n)
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("%s-node-%03d", id, i)
 	}
@@ -112,8 +139,11 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, opt
 			return c.Client.CoreV1().Nodes().Delete(context.WithoutCancel(ctx), nodes[i], metav1.DeleteOptions{})
 		})
 	}()
+	if err := fillNodes(ctx, c.Client, s, ns, nodes[:full]); err != nil {
+		return 0, err
+	}
 
-	scheduled := make(chan time.Time, opts.Pods)
+	scheduled := make(chan time.Time, pods)
 	inf := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(ns))
 	seen := sync.Map{}
 	podInf := inf.Core().V1().Pods().Informer()
@@ -131,7 +161,7 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, opt
 	inf.Start(stop)
 	inf.WaitForCacheSync(stop)
 
-	if err := parallel(ctx, opts.Pods, func(i int) error { return createPod(ctx, c.Client, ns, fmt.Sprintf("p%04d", i), s.Class, id) }); err != nil {
+	if err := parallel(ctx, pods, func(i int) error { return createPod(ctx, c.Client, ns, fmt.Sprintf("p%04d", i), s.Class, id) }); err != nil {
 		return 0, err
 	}
 	// Let the scheduler find every pod unschedulable first.
@@ -144,13 +174,13 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, opt
 		return 0, err
 	}
 	var times []time.Time
-	timeout := time.After(time.Duration(opts.Pods)*100*time.Millisecond + time.Minute)
-	for len(times) < opts.Pods {
+	timeout := time.After(time.Duration(pods)*100*time.Millisecond + time.Minute)
+	for len(times) < pods {
 		select {
 		case t := <-scheduled:
 			times = append(times, t)
 		case <-timeout:
-			return 0, fmt.Errorf("only %d of %d pods were scheduled", len(times), opts.Pods)
+			return 0, fmt.Errorf("only %d of %d pods were scheduled", len(times), pods)
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
@@ -259,20 +289,25 @@ func parallel(ctx context.Context, n int, f func(i int) error) error {
 // Table summarises the study.
 func (st *SchedStudy) Table() *Table {
 	t := &Table{
-		Title:  fmt.Sprintf("kube-scheduler (in-process) steady-state throughput, %d nodes per shape (median of %d rounds)", st.Options.Nodes, len(st.PodsPerSecond)),
-		Header: []string{"shape", "pods/s", "ratio to basic", "nodes' claims taken at the end"},
+		Title:  fmt.Sprintf("kube-scheduler (in-process) steady-state throughput, %d nodes per shape (median of %d rounds)", st.Options.Nodes, st.Options.Rounds),
+		Header: []string{"pods released onto", "shape", "pods", "pods/s", "ratio to basic", "nodes' claims taken at the end"},
 	}
-	for i, name := range st.Shapes {
-		var rates, ratios []float64
-		for _, r := range st.PodsPerSecond {
-			rates = append(rates, r[i])
-			ratios = append(ratios, r[i]/r[0])
+	for _, sc := range st.Scenarios {
+		for i, s := range sc.Shapes {
+			var rates, ratios []float64
+			for _, r := range sc.PodsPerSecond {
+				rates = append(rates, r[i])
+				ratios = append(ratios, r[i]/r[0])
+			}
+			fill := float64(sc.Full*s.PerNode+sc.Pods[i]) / float64(st.Options.Nodes*s.PerNode)
+			t.Rows = append(t.Rows, []string{sc.Name, s.Name, fmt.Sprint(sc.Pods[i]), fmt.Sprintf("%.0f", Median(rates)), Ratio(Median(ratios)), fmt.Sprintf("%.0f %%", 100*fill)})
 		}
-		t.Rows = append(t.Rows, []string{name, fmt.Sprintf("%.0f", Median(rates)), Ratio(Median(ratios)), fmt.Sprintf("%.0f %%", 100*st.Fill[i])})
 	}
-	t.Notes = []string{fmt.Sprintf("%d pods per shape and round, each with its own ResourceClaim for one device (ours: a 1x seat), created unschedulable "+
-		"and released at once by labelling the nodes; pods/s from the tenth pod scheduled to the last. The scheduler, API server and etcd share "+
+	t.Notes = []string{fmt.Sprintf("Each pod has its own ResourceClaim for one device (ours: a 1x seat); the pods are created unschedulable "+
+		"and released at once by labelling the nodes; pods/s from the tenth pod scheduled to the last. Busy: before the pods come, the "+
+		"scheduler's own allocator fills the first nodes, the claims are written to the API server as allocated, and each full node is "+
+		"published as the plugin publishes it once those claims are prepared; the pods then take %.0f %% of the other nodes' seats. The scheduler, API server and etcd share "+
 		"this machine's CPUs. Upstream's scheduler_perf threshold for its basic shape at 500 nodes is %d pods/s on its CI machines.",
-		st.Options.Pods, UpstreamBasicThreshold)}
+		100*st.Options.BusyFill, UpstreamBasicThreshold)}
 	return t
 }
