@@ -5,6 +5,9 @@ package draplugin
 type HookPoint string
 
 const (
+	// HookPrepareStart is passed when a prepare call reaches the plugin,
+	// after the helper read its claims.
+	HookPrepareStart HookPoint = "prepare-start"
 	// HookBeforeSave and HookAfterSave surround the checkpoint save that
 	// records a batch's seats.
 	HookBeforeSave    HookPoint = "before-save"
@@ -20,7 +23,7 @@ const (
 // HookPoints lists every point, in the order a prepare and an unprepare
 // pass them.
 var HookPoints = []HookPoint{
-	HookBeforeSave, HookAfterSave, HookAfterCDIWrite, HookAfterStatusWrite,
+	HookPrepareStart, HookBeforeSave, HookAfterSave, HookAfterCDIWrite, HookAfterStatusWrite,
 	HookAfterCDIRemove, HookAfterUnprepareSave,
 }
 

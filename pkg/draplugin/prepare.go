@@ -29,6 +29,7 @@ import (
 // unwritable checkpoint fails the call.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	logger := klog.FromContext(ctx)
+	d.hooks.run(HookPrepareStart)
 	d.metrics.observePrepareStart()
 	start := d.clock.Now()
 	defer func() { d.metrics.observePrepare(d.clock.Since(start), len(claims)) }()

@@ -105,15 +105,24 @@ func RunPrepare(ctx context.Context, c *harness.Cluster, opts PrepareOptions) (*
 	return study, nil
 }
 
-// settle is the pause between scenarios: longer than our plugin's delays
-// of its background work (claim status writes after 1 s, one slice
-// publish per 0.5 s of changes), so that a scenario's background work is
-// done before the next scenario starts.
+// settle is the pause after a burst of our claims: longer than our
+// plugin's delays of its background work (claim status writes after 1 s,
+// one slice publish per 0.5 s of changes), so that the next pass, either
+// driver's, starts on a quiet machine. The no-op driver leaves nothing
+// behind, so its passes are followed by no pause.
 const settle = 3 * time.Second
 
-// passSettle is the pause between passes of one-claim calls: just past
+// passSettle is the pause after a pass of our one-claim calls: just past
 // those delays.
 const passSettle = 1500 * time.Millisecond
+
+// pauseAfter is the pause after a pass of driver's.
+func pauseAfter(driver string, pause time.Duration) time.Duration {
+	if driver == draresources.DriverName {
+		return pause
+	}
+	return 0
+}
 
 // measurePair measures both drivers on one path and concurrency, taking
 // turns pass by pass (burst by burst), the first driver alternating, so
@@ -176,7 +185,7 @@ func (e *prepareEnv) measurePass(ctx context.Context, path Path, driver string, 
 				steps = append(steps, stepDurations(start, e.steps.reset(), end))
 			}
 		}
-		return samples, steps, e.done(ctx, path, driver, claims, passSettle)
+		return samples, steps, e.done(ctx, path, driver, claims, pauseAfter(driver, passSettle))
 	}
 	claims, err := e.claims(ctx, driver, n)
 	if err != nil {
@@ -204,7 +213,7 @@ func (e *prepareEnv) measurePass(ctx context.Context, path Path, driver string, 
 	if err := errorsJoin(errs); err != nil {
 		return nil, nil, err
 	}
-	return samples, nil, e.done(ctx, path, driver, claims, settle)
+	return samples, nil, e.done(ctx, path, driver, claims, pauseAfter(driver, settle))
 }
 
 // done unprepares a scenario's claims (not measured), frees their seats in
@@ -264,10 +273,11 @@ func stepDurations(start time.Time, at map[draplugin.HookPoint]time.Time, end ti
 		name string
 		at   time.Time
 	}{
-		{stepOrder[0], at[draplugin.HookBeforeSave]},
-		{stepOrder[1], at[draplugin.HookAfterSave]},
-		{stepOrder[2], at[draplugin.HookAfterCDIWrite]},
-		{stepOrder[3], end},
+		{stepOrder[0], at[draplugin.HookPrepareStart]},
+		{stepOrder[1], at[draplugin.HookBeforeSave]},
+		{stepOrder[2], at[draplugin.HookAfterSave]},
+		{stepOrder[3], at[draplugin.HookAfterCDIWrite]},
+		{stepOrder[4], end},
 	}
 	out := map[string]time.Duration{}
 	prev := start
@@ -284,7 +294,7 @@ func stepDurations(start time.Time, at map[draplugin.HookPoint]time.Time, end ti
 
 // stepOrder names the steps of a prepare call.
 var stepOrder = []string{
-	"gRPC + helper's claim GET + batch wait + seat choice", "checkpoint save (rename; fsync behind the call)", "CDI spec write",
+	"gRPC + helper's claim GET", "batch wait + seat choice", "checkpoint save (rename; fsync behind the call)", "CDI spec write",
 	"reply", "total",
 }
 
