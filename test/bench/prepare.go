@@ -105,24 +105,17 @@ func RunPrepare(ctx context.Context, c *harness.Cluster, opts PrepareOptions) (*
 	return study, nil
 }
 
-// settle is the pause after a burst of our claims: longer than our
-// plugin's delays of its background work (claim status writes after 1 s,
-// one slice publish per 0.5 s of changes), so that the next pass, either
-// driver's, starts on a quiet machine. The no-op driver leaves nothing
-// behind, so its passes are followed by no pause.
+// settle is the pause after every burst: longer than our plugin's delays
+// of its background work (claim status writes after 1 s, one slice
+// publish per 0.5 s of changes), so that the next pass starts on a quiet
+// machine. The no-op driver's passes get the same pause: the kubelet's
+// own work and the garbage of a pass of either driver outlast it, and a
+// pass that started on the heels of another would pay for it.
 const settle = 3 * time.Second
 
-// passSettle is the pause after a pass of our one-claim calls: just past
+// passSettle is the pause after every pass of one-claim calls: just past
 // those delays.
 const passSettle = 1500 * time.Millisecond
-
-// pauseAfter is the pause after a pass of driver's.
-func pauseAfter(driver string, pause time.Duration) time.Duration {
-	if driver == draresources.DriverName {
-		return pause
-	}
-	return 0
-}
 
 // measurePair measures both drivers on one path and concurrency, taking
 // turns pass by pass (burst by burst), the first driver alternating, so
@@ -185,7 +178,7 @@ func (e *prepareEnv) measurePass(ctx context.Context, path Path, driver string, 
 				steps = append(steps, stepDurations(start, e.steps.reset(), end))
 			}
 		}
-		return samples, steps, e.done(ctx, path, driver, claims, pauseAfter(driver, passSettle))
+		return samples, steps, e.done(ctx, path, driver, claims, passSettle)
 	}
 	claims, err := e.claims(ctx, driver, n)
 	if err != nil {
@@ -213,7 +206,7 @@ func (e *prepareEnv) measurePass(ctx context.Context, path Path, driver string, 
 	if err := errorsJoin(errs); err != nil {
 		return nil, nil, err
 	}
-	return samples, nil, e.done(ctx, path, driver, claims, pauseAfter(driver, settle))
+	return samples, nil, e.done(ctx, path, driver, claims, settle)
 }
 
 // done unprepares a scenario's claims (not measured), frees their seats in

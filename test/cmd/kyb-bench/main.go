@@ -32,7 +32,7 @@ func main() {
 	flag.StringVar(&opts.Alloc.Preset, "preset", "dgx-h100", "simulated node of our shape")
 	flag.IntVar(&opts.Prepare.Concurrent, "prepare-concurrent", 64, "prepare study: claims prepared at once")
 	flag.IntVar(&opts.Prepare.Single, "prepare-single", 16, "prepare study: one-claim calls made one after the other in a pass")
-	flag.IntVar(&opts.Prepare.Passes, "prepare-passes", 12, "prepare study: passes of one-claim calls (their p99 rests on single x passes samples)")
+	flag.IntVar(&opts.Prepare.Passes, "prepare-passes", 8, "prepare study: passes of one-claim calls (their p99 rests on single x passes samples)")
 	flag.IntVar(&opts.Prepare.Bursts, "prepare-bursts", 3, "prepare study: bursts of concurrent claims per round (their p99 rests on concurrent x bursts samples)")
 	qps := flag.Float64("prepare-qps", 1000, "prepare study: both drivers' client QPS")
 	flag.IntVar(&opts.Prepare.Burst, "prepare-burst", 1000, "prepare study: both drivers' client burst")
