@@ -1,0 +1,127 @@
+//go:build charttest
+
+package charttest
+
+import (
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+func checkPodSecurity(t *testing.T, m *manifest, tc chartCase) {
+	ds := daemonSet(t, m)
+	pod := ds.Spec.Template.Spec
+	c := pod.Containers[0]
+	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
+		t.Errorf("host namespaces: network %v, pid %v, ipc %v; want none", pod.HostNetwork, pod.HostPID, pod.HostIPC)
+	}
+	if pod.PriorityClassName != "system-node-critical" {
+		t.Errorf("priority class %q", pod.PriorityClassName)
+	}
+	if got := *pod.AutomountServiceAccountToken; got != !tc.deviceMode {
+		t.Errorf("automountServiceAccountToken %v; only the DRA plugin calls the API", got)
+	}
+	sc := c.SecurityContext
+	if sc == nil {
+		t.Fatal("no container securityContext")
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Error("readOnlyRootFilesystem is not true")
+	}
+	if sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Error("seccompProfile is not RuntimeDefault")
+	}
+	if sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.RunAsNonRoot == nil || *sc.RunAsNonRoot {
+		t.Error("want runAsUser 0 and runAsNonRoot false (root-owned host directories)")
+	}
+	if tc.privileged {
+		if sc.Privileged == nil || !*sc.Privileged {
+			t.Error("gpuAccess=privileged renders no privileged container")
+		}
+		return
+	}
+	if sc.Privileged == nil || *sc.Privileged {
+		t.Error("privileged is not false")
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("allowPrivilegeEscalation is not false")
+	}
+	if sc.Capabilities == nil || !reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
+		t.Errorf("capabilities %+v, want drop [ALL] and nothing added", sc.Capabilities)
+	}
+	e := env(c)
+	switch {
+	case tc.simulated:
+		if e["NVIDIA_VISIBLE_DEVICES"].Value != "void" {
+			t.Error("a simulated node must keep the NVIDIA runtime from injecting GPUs")
+		}
+	default:
+		if e["NVIDIA_VISIBLE_DEVICES"].Value != "all" {
+			t.Error("gpuAccess=nvidia-runtime must ask for every GPU (NVIDIA_VISIBLE_DEVICES=all)")
+		}
+	}
+}
+
+func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
+	ds := daemonSet(t, m)
+	pod := ds.Spec.Template.Spec
+	mounts := map[string]corev1.VolumeMount{}
+	for _, vm := range pod.Containers[0].VolumeMounts {
+		mounts[vm.Name] = vm
+	}
+	type hostMount struct {
+		container string
+		readOnly  bool
+	}
+	got := map[string]hostMount{}
+	for _, v := range pod.Volumes {
+		if v.HostPath == nil {
+			continue
+		}
+		vm, ok := mounts[v.Name]
+		if !ok {
+			t.Errorf("host path %s is not mounted", v.HostPath.Path)
+			continue
+		}
+		if vm.MountPropagation != nil && *vm.MountPropagation != corev1.MountPropagationNone {
+			t.Errorf("host path %s has mount propagation %s", v.HostPath.Path, *vm.MountPropagation)
+		}
+		got[v.HostPath.Path] = hostMount{container: vm.MountPath, readOnly: vm.ReadOnly}
+	}
+	want := map[string]hostMount{
+		"/var/lib/kubelet/plugins/gpu.kyb.ai": {container: "/var/lib/kubelet/plugins/gpu.kyb.ai"},
+		"/var/run/cdi":                        {container: "/var/run/cdi"},
+	}
+	if tc.deviceMode {
+		want["/var/lib/kubelet/device-plugins"] = hostMount{container: "/var/lib/kubelet/device-plugins"}
+	} else {
+		want["/var/lib/kubelet/plugins_registry"] = hostMount{container: "/var/lib/kubelet/plugins_registry"}
+	}
+	if !tc.simulated {
+		want["/etc/cdi"] = hostMount{container: "/etc/cdi", readOnly: true}
+		want["/dev"] = hostMount{container: "/host/dev", readOnly: true}
+		for host, ctr := range tc.driverMount {
+			want[host] = hostMount{container: ctr, readOnly: true}
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("host paths:\n got %v\nwant %v", got, want)
+	}
+	e := env(pod.Containers[0])
+	if !tc.simulated {
+		for name, value := range map[string]string{"NVIDIA_DRIVER_ROOT": "/driver-root", "KYB_DEV_ROOT": "/host"} {
+			if e[name].Value != value {
+				t.Errorf("%s=%q, want %q", name, e[name].Value, value)
+			}
+		}
+		for host := range tc.driverMount {
+			if tc.driverMount[host] == "/driver-root" && e["NVIDIA_HOST_DRIVER_ROOT"].Value != host {
+				t.Errorf("NVIDIA_HOST_DRIVER_ROOT=%q, want %q", e["NVIDIA_HOST_DRIVER_ROOT"].Value, host)
+			}
+		}
+	}
+	if e["KYB_CONFIG"].Value != "/etc/kyb-dra-driver/config.yaml" || e["NODE_NAME"].ValueFrom == nil || e["NODE_NAME"].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("KYB_CONFIG %+v, NODE_NAME %+v", e["KYB_CONFIG"], e["NODE_NAME"])
+	}
+}
