@@ -19,6 +19,7 @@ type metrics struct {
 	published         *prometheus.GaugeVec
 	hidden            prometheus.Gauge
 	inflight          prometheus.Gauge
+	statusesWritten   prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -49,8 +50,11 @@ func newMetrics() *metrics {
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kyb_dra_prepare_inflight", Help: "NodePrepareResources calls in progress.",
 		}),
+		statusesWritten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kyb_dra_claim_statuses_written_total", Help: "Claim statuses written with the seats of their devices (a second after their prepare; failures count in kyb_dra_errors_total{kind=\"status\"}).",
+		}),
 	}
-	m.registry.MustRegister(m.prepares, m.unprepares, m.prepareDuration, m.unprepareDuration, m.errors, m.published, m.hidden, m.inflight)
+	m.registry.MustRegister(m.prepares, m.unprepares, m.prepareDuration, m.unprepareDuration, m.errors, m.published, m.hidden, m.inflight, m.statusesWritten)
 	// The runtime's own figures (goroutines, heap, resident memory), which
 	// operators watch for leaks.
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -2,8 +2,6 @@ package draplugin_test
 
 import (
 	"testing"
-
-	dto "github.com/prometheus/client_model/go"
 )
 
 func TestMetricsCountPreparesAndErrors(t *testing.T) {
@@ -16,18 +14,35 @@ func TestMetricsCountPreparesAndErrors(t *testing.T) {
 	e.prepare(bad)
 	e.unprepare(good)
 
+	value := e.metric
+	if v := value("kyb_dra_prepared_claims_total", nil); v != 2 {
+		t.Errorf("prepared claims %v, want 2 (one failed)", v)
+	}
+	if v := value("kyb_dra_errors_total", map[string]string{"operation": "prepare", "kind": "claim"}); v != 1 {
+		t.Errorf("claim errors %v, want 1", v)
+	}
+	if v := value("kyb_dra_prepare_duration_seconds", nil); v != 2 {
+		t.Errorf("prepare latency samples %v, want 2 calls", v)
+	}
+	if v := value("kyb_dra_unprepared_claims_total", nil); v != 1 {
+		t.Errorf("unprepared %v, want 1", v)
+	}
+	if v := value("kyb_dra_published_devices", map[string]string{"profile": "1x", "layout": "shared"}); v != 8 {
+		t.Errorf("published 1x devices %v, want 8", v)
+	}
+}
+
+// metric reads one series of the driver's metrics: a counter's or gauge's
+// value, a histogram's sample count. labels select the series.
+func (e *env) metric(name string, labels map[string]string) float64 {
+	e.t.Helper()
 	families, err := e.driver.Registry().Gather()
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	got := map[string]*dto.MetricFamily{}
 	for _, f := range families {
-		got[f.GetName()] = f
-	}
-	value := func(name string, labels map[string]string) float64 {
-		f := got[name]
-		if f == nil {
-			t.Fatalf("metric %s missing", name)
+		if f.GetName() != name {
+			continue
 		}
 	next:
 		for _, m := range f.Metric {
@@ -45,22 +60,8 @@ func TestMetricsCountPreparesAndErrors(t *testing.T) {
 				return float64(m.Histogram.GetSampleCount())
 			}
 		}
-		t.Fatalf("metric %s has no series %v", name, labels)
-		return 0
+		e.t.Fatalf("metric %s has no series %v", name, labels)
 	}
-	if v := value("kyb_dra_prepared_claims_total", nil); v != 2 {
-		t.Errorf("prepared claims %v, want 2 (one failed)", v)
-	}
-	if v := value("kyb_dra_errors_total", map[string]string{"operation": "prepare", "kind": "claim"}); v != 1 {
-		t.Errorf("claim errors %v, want 1", v)
-	}
-	if v := value("kyb_dra_prepare_duration_seconds", nil); v != 2 {
-		t.Errorf("prepare latency samples %v, want 2 calls", v)
-	}
-	if v := value("kyb_dra_unprepared_claims_total", nil); v != 1 {
-		t.Errorf("unprepared %v, want 1", v)
-	}
-	if v := value("kyb_dra_published_devices", map[string]string{"profile": "1x", "layout": "shared"}); v != 8 {
-		t.Errorf("published 1x devices %v, want 8", v)
-	}
+	e.t.Fatalf("metric %s missing", name)
+	return 0
 }

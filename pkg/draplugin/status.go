@@ -112,6 +112,7 @@ func (d *Driver) writeNextStatus(ctx context.Context) bool {
 	switch {
 	case err == nil:
 		d.statusQueue.Forget(uid)
+		d.metrics.statusesWritten.Inc()
 		d.mu.Lock()
 		if d.st != nil && d.st.Claims[uid] == c {
 			c.StatusWritten = true

@@ -61,8 +61,22 @@ func TestStatusWriteFailureDoesNotFailPrepare(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	if v := e.metric("kyb_dra_claim_statuses_written_total", nil); v != 0 {
+		t.Errorf("statuses written %v while every write is refused", v)
+	}
 	refuse.Store(false)
 	e.waitStatus(c)
+	// The counter follows the write that waitStatus saw.
+	deadline = time.Now().Add(10 * time.Second)
+	for e.metric("kyb_dra_claim_statuses_written_total", nil) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("statuses written %v, want 1", e.metric("kyb_dra_claim_statuses_written_total", nil))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if v := e.metric("kyb_dra_errors_total", map[string]string{"operation": "prepare", "kind": "status"}); v < 2 {
+		t.Errorf("status errors %v, want the refused tries counted", v)
+	}
 }
 
 // A status the plugin could not write before it stopped (or crashed: the

@@ -30,6 +30,10 @@ type FootprintOptions struct {
 	Plugin string
 	// Cycles of prepare and unprepare, one claim each.
 	Cycles int
+	// Held is how many claims are prepared before they are unprepared:
+	// they stay prepared until the plugin has written their statuses, a
+	// second after the prepare, as a pod's claim does.
+	Held int
 }
 
 // FootprintGoal is the most resident memory the plugin may use, in MiB.
@@ -43,6 +47,12 @@ type Sample struct {
 	// libraries' pages, shared with every other process mapping them.
 	AnonMiB    float64
 	Goroutines int
+	// AllocatedMiB is what the Go heap has allocated since start, GCs the
+	// collections since start.
+	AllocatedMiB float64
+	GCs          int
+	// CPU is the process's CPU time (user and system) since start.
+	CPU time.Duration
 }
 
 // FootprintStudy is the plugin's footprint after start and after the
@@ -51,8 +61,11 @@ type FootprintStudy struct {
 	Options FootprintOptions
 	// BinaryMiB is the plugin binary's size.
 	BinaryMiB float64
-	Samples   []Sample
-	Elapsed   time.Duration
+	// GOGC is the plugin's garbage collection target, as its metrics
+	// report it.
+	GOGC    string
+	Samples []Sample
+	Elapsed time.Duration
 }
 
 // RunFootprint starts the plugin binary on a simulated dgx-h100 node of
@@ -132,6 +145,9 @@ func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions
 	if err := settle("after start, slices published"); err != nil {
 		return nil, err
 	}
+	if m, err := scrape(metrics); err == nil {
+		st.GOGC = fmt.Sprint(m["go_gc_gogc_percent"])
+	}
 
 	// Claims allocated on the node and reserved for pods, cycled through.
 	plan, inv, _, err := Plan(ctx, "dgx-h100", node.Name, PrepareConfig)
@@ -144,7 +160,7 @@ func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions
 	class := draresources.DeviceClassName(plan.Profile("1x").Resource)
 	e := &prepareEnv{c: c}
 	var claims []*benchClaim
-	for i := 0; i < 16; i++ {
+	for i := 0; i < max(opts.Held, 1); i++ {
 		name := fmt.Sprintf("fp%03d", i)
 		r, err := alloc.Allocate(ctx, allocator.Claim(name, class, 1), node.Name)
 		if err != nil || r == nil {
@@ -163,22 +179,12 @@ func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions
 	// adds is warm-up (allocator arenas, the client's connection); a leak
 	// grows in the second half as well.
 	for half := 1; half <= 2; half++ {
-		for i := (half - 1) * opts.Cycles; i < half*opts.Cycles; i++ {
-			bc := claims[i%len(claims)]
-			resp, err := conn.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
-			if err != nil {
-				return nil, fmt.Errorf("cycle %d: prepare: %w", i, err)
+		for done := 0; done < opts.Cycles; {
+			k := min(len(claims), opts.Cycles-done)
+			if err := footprintRound(ctx, conn, metrics, claims[:k]); err != nil {
+				return nil, fmt.Errorf("cycle %d: %w", (half-1)*opts.Cycles+done, err)
 			}
-			if err := checkPrepared(resp, bc); err != nil {
-				return nil, fmt.Errorf("cycle %d: %w", i, err)
-			}
-			un, err := conn.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
-			if err != nil {
-				return nil, fmt.Errorf("cycle %d: unprepare: %w", i, err)
-			}
-			if r := un.Claims[string(bc.claim.UID)]; r == nil || r.Error != "" {
-				return nil, fmt.Errorf("cycle %d: unprepare: %v", i, r)
-			}
+			done += k
 		}
 		if err := settle(fmt.Sprintf("after %d prepare/unprepare cycles", half*opts.Cycles)); err != nil {
 			return nil, err
@@ -186,6 +192,47 @@ func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions
 	}
 	st.Elapsed = time.Since(start)
 	return st, nil
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc's CPU times: 100
+// on every Linux architecture Go supports.
+const clockTicks = 100
+
+// footprintRound prepares claims one call each, waits until the plugin
+// has written their statuses, and unprepares them: a cycle per claim.
+func footprintRound(ctx context.Context, conn drapb.DRAPluginClient, metrics string, claims []*benchClaim) error {
+	before, err := scrape(metrics)
+	if err != nil {
+		return err
+	}
+	for _, bc := range claims {
+		resp, err := conn.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
+		if err != nil {
+			return fmt.Errorf("prepare: %w", err)
+		}
+		if err := checkPrepared(resp, bc); err != nil {
+			return err
+		}
+	}
+	const written = "kyb_dra_claim_statuses_written_total"
+	want := before[written] + float64(len(claims))
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, false, func(ctx context.Context) (bool, error) {
+		m, err := scrape(metrics)
+		return err == nil && m[written] >= want, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the plugin did not write the statuses of %d claims: %w", len(claims), err)
+	}
+	for _, bc := range claims {
+		un, err := conn.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
+		if err != nil {
+			return fmt.Errorf("unprepare: %w", err)
+		}
+		if r := un.Claims[string(bc.claim.UID)]; r == nil || r.Error != "" {
+			return fmt.Errorf("unprepare: %v", r)
+		}
+	}
+	return nil
 }
 
 // sample reads the process's memory from /proc and the runtime's figures
@@ -214,11 +261,26 @@ func sample(pid int, metrics, when string) (Sample, error) {
 			s.AnonMiB = kb / 1024
 		}
 	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return s, err
+	}
+	// Fields 14 and 15 (utime, stime) in clock ticks, counted after the
+	// command name, which may hold spaces but ends with the last ')'.
+	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 {
+		if f := strings.Fields(string(stat[i+1:])); len(f) > 12 {
+			ut, _ := strconv.ParseInt(f[11], 10, 64)
+			st, _ := strconv.ParseInt(f[12], 10, 64)
+			s.CPU = time.Duration(ut+st) * time.Second / clockTicks
+		}
+	}
 	m, err := scrape(metrics)
 	if err != nil {
 		return s, err
 	}
 	s.Goroutines = int(m["go_goroutines"])
+	s.AllocatedMiB = m["go_memstats_alloc_bytes_total"] / (1 << 20)
+	s.GCs = int(m["go_gc_duration_seconds_count"])
 	s.HeapMiB = m["go_memstats_heap_inuse_bytes"] / (1 << 20)
 	return s, nil
 }
@@ -304,9 +366,11 @@ func (st *FootprintStudy) Table() *Table {
 		a, b, c := st.Samples[0], st.Samples[1], st.Samples[2]
 		t.Notes = append(t.Notes, fmt.Sprintf("Growth over the first %d cycles: RSS %+.1f MiB, heap %+.1f MiB, goroutines %+d; "+
 			"over the next %d: RSS %+.1f MiB, heap %+.1f MiB, goroutines %+d. "+
-			"Each cycle prepares one claim over the plugin's socket (checkpoint, CDI spec, claim status) and unprepares it; 16 claims take turns.",
+			"Each cycle prepares one claim over the plugin's socket (checkpoint, CDI spec) and unprepares it once the plugin has written its status; %d claims are held at a time. "+
+			"Over the second %d cycles the plugin used %s of CPU per cycle, allocated %.0f KiB per cycle and collected garbage %d times (GOGC %s).",
 			st.Options.Cycles, b.RSSMiB-a.RSSMiB, b.HeapMiB-a.HeapMiB, b.Goroutines-a.Goroutines,
-			st.Options.Cycles, c.RSSMiB-b.RSSMiB, c.HeapMiB-b.HeapMiB, c.Goroutines-b.Goroutines))
+			st.Options.Cycles, c.RSSMiB-b.RSSMiB, c.HeapMiB-b.HeapMiB, c.Goroutines-b.Goroutines, st.Options.Held,
+			st.Options.Cycles, Dur((c.CPU-b.CPU)/time.Duration(st.Options.Cycles)), (c.AllocatedMiB-b.AllocatedMiB)*1024/float64(st.Options.Cycles), c.GCs-b.GCs, st.GOGC))
 	}
 	return t
 }

@@ -42,6 +42,7 @@ func main() {
 	flag.Float64Var(&opts.Sched.BusyFill, "sched-busy-fill", 0.6, "scheduler study: share of the free nodes' seats the pods released onto the busy cluster take")
 	flag.StringVar(&opts.Footprint.Plugin, "plugin", "bin/kyb-dra-plugin", "footprint study: the plugin binary")
 	flag.IntVar(&opts.Footprint.Cycles, "cycles", 1000, "footprint study: prepare/unprepare cycles")
+	flag.IntVar(&opts.Footprint.Held, "cycles-held", 50, "footprint study: claims held prepared at a time, until their statuses are written (at most the node's 64 one-GPU seats)")
 	out := flag.String("o", "", "also write the tables to this file")
 	logFile := flag.String("log", "_output/bench.log", "where the control plane logs")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (control plane and drivers share the process) to this file")
