@@ -117,9 +117,7 @@ func (d *Driver) recoverLostState(ctx context.Context) {
 			logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
 			return false, nil
 		}
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		unlock, err := d.lockFile()
+		unlock, err := d.lockState()
 		if err != nil {
 			logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
 			return false, nil

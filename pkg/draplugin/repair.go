@@ -20,13 +20,11 @@ import (
 // removed, and the boot ID is recorded.
 func (d *Driver) repair(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	// During a rolling update the old pod still serves the kubelet. Take
 	// the lock around its checkpoint changes, so that this repair neither
 	// removes a spec the old pod just wrote nor saves an older checkpoint
 	// over its newer one.
-	unlock, err := d.lockFile()
+	unlock, err := d.lockState()
 	if err != nil {
 		return err
 	}

@@ -206,6 +206,18 @@ func (d *Driver) flush(ctx context.Context) {
 // update around every change of the checkpoint; it is the lock the
 // kubeletplugin helper of an instance that serialises its calls takes.
 // Without rolling updates d.mu alone suffices.
+// lockState takes the plugin's lock and then the file lock shared with the
+// other pod of a rolling update; the func it returns releases both.
+func (d *Driver) lockState() (func(), error) {
+	d.mu.Lock()
+	unlock, err := d.lockFile()
+	if err != nil {
+		d.mu.Unlock()
+		return nil, err
+	}
+	return func() { unlock(); d.mu.Unlock() }, nil
+}
+
 func (d *Driver) lockFile() (func(), error) {
 	if d.opts.PodUID == "" {
 		return func() {}, nil

@@ -91,9 +91,7 @@ func (d *Driver) allocatedHere(claim *resourceapi.ResourceClaim) bool {
 // release drops stale claims: their specs go, their seats become free.
 func (d *Driver) release(ctx context.Context, stale map[types.UID]string) error {
 	logger := klog.FromContext(ctx)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	unlock, err := d.lockFile()
+	unlock, err := d.lockState()
 	if err != nil {
 		return err
 	}
