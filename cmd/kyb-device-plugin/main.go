@@ -9,14 +9,14 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/command"
+	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-device-plugin/app"
 )
 
 func main() {
 	// SIGTERM cancels the context; the shim then removes its sockets, so
 	// the kubelet sees its resources go at once.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := command.DevicePlugin(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	code := app.Run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }

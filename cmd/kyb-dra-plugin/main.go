@@ -8,12 +8,12 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/command"
+	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-dra-plugin/app"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := command.DRAPlugin(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	code := app.Run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 )
 
@@ -74,17 +75,17 @@ func (r *resource) lookup(ids []string) ([]seatRef, error) {
 
 // allocateContainer hands out the seats of one container request.
 func (r *resource) allocateContainer(refs []seatRef) (*pluginapi.ContainerAllocateResponse, error) {
-	bad := r.health.unhealthy()
+	bad := r.health.Faults()
 	var seats []containeredits.Seat
 	var gpus []inventory.GPU
 	var gens []int64
 	for _, ref := range refs {
 		g := r.groups[ref.group]
-		if groupHealth(g, bad) != pluginapi.Healthy {
+		if ok, why := health.OfGPUs(g.GPUs, bad); !ok {
 			// The kubelet allocates only healthy devices; a GPU that failed
 			// since then still fails the container more clearly than a
 			// refusal that leaves the pod in UnexpectedAdmissionError.
-			r.logger.Info("WARNING: allocating a seat of an unhealthy group", "seat", r.ids[ref.idx], "group", g.Name)
+			r.logger.Info("Allocating a seat of an unhealthy group", "seat", r.ids[ref.idx], "group", g.Name, "health", why)
 		}
 		gen := r.gens[ref.idx].Add(1)
 		gens = append(gens, gen)

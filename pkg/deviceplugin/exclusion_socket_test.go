@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 func TestRefusesToStartBesideALiveDRAPluginOverRealSockets(t *testing.T) {
@@ -43,23 +45,25 @@ func TestRefusesASecondShimOverRealSockets(t *testing.T) {
 	}
 }
 
-func TestCheckNoLiveShimOverRealSockets(t *testing.T) {
+// The DRA plugin's check sees the shim's own sockets: a stale one or
+// another vendor's live one does not count, a running shim does.
+func TestDRAPluginSeesARunningShimOverRealSockets(t *testing.T) {
 	e := newEnv(t, "dgx-h100", "")
-	if err := CheckNoLiveShim(filepath.Join(e.dir, "missing")); err != nil {
+	if err := driver.CheckNoLiveShim(filepath.Join(e.dir, "missing")); err != nil {
 		t.Errorf("missing directory: %v", err)
 	}
 	staleSocket(t, filepath.Join(e.dir, "kyb-gpu-1x-seat.sock"))
 	listen(t, filepath.Join(e.dir, "nvidia-gpu.sock"))
-	if err := CheckNoLiveShim(e.dir); err != nil {
+	if err := driver.CheckNoLiveShim(e.dir); err != nil {
 		t.Errorf("stale shim socket and another vendor's live one: %v", err)
 	}
 	e.start()
-	err := CheckNoLiveShim(e.dir)
+	err := driver.CheckNoLiveShim(e.dir)
 	if err == nil || !strings.Contains(err.Error(), "the kyb device-plugin shim serves this node ("+filepath.Join(e.dir, "kyb-gpu-1x-seat.sock")) {
 		t.Errorf("live shim: %v", err)
 	}
 	e.plugin.Stop()
-	if err := CheckNoLiveShim(e.dir); err != nil {
+	if err := driver.CheckNoLiveShim(e.dir); err != nil {
 		t.Errorf("after the shim stopped: %v", err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
@@ -315,7 +316,7 @@ func (e *env) waitRegistered(n int) {
 	}
 }
 
-// fakeHealth is a HealthSource the test sets by hand.
+// fakeHealth is a health.Source the test sets by hand.
 type fakeHealth struct {
 	mu   sync.Mutex
 	bad  map[int]string
@@ -327,12 +328,12 @@ func newFakeHealth() *fakeHealth {
 	return &fakeHealth{bad: map[int]string{}, subs: map[int]chan struct{}{}}
 }
 
-func (f *fakeHealth) Unhealthy() map[int]string {
+func (f *fakeHealth) Faults() map[int]health.Fault {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make(map[int]string, len(f.bad))
+	out := make(map[int]health.Fault, len(f.bad))
 	for k, v := range f.bad {
-		out[k] = v
+		out[k] = health.Fault{Kind: health.KindXID, Message: v}
 	}
 	return out
 }

@@ -40,6 +40,8 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
@@ -84,7 +86,7 @@ type Options struct {
 	// /var/lib/kubelet/plugins).
 	KubeletPluginsDir string
 	// Health tells which GPUs are unhealthy; nil: all healthy.
-	Health HealthSource
+	Health health.Source
 	// PollInterval is how often the shim checks its sockets and the
 	// kubelet's even without a file event, a safety net for missed events
 	// (default 5s; 1s where the directory cannot be watched).
@@ -152,10 +154,10 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 		return nil, err
 	}
 	logger := klog.FromContext(ctx)
-	if err := CheckNoLiveDRA(opts.KubeletPluginsDir); err != nil {
+	if err := driver.CheckNoLiveDRA(opts.KubeletPluginsDir); err != nil {
 		return nil, err
 	}
-	if live := liveSockets(filepath.Join(opts.DevicePluginDir, socketPattern)); len(live) > 0 {
+	if live := driver.LiveSockets(filepath.Join(opts.DevicePluginDir, driver.ShimSocketGlob)); len(live) > 0 {
 		return nil, fmt.Errorf("another kyb device-plugin shim serves this node (%s answers); a node runs one", strings.Join(live, ", "))
 	}
 	if err := os.MkdirAll(opts.DevicePluginDir, 0o750); err != nil {
@@ -259,7 +261,7 @@ func (p *Plugin) Resources() []string {
 // (Start has checked that none answers): left by a crash, they would make
 // the kubelet dial a dead endpoint.
 func removeStaleSockets(logger klog.Logger, dir string) {
-	matches, _ := filepath.Glob(filepath.Join(dir, socketPattern))
+	matches, _ := filepath.Glob(filepath.Join(dir, driver.ShimSocketGlob))
 	for _, m := range matches {
 		st, err := os.Lstat(m)
 		if err != nil || st.Mode()&os.ModeSocket == 0 {

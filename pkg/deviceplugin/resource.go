@@ -12,6 +12,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
@@ -44,7 +45,7 @@ type resource struct {
 	injection Injection
 	cdi       *cdi.Writer
 	nvidiaCDI func(index int, uuid string) string
-	health    healthView
+	health    health.View
 	// stopped is closed when the shim stops, ending every ListAndWatch.
 	stopped <-chan struct{}
 	logger  klog.Logger
@@ -63,7 +64,7 @@ func newResource(layout *planner.Plan, prof *planner.Profile, opts *Options, cdi
 		name: prof.Resource, profile: prof, policy: layout.Policy,
 		groups: layout.OrderedProfile(prof), seats: map[string]seatRef{},
 		inv: opts.Inventory, edits: opts.Edits, injection: opts.Injection, cdi: cdiWriter,
-		nvidiaCDI: opts.NVIDIACDIDevice, health: healthView{opts.Health}, stopped: stopped,
+		nvidiaCDI: opts.NVIDIACDIDevice, health: health.View{Source: opts.Health}, stopped: stopped,
 		logger: klog.LoggerWithValues(logger, "resource", prof.Resource),
 	}
 	for g, group := range r.groups {
@@ -102,7 +103,7 @@ func (r *resource) PreStartContainer(context.Context, *pluginapi.PreStartContain
 func (r *resource) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
 	r.streams.Add(1)
 	defer r.streams.Add(-1)
-	changed, unsubscribe := r.health.subscribe()
+	changed, unsubscribe := r.health.Subscribe()
 	defer unsubscribe()
 	var last []string
 	for {
@@ -130,10 +131,10 @@ func (r *resource) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugi
 
 // devices is every seat with its health and NUMA node, in seat order.
 func (r *resource) devices() []*pluginapi.Device {
-	bad := r.health.unhealthy()
+	bad := r.health.Faults()
 	out := make([]*pluginapi.Device, 0, len(r.ids))
 	for _, g := range r.groups {
-		health := groupHealth(g, bad)
+		health := kubeletHealth(g, bad)
 		for n := 0; n < r.profile.SeatsPerGroup; n++ {
 			d := &pluginapi.Device{ID: g.SeatID(n), Health: health}
 			// The TopologyManager aligns CPUs with the seat's NUMA node;
@@ -145,6 +146,16 @@ func (r *resource) devices() []*pluginapi.Device {
 		}
 	}
 	return out
+}
+
+// kubeletHealth is the kubelet's health value for every seat of g: a seat
+// is unhealthy when any GPU of its group is, since its container would see
+// that GPU.
+func kubeletHealth(g *planner.Group, faults map[int]health.Fault) string {
+	if ok, _ := health.OfGPUs(g.GPUs, faults); !ok {
+		return pluginapi.Unhealthy
+	}
+	return pluginapi.Healthy
 }
 
 func healthOf(devices []*pluginapi.Device) []string {

@@ -13,6 +13,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
@@ -42,7 +43,7 @@ func (d *Driver) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceCl
 	}()
 
 	for _, result := range alloc.Devices.Results {
-		if result.Driver != draresources.DriverName {
+		if result.Driver != driver.Name {
 			continue
 		}
 		if result.Pool != d.pool {
@@ -160,7 +161,7 @@ func seatConfig(configs []resourceapi.DeviceAllocationConfiguration, result reso
 	cfg.SetDefaults()
 	for _, source := range []resourceapi.AllocationConfigSource{resourceapi.AllocationConfigSourceClass, resourceapi.AllocationConfigSourceClaim} {
 		for i, c := range configs {
-			if c.Source != source || c.Opaque == nil || c.Opaque.Driver != draresources.DriverName {
+			if c.Source != source || c.Opaque == nil || c.Opaque.Driver != driver.Name {
 				continue
 			}
 			if len(c.Requests) > 0 && !slices.ContainsFunc(c.Requests, func(r string) bool {

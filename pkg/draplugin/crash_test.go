@@ -28,6 +28,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
@@ -84,7 +85,7 @@ func newCrashRig(t testing.TB) *crashRig {
 		t.Fatal(err)
 	}
 	cl := allocator.New(allocator.SchedulerFeatures())
-	cl.AddNode(nodeName, draresources.Resources(r.plan, inv, nodeName, draresources.LayoutShared), draresources.DriverName)
+	cl.AddNode(nodeName, draresources.Resources(r.plan, inv, nodeName, draresources.LayoutShared), driver.Name)
 	cl.AddClasses(draresources.DeviceClasses(r.plan.Profiles, draresources.DeviceClassOptions{})...)
 	for i, class := range []string{class2x, class2x, class1x, class1x, class1x, class1x, class1x, class1x, class2x, class1x} {
 		c := allocator.Claim(fmt.Sprintf("c%d", i), class, 1)

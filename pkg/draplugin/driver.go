@@ -28,6 +28,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
@@ -196,7 +197,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	}
 
 	helperOpts := []kubeletplugin.Option{
-		kubeletplugin.DriverName(draresources.DriverName),
+		kubeletplugin.DriverName(driver.Name),
 		kubeletplugin.KubeClient(opts.Client),
 		kubeletplugin.NodeName(opts.NodeName),
 		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
@@ -265,7 +266,7 @@ func (o *Options) setDefaults() error {
 		o.CDIRoot = "/var/run/cdi"
 	}
 	if o.PluginDataDir == "" {
-		o.PluginDataDir = kubeletplugin.KubeletPluginsDir + "/" + draresources.DriverName
+		o.PluginDataDir = kubeletplugin.KubeletPluginsDir + "/" + driver.Name
 	}
 	if o.RegistrarDir == "" {
 		o.RegistrarDir = kubeletplugin.KubeletRegistryDir

@@ -10,7 +10,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 // startEvents records Kubernetes Events on the node object.
@@ -25,7 +25,7 @@ func (d *Driver) startEvents(ctx context.Context) {
 	}
 	d.broadcaster = events.NewBroadcaster(&events.EventSinkImpl{Interface: d.client.EventsV1()})
 	d.broadcaster.StartRecordingToSink(ctx.Done())
-	d.recorder = d.broadcaster.NewRecorder(scheme.Scheme, draresources.DriverName)
+	d.recorder = d.broadcaster.NewRecorder(scheme.Scheme, driver.Name)
 }
 
 // warnOnce records a Warning event the first time a note is seen.

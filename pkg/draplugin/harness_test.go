@@ -32,6 +32,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
@@ -81,7 +82,7 @@ func newEnv(t *testing.T, preset, config string, options ...envOption) *env {
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
 	e.dirs.reg = filepath.Join(base, "registry")
-	e.dirs.plugin = filepath.Join(base, "plugins", draresources.DriverName)
+	e.dirs.plugin = filepath.Join(base, "plugins", driver.Name)
 	e.dirs.cdi = filepath.Join(base, "cdi")
 	e.dirs.bootID = filepath.Join(base, "boot_id")
 	for _, d := range []string{e.dirs.reg, e.dirs.plugin, e.dirs.cdi} {
@@ -110,8 +111,8 @@ func newEnv(t *testing.T, preset, config string, options ...envOption) *env {
 	}
 	e.client = newFakeClient(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}})
 	e.cluster = allocator.New(allocator.SchedulerFeatures())
-	e.cluster.AddNode(nodeName, draresources.Resources(e.plan, e.inv, nodeName, draresources.LayoutShared), draresources.DriverName)
-	e.cluster.AddNode(nodeName+"-per-seat", draresources.Resources(e.plan, e.inv, nodeName, draresources.LayoutPerSeat), draresources.DriverName)
+	e.cluster.AddNode(nodeName, draresources.Resources(e.plan, e.inv, nodeName, draresources.LayoutShared), driver.Name)
+	e.cluster.AddNode(nodeName+"-per-seat", draresources.Resources(e.plan, e.inv, nodeName, draresources.LayoutPerSeat), driver.Name)
 	e.cluster.AddClasses(draresources.DeviceClasses(e.plan.Profiles, draresources.DeviceClassOptions{})...)
 	for _, o := range options {
 		o(e)
@@ -169,16 +170,16 @@ func (e *env) start() {
 	}
 	e.driver = d
 	e.t.Cleanup(d.Stop)
-	regSock := draresources.DriverName + "-reg.sock"
+	regSock := driver.Name + "-reg.sock"
 	if uid := e.options().PodUID; uid != "" {
-		regSock = kubeletplugin.RollingUpdateRegistrarSocketFile(e.dirs.reg, draresources.DriverName, uid)
+		regSock = kubeletplugin.RollingUpdateRegistrarSocketFile(e.dirs.reg, driver.Name, uid)
 	}
 	reg := e.dial(filepath.Join(e.dirs.reg, regSock))
 	info, err := registerapi.NewRegistrationClient(reg).GetInfo(e.ctx, &registerapi.InfoRequest{})
 	if err != nil {
 		e.t.Fatalf("GetInfo: %v", err)
 	}
-	if info.Type != registerapi.DRAPlugin || info.Name != draresources.DriverName {
+	if info.Type != registerapi.DRAPlugin || info.Name != driver.Name {
 		e.t.Fatalf("GetInfo: %+v", info)
 	}
 	if _, err := registerapi.NewRegistrationClient(reg).NotifyRegistrationStatus(e.ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {

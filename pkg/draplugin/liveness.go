@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -18,7 +19,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 // ServeLiveness serves the gRPC health service on address:port for the
@@ -26,18 +27,25 @@ import (
 // its registration socket answers GetInfo, and its DRA socket answers an
 // empty NodePrepareResources (which runs the whole gRPC path, checkpoint
 // read included, without preparing anything).
-func (d *Driver) ServeLiveness(ctx context.Context, address string, port int) error {
+//
+// It serves until ctx ends; wg tracks the server.
+func (d *Driver) ServeLiveness(ctx context.Context, wg *sync.WaitGroup, address string, port int) error {
 	ln, err := net.Listen("tcp", net.JoinHostPort(address, strconv.Itoa(port)))
 	if err != nil {
 		return fmt.Errorf("health service: %w", err)
 	}
 	srv := grpc.NewServer()
 	healthpb.RegisterHealthServer(srv, &liveness{d: d})
-	go srv.Serve(ln)
-	go func() {
+	logger := klog.FromContext(ctx)
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil {
+			logger.Error(err, "Health service failed")
+		}
+	})
+	wg.Go(func() {
 		<-ctx.Done()
 		srv.Stop()
-	}()
+	})
 	klog.FromContext(ctx).Info("Serving the gRPC health service", "address", ln.Addr().String())
 	return nil
 }
@@ -68,10 +76,10 @@ func (d *Driver) CheckLive(ctx context.Context) error {
 		return fmt.Errorf("the plugin stopped: %v", context.Cause(d.ctx))
 	default:
 	}
-	reg := filepath.Join(d.opts.RegistrarDir, draresources.DriverName+"-reg.sock")
+	reg := filepath.Join(d.opts.RegistrarDir, driver.Name+"-reg.sock")
 	draSock := filepath.Join(d.opts.PluginDataDir, "dra.sock")
 	if d.opts.PodUID != "" {
-		reg = kubeletplugin.RollingUpdateRegistrarSocketFile(d.opts.RegistrarDir, draresources.DriverName, d.opts.PodUID)
+		reg = kubeletplugin.RollingUpdateRegistrarSocketFile(d.opts.RegistrarDir, driver.Name, d.opts.PodUID)
 		if !filepath.IsAbs(reg) {
 			reg = filepath.Join(d.opts.RegistrarDir, reg)
 		}
@@ -86,7 +94,7 @@ func (d *Driver) CheckLive(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("registration socket %s: GetInfo: %w", reg, err)
 	}
-	if info.Name != draresources.DriverName {
+	if info.Name != driver.Name {
 		return fmt.Errorf("registration socket %s answers for %q", reg, info.Name)
 	}
 	dconn, err := grpc.NewClient("unix://"+draSock, grpc.WithTransportCredentials(insecure.NewCredentials()))

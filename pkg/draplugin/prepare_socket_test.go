@@ -17,7 +17,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 const seed = `
@@ -205,7 +205,7 @@ func TestBadClaimFailsOnlyItself(t *testing.T) {
 	badConfig.Status.Allocation.Devices.Config = []resourceapi.DeviceAllocationConfiguration{{
 		Source: resourceapi.AllocationConfigSourceClaim,
 		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-			Driver: draresources.DriverName, Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"kyb.ai/v1alpha1","kind":"SeatConfig","sharing":"mps"}`)},
+			Driver: driver.Name, Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"kyb.ai/v1alpha1","kind":"SeatConfig","sharing":"mps"}`)},
 		}},
 	}}
 	badConfig = e.update(badConfig)
@@ -347,7 +347,7 @@ func TestDriverFilesAndSeatConfigReachTheContainer(t *testing.T) {
 }
 
 func opaque(raw string) resourceapi.DeviceConfiguration {
-	return resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: draresources.DriverName, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}
+	return resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: driver.Name, Parameters: runtime.RawExtension{Raw: []byte(raw)}}}
 }
 
 func TestRequestForTwoSeatsSeesBoth(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 // rebuild reconstructs the checkpoint after both copies were lost: from
@@ -41,7 +41,7 @@ func (d *Driver) rebuild(ctx context.Context) (*checkpoint.State, []types.UID, e
 		}
 		recorded := map[string]SeatStatus{}
 		for _, ds := range claim.Status.Devices {
-			if ds.Driver != draresources.DriverName || ds.Pool != d.pool || ds.Data == nil {
+			if ds.Driver != driver.Name || ds.Pool != d.pool || ds.Data == nil {
 				continue
 			}
 			var s SeatStatus
@@ -52,7 +52,7 @@ func (d *Driver) rebuild(ctx context.Context) (*checkpoint.State, []types.UID, e
 		entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted}
 		complete, ours := true, false
 		for _, r := range claim.Status.Allocation.Devices.Results {
-			if r.Driver != draresources.DriverName || r.Pool != d.pool {
+			if r.Driver != driver.Name || r.Pool != d.pool {
 				continue
 			}
 			ours = true

@@ -15,7 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 // SeatStatus is what the driver writes into a claim's
@@ -41,7 +41,7 @@ func (d *Driver) writeStatus(ctx context.Context, c *checkpoint.Claim) error {
 			return fmt.Errorf("encode seat status: %w", err)
 		}
 		entry := resourceapply.AllocatedDeviceStatus().
-			WithDriver(draresources.DriverName).WithPool(dev.Pool).WithDevice(dev.Device).
+			WithDriver(driver.Name).WithPool(dev.Pool).WithDevice(dev.Device).
 			WithData(runtime.RawExtension{Raw: data})
 		if dev.ShareID != "" {
 			entry = entry.WithShareID(dev.ShareID)
@@ -49,7 +49,7 @@ func (d *Driver) writeStatus(ctx context.Context, c *checkpoint.Claim) error {
 		status = status.WithDevices(entry)
 	}
 	apply := resourceapply.ResourceClaim(c.Name, c.Namespace).WithStatus(status)
-	_, err := d.client.ResourceV1().ResourceClaims(c.Namespace).ApplyStatus(ctx, apply, metav1.ApplyOptions{FieldManager: draresources.DriverName, Force: true})
+	_, err := d.client.ResourceV1().ResourceClaims(c.Namespace).ApplyStatus(ctx, apply, metav1.ApplyOptions{FieldManager: driver.Name, Force: true})
 	if err != nil {
 		return fmt.Errorf("apply status of claim %s/%s: %w", c.Namespace, c.Name, err)
 	}

@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 // An entry of the checkpoint whose claim no longer exists, or is no
@@ -81,7 +81,7 @@ func (d *Driver) allocatedHere(claim *resourceapi.ResourceClaim) bool {
 		return false
 	}
 	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver == draresources.DriverName && r.Pool == d.pool {
+		if r.Driver == driver.Name && r.Pool == d.pool {
 			return true
 		}
 	}

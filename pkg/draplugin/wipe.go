@@ -11,7 +11,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 // republishAfterWipe is how long the plugin waits after its slices were
@@ -27,7 +27,7 @@ func (d *Driver) watchForWipes(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	selector := fields.Set{
 		resourceapi.ResourceSliceSelectorNodeName: d.pool,
-		resourceapi.ResourceSliceSelectorDriver:   draresources.DriverName,
+		resourceapi.ResourceSliceSelectorDriver:   driver.Name,
 	}.String()
 	// The one informer this needs, not a factory: a factory links an
 	// informer and a lister for every API group into the binary.

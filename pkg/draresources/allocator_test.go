@@ -12,6 +12,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
@@ -61,7 +62,7 @@ func newNode(t testing.TB, preset, config string, layout draresources.Layout) *n
 		t.Fatal(err)
 	}
 	c := allocator.New(allocator.SchedulerFeatures())
-	c.AddNode("node-1", draresources.Resources(plan, inv, "node-1", layout), draresources.DriverName)
+	c.AddNode("node-1", draresources.Resources(plan, inv, "node-1", layout), driver.Name)
 	c.AddClasses(draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{ExtendedResources: true})...)
 	return &node{inv: inv, plan: plan, cluster: c}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 func TestUnavailableGroups(t *testing.T) {
@@ -94,7 +95,7 @@ func TestHidingUnavailableGroupsChangesNoDecision(t *testing.T) {
 				republish := func() {
 					res := draresources.Resources(lean.plan, lean.inv, "node-1", draresources.LayoutShared)
 					draresources.HideUnavailable(res, lean.plan, heldOf(inUse))
-					lean.cluster.SetNode("node-1", res, draresources.DriverName)
+					lean.cluster.SetNode("node-1", res, driver.Name)
 				}
 				placed, refused, blockedSeen, fullSeen := 0, 0, false, false
 				for i := 0; i < 400; i++ {

@@ -27,13 +27,12 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
 const (
-	// DriverName is the DRA driver name.
-	DriverName = "gpu.kyb.ai"
 	// CounterSet is the name of the node's counter set: one counter per GPU.
 	CounterSet = "gpus"
 	// SeatsCapacity is the capacity a seat consumes. It is the only
@@ -283,7 +282,7 @@ func DeviceClasses(profiles []*planner.Profile, opts DeviceClassOptions) []*reso
 		dc.Name = DeviceClassName(p.Resource)
 		dc.Labels = opts.Labels
 		dc.Spec.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf(`device.driver == %q && device.attributes[%q].profile == %q`, DriverName, DriverName, p.Name),
+			Expression: fmt.Sprintf(`device.driver == %q && device.attributes[%q].profile == %q`, driver.Name, driver.Name, p.Name),
 		}}}
 		if opts.ExtendedResources {
 			dc.Spec.ExtendedResourceName = ptr.To(p.Resource)
@@ -303,9 +302,9 @@ func ResourceSlices(res resourceslice.DriverResources, nodeName string) []*resou
 			rs := &resourceapi.ResourceSlice{}
 			rs.APIVersion = resourceapi.SchemeGroupVersion.String()
 			rs.Kind = "ResourceSlice"
-			rs.GenerateName = fmt.Sprintf("%05x-%s-%s-", i, DriverName, nodeName)
+			rs.GenerateName = fmt.Sprintf("%05x-%s-%s-", i, driver.Name, nodeName)
 			rs.Spec = resourceapi.ResourceSliceSpec{
-				Driver:         DriverName,
+				Driver:         driver.Name,
 				Pool:           resourceapi.ResourcePool{Name: poolName, Generation: 1, ResourceSliceCount: int64(len(pool.Slices))},
 				NodeName:       ptr.To(nodeName),
 				Devices:        s.Devices,

@@ -9,13 +9,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
 // TaintKey is the key of the taint on every device whose group contains
 // an unhealthy GPU. A claim that tolerates it (operator Exists, or Equal
 // with a reason such as xid-79) can still be allocated such a device.
-const TaintKey = DriverName + "/unhealthy"
+const TaintKey = driver.Name + "/unhealthy"
 
 // Fault is how an unhealthy GPU taints the devices of its groups.
 type Fault struct {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 // taintedNode is newNode with GPU faults published as device taints.
@@ -18,7 +19,7 @@ func taintedNode(t *testing.T, preset, config string, layout draresources.Layout
 	res := draresources.Resources(n.plan, n.inv, "node-1", layout)
 	draresources.Taint(res, n.plan, faults)
 	n.cluster = allocator.New(allocator.SchedulerFeatures())
-	n.cluster.AddNode("node-1", res, draresources.DriverName)
+	n.cluster.AddNode("node-1", res, driver.Name)
 	n.cluster.AddClasses(draresources.DeviceClasses(n.plan.Profiles, draresources.DeviceClassOptions{ExtendedResources: true})...)
 	return n
 }

@@ -66,8 +66,7 @@ type Options struct {
 	WaitTimeout time.Duration
 }
 
-// Monitor watches a node's GPUs. It implements the HealthSource interfaces
-// of the DRA plugin and the device-plugin shim.
+// Monitor watches a node's GPUs. It is the Source both surfaces read.
 type Monitor struct {
 	opts     Options
 	policy   XIDPolicy
@@ -176,15 +175,6 @@ func (m *Monitor) Faults() map[int]Fault {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.state.faults()
-}
-
-// Unhealthy maps the index of every unhealthy GPU to what is wrong with it.
-func (m *Monitor) Unhealthy() map[int]string {
-	out := map[int]string{}
-	for gpu, f := range m.Faults() {
-		out[gpu] = f.Message
-	}
-	return out
 }
 
 // Subscribe returns a channel that receives after every change of the set

@@ -237,7 +237,7 @@ func TestFaultMessagesSayWhatHappened(t *testing.T) {
 		4: "GPU unavailable (NVML event)",
 		5: "NVML GetUUID: Unknown Error",
 	}
-	got := r.m.Unhealthy()
+	got := messages(r.m.Faults())
 	if len(got) != len(want) {
 		t.Errorf("unhealthy %v, want %v", got, want)
 	}
@@ -361,7 +361,7 @@ func TestMonitorWatchesUntilStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait("GPU 2 unhealthy")
-	if got := m.Unhealthy(); len(got) != 1 || got[2] != "XID 74 (NVLink error)" {
+	if got := messages(m.Faults()); len(got) != 1 || got[2] != "XID 74 (NVLink error)" {
 		t.Fatalf("unhealthy %v", got)
 	}
 	// The probe loop's ticker is on the fake clock: once it exists, one
@@ -371,7 +371,7 @@ func TestMonitorWatchesUntilStopped(t *testing.T) {
 	}
 	fc.Step(m.RecoveryPeriod())
 	wait("GPU 2 healthy again")
-	if got := m.Unhealthy(); len(got) != 0 {
+	if got := messages(m.Faults()); len(got) != 0 {
 		t.Fatalf("unhealthy after the recovery period: %v", got)
 	}
 	stopped := make(chan struct{})
@@ -387,7 +387,16 @@ func TestMonitorWatchesUntilStopped(t *testing.T) {
 	if err := sim.Inject(simnode.Event{GPU: 3, Type: nvml.EventTypeXidCriticalError, Data: 79}); err != nil {
 		t.Fatal(err)
 	}
-	if got := m.Unhealthy(); len(got) != 0 {
+	if got := messages(m.Faults()); len(got) != 0 {
 		t.Errorf("a stopped monitor changed: %v", got)
 	}
+}
+
+// messages maps every unhealthy GPU to what is wrong with it.
+func messages(faults map[int]Fault) map[int]string {
+	out := map[int]string{}
+	for gpu, f := range faults {
+		out[gpu] = f.Message
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 // draPolicy places with the scheduler's real DRA allocator over the
@@ -40,7 +41,7 @@ func NewDRA(order v1alpha1.AllocationPolicy, nodes []*Node, seed uint64) (Policy
 		if !ok {
 			return nil, fmt.Errorf("node %s has no %s plan", n.Name, order)
 		}
-		p.cluster.AddNode(n.Name, draresources.Resources(plan, n.inv, n.Name, draresources.LayoutShared), draresources.DriverName)
+		p.cluster.AddNode(n.Name, draresources.Resources(plan, n.inv, n.Name, draresources.LayoutShared), driver.Name)
 		// Every node's classes have the same names; a later node adds
 		// the profiles an earlier one could not form.
 		p.cluster.AddClasses(draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{})...)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
@@ -121,7 +122,7 @@ func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions
 	start := time.Now()
 	var conn drapb.DRAPluginClient
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		conn, err = dialDriver(ctx, node.RegistryDir, draresources.DriverName)
+		conn, err = dialDriver(ctx, node.RegistryDir, driver.Name)
 		return err == nil, nil
 	})
 	if err != nil {
@@ -155,7 +156,7 @@ func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions
 		return nil, err
 	}
 	alloc := allocator.New(allocator.SchedulerFeatures())
-	alloc.AddNode(node.Name, draresources.Resources(plan, inv, node.Name, draresources.LayoutShared), draresources.DriverName)
+	alloc.AddNode(node.Name, draresources.Resources(plan, inv, node.Name, draresources.LayoutShared), driver.Name)
 	alloc.AddClasses(draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{})...)
 	class := draresources.DeviceClassName(plan.Profile("1x").Resource)
 	e := &prepareEnv{c: c}

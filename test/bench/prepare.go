@@ -11,7 +11,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
@@ -124,7 +124,7 @@ const passSettle = 1500 * time.Millisecond
 // pooled over its passes.
 func (e *prepareEnv) measurePair(ctx context.Context, path Path, n, round int, opts PrepareOptions) ([]Latency, []map[string]time.Duration, error) {
 	ls := map[string]*Latency{}
-	drivers := []string{draresources.DriverName, NoopDriver}
+	drivers := []string{driver.Name, NoopDriver}
 	passes := max(opts.Passes, 1)
 	if n > 1 {
 		passes = max(opts.Bursts, 1)
@@ -145,7 +145,7 @@ func (e *prepareEnv) measurePair(ctx context.Context, path Path, n, round int, o
 				return nil, nil, fmt.Errorf("%s: %w", drv, err)
 			}
 			ls[drv].Samples = append(ls[drv].Samples, samples...)
-			if drv == draresources.DriverName {
+			if drv == driver.Name {
 				steps = append(steps, s...)
 				ls[drv].Batches += e.steps.batches()
 			}
@@ -158,29 +158,29 @@ func (e *prepareEnv) measurePair(ctx context.Context, path Path, n, round int, o
 // calls one after the other when n is 1, else n one-claim calls at once;
 // then unprepares them (not measured) and lets the driver's background
 // work finish.
-func (e *prepareEnv) measurePass(ctx context.Context, path Path, driver string, n, single int) ([]time.Duration, []map[string]time.Duration, error) {
+func (e *prepareEnv) measurePass(ctx context.Context, path Path, driverName string, n, single int) ([]time.Duration, []map[string]time.Duration, error) {
 	if n == 1 {
 		var samples []time.Duration
 		var steps []map[string]time.Duration
-		claims, err := e.claims(ctx, driver, single)
+		claims, err := e.claims(ctx, driverName, single)
 		if err != nil {
 			return nil, nil, err
 		}
 		for _, bc := range claims {
 			e.steps.reset()
 			start := time.Now()
-			if err := e.prepare(ctx, path, driver, bc); err != nil {
+			if err := e.prepare(ctx, path, driverName, bc); err != nil {
 				return nil, nil, err
 			}
 			end := time.Now()
 			samples = append(samples, end.Sub(start))
-			if path == PathSocket && driver == draresources.DriverName {
+			if path == PathSocket && driverName == driver.Name {
 				steps = append(steps, stepDurations(start, e.steps.reset(), end))
 			}
 		}
-		return samples, steps, e.done(ctx, path, driver, claims, passSettle)
+		return samples, steps, e.done(ctx, path, driverName, claims, passSettle)
 	}
-	claims, err := e.claims(ctx, driver, n)
+	claims, err := e.claims(ctx, driverName, n)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -196,7 +196,7 @@ func (e *prepareEnv) measurePass(ctx context.Context, path Path, driver string, 
 			ready.Done()
 			<-gate
 			start := time.Now()
-			errs[i] = e.prepare(ctx, path, driver, bc)
+			errs[i] = e.prepare(ctx, path, driverName, bc)
 			samples[i] = time.Since(start)
 		}()
 	}
@@ -206,15 +206,15 @@ func (e *prepareEnv) measurePass(ctx context.Context, path Path, driver string, 
 	if err := errorsJoin(errs); err != nil {
 		return nil, nil, err
 	}
-	return samples, nil, e.done(ctx, path, driver, claims, settle)
+	return samples, nil, e.done(ctx, path, driverName, claims, settle)
 }
 
 // done unprepares a scenario's claims (not measured), frees their seats in
 // the allocator, and lets background work (our claim status writes) finish
 // before the next measurement: on this machine the API server shares the
 // CPUs.
-func (e *prepareEnv) done(ctx context.Context, path Path, driver string, claims []*benchClaim, pause time.Duration) error {
-	if err := e.unprepare(ctx, path, driver, claims); err != nil {
+func (e *prepareEnv) done(ctx context.Context, path Path, driverName string, claims []*benchClaim, pause time.Duration) error {
+	if err := e.unprepare(ctx, path, driverName, claims); err != nil {
 		return err
 	}
 	e.release(claims)
@@ -222,18 +222,18 @@ func (e *prepareEnv) done(ctx context.Context, path Path, driver string, claims 
 	return nil
 }
 
-func (e *prepareEnv) prepare(ctx context.Context, path Path, driver string, bc *benchClaim) error {
+func (e *prepareEnv) prepare(ctx context.Context, path Path, driverName string, bc *benchClaim) error {
 	if path == PathKubelet {
 		return e.node.DRAManager().PrepareResources(ctx, bc.pod)
 	}
-	resp, err := e.conns[driver].NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
+	resp, err := e.conns[driverName].NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claimRef(bc)}})
 	if err != nil {
 		return err
 	}
 	return checkPrepared(resp, bc)
 }
 
-func (e *prepareEnv) unprepare(ctx context.Context, path Path, driver string, claims []*benchClaim) error {
+func (e *prepareEnv) unprepare(ctx context.Context, path Path, driverName string, claims []*benchClaim) error {
 	if path == PathKubelet {
 		for _, bc := range claims {
 			if err := e.node.DRAManager().UnprepareResources(ctx, bc.pod); err != nil {
@@ -246,7 +246,7 @@ func (e *prepareEnv) unprepare(ctx context.Context, path Path, driver string, cl
 	for _, bc := range claims {
 		req.Claims = append(req.Claims, claimRef(bc))
 	}
-	resp, err := e.conns[driver].NodeUnprepareResources(ctx, req)
+	resp, err := e.conns[driverName].NodeUnprepareResources(ctx, req)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 // PrepareGoal is how much slower than the no-op driver our p99 may be.
@@ -43,7 +43,7 @@ func (s *PrepareStudy) Table() *Table {
 				if l.Path != k.path || l.Concurrent != k.n {
 					continue
 				}
-				if l.Driver == draresources.DriverName {
+				if l.Driver == driver.Name {
 					o = l
 				} else {
 					n = l

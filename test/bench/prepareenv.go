@@ -25,6 +25,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
@@ -109,7 +110,7 @@ func newPrepareEnv(ctx context.Context, c *harness.Cluster, qps float32, burst i
 		NodeName: node.Name, Client: client, Inventory: inv, Plan: plan,
 		Edits:         containeredits.Options{DeviceNumbers: sim.DeviceNumbers},
 		CDIRoot:       cdiRoot,
-		PluginDataDir: filepath.Join(node.PluginsDir, draresources.DriverName),
+		PluginDataDir: filepath.Join(node.PluginsDir, driver.Name),
 		RegistrarDir:  node.RegistryDir,
 		BootIDFile:    node.BootIDFile,
 		Hooks:         e.steps.record,
@@ -122,7 +123,7 @@ func newPrepareEnv(ctx context.Context, c *harness.Cluster, qps float32, burst i
 		return nil, err
 	}
 	pm := node.DRAManager().GetWatcherHandler().(*kubeletdra.DRAPluginManager)
-	for _, drv := range []string{draresources.DriverName, NoopDriver} {
+	for _, drv := range []string{driver.Name, NoopDriver} {
 		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 			_, err := pm.GetPlugin(drv)
 			return err == nil, nil
@@ -137,7 +138,7 @@ func newPrepareEnv(ctx context.Context, c *harness.Cluster, qps float32, burst i
 		e.conns[drv] = conn
 	}
 	e.alloc = allocator.New(allocator.SchedulerFeatures())
-	e.alloc.AddNode(node.Name, draresources.Resources(plan, inv, node.Name, draresources.LayoutShared), draresources.DriverName)
+	e.alloc.AddNode(node.Name, draresources.Resources(plan, inv, node.Name, draresources.LayoutShared), driver.Name)
 	e.alloc.AddClasses(draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{})...)
 	e.class = draresources.DeviceClassName(plan.Profile("1x").Resource)
 	return e, nil
@@ -145,15 +146,15 @@ func newPrepareEnv(ctx context.Context, c *harness.Cluster, qps float32, burst i
 
 // dialDriver connects to a driver's DRA socket as the kubelet does: the
 // registration socket's GetInfo names the endpoint.
-func dialDriver(ctx context.Context, registryDir, driver string) (drapb.DRAPluginClient, error) {
-	reg, err := grpc.NewClient("unix://"+filepath.Join(registryDir, driver+"-reg.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+func dialDriver(ctx context.Context, registryDir, driverName string) (drapb.DRAPluginClient, error) {
+	reg, err := grpc.NewClient("unix://"+filepath.Join(registryDir, driverName+"-reg.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
 	}
 	defer reg.Close()
 	info, err := registerapi.NewRegistrationClient(reg).GetInfo(ctx, &registerapi.InfoRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("driver %s: GetInfo: %w", driver, err)
+		return nil, fmt.Errorf("driverName %s: GetInfo: %w", driverName, err)
 	}
 	conn, err := grpc.NewClient("unix://"+info.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -171,7 +172,7 @@ type benchClaim struct {
 }
 
 // claims creates n allocated claims for driver.
-func (e *prepareEnv) claims(ctx context.Context, driver string, n int) ([]*benchClaim, error) {
+func (e *prepareEnv) claims(ctx context.Context, driverName string, n int) ([]*benchClaim, error) {
 	out := make([]*benchClaim, n)
 	for i := range out {
 		e.n++
@@ -179,7 +180,7 @@ func (e *prepareEnv) claims(ctx context.Context, driver string, n int) ([]*bench
 		claim := allocator.Claim(name, e.class, 1)
 		claim.UID = ""
 		var alloc *resourceapi.AllocationResult
-		if driver == draresources.DriverName {
+		if driverName == driver.Name {
 			r, err := e.alloc.Allocate(ctx, allocator.Claim(name, e.class, 1), e.node.Name)
 			if err != nil || r == nil {
 				return nil, fmt.Errorf("allocate claim %s: %v (fits: %t)", name, err, r != nil)
@@ -196,7 +197,7 @@ func (e *prepareEnv) claims(ctx context.Context, driver string, n int) ([]*bench
 		pod.Spec.Containers = []v1.Container{{Name: "c", Image: "pause"}}
 		pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}}
 		out[i] = &benchClaim{claim: claim, pod: pod, result: alloc}
-		if driver != draresources.DriverName {
+		if driverName != driver.Name {
 			out[i].result = nil
 		}
 		claim.Status.Allocation = alloc

@@ -12,6 +12,7 @@ import (
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
@@ -122,7 +123,7 @@ func KybShape(ctx context.Context, name, preset, config, profile string) (Shape,
 	classes := draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{})
 	return Shape{
 		Name:    name,
-		Driver:  draresources.DriverName,
+		Driver:  driver.Name,
 		Classes: classes,
 		Class:   draresources.DeviceClassName(prof.Resource),
 		PerNode: prof.Seats(),

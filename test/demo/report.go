@@ -18,6 +18,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
@@ -97,7 +98,7 @@ func report(ctx context.Context, c *harness.Cluster, pods []string, out io.Write
 		for _, cl := range podClaims(p, claims.Items) {
 			for _, d := range cl.Status.Devices {
 				var s draplugin.SeatStatus
-				if d.Driver == draresources.DriverName && d.Data != nil && json.Unmarshal(d.Data.Raw, &s) == nil {
+				if d.Driver == driver.Name && d.Data != nil && json.Unmarshal(d.Data.Raw, &s) == nil {
 					seats = append(seats, fmt.Sprintf("%s: group %s seat %s gen %s (claim %s)", d.Device, s.Group, ints(s.Seats), ints64(s.Generations), cl.Name))
 				}
 			}
@@ -158,7 +159,7 @@ func seatUsage(claims []resourceapi.ResourceClaim) map[string]use {
 			holders = append(holders, r.Name)
 		}
 		for _, r := range cl.Status.Allocation.Devices.Results {
-			if r.Driver != draresources.DriverName {
+			if r.Driver != driver.Name {
 				continue
 			}
 			key := r.Pool + "/" + r.Device

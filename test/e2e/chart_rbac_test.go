@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
@@ -132,7 +132,7 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 		t.Fatal(err)
 	}
 	foreign := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "not-mine"}, Spec: resourceapi.ResourceSliceSpec{
-		Driver: draresources.DriverName, NodeName: ptr.To("node-b"), Pool: resourceapi.ResourcePool{Name: "node-b", ResourceSliceCount: 1},
+		Driver: driver.Name, NodeName: ptr.To("node-b"), Pool: resourceapi.ResourcePool{Name: "node-b", ResourceSliceCount: 1},
 	}}
 	_, err = asPlugin.ResourceV1().ResourceSlices().Create(c.Ctx, foreign, metav1.CreateOptions{})
 	if err == nil || !strings.Contains(err.Error(), "denied") {
@@ -150,7 +150,7 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 	createPod(t, c, podSpec{name: "on-b", node: "node-b", claims: fromTemplate("one-1x")})
 	pb, _, _ := c.WaitForPodRunning(t, "default", "on-b", timeout)
 	claimB := harness.PodClaim(pb, "gpu")
-	device := resourceapply.AllocatedDeviceStatus().WithDriver(draresources.DriverName).WithPool("node-b").WithDevice("g0-1x").
+	device := resourceapply.AllocatedDeviceStatus().WithDriver(driver.Name).WithPool("node-b").WithDevice("g0-1x").
 		WithData(runtime.RawExtension{Raw: []byte(`{"group":"stolen"}`)})
 	if share := shareOf(t, c, claimB); share != "" {
 		device = device.WithShareID(share)

@@ -28,8 +28,8 @@ import (
 	draplugin "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/command"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-dra-plugin/app"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
@@ -312,7 +312,7 @@ func (n *Node) StartPlugin() {
 	args := n.pluginArgs()
 	go func() {
 		defer close(run.done)
-		run.code = command.DRAPlugin(ctx, args, func(string) string { return "" }, n.PluginLog, n.PluginLog)
+		run.code = app.Run(ctx, args, func(string) string { return "" }, n.PluginLog, n.PluginLog)
 	}()
 	n.plugin = run
 }
@@ -356,7 +356,7 @@ func (n *Node) WaitForPlugin() {
 		if exited, code := n.PluginExited(); exited {
 			return false, fmt.Errorf("plugin exited with code %d:\n%s", code, n.PluginLog.Tail(40))
 		}
-		if _, err := pm.GetPlugin(draresources.DriverName); err != nil {
+		if _, err := pm.GetPlugin(driver.Name); err != nil {
 			return false, nil
 		}
 		// Every slice of the pool must be accepted, not just some.

@@ -21,7 +21,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/command"
+	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-dra-plugin/app"
 )
 
 // wantProfile is a profile as LoadNodeConfig must read it from the ConfigMap.
@@ -208,7 +208,7 @@ func planDeviceClasses(t *testing.T, config string) map[string]resourcev1.Device
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	code := command.DRAPlugin(context.Background(), []string{"plan", "--simulate", "dgx-h100", "--config", path, "-o", "deviceclasses"},
+	code := app.Run(context.Background(), []string{"plan", "--simulate", "dgx-h100", "--config", path, "-o", "deviceclasses"},
 		func(string) string { return "" }, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("kyb-dra-plugin plan: exit %d: %s", code, stderr.String())

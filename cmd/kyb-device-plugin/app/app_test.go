@@ -1,4 +1,4 @@
-package command
+package app
 
 import (
 	"bytes"
@@ -10,12 +10,14 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 func runShimCommand(ctx context.Context, env map[string]string, args ...string) (int, string) {
 	var stdout, stderr bytes.Buffer
 	getenv := func(k string) string { return env[k] }
-	code := DevicePlugin(ctx, args, getenv, &stdout, &stderr)
+	code := Run(ctx, args, getenv, &stdout, &stderr)
 	return code, stderr.String()
 }
 
@@ -128,10 +130,9 @@ func TestDevicePluginServesUntilSignalledAndRemovesItsSocketsOverRealSockets(t *
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	// While it runs, the DRA plugin refuses to start on this node.
-	dcode, _, dOut := run(t, nil, "--node-name", "n", "--device-plugin-directory-path", dp)
-	if dcode != 1 || !strings.Contains(dOut, "the kyb device-plugin shim serves this node ("+filepath.Join(dp, "kyb-gpu-1x-seat.sock")) {
-		t.Errorf("DRA plugin beside the shim: exit %d\n%s", dcode, dOut)
+	// While it runs, the DRA plugin's check refuses to start on this node.
+	if err := driver.CheckNoLiveShim(dp); err == nil || !strings.Contains(err.Error(), "the kyb device-plugin shim serves this node ("+filepath.Join(dp, "kyb-gpu-1x-seat.sock")) {
+		t.Errorf("DRA plugin's check beside the shim: %v", err)
 	}
 
 	cancel() // SIGTERM
@@ -145,29 +146,7 @@ func TestDevicePluginServesUntilSignalledAndRemovesItsSocketsOverRealSockets(t *
 		}
 	}
 	// Once the shim is gone, the DRA plugin gets past the check.
-	if dcode, _, dOut := run(t, nil, "--node-name", "n", "--device-plugin-directory-path", dp); dcode != 1 || !strings.Contains(dOut, "no --kubeconfig given") {
-		t.Errorf("DRA plugin after the shim stopped: exit %d\n%s", dcode, dOut)
-	}
-}
-
-func TestDRAPluginRefusesBesideALiveShimButNotAStaleSocket(t *testing.T) {
-	dir := shortTempDir(t)
-	stale := filepath.Join(dir, "kyb-gpu-2x-seat.sock")
-	lis, err := net.Listen("unix", stale)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis.(*net.UnixListener).SetUnlinkOnClose(false)
-	lis.Close()
-	// A stale socket (a crashed shim) does not stop the DRA plugin: it gets
-	// as far as looking for its cluster.
-	if code, _, out := run(t, nil, "--node-name", "n", "--device-plugin-directory-path", dir); code != 1 || !strings.Contains(out, "no --kubeconfig given") {
-		t.Errorf("stale shim socket: exit %d\n%s", code, out)
-	}
-	live := filepath.Join(dir, "kyb-gpu-1x-seat.sock")
-	listenAt(t, live)
-	code, _, out := run(t, map[string]string{"DEVICE_PLUGIN_DIRECTORY_PATH": dir}, "--node-name", "n")
-	if code != 1 || !strings.Contains(out, "the kyb device-plugin shim serves this node ("+live+" answers): a node runs the DRA plugin or the shim, never both") {
-		t.Errorf("live shim socket: exit %d\n%s", code, out)
+	if err := driver.CheckNoLiveShim(dp); err != nil {
+		t.Errorf("DRA plugin's check after the shim stopped: %v", err)
 	}
 }

@@ -1,8 +1,9 @@
-package command
+package app
 
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,12 +16,12 @@ func run(t *testing.T, env map[string]string, args ...string) (int, string, stri
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	getenv := func(k string) string { return env[k] }
-	code := DRAPlugin(context.Background(), args, getenv, &stdout, &stderr)
+	code := Run(context.Background(), args, getenv, &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }
 
 func TestPlanTable(t *testing.T) {
-	code, out, errOut := run(t, nil, "plan", "--simulate", "nvlink-2x4", "--config", "../../api/kyb.ai/v1alpha1/testdata/seed-configmap.yaml")
+	code, out, errOut := run(t, nil, "plan", "--simulate", "nvlink-2x4", "--config", "../../../api/kyb.ai/v1alpha1/testdata/seed-configmap.yaml")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -67,7 +68,7 @@ func TestCheckedInDeviceClassesAreCurrent(t *testing.T) {
 	if code != 0 {
 		t.Fatal(code)
 	}
-	file, err := os.ReadFile("../../deployments/static/deviceclasses.yaml")
+	file, err := os.ReadFile("../../../deployments/static/deviceclasses.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,5 +122,44 @@ func TestHelp(t *testing.T) {
 	code, _, errOut := run(t, nil, "-h")
 	if code != 0 || !strings.Contains(errOut, "-kubelet-plugins-directory-path") || !strings.Contains(errOut, "(env KUBELET_PLUGINS_DIRECTORY_PATH)") {
 		t.Errorf("help: exit %d\n%s", code, errOut)
+	}
+}
+
+// listenAt leaves a live unix socket at path for the rest of the test.
+func listenAt(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lis.Close() })
+}
+
+func TestDRAPluginRefusesBesideALiveShimButNotAStaleSocket(t *testing.T) {
+	dir, err := os.MkdirTemp("", "kyb-dra-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	stale := filepath.Join(dir, "kyb-gpu-2x-seat.sock")
+	lis, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis.(*net.UnixListener).SetUnlinkOnClose(false)
+	_ = lis.Close()
+	// A stale socket (a crashed shim) does not stop the DRA plugin: it gets
+	// as far as looking for its cluster.
+	if code, _, out := run(t, nil, "--node-name", "n", "--device-plugin-directory-path", dir); code != 1 || !strings.Contains(out, "no --kubeconfig given") {
+		t.Errorf("stale shim socket: exit %d\n%s", code, out)
+	}
+	live := filepath.Join(dir, "kyb-gpu-1x-seat.sock")
+	listenAt(t, live)
+	code, _, out := run(t, map[string]string{"DEVICE_PLUGIN_DIRECTORY_PATH": dir}, "--node-name", "n")
+	if code != 1 || !strings.Contains(out, "the kyb device-plugin shim serves this node ("+live+" answers): a node runs the DRA plugin or the shim, never both") {
+		t.Errorf("live shim socket: exit %d\n%s", code, out)
 	}
 }

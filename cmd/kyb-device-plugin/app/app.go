@@ -1,0 +1,129 @@
+// Package app is the kyb-device-plugin command: its flags, their
+// environment variables, and the wiring of the device-plugin shim.
+// cmd/kyb-device-plugin only calls Run. The shim never talks to the API
+// server; hack/deps-check.sh keeps client-go and the DRA plugin's packages
+// out of its binary.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/deviceplugin"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
+)
+
+const name = "kyb-device-plugin"
+
+const usage = `Usage: kyb-device-plugin [flags]
+
+Runs the kyb device-plugin shim on this node, for clusters without DRA:
+serves each seat profile as an extended resource (kyb.ai/gpu-1x-seat, ...)
+through the kubelet's device-plugin API, one device per seat. It reads the
+same node configuration as the DRA plugin and serves its exclusive layout,
+in which no GPU serves two profiles that exclude each other. A node runs
+the DRA plugin or this shim, never both: each refuses to start while the
+other answers on its socket. Every flag can also be set by the environment
+variable named beside it; a flag given on the command line wins.
+
+  kyb-device-plugin                                   # on a GPU node
+  kyb-device-plugin --injection cdi                   # containerd 1.7+ / CRI-O 1.24+ with CDI
+  kyb-device-plugin --simulate dgx-h100 --device-plugin-directory-path /tmp/dp
+
+Flags:
+`
+
+// options are the flags of the device-plugin shim.
+type options struct {
+	node        nodesetup.Flags
+	health      nodesetup.HealthFlags
+	driverFiles nodesetup.DriverFilesFlags
+
+	devicePluginDir string
+	pluginsDir      string
+	cdiRoot         string
+	injection       *cli.OneOf
+}
+
+func (o *options) addFlags(f *cli.FlagSet) {
+	o.node.AddFlags(f, "")
+	o.health.AddFlags(f)
+	o.driverFiles.AddFlags(f, "how containers get the driver's libraries and tools: auto (with --injection=cdi NVIDIA's CDI spec if the node has one; else the files under --driver-root), nvidia-cdi (needs --injection=cdi), driver-root or none")
+	f.StringVar(&o.devicePluginDir, "device-plugin-directory-path", "DEVICE_PLUGIN_DIRECTORY_PATH", "/var/lib/kubelet/device-plugins/", "the kubelet's device-plugin directory, holding kubelet.sock and the shim's sockets")
+	f.StringVar(&o.pluginsDir, "kubelet-plugins-directory-path", "KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins", "the kubelet's plugin directory; the shim refuses to start while the DRA plugin answers in <dir>/gpu.kyb.ai")
+	f.StringVar(&o.cdiRoot, "cdi-root", "CDI_ROOT", "/var/run/cdi", "directory the container runtime reads CDI specs from (with --injection=cdi)")
+	o.injection = cli.NewOneOf(string(deviceplugin.InjectionEnvVar), string(deviceplugin.InjectionEnvVar), string(deviceplugin.InjectionCDI))
+	f.Var(o.injection, "injection", "KYB_INJECTION", "how containers get their seats: envvar (environment, device nodes and driver mounts in the Allocate response; any runtime) or cdi (a CDI spec per container, named in the response; runtimes with CDI)")
+}
+
+// Run is the kyb-device-plugin command; it returns the exit code.
+func Run(ctx context.Context, args []string, getenv func(string) string, _, stderr io.Writer) int {
+	f := cli.NewFlagSet(name, stderr)
+	var o options
+	o.addFlags(f)
+	return cli.RunDaemon(f, usage, args, getenv, o.check, func() error { return o.run(ctx) })
+}
+
+func (o *options) check() error {
+	for _, d := range []struct{ flag, path string }{
+		{"--device-plugin-directory-path", o.devicePluginDir},
+		{"--kubelet-plugins-directory-path", o.pluginsDir},
+		{"--cdi-root", o.cdiRoot},
+	} {
+		if !filepath.IsAbs(d.path) {
+			return fmt.Errorf("%s %q must be an absolute path", d.flag, d.path)
+		}
+	}
+	if o.driverFiles.Mode.Value() == nodesetup.DriverFilesNVIDIACDI && o.injection.Value() != string(deviceplugin.InjectionCDI) {
+		return errors.New("--driver-files=nvidia-cdi needs --injection=cdi: NVIDIA's CDI entries reach a container only as CDI devices")
+	}
+	return o.health.Check(&o.node)
+}
+
+func (o *options) run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	node, err := o.node.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+	node.LogPlan(ctx)
+	injection := deviceplugin.Injection(o.injection.Value())
+	files, err := o.driverFiles.ChooseDriverFiles(ctx, node, &o.node, o.cdiRoot, injection == deviceplugin.InjectionCDI)
+	if err != nil {
+		return err
+	}
+	// The shim has no API client: health changes show in ListAndWatch and
+	// in the monitor's log.
+	mon, stopHealth, err := nodesetup.StartHealth(ctx, node, o.health)
+	if err != nil {
+		return err
+	}
+	defer stopHealth()
+	p, err := deviceplugin.Start(ctx, deviceplugin.Options{
+		NodeName:          o.node.NodeName,
+		Inventory:         node.Inv,
+		Plan:              node.Plan,
+		Edits:             containeredits.Options{DeviceNumbers: node.Host.DeviceNumbers, Driver: files.Files},
+		NVIDIACDIDevice:   files.NVIDIACDI,
+		Injection:         injection,
+		CDIRoot:           o.cdiRoot,
+		DevicePluginDir:   o.devicePluginDir,
+		KubeletPluginsDir: o.pluginsDir,
+		Health:            mon,
+	})
+	if err != nil {
+		return err
+	}
+	defer p.Stop()
+	<-ctx.Done()
+	logger.Info("Shutting down; removing the shim's sockets")
+	return nil
+}

@@ -1,0 +1,261 @@
+// Package app is the kyb-dra-plugin command: its flags, their environment
+// variables, and the wiring of the DRA kubelet plugin. Run serves the node;
+// `plan` prints what it would publish. cmd/kyb-dra-plugin only calls Run,
+// so that the command line is tested like any other code.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
+)
+
+const name = "kyb-dra-plugin"
+
+const usage = `Usage: kyb-dra-plugin [flags]
+       kyb-dra-plugin plan [flags]
+
+Runs the kyb DRA kubelet plugin (driver gpu.kyb.ai) on this node: publishes
+its GPU groups and seats as ResourceSlices and prepares the claims allocated
+on them. Every flag can also be set by the environment variable named
+beside it; a flag given on the command line wins.
+
+  kyb-dra-plugin --node-name "$NODE_NAME"                    # on a GPU node
+  kyb-dra-plugin --simulate dgx-h100 --kubeconfig ~/.kube/config --node-name node-1
+
+'kyb-dra-plugin plan -h' describes the offline subcommand.
+
+Flags:
+`
+
+// options are the flags of the node plugin.
+type options struct {
+	node        nodesetup.Flags
+	health      nodesetup.HealthFlags
+	driverFiles nodesetup.DriverFilesFlags
+
+	kubeconfig     string
+	kubeAPIQPS     float64
+	kubeAPIBurst   int
+	cdiRoot        string
+	registrarDir   string
+	pluginsDir     string
+	healthPort     int
+	healthAddress  string
+	metricsAddress string
+	podUID         string
+	layout         *cli.OneOf
+	bootIDFile     string
+	// devicePluginDir is where a live device-plugin shim makes the plugin
+	// refuse to start.
+	devicePluginDir string
+}
+
+func (o *options) addFlags(f *cli.FlagSet) {
+	o.node.AddFlags(f, "")
+	o.health.AddFlags(f)
+	o.driverFiles.AddFlags(f, "how containers get the driver's libraries and tools: auto (NVIDIA's CDI spec if the node has one, else the files under --driver-root), nvidia-cdi, driver-root or none")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig file; empty: in-cluster configuration")
+	f.Float64Var(&o.kubeAPIQPS, "kube-api-qps", "KUBE_API_QPS", 5, "queries per second to the API server")
+	f.IntVar(&o.kubeAPIBurst, "kube-api-burst", "KUBE_API_BURST", 10, "burst of queries to the API server")
+	f.StringVar(&o.cdiRoot, "cdi-root", "CDI_ROOT", "/var/run/cdi", "directory the container runtime reads CDI specs from")
+	f.StringVar(&o.registrarDir, "kubelet-registrar-directory-path", "KUBELET_REGISTRAR_DIRECTORY_PATH", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory")
+	f.StringVar(&o.pluginsDir, "kubelet-plugins-directory-path", "KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins", "the kubelet's plugin directory; the plugin keeps its socket and checkpoint in <dir>/"+driver.Name)
+	f.StringVar(&o.devicePluginDir, "device-plugin-directory-path", "DEVICE_PLUGIN_DIRECTORY_PATH", "/var/lib/kubelet/device-plugins/", "the kubelet's device-plugin directory; the plugin refuses to start while the kyb device-plugin shim answers there")
+	f.IntVar(&o.healthPort, "healthcheck-port", "HEALTHCHECK_PORT", -1, "port of the gRPC health service (liveness probe); -1: off")
+	f.StringVar(&o.healthAddress, "healthcheck-address", "HEALTHCHECK_ADDRESS", "127.0.0.1", "IP address the gRPC health service listens on; the kubelet's gRPC probes dial the pod IP, so a chart sets it from status.podIP")
+	f.StringVar(&o.metricsAddress, "metrics-address", "METRICS_ADDRESS", "", "address of the Prometheus metrics endpoint (/metrics), such as :8080; empty: off")
+	f.StringVar(&o.podUID, "pod-uid", "POD_UID", "", "UID of the plugin's pod; enables seamless rolling updates (kubelet 1.33 or newer)")
+	o.layout = cli.NewOneOf(string(draplugin.LayoutAuto), string(draplugin.LayoutAuto), string(draplugin.LayoutShared), string(draplugin.LayoutPerSeat))
+	f.Var(o.layout, "device-layout", "KYB_DEVICE_LAYOUT", "ResourceSlice layout: auto (shared groups, one device per seat where the API server lacks consumable capacity), shared or per-seat")
+	f.StringVar(&o.bootIDFile, "boot-id-file", "KYB_BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id", "file holding the node's boot ID")
+}
+
+// Run is the kyb-dra-plugin command: the node plugin, or `plan`. It
+// returns the exit code.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "plan" {
+		return Plan(ctx, args[1:], getenv, stdout, stderr)
+	}
+	f := cli.NewFlagSet(name, stderr)
+	var o options
+	o.addFlags(f)
+	return cli.RunDaemon(f, usage, args, getenv, o.check, func() error {
+		if getenv("GOGC") == "" {
+			debug.SetGCPercent(pluginGCPercent)
+		}
+		return o.run(ctx)
+	})
+}
+
+// pluginGCPercent is the plugin's GOGC where the environment sets none.
+// Its live heap is a few MiB, so at Go's default of 100 the garbage kept
+// between collections is as large as everything it holds: the footprint
+// study (docs/performance.md) measured 3–4 MiB more resident memory after
+// a thousand prepares, for a collection every ~1.5 MiB allocated at 50,
+// a few dozen prepares.
+const pluginGCPercent = 50
+
+func (o *options) check() error {
+	if o.node.NodeName == "" {
+		return errors.New("--node-name (or NODE_NAME) is required: the name of the Kubernetes node the plugin serves")
+	}
+	if o.healthPort < -1 || o.healthPort > 65535 {
+		return fmt.Errorf("--healthcheck-port %d is not a port (or -1 for off)", o.healthPort)
+	}
+	if net.ParseIP(o.healthAddress) == nil {
+		return fmt.Errorf("--healthcheck-address %q is not an IP address", o.healthAddress)
+	}
+	if o.metricsAddress != "" {
+		if _, _, err := net.SplitHostPort(o.metricsAddress); err != nil {
+			return fmt.Errorf("--metrics-address %q: %w", o.metricsAddress, err)
+		}
+	}
+	return o.health.Check(&o.node)
+}
+
+func (o *options) run(ctx context.Context) error {
+	// One node runs the DRA plugin or the device-plugin shim, never both.
+	if err := driver.CheckNoLiveShim(o.devicePluginDir); err != nil {
+		return err
+	}
+	client, err := kubeClient(o.kubeconfig, o.kubeAPIQPS, o.kubeAPIBurst)
+	if err != nil {
+		return err
+	}
+	node, err := o.node.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+	node.LogPlan(ctx)
+
+	mon, stopHealth, err := nodesetup.StartHealth(ctx, node, o.health)
+	if err != nil {
+		return err
+	}
+	defer stopHealth()
+	files, err := o.driverFiles.ChooseDriverFiles(ctx, node, &o.node, o.cdiRoot, true)
+	if err != nil {
+		return err
+	}
+	opts := draplugin.Options{
+		NodeName:        o.node.NodeName,
+		Client:          client,
+		Inventory:       node.Inv,
+		Plan:            node.Plan,
+		Edits:           containeredits.Options{DeviceNumbers: node.Host.DeviceNumbers, Driver: files.Files},
+		NVIDIACDIDevice: files.NVIDIACDI,
+		CDIRoot:         o.cdiRoot,
+		PluginDataDir:   driver.PluginDir(o.pluginsDir),
+		RegistrarDir:    o.registrarDir,
+		PodUID:          types.UID(o.podUID),
+		BootIDFile:      o.bootIDFile,
+		Layout:          draplugin.LayoutMode(o.layout.Value()),
+		Health:          mon,
+		Collectors:      []prometheus.Collector{mon.Collector()},
+	}
+	if h := node.Config.Health; h != nil {
+		opts.GPULostEffect = resourceapi.DeviceTaintEffect(h.GPULostEffect)
+	}
+	d, err := draplugin.Start(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer d.Stop()
+	return o.serve(ctx, d)
+}
+
+// serve runs the plugin's endpoints beside it until ctx ends or the plugin
+// stops, and waits for them to end.
+func (o *options) serve(ctx context.Context, d *draplugin.Driver) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	if o.metricsAddress != "" {
+		if err := serveMetrics(ctx, &wg, o.metricsAddress, promhttp.HandlerFor(d.Registry(), promhttp.HandlerOpts{})); err != nil {
+			return err
+		}
+	}
+	if o.healthPort >= 0 {
+		if err := d.ServeLiveness(ctx, &wg, o.healthAddress, o.healthPort); err != nil {
+			return err
+		}
+	}
+	select {
+	case <-ctx.Done():
+		klog.FromContext(ctx).Info("Shutting down")
+		return nil
+	case <-d.Done():
+		return d.Err()
+	}
+}
+
+func kubeClient(kubeconfig string, qps float64, burst int) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig == "" {
+		cfg, err = rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
+		}
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("read kubeconfig %s: %w", kubeconfig, err)
+		}
+	}
+	cfg.QPS, cfg.Burst = float32(qps), burst
+	cfg.UserAgent = name
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create Kubernetes client: %w", err)
+	}
+	return client, nil
+}
+
+// serveMetrics serves h on addr/metrics until ctx ends; wg tracks the
+// server.
+func serveMetrics(ctx context.Context, wg *sync.WaitGroup, addr string, h http.Handler) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics endpoint: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	logger := klog.FromContext(ctx)
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error(err, "Metrics endpoint failed")
+		}
+	})
+	wg.Go(func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	})
+	logger.Info("Serving metrics", "address", ln.Addr().String())
+	return nil
+}

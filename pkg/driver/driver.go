@@ -1,0 +1,90 @@
+// Package driver identifies the kyb driver on a node for both of its
+// binaries: its name, where each of its two surfaces (the DRA kubelet
+// plugin and the device-plugin shim) keeps its sockets, and the check that
+// keeps a node from running both.
+//
+// A node runs the DRA plugin or the shim, never both: each would hand out
+// the same GPUs without knowing of the other's seats, and the scheduler
+// would count them twice (once as ResourceSlice devices, once as extended
+// resources). Each refuses to start while the other's socket answers. A
+// socket file that nobody listens on (left behind by a crash) is not live:
+// only a successful dial counts, so a stale file never blocks a start.
+//
+// It imports no Kubernetes client code, so that the shim, which never
+// talks to the API server, links none.
+package driver
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Name is the DRA driver name, and the domain of the attributes and taints
+// the driver publishes.
+const Name = "gpu.kyb.ai"
+
+// ShimSocketGlob matches the shim's sockets in the kubelet's device-plugin
+// directory: one per resource, kyb-<resource name after the domain>.sock.
+const ShimSocketGlob = "kyb-*.sock"
+
+// draSocketGlob matches the DRA plugin's sockets in its plugin directory:
+// dra.sock, or dra-<pod UID>.sock with rolling updates.
+const draSocketGlob = "dra*.sock"
+
+// dialTimeout bounds the liveness dial. A listening unix socket accepts at
+// once; a stale one refuses at once.
+const dialTimeout = time.Second
+
+// PluginDir is the DRA plugin's directory under the kubelet's plugin
+// directory: its socket and its checkpoint live there.
+func PluginDir(kubeletPluginsDir string) string {
+	return filepath.Join(kubeletPluginsDir, Name)
+}
+
+// CheckNoLiveShim returns an error when a socket of the device-plugin shim
+// in devicePluginDir (the kubelet's device-plugin directory) answers. The
+// DRA plugin calls it before it starts.
+func CheckNoLiveShim(devicePluginDir string) error {
+	live := LiveSockets(filepath.Join(devicePluginDir, ShimSocketGlob))
+	if len(live) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the kyb device-plugin shim serves this node (%s answers): a node runs the DRA plugin or the shim, never both, or the same GPUs are handed out twice; remove the shim from this node first", strings.Join(live, ", "))
+}
+
+// CheckNoLiveDRA returns an error when the DRA plugin's socket under
+// kubeletPluginsDir (the kubelet's plugin directory) answers. The shim
+// calls it before it starts.
+func CheckNoLiveDRA(kubeletPluginsDir string) error {
+	live := LiveSockets(filepath.Join(PluginDir(kubeletPluginsDir), draSocketGlob))
+	if len(live) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the kyb DRA plugin serves this node (%s answers): a node runs the DRA plugin or the shim, never both, or the same GPUs are handed out twice; remove the DRA plugin from this node first", strings.Join(live, ", "))
+}
+
+// LiveSockets returns the files matching pattern that accept a connection.
+func LiveSockets(pattern string) []string {
+	// Glob fails only on a malformed pattern, and callers pass constant
+	// ones.
+	matches, _ := filepath.Glob(pattern)
+	var live []string
+	for _, m := range matches {
+		if isLive(m) {
+			live = append(live, m)
+		}
+	}
+	return live
+}
+
+func isLive(path string) bool {
+	conn, err := net.DialTimeout("unix", path, dialTimeout)
+	if err != nil {
+		return false
+	}
+	_ = conn.Close()
+	return true
+}

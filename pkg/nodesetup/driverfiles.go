@@ -1,0 +1,95 @@
+package nodesetup
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+)
+
+// The modes of --driver-files.
+const (
+	DriverFilesAuto       = "auto"
+	DriverFilesNVIDIACDI  = "nvidia-cdi"
+	DriverFilesDriverRoot = "driver-root"
+	DriverFilesNone       = "none"
+)
+
+// defaultCDIRoot is where runtimes read CDI specs by default, and where
+// NVIDIA's toolkit writes its transient spec.
+const defaultCDIRoot = "/var/run/cdi"
+
+// nvidiaCDIDirs are where NVIDIA's container toolkit writes its CDI spec.
+var nvidiaCDIDirs = []string{"/etc/cdi", defaultCDIRoot}
+
+// DriverFilesFlags say how containers get the driver's user-space files.
+type DriverFilesFlags struct {
+	Mode           *cli.OneOf
+	HostDriverRoot string
+}
+
+// AddFlags defines the flags; modeUsage describes --driver-files for the
+// daemon at hand.
+func (d *DriverFilesFlags) AddFlags(f *cli.FlagSet, modeUsage string) {
+	d.Mode = cli.NewOneOf(DriverFilesAuto, DriverFilesAuto, DriverFilesNVIDIACDI, DriverFilesDriverRoot, DriverFilesNone)
+	f.Var(d.Mode, "driver-files", "KYB_DRIVER_FILES", modeUsage)
+	f.StringVar(&d.HostDriverRoot, "host-driver-root", "NVIDIA_HOST_DRIVER_ROOT", "", "where --driver-root is on the host, when the plugin sees it elsewhere; default: the same path")
+}
+
+// DriverFiles is how containers get the driver's files: NVIDIA's CDI
+// device per GPU, or bind mounts of the files, or neither.
+type DriverFiles struct {
+	// NVIDIACDI names NVIDIA's own CDI device for a GPU; its entry brings
+	// the driver files.
+	NVIDIACDI func(index int, uuid string) string
+	// Files are bind-mounted from the driver root.
+	Files *containeredits.DriverFiles
+}
+
+// ChooseDriverFiles decides how containers get the driver's user-space
+// files, and says which way was chosen and why. nvidiaCDIUsable says
+// whether NVIDIA's CDI entries can reach the container at all (only as
+// CDI devices); cdiRoot is where the daemon writes its own specs.
+func (d *DriverFilesFlags) ChooseDriverFiles(ctx context.Context, node *Node, src *Flags, cdiRoot string, nvidiaCDIUsable bool) (DriverFiles, error) {
+	logger := klog.FromContext(ctx)
+	mode := d.Mode.Value()
+	if mode == DriverFilesAuto && node.Host.Simulated != nil && src.DriverRoot == "/" {
+		logger.Info("Driver files", "mode", DriverFilesNone, "reason", "simulated node without --driver-root")
+		return DriverFiles{}, nil
+	}
+	if (mode == DriverFilesAuto && nvidiaCDIUsable) || mode == DriverFilesNVIDIACDI {
+		dirs := append([]string{}, nvidiaCDIDirs...)
+		if cdiRoot != defaultCDIRoot {
+			dirs = append(dirs, cdiRoot)
+		}
+		found, err := cdi.FindNVIDIADevices(dirs, node.Inv.GPUs)
+		if err == nil && len(found) == len(node.Inv.GPUs) {
+			logger.Info("Driver files", "mode", DriverFilesNVIDIACDI, "reason", "the node has NVIDIA's CDI spec for every GPU; its entries bring the driver files")
+			return DriverFiles{NVIDIACDI: func(index int, _ string) string { return found[index] }}, nil
+		}
+		if mode == DriverFilesNVIDIACDI {
+			return DriverFiles{}, fmt.Errorf("--driver-files=nvidia-cdi: NVIDIA's CDI spec (nvidia.com/gpu) covers %d of %d GPUs in %v (generate it with 'nvidia-ctk cdi generate'): %v", len(found), len(node.Inv.GPUs), dirs, err)
+		}
+	}
+	if mode == DriverFilesAuto || mode == DriverFilesDriverRoot {
+		files, err := containeredits.FindDriverFiles(src.DriverRoot, d.HostDriverRoot)
+		if err != nil {
+			return DriverFiles{}, fmt.Errorf("find the driver's files under %s: %w", src.DriverRoot, err)
+		}
+		if !files.Empty() {
+			logger.Info("Driver files", "mode", DriverFilesDriverRoot, "root", src.DriverRoot, "libraries", len(files.Libraries), "binaries", len(files.Binaries))
+			return DriverFiles{Files: files}, nil
+		}
+		if mode == DriverFilesDriverRoot {
+			return DriverFiles{}, fmt.Errorf("--driver-files=driver-root: no NVIDIA driver libraries under %s; set --driver-root to where the driver is installed", src.DriverRoot)
+		}
+	}
+	if mode == DriverFilesAuto {
+		logger.Info("No NVIDIA CDI spec and no driver libraries found; containers get their GPUs' device nodes but need the NVIDIA container runtime for the driver's libraries", "driverRoot", src.DriverRoot)
+	}
+	return DriverFiles{}, nil
+}

@@ -1,0 +1,116 @@
+// Package nodesetup opens what both node daemons serve, from the flags they
+// share: the node's GPUs (real NVML or a simulated node), its
+// configuration and plan, the GPU health monitor, and how containers get
+// the driver's files. The DRA plugin, its `plan` subcommand and the
+// device-plugin shim each add their own flags around these.
+package nodesetup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"k8s.io/klog/v2"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+)
+
+// Flags say which node to look at and with which configuration.
+type Flags struct {
+	NodeName   string
+	ConfigPath string
+	Simulate   string
+	DriverRoot string
+	DevRoot    string
+	SysfsRoot  string
+}
+
+// AddFlags defines the flags; defaultNode is --node-name's default.
+func (s *Flags) AddFlags(f *cli.FlagSet, defaultNode string) {
+	f.StringVar(&s.NodeName, "node-name", "NODE_NAME", defaultNode, "name of the Kubernetes node this runs on")
+	f.StringVar(&s.ConfigPath, "config", "KYB_CONFIG", "", "node configuration file (kind NodeConfig, or a ConfigMap carrying it under data.config.yaml); empty: the defaults")
+	f.StringVar(&s.Simulate, "simulate", "KYB_SIMULATE", "", "serve a simulated node instead of the NVIDIA driver: a preset (dgx-h100, dgx-a100, nvlink-2x4, pcie-8gpu, workstation-2gpu, single-gpu) or a NodeTopology file")
+	f.StringVar(&s.DriverRoot, "driver-root", "NVIDIA_DRIVER_ROOT", "/", "where the NVIDIA driver's files are on the host, as the plugin sees them")
+	f.StringVar(&s.DevRoot, "dev-root", "KYB_DEV_ROOT", "/", "where the host's /dev is, as the plugin sees it")
+	f.StringVar(&s.SysfsRoot, "sysfs-root", "KYB_SYSFS_ROOT", "/sys", "where the host's sysfs is, as the plugin sees it")
+}
+
+// Node is an opened node with its configuration and plan. Close releases
+// NVML.
+type Node struct {
+	Host   *gpuhost.Host
+	Inv    *inventory.Inventory
+	Config *v1alpha1.NodeConfig
+	// Source is where the configuration came from (nil for the defaults),
+	// to annotate errors with its lines.
+	Source *v1alpha1.Source
+	Plan   *planner.Plan
+}
+
+// Close shuts NVML down.
+func (n *Node) Close() { n.Host.Close() }
+
+// Open opens the node, reads the configuration and plans. Every error says
+// what to fix: the file and line of a bad config, the preset names for an
+// unknown preset, the driver root where NVML is missing.
+func (s *Flags) Open(ctx context.Context) (*Node, error) {
+	cfg, src, err := s.readConfig(ctx)
+	if err != nil {
+		return nil, err
+	}
+	host, err := gpuhost.Open(ctx, gpuhost.Options{Simulate: s.Simulate, NodeName: s.NodeName, DriverRoot: s.DriverRoot, DevRoot: s.DevRoot, SysfsRoot: s.SysfsRoot})
+	if err != nil {
+		return nil, err
+	}
+	inv, err := inventory.Discover(ctx, host.NVML, host.PCIe)
+	if err != nil {
+		host.Close()
+		return nil, fmt.Errorf("discover GPUs: %w", err)
+	}
+	plan, err := planner.New(inv, cfg)
+	if err != nil {
+		host.Close()
+		var fe v1alpha1.FieldErrors
+		if errors.As(err, &fe) && src != nil {
+			err = src.Annotate(fe)
+		}
+		return nil, fmt.Errorf("node configuration does not fit this node (%s):\n%w", inv.Summary(), err)
+	}
+	return &Node{Host: host, Inv: inv, Config: cfg, Source: src, Plan: plan}, nil
+}
+
+// readConfig reads the node configuration, or returns the defaults when
+// none is given.
+func (s *Flags) readConfig(ctx context.Context) (*v1alpha1.NodeConfig, *v1alpha1.Source, error) {
+	if s.ConfigPath == "" {
+		cfg := &v1alpha1.NodeConfig{}
+		cfg.SetDefaults()
+		return cfg, nil, nil
+	}
+	data, err := os.ReadFile(s.ConfigPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read node configuration: %w", err)
+	}
+	cfg, src, err := v1alpha1.LoadNodeConfig(data, s.ConfigPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("node configuration is invalid:\n%w", err)
+	}
+	for _, note := range src.Notes {
+		klog.FromContext(ctx).Info("Node configuration", "file", s.ConfigPath, "note", note)
+	}
+	return cfg, src, nil
+}
+
+// LogPlan logs what a daemon serves: the node and the plan's warnings.
+func (n *Node) LogPlan(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	logger.Info("Node", "gpus", n.Inv.Summary(), "source", n.Host.Description)
+	for _, w := range n.Plan.Warnings {
+		logger.Info("Plan", "warning", w)
+	}
+}
