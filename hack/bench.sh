@@ -29,7 +29,7 @@ part() { # name, then the command; its stdout goes to $out/<name>.md
 : >"$out/times.md"
 make build GO="$GO"
 part shim $GO test -run '^$' -bench 'GetPreferredAllocation' -benchtime 20000x -benchmem ./pkg/deviceplugin
-part placement $GO run ./cmd/kyb-sim -svg "$out/placement.svg"
+part placement bash -c "cd test && $GO run ./cmd/kyb-sim -svg ../$out/placement.svg"
 (cd test && $GO build -ldflags "-X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
   -o ../bin/kyb-bench ./cmd/kyb-bench)
 part kube bin/kyb-bench -rounds "$ROUNDS" -log "$out/control-plane.log"

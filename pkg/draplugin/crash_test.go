@@ -23,7 +23,6 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
@@ -31,6 +30,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
@@ -84,11 +84,11 @@ func newCrashRig(t testing.TB) *crashRig {
 	if r.plan, err = planner.New(inv, cfg); err != nil {
 		t.Fatal(err)
 	}
-	cl := allocator.New(allocator.SchedulerFeatures())
+	cl := schedulertest.New(schedulertest.SchedulerFeatures())
 	cl.AddNode(nodeName, draresources.Resources(r.plan, inv, nodeName, draresources.LayoutShared), driver.Name)
 	cl.AddClasses(draresources.DeviceClasses(r.plan.Profiles, draresources.DeviceClassOptions{})...)
 	for i, class := range []string{class2x, class2x, class1x, class1x, class1x, class1x, class1x, class1x, class2x, class1x} {
-		c := allocator.Claim(fmt.Sprintf("c%d", i), class, 1)
+		c := schedulertest.Claim(fmt.Sprintf("c%d", i), class, 1)
 		c.UID = types.UID(fmt.Sprintf("aaaaaaaa-0000-0000-0000-%012d", i))
 		alloc, err := cl.Allocate(context.Background(), c, nodeName)
 		if err != nil || alloc == nil {

@@ -28,13 +28,13 @@ import (
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
@@ -51,7 +51,7 @@ type env struct {
 	inv     *inventory.Inventory
 	plan    *planner.Plan
 	client  *fake.Clientset
-	cluster *allocator.Cluster
+	cluster *schedulertest.Cluster
 	driver  *draplugin.Driver
 	dra     drapb.DRAPluginClient
 	conn    *grpc.ClientConn
@@ -110,7 +110,7 @@ func newEnv(t *testing.T, preset, config string, options ...envOption) *env {
 		t.Fatal(err)
 	}
 	e.client = newFakeClient(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}})
-	e.cluster = allocator.New(allocator.SchedulerFeatures())
+	e.cluster = schedulertest.New(schedulertest.SchedulerFeatures())
 	e.cluster.AddNode(nodeName, draresources.Resources(e.plan, e.inv, nodeName, draresources.LayoutShared), driver.Name)
 	e.cluster.AddNode(nodeName+"-per-seat", draresources.Resources(e.plan, e.inv, nodeName, draresources.LayoutPerSeat), driver.Name)
 	e.cluster.AddClasses(draresources.DeviceClasses(e.plan.Profiles, draresources.DeviceClassOptions{})...)
@@ -220,7 +220,7 @@ func (e *env) claim(class string, mutate ...func(*resourceapi.DeviceRequest)) *r
 func (e *env) claimOn(node, class string, mutate ...func(*resourceapi.DeviceRequest)) *resourceapi.ResourceClaim {
 	e.t.Helper()
 	e.claimN++
-	c := allocator.Claim(fmt.Sprintf("claim-%d", e.claimN), class, 1, mutate...)
+	c := schedulertest.Claim(fmt.Sprintf("claim-%d", e.claimN), class, 1, mutate...)
 	c.UID = types.UID(fmt.Sprintf("0000000%d-1111-2222-3333-444444444444", e.claimN))
 	alloc, err := e.cluster.Allocate(e.ctx, c, node)
 	if err != nil || alloc == nil {

@@ -10,11 +10,11 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
@@ -27,7 +27,7 @@ const seedConfig = "../../api/kyb.ai/v1alpha1/testdata/seed-configmap.yaml"
 type node struct {
 	inv     *inventory.Inventory
 	plan    *planner.Plan
-	cluster *allocator.Cluster
+	cluster *schedulertest.Cluster
 }
 
 func newNode(t testing.TB, preset, config string, layout draresources.Layout) *node {
@@ -61,7 +61,7 @@ func newNode(t testing.TB, preset, config string, layout draresources.Layout) *n
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := allocator.New(allocator.SchedulerFeatures())
+	c := schedulertest.New(schedulertest.SchedulerFeatures())
 	c.AddNode("node-1", draresources.Resources(plan, inv, "node-1", layout), driver.Name)
 	c.AddClasses(draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{ExtendedResources: true})...)
 	return &node{inv: inv, plan: plan, cluster: c}
@@ -75,7 +75,7 @@ func (n *node) fill(t testing.TB, class string, mutate ...func(*resourceapi.Devi
 	t.Helper()
 	var got []string
 	for i := 0; i < 1000; i++ {
-		r, err := n.cluster.Allocate(ctx, allocator.Claim(fmt.Sprintf("%s-%d", class, i), class, 1, mutate...), "node-1")
+		r, err := n.cluster.Allocate(ctx, schedulertest.Claim(fmt.Sprintf("%s-%d", class, i), class, 1, mutate...), "node-1")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +90,7 @@ func (n *node) fill(t testing.TB, class string, mutate ...func(*resourceapi.Devi
 
 func (n *node) allocate(t testing.TB, name, class string, mutate ...func(*resourceapi.DeviceRequest)) *resourceapi.AllocationResult {
 	t.Helper()
-	r, err := n.cluster.Allocate(ctx, allocator.Claim(name, class, 1, mutate...), "node-1")
+	r, err := n.cluster.Allocate(ctx, schedulertest.Claim(name, class, 1, mutate...), "node-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ groups: [{name: G01, gpus: [0, 1]}, {name: G23, gpus: [2, 3]}]
 
 func TestNVLinkSelectorOnPCIeNodeGetsNothing(t *testing.T) {
 	n := newNode(t, "pcie-8gpu", "", draresources.LayoutShared)
-	sel := allocator.WithSelector(`device.attributes["gpu.kyb.ai"].interconnect == "nvlink"`)
+	sel := schedulertest.WithSelector(`device.attributes["gpu.kyb.ai"].interconnect == "nvlink"`)
 	if r := n.allocate(t, "nv", class2x, sel); r != nil {
 		t.Errorf("an NVLink 2x seat was allocated on a node without NVLink: %+v", r.Devices.Results)
 	}
@@ -206,7 +206,7 @@ func TestSeatsNotMemoryAreWhatASeatConsumes(t *testing.T) {
 
 func TestClaimCanAskForSeveralSeatsOfOneGroup(t *testing.T) {
 	n := newNode(t, "single-gpu", "profiles: [{resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 4}]\n", draresources.LayoutShared)
-	big := n.allocate(t, "big", class1x, allocator.WithCapacity("seats", "3"))
+	big := n.allocate(t, "big", class1x, schedulertest.WithCapacity("seats", "3"))
 	if big == nil {
 		t.Fatal("a 3-seat share does not fit on an empty 4-seat group")
 	}
@@ -359,7 +359,7 @@ func TestOptionalAttributes(t *testing.T) {
 	if _, ok := g0123["resource.kubernetes.io/pcieRoot"]; ok {
 		t.Error("G0123 spans two PCIe roots and must not claim one")
 	}
-	sel := allocator.WithSelector(`device.attributes["gpu.kyb.ai"].cudaComputeCapability.isGreaterThan(semver("8.0.0"))`)
+	sel := schedulertest.WithSelector(`device.attributes["gpu.kyb.ai"].cudaComputeCapability.isGreaterThan(semver("8.0.0"))`)
 	if r := n.allocate(t, "cc", class4x, sel); r == nil {
 		t.Error("a version selector on cudaComputeCapability found nothing")
 	}
@@ -370,7 +370,7 @@ func TestOptionalAttributes(t *testing.T) {
 // that overlap it out; a claim that names its one seat still fits.
 func TestOneSeatGroupsArePlainDevices(t *testing.T) {
 	n := newNode(t, "dgx-h100", "", draresources.LayoutShared)
-	one := n.allocate(t, "one", class1x, allocator.WithCapacity("seats", "1"))
+	one := n.allocate(t, "one", class1x, schedulertest.WithCapacity("seats", "1"))
 	if one == nil {
 		t.Fatal("a claim for one seat does not fit on an empty node")
 	}
@@ -378,7 +378,7 @@ func TestOneSeatGroupsArePlainDevices(t *testing.T) {
 	if res.Device != "g0-1x" || res.ShareID != nil {
 		t.Fatalf("one-seat group: %+v, want g0-1x without a share ID", res)
 	}
-	if r := n.allocate(t, "two", class1x, allocator.WithCapacity("seats", "2")); r != nil {
+	if r := n.allocate(t, "two", class1x, schedulertest.WithCapacity("seats", "2")); r != nil {
 		t.Errorf("two seats of a one-seat group: %+v", r.Devices.Results)
 	}
 	got := n.fill(t, class1x)

@@ -8,9 +8,9 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
 
 func TestUnavailableGroups(t *testing.T) {
@@ -108,7 +108,7 @@ func TestHidingUnavailableGroupsChangesNoDecision(t *testing.T) {
 						continue
 					}
 					class := classes[rng.Intn(len(classes))]
-					claim := allocator.Claim(fmt.Sprintf("c%d", i), class, 1)
+					claim := schedulertest.Claim(fmt.Sprintf("c%d", i), class, 1)
 					a, err := all.cluster.Allocate(ctx, claim, "node-1")
 					if err != nil {
 						t.Fatal(err)

@@ -7,9 +7,9 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
 
 // taintedNode is newNode with GPU faults published as device taints.
@@ -18,7 +18,7 @@ func taintedNode(t *testing.T, preset, config string, layout draresources.Layout
 	n := newNode(t, preset, config, layout)
 	res := draresources.Resources(n.plan, n.inv, "node-1", layout)
 	draresources.Taint(res, n.plan, faults)
-	n.cluster = allocator.New(allocator.SchedulerFeatures())
+	n.cluster = schedulertest.New(schedulertest.SchedulerFeatures())
 	n.cluster.AddNode("node-1", res, driver.Name)
 	n.cluster.AddClasses(draresources.DeviceClasses(n.plan.Profiles, draresources.DeviceClassOptions{ExtendedResources: true})...)
 	return n
@@ -97,11 +97,11 @@ func TestGroupTaint(t *testing.T) {
 }
 
 func gpuIs(i int) func(*resourceapi.DeviceRequest) {
-	return allocator.WithSelector(fmt.Sprintf(`device.attributes["gpu.kyb.ai"].gpuIndices == "%d"`, i))
+	return schedulertest.WithSelector(fmt.Sprintf(`device.attributes["gpu.kyb.ai"].gpuIndices == "%d"`, i))
 }
 
 func tolerate(effect resourceapi.DeviceTaintEffect) func(*resourceapi.DeviceRequest) {
-	return allocator.WithTolerations(resourceapi.DeviceToleration{Key: draresources.TaintKey, Operator: resourceapi.DeviceTolerationOpExists, Effect: effect})
+	return schedulertest.WithTolerations(resourceapi.DeviceToleration{Key: draresources.TaintKey, Operator: resourceapi.DeviceTolerationOpExists, Effect: effect})
 }
 
 func TestSchedulerAvoidsTaintedGroupsUnlessTolerated(t *testing.T) {

@@ -7,8 +7,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
 
 // These measurements drive the scheduler's own allocator
@@ -17,8 +17,8 @@ import (
 // (PreFilter), then Allocate once per node (Filter).
 
 // cluster builds n nodes of a shape.
-func cluster(s Shape, n int) *allocator.Cluster {
-	c := allocator.New(allocator.SchedulerFeatures())
+func cluster(s Shape, n int) *schedulertest.Cluster {
+	c := schedulertest.New(schedulertest.SchedulerFeatures())
 	for i := 0; i < n; i++ {
 		node := nodeName(i)
 		c.AddNode(node, s.Resources(node), s.Driver)
@@ -37,7 +37,7 @@ type holdings map[string]draresources.Held
 // allocations block, publishes the node again. It returns how long the
 // publish took: the plugin's and the API server's work, not the
 // allocator's, so the timed runs leave it out.
-func (h holdings) note(s Shape, c *allocator.Cluster, node string, r *resourceapi.AllocationResult) time.Duration {
+func (h holdings) note(s Shape, c *schedulertest.Cluster, node string, r *resourceapi.AllocationResult) time.Duration {
 	if s.Republish == nil || r == nil {
 		return 0
 	}
@@ -56,11 +56,11 @@ func (h holdings) note(s Shape, c *allocator.Cluster, node string, r *resourceap
 
 // fillNode allocates one-device claims of the shape's class on node until
 // one does not fit, and checks that exactly PerNode fit.
-func fillNode(ctx context.Context, s Shape, c *allocator.Cluster, node string, next *int) error {
+func fillNode(ctx context.Context, s Shape, c *schedulertest.Cluster, node string, next *int) error {
 	held := holdings{}
 	for k := 0; ; k++ {
 		*next++
-		r, err := c.Allocate(ctx, allocator.Claim(fmt.Sprintf("fill-%d", *next), s.Class, 1), node)
+		r, err := c.Allocate(ctx, schedulertest.Claim(fmt.Sprintf("fill-%d", *next), s.Class, 1), node)
 		if err != nil {
 			return fmt.Errorf("shape %s: fill %s: %w", s.Name, node, err)
 		}
@@ -93,8 +93,8 @@ func RejectFull(ctx context.Context, s Shape, nodes, reps int) (time.Duration, e
 // basic shape rejects a node in microseconds, and a short run is all noise.
 const minRejectTime = 300 * time.Millisecond
 
-func timeRejects(ctx context.Context, s Shape, c *allocator.Cluster, nodes, reps int) (time.Duration, error) {
-	claim := allocator.Claim("probe", s.Class, 1)
+func timeRejects(ctx context.Context, s Shape, c *schedulertest.Cluster, nodes, reps int) (time.Duration, error) {
+	claim := schedulertest.Claim("probe", s.Class, 1)
 	var total time.Duration
 	r := 0
 	for ; r < reps || total < minRejectTime; r++ {
@@ -134,7 +134,7 @@ func FirstFit(ctx context.Context, s Shape, nodes, claims int) (FirstFitResult, 
 	var publishing time.Duration
 	start := time.Now()
 	for k := 0; k < claims; k++ {
-		claim := allocator.Claim(fmt.Sprintf("ff-%d", k), s.Class, 1)
+		claim := schedulertest.Claim(fmt.Sprintf("ff-%d", k), s.Class, 1)
 		a, err := c.Allocator(ctx)
 		if err != nil {
 			return res, err

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
 
 // fillNodes makes nodes full, as a busy cluster's nodes are: on each, the
@@ -25,12 +25,12 @@ func fillNodes(ctx context.Context, client kubernetes.Interface, s Shape, ns str
 }
 
 func fillAPINode(ctx context.Context, client kubernetes.Interface, s Shape, ns, node string) error {
-	c := allocator.New(allocator.SchedulerFeatures())
+	c := schedulertest.New(schedulertest.SchedulerFeatures())
 	c.AddNode(node, s.Resources(node), s.Driver)
 	c.AddClasses(s.Classes...)
 	held := holdings{}
 	for k := 0; ; k++ {
-		claim := allocator.Claim(fmt.Sprintf("full-%s-%d", node, k), s.Class, 1)
+		claim := schedulertest.Claim(fmt.Sprintf("full-%s-%d", node, k), s.Class, 1)
 		r, err := c.Allocate(ctx, claim, node)
 		if err != nil {
 			return fmt.Errorf("fill %s: %w", node, err)

@@ -19,9 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
@@ -155,7 +155,7 @@ func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions
 	if err != nil {
 		return nil, err
 	}
-	alloc := allocator.New(allocator.SchedulerFeatures())
+	alloc := schedulertest.New(schedulertest.SchedulerFeatures())
 	alloc.AddNode(node.Name, draresources.Resources(plan, inv, node.Name, draresources.LayoutShared), driver.Name)
 	alloc.AddClasses(draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{})...)
 	class := draresources.DeviceClassName(plan.Profile("1x").Resource)
@@ -163,11 +163,11 @@ func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions
 	var claims []*benchClaim
 	for i := 0; i < max(opts.Held, 1); i++ {
 		name := fmt.Sprintf("fp%03d", i)
-		r, err := alloc.Allocate(ctx, allocator.Claim(name, class, 1), node.Name)
+		r, err := alloc.Allocate(ctx, schedulertest.Claim(name, class, 1), node.Name)
 		if err != nil || r == nil {
 			return nil, fmt.Errorf("allocate %s: %v", name, err)
 		}
-		claim := allocator.Claim(name, class, 1)
+		claim := schedulertest.Claim(name, class, 1)
 		claim.UID = ""
 		claim.Status.Allocation = r
 		bc := &benchClaim{claim: claim, pod: footprintPod(name, claim.Name)}

@@ -21,11 +21,11 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	kubeletdra "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
@@ -48,7 +48,7 @@ type prepareEnv struct {
 	client kubernetes.Interface // the drivers' client, rate-limited like theirs
 	ours   *draplugin.Driver
 	noop   *kubeletplugin.Helper
-	alloc  *allocator.Cluster
+	alloc  *schedulertest.Cluster
 	class  string
 	conns  map[string]drapb.DRAPluginClient
 	steps  *stepClock
@@ -137,7 +137,7 @@ func newPrepareEnv(ctx context.Context, c *harness.Cluster, qps float32, burst i
 		}
 		e.conns[drv] = conn
 	}
-	e.alloc = allocator.New(allocator.SchedulerFeatures())
+	e.alloc = schedulertest.New(schedulertest.SchedulerFeatures())
 	e.alloc.AddNode(node.Name, draresources.Resources(plan, inv, node.Name, draresources.LayoutShared), driver.Name)
 	e.alloc.AddClasses(draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{})...)
 	e.class = draresources.DeviceClassName(plan.Profile("1x").Resource)
@@ -177,11 +177,11 @@ func (e *prepareEnv) claims(ctx context.Context, driverName string, n int) ([]*b
 	for i := range out {
 		e.n++
 		name := fmt.Sprintf("c%05d", e.n)
-		claim := allocator.Claim(name, e.class, 1)
+		claim := schedulertest.Claim(name, e.class, 1)
 		claim.UID = ""
 		var alloc *resourceapi.AllocationResult
 		if driverName == driver.Name {
-			r, err := e.alloc.Allocate(ctx, allocator.Claim(name, e.class, 1), e.node.Name)
+			r, err := e.alloc.Allocate(ctx, schedulertest.Claim(name, e.class, 1), e.node.Name)
 			if err != nil || r == nil {
 				return nil, fmt.Errorf("allocate claim %s: %v (fits: %t)", name, err, r != nil)
 			}

@@ -20,7 +20,6 @@ type Node struct {
 	Name   string
 	Preset string
 	free   []bool
-	jobs   int
 	// Groups are the plan's groups by size, in the plan's order.
 	Groups map[int][][]int
 	// inv and plans are the node's inventory and its plans per device
@@ -42,9 +41,6 @@ func (n *Node) Free() int {
 	}
 	return c
 }
-
-// Jobs is the number of requests running on the node.
-func (n *Node) Jobs() int { return n.jobs }
 
 func (n *Node) allFree(gpus []int) bool {
 	for _, g := range gpus {
@@ -92,7 +88,6 @@ func (n *Node) take(gpus []int) error {
 	for _, g := range gpus {
 		n.free[g] = false
 	}
-	n.jobs++
 	return nil
 }
 
@@ -100,7 +95,6 @@ func (n *Node) release(gpus []int) {
 	for _, g := range gpus {
 		n.free[g] = true
 	}
-	n.jobs--
 }
 
 // NodeSpec is a preset and how many nodes of it.

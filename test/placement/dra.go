@@ -8,9 +8,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/allocator"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
 
 // draPolicy places with the scheduler's real DRA allocator over the
@@ -23,7 +23,7 @@ import (
 type draPolicy struct {
 	order   v1alpha1.AllocationPolicy
 	nodes   []*Node
-	cluster *allocator.Cluster
+	cluster *schedulertest.Cluster
 	classes map[int]string
 	rand    *rand.Rand
 	n       int
@@ -34,7 +34,7 @@ var DRAPolicies = []string{"dra-pack", "dra-spread"}
 
 // NewDRA returns the DRA policy with device order "pack" or "spread".
 func NewDRA(order v1alpha1.AllocationPolicy, nodes []*Node, seed uint64) (Policy, error) {
-	p := &draPolicy{order: order, nodes: nodes, cluster: allocator.New(allocator.SchedulerFeatures()), classes: map[int]string{},
+	p := &draPolicy{order: order, nodes: nodes, cluster: schedulertest.New(schedulertest.SchedulerFeatures()), classes: map[int]string{},
 		rand: rand.New(rand.NewPCG(seed, 7))}
 	for _, n := range nodes {
 		plan, ok := n.plans[order]
@@ -61,7 +61,7 @@ func (p *draPolicy) Place(ctx context.Context, r Request) (*Placement, error) {
 		return nil, fmt.Errorf("no profile of %d GPUs", r.Size)
 	}
 	p.n++
-	claim := allocator.Claim(fmt.Sprintf("r%d", r.ID), class, 1)
+	claim := schedulertest.Claim(fmt.Sprintf("r%d", r.ID), class, 1)
 	a, err := p.cluster.Allocator(ctx)
 	if err != nil {
 		return nil, err

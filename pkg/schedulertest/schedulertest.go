@@ -1,9 +1,12 @@
-// Package allocator runs the Kubernetes scheduler's own DRA allocator
+// Package schedulertest runs the Kubernetes scheduler's own DRA allocator
 // (k8s.io/dynamic-resource-allocation/structured, with the feature set
 // kube-scheduler 1.37 enables by default) over the driver's published
-// objects. Tests use it to prove that the scheduler places what the driver
-// publishes; the benchmarks and the placement simulator use it to measure.
-package allocator
+// objects, for tests and studies only: tests use it to prove that the
+// scheduler places what the driver publishes; the benchmarks and the
+// placement study (test/) use it to measure. No binary links it
+// (hack/deps-check.sh). It is not under an internal/ directory because
+// the test/ module, a module of its own, uses it too.
+package schedulertest
 
 import (
 	"context"

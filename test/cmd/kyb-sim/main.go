@@ -8,7 +8,7 @@ import (
 	"context"
 	"os"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/placement"
+	"github.com/kyb-ai/kyb-dra-driver/test/placement"
 )
 
 func main() {
