@@ -38,6 +38,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 )
 
 // Version is the format this plugin writes.
@@ -101,15 +103,9 @@ type Device struct {
 	// GroupDevice is the group's shared device name (such as g01-2x): the
 	// space seats are counted in, whichever layout Device was published in.
 	GroupDevice string `json:"groupDevice"`
-	Profile     string `json:"profile"`
-	Group       string `json:"group"`
-	// GPUs are the group's GPU indices and UUIDs.
-	GPUs     []int    `json:"gpus"`
-	GPUUUIDs []string `json:"gpuUUIDs"`
-	// Seats and Generations are parallel: seat Seats[i] was handed out
-	// with generation Generations[i].
-	Seats       []int   `json:"seats"`
-	Generations []int64 `json:"generations"`
+	// SeatStatus is the group, its GPUs, and the seats the device holds
+	// with their generations: what the claim's status says of the device.
+	v1alpha1.SeatStatus `json:",inline"`
 	// CDIDevice is the device's name in the claim's CDI spec.
 	CDIDevice string `json:"cdiDevice"`
 	// VisibleDevices is the claim's configured naming of GPUs (uuid, index).

@@ -2,12 +2,15 @@ package checkpoint
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 )
 
 func sample() *State {
@@ -15,11 +18,29 @@ func sample() *State {
 	st.BootID = "boot-1"
 	st.Claims["uid-1"] = &Claim{Namespace: "default", Name: "train", Phase: PrepareCompleted, Devices: []Device{{
 		Requests: []string{"gpu"}, Pool: "node-1", Device: "g01-2x", ShareID: "share-1", GroupDevice: "g01-2x",
-		Profile: "2x", Group: "G01", GPUs: []int{0, 1}, GPUUUIDs: []string{"GPU-a", "GPU-b"},
-		Seats: []int{0}, Generations: []int64{3}, CDIDevice: "g01-2x-share-1", VisibleDevices: "uuid",
+		SeatStatus: v1alpha1.SeatStatus{
+			Profile: "2x", Group: "G01", GPUs: []int{0, 1}, GPUUUIDs: []string{"GPU-a", "GPU-b"},
+			Seats: []int{0}, Generations: []int64{3},
+		},
+		CDIDevice: "g01-2x-share-1", VisibleDevices: "uuid",
 	}}}
 	st.Generations["g01-2x/0"] = 3
 	return st
+}
+
+// A device is written with the same fields, in the same order, as every
+// earlier version wrote them: files on nodes decode and verify unchanged.
+func TestDeviceEncodingIsStable(t *testing.T) {
+	got, err := json.Marshal(sample().Claims["uid-1"].Devices[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"requests":["gpu"],"pool":"node-1","device":"g01-2x","shareID":"share-1","groupDevice":"g01-2x",` +
+		`"profile":"2x","group":"G01","gpus":[0,1],"gpuUUIDs":["GPU-a","GPU-b"],"seats":[0],"generations":[3],` +
+		`"cdiDevice":"g01-2x-share-1","visibleDevices":"uuid"}`
+	if string(got) != want {
+		t.Errorf("device encodes as\n%s\nwant\n%s", got, want)
+	}
 }
 
 func TestRoundTrip(t *testing.T) {

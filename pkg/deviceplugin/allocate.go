@@ -92,7 +92,7 @@ func (r *resource) allocateContainer(refs []seatRef) (*pluginapi.ContainerAlloca
 		if len(seats) == 0 || seats[len(seats)-1].Group != g.Name {
 			s := containeredits.Seat{Group: g.Name}
 			for _, x := range g.GPUs {
-				gpu, ok := r.inv.GPUByIndex(x)
+				gpu, ok := r.delivery.inv.GPUByIndex(x)
 				if !ok {
 					return nil, fmt.Errorf("GPU %d of group %s is not in the inventory", x, g.Name)
 				}
@@ -105,12 +105,12 @@ func (r *resource) allocateContainer(refs []seatRef) (*pluginapi.ContainerAlloca
 		last.Seats = append(last.Seats, ref.seat)
 		last.Generations = append(last.Generations, gen)
 	}
-	edits, err := containeredits.Build(seats, r.edits)
+	edits, err := containeredits.Build(seats, r.delivery.edits)
 	if err != nil {
 		return nil, err
 	}
 	ids := r.idsOf(refs)
-	if r.injection == InjectionCDI {
+	if r.delivery.injection == InjectionCDI {
 		cresp, err := r.cdiResponse(refs[0], gens[0], edits, gpus)
 		if err != nil {
 			return nil, err
@@ -153,13 +153,13 @@ func envResponse(e *containeredits.Edits) *pluginapi.ContainerAllocateResponse {
 func (r *resource) cdiResponse(first seatRef, gen int64, edits *containeredits.Edits, gpus []inventory.GPU) (*pluginapi.ContainerAllocateResponse, error) {
 	uid := types.UID("dp-" + r.ids[first.idx])
 	name := "gen-" + strconv.FormatInt(gen, 10)
-	if err := r.cdi.Write(uid, []cdi.Device{{Name: name, Edits: edits}}); err != nil {
+	if err := r.delivery.cdi.Write(uid, []cdi.Device{{Name: name, Edits: edits}}); err != nil {
 		return nil, err
 	}
 	cresp := &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: cdi.DeviceID(uid, name)}}}
-	if r.nvidiaCDI != nil {
+	if r.delivery.nvidiaCDI != nil {
 		for _, g := range gpus {
-			if id := r.nvidiaCDI(g.Index, g.UUID); id != "" {
+			if id := r.delivery.nvidiaCDI(g.Index, g.UUID); id != "" {
 				cresp.CdiDevices = append(cresp.CdiDevices, &pluginapi.CDIDevice{Name: id})
 			}
 		}

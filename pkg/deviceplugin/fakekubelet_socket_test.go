@@ -17,12 +17,12 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 // fakeKubelet is the kubelet's side of the device-plugin API over real
@@ -244,21 +244,8 @@ func newEnv(t *testing.T, preset, config string) *env {
 			t.Fatal(err)
 		}
 	}
-	if e.sim, err = simnode.Load(preset, "node-1"); err != nil {
-		t.Fatal(err)
-	}
-	if e.inv, err = inventory.Discover(ctx, e.sim.NVML(), e.sim.PCIe()); err != nil {
-		t.Fatal(err)
-	}
-	var cfg *v1alpha1.NodeConfig
-	if config != "" {
-		if cfg, _, err = v1alpha1.LoadNodeConfig([]byte(config), "test.yaml"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if e.plan, err = planner.New(e.inv, cfg); err != nil {
-		t.Fatal(err)
-	}
+	node := simnodetest.New(t, preset, config)
+	e.sim, e.inv, e.plan = node.Sim, node.Inv, node.Plan
 	e.kubelet = newFakeKubelet(t, e.dir)
 	return e
 }

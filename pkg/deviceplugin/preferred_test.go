@@ -12,34 +12,17 @@ import (
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 // testResource builds one resource of the exclusive layout without
 // sockets, for calling its methods directly.
 func testResource(tb testing.TB, preset, config, name string) *resource {
 	tb.Helper()
-	sim, err := simnode.Load(preset, "node-1")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	inv, err := inventory.Discover(context.Background(), sim.NVML(), sim.PCIe())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg, _, err := v1alpha1.LoadNodeConfig([]byte(config), "test.yaml")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	plan, err := planner.New(inv, cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	opts := Options{Inventory: inv, Plan: plan, Edits: containeredits.Options{DeviceNumbers: sim.DeviceNumbers}}
+	node := simnodetest.New(tb, preset, config)
+	inv, plan := node.Inv, node.Plan
+	opts := Options{Inventory: inv, Plan: plan, Edits: containeredits.Options{DeviceNumbers: node.Sim.DeviceNumbers}}
 	if err := opts.setDefaults(); err != nil {
 		tb.Fatal(err)
 	}

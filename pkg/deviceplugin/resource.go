@@ -40,15 +40,24 @@ type resource struct {
 	// that nobody watches was dropped by the kubelet.
 	streams atomic.Int32
 
+	delivery delivery
+	health   health.View
+	// stopped is closed when the shim stops, ending every ListAndWatch.
+	stopped <-chan struct{}
+	logger  klog.Logger
+}
+
+// delivery is how Allocate hands a container its seats: the edits it
+// builds from the inventory, sent in the response (envvar injection) or
+// written into a CDI spec whose device the response names.
+type delivery struct {
 	inv       *inventory.Inventory
 	edits     containeredits.Options
 	injection Injection
 	cdi       *cdi.Writer
+	// nvidiaCDI names NVIDIA's own CDI device for a GPU, whose entry
+	// brings the driver files (CDI injection only).
 	nvidiaCDI func(index int, uuid string) string
-	health    health.View
-	// stopped is closed when the shim stops, ending every ListAndWatch.
-	stopped <-chan struct{}
-	logger  klog.Logger
 }
 
 // seatRef locates a seat: its group (index into resource.groups), its
@@ -63,8 +72,8 @@ func newResource(layout *planner.Plan, prof *planner.Profile, opts *Options, cdi
 	r := &resource{
 		name: prof.Resource, profile: prof, policy: layout.Policy,
 		groups: layout.OrderedProfile(prof), seats: map[string]seatRef{},
-		inv: opts.Inventory, edits: opts.Edits, injection: opts.Injection, cdi: cdiWriter,
-		nvidiaCDI: opts.NVIDIACDIDevice, health: health.View{Source: opts.Health}, stopped: stopped,
+		delivery: delivery{inv: opts.Inventory, edits: opts.Edits, injection: opts.Injection, cdi: cdiWriter, nvidiaCDI: opts.NVIDIACDIDevice},
+		health:   health.View{Source: opts.Health}, stopped: stopped,
 		logger: klog.LoggerWithValues(logger, "resource", prof.Resource),
 	}
 	for g, group := range r.groups {

@@ -22,16 +22,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 // crashRig plays the kubelet against a plugin running in a child process
@@ -75,15 +73,9 @@ func newCrashRig(t testing.TB) *crashRig {
 
 	// Claims allocated together by the scheduler's allocator, so that any
 	// subset of them may be prepared at the same time.
-	sim, _ := simnode.Load(r.spec.Preset, nodeName)
-	inv, err := inventory.Discover(context.Background(), sim.NVML(), sim.PCIe())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, _, _ := v1alpha1.LoadNodeConfig([]byte(seed), "seed")
-	if r.plan, err = planner.New(inv, cfg); err != nil {
-		t.Fatal(err)
-	}
+	sn := simnodetest.New(t, r.spec.Preset, seed)
+	inv := sn.Inv
+	r.plan = sn.Plan
 	cl := schedulertest.New(schedulertest.SchedulerFeatures())
 	cl.AddNode(nodeName, draresources.Resources(r.plan, inv, nodeName, draresources.LayoutShared), driver.Name)
 	cl.AddClasses(draresources.DeviceClasses(r.plan.Profiles, draresources.DeviceClassOptions{})...)

@@ -2,6 +2,17 @@
 // groups and seats as ResourceSlices and prepares the claims the scheduler
 // allocated on them, through the upstream kubeletplugin helper (gRPC over
 // the kubelet's unix sockets) and its resourceslice controller.
+//
+// A Driver is the plugin's gRPC surface and its life (start, stop); it
+// calls the parts that each own one thing and the lock that guards it:
+//
+//   - the seat ledger (package seatledger): which claim holds which seats,
+//     the checkpoint, the repair at start;
+//   - the publisher: the layout, what is published, health taints, the
+//     watch for wiped slices;
+//   - the status writer: the queue that writes claims' seats into their
+//     status behind the prepare;
+//   - the claim specs: the CDI spec of each prepared claim.
 package draplugin
 
 import (
@@ -10,27 +21,25 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
 // LayoutMode chooses the ResourceSlice layout.
@@ -45,8 +54,8 @@ const (
 	LayoutPerSeat LayoutMode = "per-seat"
 )
 
-// Options configure the plugin. NodeName, Client, Inventory and Plan are
-// required.
+// Options configure the plugin. NodeName, Client, Inventory, Plan and
+// Edits.DeviceNumbers are required.
 type Options struct {
 	NodeName  string
 	Client    kubernetes.Interface
@@ -79,7 +88,7 @@ type Options struct {
 	// Health tells which GPUs are unhealthy; nil: all healthy. The
 	// devices of groups with an unhealthy GPU are tainted, and the slices
 	// republished whenever health changes.
-	Health HealthSource
+	Health health.Source
 	// GPULostEffect is the taint effect for a lost GPU: NoSchedule
 	// (default) or NoExecute. Other faults taint NoSchedule.
 	GPULostEffect resourceapi.DeviceTaintEffect
@@ -94,59 +103,27 @@ type Options struct {
 
 // Driver is a running plugin.
 type Driver struct {
-	opts        Options
-	pool        string
-	inv         *inventory.Inventory
-	plan        *planner.Plan
-	index       map[string]draresources.DeviceRef
-	store       *checkpoint.Store
-	cdi         *cdi.Writer
-	editOptions containeredits.Options
-	client      kubernetes.Interface
-	clock       clock.WithTicker
-	hooks       hooks
-	health      healthView
-	metrics     *metrics
+	opts    Options
+	node    nodePlan
+	clock   clock.WithTicker
+	hooks   hooks
+	metrics *metrics
+	events  *nodeevents.Recorder
 
-	helper      *kubeletplugin.Helper
-	broadcaster events.EventBroadcaster
-	recorder    events.EventRecorder
-	nodeRef     *corev1.ObjectReference
+	ledger    *seatledger.Ledger
+	specs     *claimSpecs
+	publisher *publisher
+	statuses  *statusWriter
+	helper    *kubeletplugin.Helper
 
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	// background goroutines (the health watch) that Stop waits for.
+	// ctx ends at Stop or on a fatal error (cancel); every goroutine the
+	// plugin starts is in background, which Stop waits for.
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
 	background sync.WaitGroup
-
-	// mu serialises every change of the checkpoint: batches of prepares,
-	// unprepares, the start-up repair. st is the checkpoint in memory (nil:
-	// read it from the file); pending are prepares waiting for a batch.
-	mu        sync.Mutex
-	st        *checkpoint.State
-	pendingMu sync.Mutex
-	pending   []*reservation
-	// flushCh asks the flusher to make the last save durable; heldCh says
-	// the groups in use changed (publish again).
-	flushCh chan struct{}
-	heldCh  chan struct{}
-	// statusQueue holds the claims whose status still lacks their seats.
-	statusQueue workqueue.TypedRateLimitingInterface[types.UID]
-	// lost is set while the checkpoint is lost and not yet rebuilt;
-	// releasedWhileLost holds the claims unprepared meanwhile.
-	lost              atomic.Bool
-	releasedWhileLost sync.Map
-
-	// publishMu serialises publishing: start-up, a health change, a layout
-	// fallback and a kubelet's wipe may republish at once.
-	publishMu sync.Mutex
-
-	layoutMu  sync.Mutex
-	layout    draresources.Layout
-	published []string
-	// held are the seats of the checkpoint's claims per group device.
-	held   draresources.Held
-	warned map[string]bool
 }
+
+var errStopped = errors.New("plugin stopped")
 
 // Start repairs the node's state, registers with the kubelet and publishes
 // the node's ResourceSlices.
@@ -154,17 +131,10 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
-	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithCancelCause(ctx)
 	d := &Driver{
-		opts: opts, pool: opts.NodeName, inv: opts.Inventory, plan: opts.Plan,
-		index: draresources.Index(opts.Plan), client: opts.Client, clock: opts.Clock,
-		hooks: hooks(opts.Hooks), health: healthView{src: opts.Health, lostEffect: opts.GPULostEffect}, metrics: newMetrics(),
-		editOptions: opts.Edits, ctx: ctx, cancel: cancel, layout: draresources.LayoutShared,
-		flushCh: make(chan struct{}, 1), heldCh: make(chan struct{}, 1), statusQueue: newStatusQueue(),
-	}
-	if opts.Layout == LayoutPerSeat {
-		d.layout = draresources.LayoutPerSeat
+		opts: opts, clock: opts.Clock, hooks: hooks(opts.Hooks), metrics: newMetrics(), ctx: ctx, cancel: cancel,
+		node: nodePlan{pool: opts.NodeName, plan: opts.Plan, inv: opts.Inventory, index: draresources.Index(opts.Plan)},
 	}
 	ok := false
 	defer func() {
@@ -172,30 +142,61 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 			d.Stop()
 		}
 	}()
+	if err := d.open(ctx); err != nil {
+		return nil, err
+	}
+	if err := d.startHelper(ctx); err != nil {
+		return nil, err
+	}
+	d.runBackground(ctx)
+	klog.FromContext(ctx).Info("Started", "node", opts.NodeName, "gpus", len(opts.Inventory.GPUs), "devices", len(d.publisher.devices()),
+		"layout", d.publisher.currentLayout(), "pluginDir", opts.PluginDataDir, "cdiRoot", opts.CDIRoot)
+	ok = true
+	return d, nil
+}
+
+// open makes the parts and repairs the node's state before the kubelet
+// can call.
+func (d *Driver) open(ctx context.Context) error {
+	opts := d.opts
 	for _, c := range opts.Collectors {
 		if err := d.metrics.registry.Register(c); err != nil {
-			return nil, fmt.Errorf("register metrics: %w", err)
+			return fmt.Errorf("register metrics: %w", err)
 		}
 	}
 	if err := os.MkdirAll(opts.PluginDataDir, 0o750); err != nil {
-		return nil, fmt.Errorf("create plugin data directory: %w", err)
+		return fmt.Errorf("create plugin data directory: %w", err)
 	}
-	d.store = checkpoint.NewStore(opts.PluginDataDir)
 	w, err := cdi.NewWriter(opts.CDIRoot)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	d.cdi = w
-	d.startEvents(ctx)
-	d.background.Add(1)
-	go func() {
-		defer d.background.Done()
-		d.flush(ctx)
-	}()
-	if err := d.repair(ctx); err != nil {
-		return nil, err
+	d.specs = &claimSpecs{writer: w, inv: opts.Inventory, edits: opts.Edits, nvidiaCDI: opts.NVIDIACDIDevice}
+	d.events = nodeevents.Start(ctx, opts.Client, opts.NodeName, driver.Name)
+	d.publisher = newPublisher(d.node, opts.Layout, healthTaints{view: health.View{Source: opts.Health}, lostEffect: opts.GPULostEffect},
+		d.events, d.metrics, opts.Client, opts.Clock)
+	d.ledger, err = seatledger.Open(ctx, seatledger.Options{
+		Pool: d.node.pool, Plan: opts.Plan, Inventory: opts.Inventory, Dir: opts.PluginDataDir,
+		SharedWithPeer: opts.PodUID != "", BootIDFile: opts.BootIDFile, Specs: d.specs, Claims: opts.Client.ResourceV1(),
+		Events: d.events, Clock: opts.Clock, HeldChanged: d.publisher.setHeld,
+		Hooks: seatledger.Hooks{
+			BeforeSave:       func() { d.hooks.run(HookBeforeSave) },
+			AfterSave:        func() { d.hooks.run(HookAfterSave) },
+			AfterSpecRemove:  func() { d.hooks.run(HookAfterCDIRemove) },
+			AfterReleaseSave: func() { d.hooks.run(HookAfterUnprepareSave) },
+		},
+		CountError: func(operation, kind string) { d.metrics.errors.WithLabelValues(operation, kind).Inc() },
+	})
+	if err != nil {
+		return err
 	}
+	d.statuses = newStatusWriter(opts.Client.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
+	return nil
+}
 
+// startHelper registers with the kubelet through the upstream helper.
+func (d *Driver) startHelper(ctx context.Context) error {
+	opts := d.opts
 	helperOpts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(driver.Name),
 		kubeletplugin.KubeClient(opts.Client),
@@ -203,10 +204,10 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 		kubeletplugin.RegistrarDirectoryPath(opts.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(opts.PluginDataDir),
 		kubeletplugin.CDIDirectory(opts.CDIRoot),
-		// The plugin serialises only what must be: changes of the
-		// checkpoint, in batches (state.go), with the rolling-update file
-		// lock where two instances serve the node. Specs are written and
-		// answers sent concurrently.
+		// The plugin serialises only what must be: changes of the seat
+		// ledger, in batches, with the rolling-update file lock where two
+		// instances serve the node. Specs are written and answers sent
+		// concurrently.
 		kubeletplugin.Serialize(false),
 	}
 	if opts.PodUID != "" {
@@ -214,41 +215,36 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	}
 	helper, err := kubeletplugin.Start(ctx, d, helperOpts...)
 	if err != nil {
-		return nil, fmt.Errorf("start the kubelet plugin: %w", err)
+		return fmt.Errorf("start the kubelet plugin: %w", err)
 	}
 	d.helper = helper
+	d.publisher.helper = helper
+	return nil
+}
+
+// runBackground starts the plugin's background work. Publishing waits for
+// the API server (the resourceslice controller syncs its informer first).
+// The kubelet may already call: unprepare and repeated prepares need no
+// slices, so an API server that is down at start must not hold them up.
+func (d *Driver) runBackground(ctx context.Context) {
+	logger := klog.FromContext(ctx)
 	// Subscribe before the first publish, so that no change is missed.
-	changed, unsubscribe := d.health.subscribe()
-	// Publishing waits for the API server (the resourceslice controller
-	// syncs its informer first). The kubelet may already call: unprepare
-	// and repeated prepares need no slices, so an API server that is down
-	// at start must not hold them up. The device names are known now.
-	d.resources()
-	d.queueMissingStatuses()
-	d.background.Add(4)
-	go func() {
-		defer d.background.Done()
-		if err := d.publish(ctx); err != nil {
+	healthChanged, unsubscribe := d.publisher.health.view.Subscribe()
+	// The device names are known now, for the health stream.
+	d.publisher.resources()
+	d.statuses.queueOwed()
+	d.background.Go(func() {
+		if err := d.publisher.publish(ctx); err != nil {
 			logger.Error(err, "Cannot publish ResourceSlices")
 		}
-		d.watchForWipes(ctx)
-	}()
-	go func() {
-		defer d.background.Done()
+		d.publisher.watchForWipes(ctx)
+	})
+	d.background.Go(func() {
 		defer unsubscribe()
-		d.watchChanges(ctx, changed)
-	}()
-	go func() {
-		defer d.background.Done()
-		d.writeStatuses(ctx)
-	}()
-	go func() {
-		defer d.background.Done()
-		d.releaseStale(ctx)
-	}()
-	logger.Info("Started", "node", opts.NodeName, "gpus", len(opts.Inventory.GPUs), "devices", len(d.publishedDevices()), "layout", d.currentLayout(), "pluginDir", opts.PluginDataDir, "cdiRoot", opts.CDIRoot)
-	ok = true
-	return d, nil
+		d.publisher.watchChanges(ctx, healthChanged)
+	})
+	d.background.Go(func() { d.statuses.run(ctx) })
+	d.background.Go(func() { d.ledger.ReleaseStale(ctx) })
 }
 
 func (o *Options) setDefaults() error {
@@ -266,7 +262,7 @@ func (o *Options) setDefaults() error {
 		o.CDIRoot = "/var/run/cdi"
 	}
 	if o.PluginDataDir == "" {
-		o.PluginDataDir = kubeletplugin.KubeletPluginsDir + "/" + driver.Name
+		o.PluginDataDir = driver.PluginDir(kubeletplugin.KubeletPluginsDir)
 	}
 	if o.RegistrarDir == "" {
 		o.RegistrarDir = kubeletplugin.KubeletRegistryDir
@@ -295,42 +291,22 @@ func (o *Options) setDefaults() error {
 
 // Stop unregisters from the kubelet and stops publishing. Published
 // ResourceSlices stay: a restarting plugin keeps its node schedulable.
-// Claim statuses still queued get a few seconds to be written, and the
-// checkpoint is flushed to disk.
+// Claim statuses still queued get a few seconds to be written, every
+// goroutine the plugin started is waited for, and the checkpoint is
+// flushed to disk.
 func (d *Driver) Stop() {
 	if d.helper != nil {
 		d.helper.Stop()
 	}
-	d.drainStatuses()
+	if d.statuses != nil {
+		d.statuses.drain()
+	}
 	d.cancel(errStopped)
 	d.background.Wait()
-	if d.broadcaster != nil {
-		d.broadcaster.Shutdown()
+	if d.ledger != nil {
+		d.ledger.Close(d.ctx)
 	}
-	if d.store != nil {
-		if err := d.store.Sync(); err != nil {
-			klog.Background().Error(err, "Cannot flush the checkpoint to disk at stop")
-		}
-	}
-}
-
-// drainStatuses stops the status queue, giving queued writes a bounded
-// time to finish.
-func (d *Driver) drainStatuses() {
-	// Statuses still waiting out their delay are written now: the next
-	// start, or a rebuild of a lost checkpoint, finds them in place.
-	d.queueMissingStatuses()
-	drained := make(chan struct{})
-	go func() {
-		d.statusQueue.ShutDownWithDrain()
-		close(drained)
-	}()
-	select {
-	case <-drained:
-	case <-time.After(stopDrainTimeout):
-		// Writes left are retried by the next start (StatusWritten).
-		d.statusQueue.ShutDown()
-	}
+	d.events.Shutdown()
 }
 
 // Done is closed when the plugin stops, on Stop or on a fatal error.
@@ -350,3 +326,6 @@ func (d *Driver) Registry() *prometheus.Registry { return d.metrics.registry }
 
 // Helper is the kubelet plugin helper (for liveness checks).
 func (d *Driver) Helper() *kubeletplugin.Helper { return d.helper }
+
+// Layout is the layout currently published.
+func (d *Driver) Layout() draresources.Layout { return d.publisher.currentLayout() }

@@ -27,7 +27,6 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
-	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
@@ -36,6 +35,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 const nodeName = "node-1"
@@ -92,23 +92,8 @@ func newEnv(t *testing.T, preset, config string, options ...envOption) *env {
 	}
 	e.setBootID("boot-1")
 
-	e.sim, err = simnode.Load(preset, nodeName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.inv, err = inventory.Discover(ctx, e.sim.NVML(), e.sim.PCIe())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg *v1alpha1.NodeConfig
-	if config != "" {
-		if cfg, _, err = v1alpha1.LoadNodeConfig([]byte(config), "test.yaml"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if e.plan, err = planner.New(e.inv, cfg); err != nil {
-		t.Fatal(err)
-	}
+	sn := simnodetest.New(t, preset, config)
+	e.sim, e.inv, e.plan = sn.Sim, sn.Inv, sn.Plan
 	e.client = newFakeClient(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}})
 	e.cluster = schedulertest.New(schedulertest.SchedulerFeatures())
 	e.cluster.AddNode(nodeName, draresources.Resources(e.plan, e.inv, nodeName, draresources.LayoutShared), driver.Name)

@@ -5,18 +5,25 @@ import (
 	"time"
 
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 )
 
+// healthCheckTimeout is how long the kubelet trusts a device's health
+// report; the plugin re-sends well inside it (Options.HealthReportInterval).
+const healthCheckTimeout = 30 * time.Second
+
 // WatchHealthStatus reports every published device to the kubelet, then
-// again whenever health changes and at least every reportInterval, well
-// inside the kubelet's 30 s timeout after which a device counts as Unknown.
+// again whenever health changes and at least every HealthReportInterval,
+// well inside the kubelet's timeout after which a device counts as
+// Unknown.
 func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
 	ticker := d.clock.NewTicker(d.opts.HealthReportInterval)
 	defer ticker.Stop()
-	changed, unsubscribe := d.health.subscribe()
+	changed, unsubscribe := d.publisher.health.view.Subscribe()
 	defer unsubscribe()
 	for {
-		report := kubeletplugin.DeviceHealthReport{Devices: d.healthOfPublished()}
+		report := kubeletplugin.DeviceHealthReport{Devices: d.publisher.healthReports(d.clock.Now())}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -31,18 +38,17 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 	}
 }
 
-// healthOfPublished is the health of every device currently published.
-func (d *Driver) healthOfPublished() []kubeletplugin.DeviceHealth {
-	now := d.clock.Now()
-	bad := d.health.faults()
+// healthReports is the health of every device published last.
+func (p *publisher) healthReports(now time.Time) []kubeletplugin.DeviceHealth {
+	bad := p.health.faults()
 	var out []kubeletplugin.DeviceHealth
-	for _, name := range d.publishedDevices() {
+	for _, name := range p.devices() {
 		h := kubeletplugin.DeviceHealth{
-			PoolName: d.pool, DeviceName: name, Health: kubeletplugin.HealthStatusHealthy,
-			LastUpdated: now, HealthCheckTimeout: 30 * time.Second,
+			PoolName: p.node.pool, DeviceName: name, Health: kubeletplugin.HealthStatusHealthy,
+			LastUpdated: now, HealthCheckTimeout: healthCheckTimeout,
 		}
-		if ref, ok := d.index[name]; ok {
-			if ok, msg := groupHealthOf(ref.Group, bad); !ok {
+		if ref, ok := p.node.index[name]; ok {
+			if ok, msg := health.OfGPUs(ref.Group.GPUs, bad); !ok {
 				h.Health = kubeletplugin.HealthStatusUnhealthy
 				h.Message = msg
 			}

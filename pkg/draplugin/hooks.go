@@ -20,13 +20,6 @@ const (
 	HookAfterUnprepareSave HookPoint = "after-unprepare-save"
 )
 
-// HookPoints lists every point, in the order a prepare and an unprepare
-// pass them.
-var HookPoints = []HookPoint{
-	HookPrepareStart, HookBeforeSave, HookAfterSave, HookAfterCDIWrite, HookAfterStatusWrite,
-	HookAfterCDIRemove, HookAfterUnprepareSave,
-}
-
 type hooks func(HookPoint)
 
 func (h hooks) run(p HookPoint) {

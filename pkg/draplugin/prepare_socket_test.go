@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1"
 
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
@@ -75,7 +76,7 @@ func TestPrepareWritesSpecEnvAndStatusOverSockets(t *testing.T) {
 	if len(stored.Status.Devices) != 1 || stored.Status.Devices[0].Device != "g01-2x" || *stored.Status.Devices[0].ShareID != share {
 		t.Fatalf("status.devices %+v", stored.Status.Devices)
 	}
-	var seat draplugin.SeatStatus
+	var seat v1alpha1.SeatStatus
 	if err := json.Unmarshal(stored.Status.Devices[0].Data.Raw, &seat); err != nil {
 		t.Fatal(err)
 	}

@@ -12,19 +12,52 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 )
 
-// specDevices derives a claim's CDI devices from its checkpoint entry
-// alone, so that the spec can be re-created after a reboot without the
-// ResourceClaim. Every device of a request carries the edits of the whole
-// request: a container that takes the request sees all of its seats in one
-// consistent environment, whichever device the runtime applies last.
-func (d *Driver) specDevices(uid types.UID, c *checkpoint.Claim) ([]cdi.Device, error) {
+// claimSpecs are the CDI specs of prepared claims: one transient spec per
+// claim, derived from its ledger entry alone, so that it can be written
+// again after a reboot without the ResourceClaim.
+type claimSpecs struct {
+	writer *cdi.Writer
+	inv    *inventory.Inventory
+	edits  containeredits.Options
+	// nvidiaCDI names NVIDIA's own CDI device for a GPU, when the plugin
+	// takes the driver files from NVIDIA's spec.
+	nvidiaCDI func(index int, uuid string) string
+}
+
+// Exists reports whether the claim's spec is on disk.
+func (s *claimSpecs) Exists(uid types.UID) bool { return s.writer.Exists(uid) }
+
+// Remove removes the claim's spec.
+func (s *claimSpecs) Remove(uid types.UID) error { return s.writer.Remove(uid) }
+
+// Claims lists the claims that have a spec.
+func (s *claimSpecs) Claims() ([]types.UID, error) { return s.writer.Claims() }
+
+// Write writes the claim's spec. A claim with no device of this driver
+// gets none.
+func (s *claimSpecs) Write(uid types.UID, c *checkpoint.Claim) error {
+	if len(c.Devices) == 0 {
+		return nil
+	}
+	devices, err := s.devices(c)
+	if err != nil {
+		return err
+	}
+	return s.writer.Write(uid, devices)
+}
+
+// devices derives a claim's CDI devices from its entry. Every device of a
+// request carries the edits of the whole request: a container that takes
+// the request sees all of its seats in one consistent environment,
+// whichever device the runtime applies last.
+func (s *claimSpecs) devices(c *checkpoint.Claim) ([]cdi.Device, error) {
 	byRequest := map[string][]containeredits.Seat{}
 	visible := map[string]v1alpha1.VisibleDevices{}
 	var order []string
 	for _, dev := range c.Devices {
 		seat := containeredits.Seat{Group: dev.Group, Seats: dev.Seats, Generations: dev.Generations}
 		for i, x := range dev.GPUs {
-			gpu, err := d.gpu(x, dev.GPUUUIDs[i])
+			gpu, err := s.gpu(x, dev.GPUUUIDs[i])
 			if err != nil {
 				return nil, fmt.Errorf("device %s: %w", dev.Device, err)
 			}
@@ -40,7 +73,7 @@ func (d *Driver) specDevices(uid types.UID, c *checkpoint.Claim) ([]cdi.Device, 
 	}
 	edits := map[string]*containeredits.Edits{}
 	for _, r := range order {
-		opts := d.editOptions
+		opts := s.edits
 		opts.VisibleDevices = visible[r]
 		e, err := containeredits.Build(byRequest[r], opts)
 		if err != nil {
@@ -48,7 +81,7 @@ func (d *Driver) specDevices(uid types.UID, c *checkpoint.Claim) ([]cdi.Device, 
 		}
 		edits[r] = e
 	}
-	var out []cdi.Device
+	out := make([]cdi.Device, 0, len(c.Devices))
 	for _, dev := range c.Devices {
 		out = append(out, cdi.Device{Name: dev.CDIDevice, Edits: edits[dev.Requests[0]]})
 	}
@@ -57,8 +90,8 @@ func (d *Driver) specDevices(uid types.UID, c *checkpoint.Claim) ([]cdi.Device, 
 
 // gpu returns the inventory's GPU at index x, checking that it is still the
 // GPU the seat was given on (a GPU swapped between boots gets a new UUID).
-func (d *Driver) gpu(x int, uuid string) (inventory.GPU, error) {
-	g, ok := d.inv.GPUByIndex(x)
+func (s *claimSpecs) gpu(x int, uuid string) (inventory.GPU, error) {
+	g, ok := s.inv.GPUByIndex(x)
 	if !ok {
 		return inventory.GPU{}, fmt.Errorf("GPU %d no longer exists on this node", x)
 	}
@@ -68,15 +101,15 @@ func (d *Driver) gpu(x int, uuid string) (inventory.GPU, error) {
 	return *g, nil
 }
 
-// cdiIDs are the CDI device IDs the kubelet passes to the runtime for one
+// ids are the CDI device IDs the kubelet passes to the runtime for one
 // device of a claim: ours, plus NVIDIA's own entries for the group's GPUs
 // where the node has NVIDIA's CDI spec and the plugin uses it for the
 // driver's files.
-func (d *Driver) cdiIDs(uid types.UID, dev checkpoint.Device) []string {
+func (s *claimSpecs) ids(uid types.UID, dev checkpoint.Device) []string {
 	ids := []string{cdi.DeviceID(uid, dev.CDIDevice)}
-	if d.opts.NVIDIACDIDevice != nil {
+	if s.nvidiaCDI != nil {
 		for i, x := range dev.GPUs {
-			if id := d.opts.NVIDIACDIDevice(x, dev.GPUUUIDs[i]); id != "" {
+			if id := s.nvidiaCDI(x, dev.GPUUUIDs[i]); id != "" {
 				ids = append(ids, id)
 			}
 		}

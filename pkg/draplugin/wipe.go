@@ -23,15 +23,16 @@ const republishAfterWipe = time.Second
 // by someone else. The kubelet deletes every ResourceSlice of its node when
 // it starts; the resourceslice controller would only notice at its next
 // sync, up to 30 seconds later, leaving the node without seats meanwhile.
-func (d *Driver) watchForWipes(ctx context.Context) {
+// It returns when ctx ends, after its informer stopped.
+func (p *publisher) watchForWipes(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	selector := fields.Set{
-		resourceapi.ResourceSliceSelectorNodeName: d.pool,
+		resourceapi.ResourceSliceSelectorNodeName: p.node.pool,
 		resourceapi.ResourceSliceSelectorDriver:   driver.Name,
 	}.String()
 	// The one informer this needs, not a factory: a factory links an
 	// informer and a lister for every API group into the binary.
-	inf := resourceinformers.NewFilteredResourceSliceInformer(d.client, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
+	inf := resourceinformers.NewFilteredResourceSliceInformer(p.client, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
 		o.FieldSelector = selector
 	})
 	wiped := make(chan struct{}, 1)
@@ -47,7 +48,12 @@ func (d *Driver) watchForWipes(ctx context.Context) {
 		logger.Error(err, "Cannot watch this node's ResourceSlices; slices deleted by a kubelet restart come back at the next resync")
 		return
 	}
-	go inf.RunWithContext(ctx)
+	informerDone := make(chan struct{})
+	go func() {
+		defer close(informerDone)
+		inf.RunWithContext(ctx)
+	}()
+	defer func() { <-informerDone }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -57,10 +63,10 @@ func (d *Driver) watchForWipes(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-d.clock.After(republishAfterWipe):
+		case <-p.clock.After(republishAfterWipe):
 		}
 		logger.V(2).Info("ResourceSlices of this node were deleted (the kubelet removes them when it starts); publishing again")
-		if err := d.publish(ctx); err != nil {
+		if err := p.publish(ctx); err != nil {
 			logger.Error(err, "Cannot publish ResourceSlices again")
 		}
 	}

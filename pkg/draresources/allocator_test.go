@@ -16,6 +16,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 // These tests run the scheduler's own allocator (the incubating feature
@@ -32,35 +33,15 @@ type node struct {
 
 func newNode(t testing.TB, preset, config string, layout draresources.Layout) *node {
 	t.Helper()
-	sim, err := simnode.Load(preset, "node-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	inv, err := inventory.Discover(context.Background(), sim.NVML(), sim.PCIe())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg *v1alpha1.NodeConfig
-	switch {
-	case config == "seed":
+	if config == "seed" {
 		data, err := os.ReadFile(seedConfig)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg, _, err = v1alpha1.LoadNodeConfig(data, "seed")
-		if err != nil {
-			t.Fatal(err)
-		}
-	case config != "":
-		cfg, _, err = v1alpha1.LoadNodeConfig([]byte(config), "test.yaml")
-		if err != nil {
-			t.Fatal(err)
-		}
+		config = string(data)
 	}
-	plan, err := planner.New(inv, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sn := simnodetest.New(t, preset, config)
+	inv, plan := sn.Inv, sn.Plan
 	c := schedulertest.New(schedulertest.SchedulerFeatures())
 	c.AddNode("node-1", draresources.Resources(plan, inv, "node-1", layout), driver.Name)
 	c.AddClasses(draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{ExtendedResources: true})...)

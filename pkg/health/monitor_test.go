@@ -15,8 +15,8 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
@@ -37,14 +37,7 @@ type rig struct {
 func newRig(t *testing.T, cfg *v1alpha1.HealthConfig) *rig {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
-	sim, err := simnode.Load("dgx-h100", "node-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	inv, err := inventory.Discover(ctx, sim.NVML(), sim.PCIe())
-	if err != nil {
-		t.Fatal(err)
-	}
+	sim, inv := simnodetest.Inventory(t, "dgx-h100", "node-1")
 	fc := testingclock.NewFakeClock(t0)
 	m, err := New(Options{NVML: sim.NVML(), Inventory: inv, Config: cfg, Clock: fc})
 	if err != nil {
@@ -333,14 +326,7 @@ func TestHealthEventsAreCounted(t *testing.T) {
 // loop runs on the fake clock, and subscribers hear of every change.
 func TestMonitorWatchesUntilStopped(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
-	sim, err := simnode.Load("dgx-h100", "node-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	inv, err := inventory.Discover(ctx, sim.NVML(), sim.PCIe())
-	if err != nil {
-		t.Fatal(err)
-	}
+	sim, inv := simnodetest.Inventory(t, "dgx-h100", "node-1")
 	fc := testingclock.NewFakeClock(t0)
 	m, err := New(Options{NVML: sim.NVML(), Inventory: inv, Clock: fc, WaitTimeout: 50 * time.Millisecond})
 	if err != nil {

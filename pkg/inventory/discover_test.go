@@ -1,23 +1,15 @@
 package inventory_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 func discover(t *testing.T, preset string) *inventory.Inventory {
 	t.Helper()
-	node, err := simnode.Load(preset, "node-a")
-	if err != nil {
-		t.Fatalf("load %s: %v", preset, err)
-	}
-	inv, err := inventory.Discover(context.Background(), node.NVML(), node.PCIe())
-	if err != nil {
-		t.Fatalf("discover %s: %v", preset, err)
-	}
+	_, inv := simnodetest.Inventory(t, preset, "node-a")
 	return inv
 }
 
@@ -119,16 +111,8 @@ func TestDiscoverLinks(t *testing.T) {
 }
 
 func TestDistinctNodesGetDistinctUUIDs(t *testing.T) {
-	a, _ := simnode.Load("single-gpu", "node-a")
-	b, _ := simnode.Load("single-gpu", "node-b")
-	invA, err := inventory.Discover(context.Background(), a.NVML(), a.PCIe())
-	if err != nil {
-		t.Fatal(err)
-	}
-	invB, err := inventory.Discover(context.Background(), b.NVML(), b.PCIe())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, invA := simnodetest.Inventory(t, "single-gpu", "node-a")
+	_, invB := simnodetest.Inventory(t, "single-gpu", "node-b")
 	if invA.GPUs[0].UUID == invB.GPUs[0].UUID {
 		t.Fatalf("two simulated nodes share GPU UUID %s", invA.GPUs[0].UUID)
 	}

@@ -1,7 +1,6 @@
 package planner_test
 
 import (
-	"context"
 	"os"
 	"strings"
 	"testing"
@@ -9,19 +8,12 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 func presetInventory(t testing.TB, preset string) *inventory.Inventory {
 	t.Helper()
-	node, err := simnode.Load(preset, "node-1")
-	if err != nil {
-		t.Fatalf("load preset %s: %v", preset, err)
-	}
-	inv, err := inventory.Discover(context.Background(), node.NVML(), node.PCIe())
-	if err != nil {
-		t.Fatalf("discover %s: %v", preset, err)
-	}
+	_, inv := simnodetest.Inventory(t, preset, "node-1")
 	return inv
 }
 

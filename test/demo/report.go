@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/duration"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
@@ -97,7 +96,7 @@ func report(ctx context.Context, c *harness.Cluster, pods []string, out io.Write
 		var seats []string
 		for _, cl := range podClaims(p, claims.Items) {
 			for _, d := range cl.Status.Devices {
-				var s draplugin.SeatStatus
+				var s v1alpha1.SeatStatus
 				if d.Driver == driver.Name && d.Data != nil && json.Unmarshal(d.Data.Raw, &s) == nil {
 					seats = append(seats, fmt.Sprintf("%s: group %s seat %s gen %s (claim %s)", d.Device, s.Group, ints(s.Seats), ints64(s.Generations), cl.Name))
 				}

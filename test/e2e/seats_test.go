@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
@@ -145,7 +145,7 @@ func TestSeats(t *testing.T) {
 		if len(cl.Status.Devices) != 1 {
 			t.Fatalf("claim status %+v", cl.Status.Devices)
 		}
-		var seat draplugin.SeatStatus
+		var seat v1alpha1.SeatStatus
 		if err := json.Unmarshal(cl.Status.Devices[0].Data.Raw, &seat); err != nil || seat.Group != "G0" || seat.Seats[0] != 0 {
 			t.Errorf("seat status %+v %v", seat, err)
 		}

@@ -7,6 +7,8 @@
 //     PCIe placement), read by --simulate when it names a file.
 //   - SeatConfig: the opaque configuration a ResourceClaim may pass to the
 //     driver.
+//   - SeatStatus: the data the driver writes into a claim's status for
+//     each device: the seats it holds.
 //
 // Every format is decoded strictly: unknown fields are errors, and every
 // error names the file, the line and the field path at fault, so that a

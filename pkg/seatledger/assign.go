@@ -1,4 +1,4 @@
-package draplugin
+package seatledger
 
 import (
 	"fmt"
@@ -20,12 +20,12 @@ import (
 // assignSeats decides the seats of a claim's allocation results on this
 // node and records them in st as prepared. It is pure bookkeeping: no
 // files, no API calls. A claim an older plugin recorded as started keeps
-// its seats and generations: a repeated prepare hands out nothing twice.
+// its seats and generations.
 //
 // It refuses, for this claim only: a device of another pool, a device the
 // node does not publish, a seat or GPU another claim already holds, and an
 // opaque configuration it does not understand.
-func (d *Driver) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, error) {
+func (l *Ledger) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, error) {
 	if prev, ok := st.Claims[claim.UID]; ok && prev.Phase == checkpoint.PrepareStarted {
 		prev.Phase = checkpoint.PrepareCompleted
 		return prev, nil
@@ -41,63 +41,13 @@ func (d *Driver) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceCl
 			delete(st.Claims, claim.UID)
 		}
 	}()
-
 	for _, result := range alloc.Devices.Results {
 		if result.Driver != driver.Name {
 			continue
 		}
-		if result.Pool != d.pool {
-			return nil, fmt.Errorf("device %s is in pool %q, but this node's pool is %q: the claim was allocated for another node", result.Device, result.Pool, d.pool)
-		}
-		ref, known := d.index[result.Device]
-		if !known {
-			return nil, fmt.Errorf("device %s is not published by this node; its configuration may have changed since the claim was allocated", result.Device)
-		}
-		cfg, err := seatConfig(alloc.Devices.Config, result)
+		dev, err := l.assignResult(st, claim.UID, alloc.Devices.Config, result)
 		if err != nil {
 			return nil, err
-		}
-		group := ref.Group
-		groupDevice := group.DeviceName()
-		if err := d.checkExclusive(st, claim.UID, group); err != nil {
-			return nil, err
-		}
-		var seats []int
-		if ref.Seat >= 0 {
-			if holder, held := st.Holders(groupDevice)[ref.Seat]; held && holder != claim.UID {
-				return nil, fmt.Errorf("seat %d of group %s is already held by claim %s", ref.Seat, group.Name, d.describeClaim(st, holder))
-			}
-			seats = []int{ref.Seat}
-		} else {
-			n, err := seatsConsumed(result, group)
-			if err != nil {
-				return nil, err
-			}
-			if seats, err = st.FreeSeats(groupDevice, group.Seats(), n); err != nil {
-				return nil, fmt.Errorf("group %s: %w; the scheduler counts seats, so another claim holds more than it should", group.Name, err)
-			}
-		}
-		dev := checkpoint.Device{
-			Requests:       []string{resourceclaim.BaseRequestRef(result.Request)},
-			Pool:           result.Pool,
-			Device:         result.Device,
-			GroupDevice:    groupDevice,
-			Profile:        group.Profile.Name,
-			Group:          group.Name,
-			GPUs:           slices.Clone(group.GPUs),
-			Seats:          seats,
-			CDIDevice:      result.Device,
-			VisibleDevices: string(cfg.VisibleDevices),
-		}
-		for _, x := range group.GPUs {
-			dev.GPUUUIDs = append(dev.GPUUUIDs, d.inv.GPUs[x].UUID)
-		}
-		if result.ShareID != nil {
-			dev.ShareID = string(*result.ShareID)
-			dev.CDIDevice += "-" + dev.ShareID
-		}
-		for _, s := range seats {
-			dev.Generations = append(dev.Generations, st.NextGeneration(groupDevice, s))
 		}
 		entry.Devices = append(entry.Devices, dev)
 	}
@@ -105,17 +55,80 @@ func (d *Driver) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceCl
 	return entry, nil
 }
 
+// assignResult decides the seats of one allocation result.
+func (l *Ledger) assignResult(st *checkpoint.State, uid types.UID, configs []resourceapi.DeviceAllocationConfiguration, result resourceapi.DeviceRequestAllocationResult) (checkpoint.Device, error) {
+	if result.Pool != l.opts.Pool {
+		return checkpoint.Device{}, fmt.Errorf("device %s is in pool %q, but this node's pool is %q: the claim was allocated for another node", result.Device, result.Pool, l.opts.Pool)
+	}
+	ref, known := l.index[result.Device]
+	if !known {
+		return checkpoint.Device{}, fmt.Errorf("device %s is not published by this node; its configuration may have changed since the claim was allocated", result.Device)
+	}
+	cfg, err := seatConfig(configs, result)
+	if err != nil {
+		return checkpoint.Device{}, err
+	}
+	group := ref.Group
+	groupDevice := group.DeviceName()
+	if err := checkExclusive(l.opts.Plan, st, uid, group); err != nil {
+		return checkpoint.Device{}, err
+	}
+	var seats []int
+	if ref.Seat >= 0 {
+		if holder, held := st.Holders(groupDevice)[ref.Seat]; held && holder != uid {
+			return checkpoint.Device{}, fmt.Errorf("seat %d of group %s is already held by claim %s", ref.Seat, group.Name, describeClaim(st, holder))
+		}
+		seats = []int{ref.Seat}
+	} else {
+		n, err := seatsConsumed(result, group)
+		if err != nil {
+			return checkpoint.Device{}, err
+		}
+		if seats, err = st.FreeSeats(groupDevice, group.Seats(), n); err != nil {
+			return checkpoint.Device{}, fmt.Errorf("group %s: %w; the scheduler counts seats, so another claim holds more than it should", group.Name, err)
+		}
+	}
+	status := v1alpha1.SeatStatus{Profile: group.Profile.Name, Group: group.Name, GPUs: slices.Clone(group.GPUs), Seats: seats}
+	for _, x := range group.GPUs {
+		status.GPUUUIDs = append(status.GPUUUIDs, l.opts.Inventory.GPUs[x].UUID)
+	}
+	for _, s := range seats {
+		status.Generations = append(status.Generations, st.NextGeneration(groupDevice, s))
+	}
+	return newDevice(result, group, cfg, status), nil
+}
+
+// newDevice is the entry of one allocation result on group holding the
+// seats of status. Its CDI device name carries the share, so that a name
+// is never reused for another share of the same device.
+func newDevice(result resourceapi.DeviceRequestAllocationResult, group *planner.Group, cfg *v1alpha1.SeatConfig, status v1alpha1.SeatStatus) checkpoint.Device {
+	dev := checkpoint.Device{
+		Requests:       []string{resourceclaim.BaseRequestRef(result.Request)},
+		Pool:           result.Pool,
+		Device:         result.Device,
+		GroupDevice:    group.DeviceName(),
+		SeatStatus:     status,
+		CDIDevice:      result.Device,
+		VisibleDevices: string(cfg.VisibleDevices),
+	}
+	if result.ShareID != nil {
+		dev.ShareID = string(*result.ShareID)
+		dev.CDIDevice += "-" + dev.ShareID
+	}
+	return dev
+}
+
 // checkExclusive is the last line of defence against a scheduler (or a
 // stale state) handing one GPU to two groups that exclude each other: no
 // other claim may hold a seat on a group that shares a GPU with this one
 // unless a profile involved allows overprovisioning.
-func (d *Driver) checkExclusive(st *checkpoint.State, self types.UID, group *planner.Group) error {
+func checkExclusive(plan *planner.Plan, st *checkpoint.State, self types.UID, group *planner.Group) error {
 	for uid, c := range st.Claims {
 		if uid == self {
 			continue
 		}
 		for _, dev := range c.Devices {
-			other := d.plan.GroupByDevice(dev.GroupDevice)
+			other := plan.GroupByDevice(dev.GroupDevice)
 			var excludes bool
 			if other != nil {
 				excludes = group.Excludes(other)
@@ -125,14 +138,14 @@ func (d *Driver) checkExclusive(st *checkpoint.State, self types.UID, group *pla
 			}
 			if excludes && dev.GroupDevice != group.DeviceName() {
 				return fmt.Errorf("GPU(s) %s of group %s (%s) are in use by claim %s through group %s (%s); groups that share a GPU exclude each other unless a profile allows overprovisioning",
-					group.GPUList(), group.Name, group.Profile.Name, d.describeClaim(st, uid), dev.Group, dev.Profile)
+					group.GPUList(), group.Name, group.Profile.Name, describeClaim(st, uid), dev.Group, dev.Profile)
 			}
 		}
 	}
 	return nil
 }
 
-func (d *Driver) describeClaim(st *checkpoint.State, uid types.UID) string {
+func describeClaim(st *checkpoint.State, uid types.UID) string {
 	if c, ok := st.Claims[uid]; ok {
 		return fmt.Sprintf("%s/%s (%s)", c.Namespace, c.Name, uid)
 	}

@@ -1,0 +1,209 @@
+package draplugin
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+)
+
+// nodePlan is what the node serves: its pool, its plan and inventory, and
+// the index from published device names to groups and seats.
+type nodePlan struct {
+	pool  string
+	plan  *planner.Plan
+	inv   *inventory.Inventory
+	index map[string]draresources.DeviceRef
+}
+
+// slicePublisher publishes a pool's slices: the kubeletplugin helper.
+type slicePublisher interface {
+	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error
+}
+
+// publisher owns what the node publishes: the layout (shared, or one
+// device per seat after a fallback), the devices published last, the seats
+// held per group (groups that cannot take another claim are hidden), and
+// the taints of unhealthy GPUs. It publishes again when any of them
+// changes, and when the kubelet wipes the node's slices.
+type publisher struct {
+	node    nodePlan
+	forced  LayoutMode
+	health  healthTaints
+	events  *nodeevents.Recorder
+	metrics *metrics
+	// client watches the node's slices for wipes.
+	client kubernetes.Interface
+	clock  clock.WithTicker
+	// helper is set once the kubelet plugin helper runs, before anything
+	// publishes.
+	helper slicePublisher
+
+	// publishMu serialises publishing: start-up, a health change, a layout
+	// fallback and a kubelet's wipe may republish at once.
+	publishMu sync.Mutex
+	// mu guards the fields below.
+	mu        sync.Mutex
+	layout    draresources.Layout
+	published []string
+	held      draresources.Held
+	// heldCh says the groups in use changed (publish again).
+	heldCh chan struct{}
+}
+
+func newPublisher(node nodePlan, forced LayoutMode, h healthTaints, events *nodeevents.Recorder, m *metrics, client kubernetes.Interface, clk clock.WithTicker) *publisher {
+	p := &publisher{
+		node: node, forced: forced, health: h, events: events, metrics: m, client: client, clock: clk,
+		layout: draresources.LayoutShared, heldCh: make(chan struct{}, 1),
+	}
+	if forced == LayoutPerSeat {
+		p.layout = draresources.LayoutPerSeat
+	}
+	return p
+}
+
+// setHeld records the seats held per group device and has the slices
+// published again (groups that cannot take another claim come and go).
+// The ledger calls it with its lock held.
+func (p *publisher) setHeld(held draresources.Held) {
+	p.mu.Lock()
+	p.held = held
+	p.mu.Unlock()
+	select {
+	case p.heldCh <- struct{}{}:
+	default:
+	}
+}
+
+// publish publishes the plan in the current layout, with the taints of
+// the unhealthy GPUs.
+func (p *publisher) publish(ctx context.Context) error {
+	p.publishMu.Lock()
+	defer p.publishMu.Unlock()
+	if err := p.helper.PublishResources(ctx, p.resources()); err != nil {
+		return fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	return nil
+}
+
+// resources computes what to publish in the current layout, with the
+// taints of unhealthy GPUs, and records the device names (the health
+// stream reports them).
+func (p *publisher) resources() resourceslice.DriverResources {
+	p.mu.Lock()
+	layout, held := p.layout, maps.Clone(p.held)
+	p.mu.Unlock()
+	node := p.node
+	res := draresources.Resources(node.plan, node.inv, node.pool, layout)
+	hidden := 0
+	if layout == draresources.LayoutShared && node.plan.HideUnavailable {
+		hidden = draresources.HideUnavailable(res, node.plan, held)
+	}
+	p.metrics.hidden.Set(float64(hidden))
+	draresources.Taint(res, node.plan, p.health.taints())
+	var names []string
+	perProfile := map[string]int{}
+	for _, s := range res.Pools[node.pool].Slices {
+		for _, dev := range s.Devices {
+			names = append(names, dev.Name)
+			if ref, ok := node.index[dev.Name]; ok {
+				perProfile[ref.Group.Profile.Name]++
+			}
+		}
+	}
+	p.mu.Lock()
+	p.published = names
+	p.mu.Unlock()
+	p.metrics.published.Reset()
+	for prof, n := range perProfile {
+		p.metrics.published.WithLabelValues(prof, string(layout)).Set(float64(n))
+	}
+	return res
+}
+
+func (p *publisher) currentLayout() draresources.Layout {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.layout
+}
+
+// devices are the names of the devices published last.
+func (p *publisher) devices() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.published)
+}
+
+// fallBack switches to one device per seat on the exclusive layout, once
+// the API server dropped fields that shared groups need.
+func (p *publisher) fallBack(ctx context.Context, dropped *resourceslice.DroppedFieldsError, features []string) {
+	logger := klog.FromContext(ctx)
+	p.mu.Lock()
+	if p.layout == draresources.LayoutPerSeat || p.forced == LayoutShared {
+		p.mu.Unlock()
+		logger.Error(dropped, "The API server dropped fields of the ResourceSlices and the plugin cannot fall back further", "disabledFeatures", features, "layout", p.forced)
+		return
+	}
+	p.layout = draresources.LayoutPerSeat
+	p.mu.Unlock()
+	_, why := p.node.plan.ExclusiveLayout()
+	p.events.Warning(ctx, nodeevents.ReasonSeatLayoutFallback, fmt.Sprintf("The API server dropped fields that shared GPU groups need (features off: %s); publishing one device per seat instead, where %s. Enable DRAConsumableCapacity and DRAPartitionableDevices to get shared groups.",
+		strings.Join(features, ", "), why))
+	if err := p.publish(ctx); err != nil {
+		logger.Error(err, "Cannot publish the per-seat layout")
+	}
+}
+
+// taintsDropped says, once, that the API server does not keep device
+// taints. The plugin keeps publishing; the kubelet's health stream still
+// reports unhealthy devices, but the scheduler does not avoid them.
+func (p *publisher) taintsDropped(ctx context.Context) {
+	p.events.WarningOnce(ctx, nodeevents.ReasonDeviceTaintsDropped, "The API server dropped the device taints of this node's ResourceSlices (feature DRADeviceTaints is off): the scheduler does not see unhealthy GPUs; the kubelet's health stream still reports them. Enable DRADeviceTaints to keep pods off unhealthy GPUs.")
+}
+
+// healthTaints turns the GPU health monitor's faults into device taints.
+type healthTaints struct {
+	view health.View
+	// lostEffect is the taint effect of a lost GPU.
+	lostEffect resourceapi.DeviceTaintEffect
+}
+
+func (h healthTaints) faults() map[int]health.Fault { return h.view.Faults() }
+
+// taints says how each unhealthy GPU taints the devices of its groups:
+// NoSchedule, or the configured effect for a lost GPU. NoSchedule leaves
+// running pods alone: a pod that saw one XID may well finish, and
+// evicting it is the operator's choice (health.gpuLostEffect: NoExecute
+// for GPUs that are gone for good).
+func (h healthTaints) taints() draresources.Faults {
+	return taintsOf(h.faults(), h.lostEffect)
+}
+
+func taintsOf(bad map[int]health.Fault, lostEffect resourceapi.DeviceTaintEffect) draresources.Faults {
+	if len(bad) == 0 {
+		return nil
+	}
+	out := draresources.Faults{}
+	for x, f := range bad {
+		effect := resourceapi.DeviceTaintEffectNoSchedule
+		if f.Kind == health.KindLost && lostEffect != "" {
+			effect = lostEffect
+		}
+		out[x] = draresources.Fault{Reason: f.Reason, Effect: effect}
+	}
+	return out
+}

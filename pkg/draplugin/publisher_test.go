@@ -1,0 +1,177 @@
+package draplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2/ktesting"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
+)
+
+// The publisher on its own, with a helper that records what it is given.
+
+type recordingHelper struct {
+	mu  sync.Mutex
+	got []resourceslice.DriverResources
+}
+
+func (h *recordingHelper) PublishResources(_ context.Context, res resourceslice.DriverResources) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.got = append(h.got, res)
+	return nil
+}
+
+func (h *recordingHelper) last(pool string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var names []string
+	for _, s := range h.got[len(h.got)-1].Pools[pool].Slices {
+		for _, d := range s.Devices {
+			names = append(names, d.Name)
+		}
+	}
+	return names
+}
+
+type staticHealth map[int]health.Fault
+
+func (s staticHealth) Faults() map[int]health.Fault         { return s }
+func (s staticHealth) Subscribe() (<-chan struct{}, func()) { return nil, func() {} }
+
+const seedConfig = `
+profiles:
+- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 4}
+- {resource: kyb.ai/gpu-2x-seat, seatsPerGroup: 3}
+groups:
+- {name: G01, gpus: [0, 1]}
+- {name: G23, gpus: [2, 3]}
+`
+
+func testPublisher(t *testing.T, forced LayoutMode, faults staticHealth) (*publisher, *recordingHelper) {
+	t.Helper()
+	node := simnodetest.New(t, "nvlink-2x4", seedConfig)
+	np := nodePlan{pool: "node-1", plan: node.Plan, inv: node.Inv, index: draresources.Index(node.Plan)}
+	h := &recordingHelper{}
+	p := newPublisher(np, forced, healthTaints{view: health.View{Source: faults}, lostEffect: resourceapi.DeviceTaintEffectNoExecute},
+		nil, newMetrics(), fake.NewClientset(), testingclock.NewFakeClock(time.Now()))
+	p.helper = h
+	return p, h
+}
+
+func TestPublisherHidesWhatTheHeldSeatsMakeUnavailable(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	p, h := testPublisher(t, LayoutAuto, nil)
+	if err := p.publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	all := h.last("node-1")
+	if len(all) != 12 {
+		t.Fatalf("published %v, want 12 devices", all)
+	}
+	p.setHeld(draresources.Held{"g01-2x": 1})
+	select {
+	case <-p.heldCh:
+	default:
+		t.Error("setHeld did not ask for a publish")
+	}
+	if err := p.publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := h.last("node-1")
+	if slices.Contains(got, "g0-1x") || slices.Contains(got, "g1-1x") || !slices.Contains(got, "g01-2x") || len(got) != 10 {
+		t.Errorf("with a seat of G01 held: %v; its one-GPU groups are blocked and hidden, G01 itself stays", got)
+	}
+	if !slices.Equal(p.devices(), got) {
+		t.Errorf("devices() %v, published %v", p.devices(), got)
+	}
+}
+
+func TestPublisherTaintsAndReportsUnhealthyGroups(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	p, h := testPublisher(t, LayoutAuto, staticHealth{1: {Kind: health.KindLost, Reason: "gpu-lost", Message: "GPU is lost"}})
+	if err := p.publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tainted := map[string]resourceapi.DeviceTaintEffect{}
+	for _, s := range h.got[len(h.got)-1].Pools["node-1"].Slices {
+		for _, d := range s.Devices {
+			for _, taint := range d.Taints {
+				tainted[d.Name] = taint.Effect
+			}
+		}
+	}
+	if fmt.Sprint(tainted) != "map[g01-2x:NoExecute g1-1x:NoExecute]" {
+		t.Errorf("tainted %v, want G1 and G01 with the lost GPU's effect", tainted)
+	}
+	bad := 0
+	for _, r := range p.healthReports(time.Now()) {
+		if r.Health == kubeletplugin.HealthStatusUnhealthy {
+			bad++
+			if r.Message != "GPU 1: GPU is lost" {
+				t.Errorf("%s: %q", r.DeviceName, r.Message)
+			}
+		}
+	}
+	if bad != 2 {
+		t.Errorf("%d unhealthy devices reported, want 2", bad)
+	}
+}
+
+func TestPublisherFallsBackToOneDevicePerSeatOnce(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	p, h := testPublisher(t, LayoutAuto, nil)
+	p.fallBack(ctx, &resourceslice.DroppedFieldsError{}, []string{"DRAConsumableCapacity"})
+	if p.currentLayout() != draresources.LayoutPerSeat {
+		t.Fatalf("layout %s after a fallback", p.currentLayout())
+	}
+	if got := h.last("node-1"); !slices.Contains(got, "g01-2x-seat-0") {
+		t.Errorf("after the fallback published %v, want one device per seat", got)
+	}
+	forced, _ := testPublisher(t, LayoutShared, nil)
+	forced.fallBack(ctx, &resourceslice.DroppedFieldsError{}, []string{"DRAConsumableCapacity"})
+	if forced.currentLayout() != draresources.LayoutShared {
+		t.Errorf("a forced shared layout fell back")
+	}
+}
+
+func TestIsSliceRequestError(t *testing.T) {
+	slices := schema.GroupResource{Group: resourceapi.GroupName, Resource: "resourceslices"}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"conflict on a slice", apierrors.NewConflict(slices, "node-1-abc", errors.New("changed")), true},
+		{"invalid slice", apierrors.NewInvalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceSlice"}, "node-1-abc", field.ErrorList{field.Required(field.NewPath("spec"), "")}), true},
+		{"forbidden slice, wrapped twice", fmt.Errorf("create resource slice: %w", fmt.Errorf("x: %w", apierrors.NewForbidden(slices, "s", errors.New("no")))), true},
+		{"a claim, not a slice", apierrors.NewNotFound(schema.GroupResource{Group: resourceapi.GroupName, Resource: "resourceclaims"}, "c"), false},
+		{"slice request that never arrived", &url.Error{Op: "Post", URL: "https://10.0.0.1:6443/apis/resource.k8s.io/v1/resourceslices", Err: errors.New("connection refused")}, true},
+		{"claim request that never arrived", &url.Error{Op: "Get", URL: "https://10.0.0.1:6443/apis/resource.k8s.io/v1/namespaces/a/resourceclaims/c", Err: errors.New("connection refused")}, false},
+		{"stale health reports", fmt.Errorf("no device health report was sent for 40s: %w", kubeletplugin.ErrRecoverable), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := isSliceRequestError(tt.err); got != tt.want {
+				t.Errorf("isSliceRequestError(%v) = %v, want %v", tt.err, got, tt.want)
+			}
+		})
+	}
+}

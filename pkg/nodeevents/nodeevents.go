@@ -1,0 +1,116 @@
+// Package nodeevents records Kubernetes Events on the node a plugin serves,
+// and logs each one: the one way the DRA plugin tells operators what they
+// should know (a GPU fault, a layout fallback, a lost checkpoint). An
+// event's note is written for people; the log line carries the same note
+// under a constant message, so that logs stay greppable and structured.
+package nodeevents
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+)
+
+// Reasons of the events the DRA plugin records, in one place so that each
+// is written one way, with one type.
+const (
+	// ReasonGPUUnhealthy (Warning): a GPU failed; its groups are tainted.
+	ReasonGPUUnhealthy = "GPUUnhealthy"
+	// ReasonGPUHealthy (Normal): a GPU recovered; the taint is gone.
+	ReasonGPUHealthy = "GPUHealthy"
+	// ReasonSeatLayoutFallback (Warning): the API server dropped the
+	// fields shared groups need; the node publishes one device per seat.
+	ReasonSeatLayoutFallback = "SeatLayoutFallback"
+	// ReasonInvalidResourceSlice (Warning): the API server refuses the
+	// node's slices.
+	ReasonInvalidResourceSlice = "InvalidResourceSlice"
+	// ReasonDeviceTaintsDropped (Warning): the API server does not keep
+	// device taints.
+	ReasonDeviceTaintsDropped = "DeviceTaintsDropped"
+	// ReasonCheckpointRebuilt (Warning): both copies of the checkpoint were
+	// unusable; it was rebuilt from the API server.
+	ReasonCheckpointRebuilt = "CheckpointRebuilt"
+	// ReasonCheckpointLost (Warning): the checkpoint is unusable and not
+	// rebuilt yet; new claims are refused.
+	ReasonCheckpointLost = "CheckpointLost"
+	// ReasonStaleClaimReleased (Normal): a held claim the kubelet will not
+	// unprepare was released.
+	ReasonStaleClaimReleased = "StaleClaimReleased"
+)
+
+// nodeGetTimeout bounds the read of the Node object at start: the events
+// name the node with its UID where it can be had, without it otherwise.
+const nodeGetTimeout = 5 * time.Second
+
+// Recorder records events on one node. A nil Recorder only logs.
+type Recorder struct {
+	broadcaster events.EventBroadcaster
+	recorder    events.EventRecorder
+	node        *corev1.ObjectReference
+
+	mu     sync.Mutex
+	warned map[string]bool
+}
+
+// Start starts recording events on node nodeName through client until
+// Shutdown.
+func Start(ctx context.Context, client kubernetes.Interface, nodeName, component string) *Recorder {
+	ref := &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: nodeName}
+	getCtx, cancel := context.WithTimeout(ctx, nodeGetTimeout)
+	defer cancel()
+	if node, err := client.CoreV1().Nodes().Get(getCtx, nodeName, metav1.GetOptions{}); err == nil {
+		ref.UID = node.UID
+	} else {
+		klog.FromContext(ctx).V(2).Info("Cannot read the Node object; events will name it without its UID", "err", err)
+	}
+	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	b.StartRecordingToSink(ctx.Done())
+	return &Recorder{broadcaster: b, recorder: b.NewRecorder(scheme.Scheme, component), node: ref, warned: map[string]bool{}}
+}
+
+// Shutdown stops recording; events not yet sent may be lost.
+func (r *Recorder) Shutdown() {
+	if r != nil {
+		r.broadcaster.Shutdown()
+	}
+}
+
+// Normal logs note and records it as a Normal event with reason.
+func (r *Recorder) Normal(ctx context.Context, reason, note string) {
+	r.record(ctx, corev1.EventTypeNormal, reason, note)
+}
+
+// Warning logs note and records it as a Warning event with reason.
+func (r *Recorder) Warning(ctx context.Context, reason, note string) {
+	r.record(ctx, corev1.EventTypeWarning, reason, note)
+}
+
+// WarningOnce is Warning the first time a note is seen: for conditions
+// that each retry would report again.
+func (r *Recorder) WarningOnce(ctx context.Context, reason, note string) {
+	if r != nil {
+		r.mu.Lock()
+		seen := r.warned[note]
+		r.warned[note] = true
+		r.mu.Unlock()
+		if seen {
+			return
+		}
+	}
+	r.Warning(ctx, reason, note)
+}
+
+func (r *Recorder) record(ctx context.Context, eventType, reason, note string) {
+	klog.FromContext(ctx).Info("Node event", "type", eventType, "reason", reason, "note", note)
+	if r == nil {
+		return
+	}
+	r.recorder.Eventf(r.node, nil, eventType, reason, reason, "%s", note)
+}

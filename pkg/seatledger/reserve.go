@@ -1,0 +1,178 @@
+package seatledger
+
+import (
+	"context"
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+)
+
+// Reservation is one prepare call's claims in a batch, and what the batch
+// decided for them.
+type Reservation struct {
+	claims []*resourceapi.ResourceClaim
+	// Entries are the claims' entries: recorded by this batch (Fresh) or
+	// before.
+	Entries map[types.UID]*checkpoint.Claim
+	Fresh   map[types.UID]bool
+	// Errs fail single claims; Err fails the call (the checkpoint could not
+	// be read or written).
+	Errs map[types.UID]error
+	Err  error
+	done bool
+}
+
+// Reserve records seats for those of claims that hold none yet, in one
+// checkpoint save with every other prepare waiting at the same time. A
+// claim recorded before gets its recorded entry: a repeated prepare hands
+// out nothing twice. While the checkpoint is lost, every claim is refused.
+func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClaim) *Reservation {
+	r := &Reservation{claims: claims}
+	if l.lost.Load() {
+		r.Errs = map[types.UID]error{}
+		for _, claim := range claims {
+			r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): the plugin's checkpoint was lost and is not rebuilt yet (the API server did not answer); seats cannot be chosen safely until it is, retrying", claim.Namespace, claim.Name, claim.UID)
+		}
+		return r
+	}
+	l.pendingMu.Lock()
+	l.pending = append(l.pending, r)
+	l.pendingMu.Unlock()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r.done {
+		// An earlier holder of l.mu took this reservation into its batch.
+		return r
+	}
+	l.pendingMu.Lock()
+	batch := l.pending
+	l.pending = nil
+	l.pendingMu.Unlock()
+	l.reserveBatch(ctx, batch)
+	return r
+}
+
+// reserveBatch decides the seats of a batch of reservations and saves
+// them once. Call with l.mu held.
+func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
+	logger := klog.FromContext(ctx)
+	fail := func(err error) {
+		for _, r := range batch {
+			r.Err, r.done = err, true
+		}
+	}
+	unlock, err := l.lockFile()
+	if err != nil {
+		fail(err)
+		return
+	}
+	defer unlock()
+	st, err := l.state(ctx)
+	if err != nil {
+		fail(err)
+		return
+	}
+	changed := false
+	for _, r := range batch {
+		r.done = true
+		r.Entries, r.Fresh, r.Errs = map[types.UID]*checkpoint.Claim{}, map[types.UID]bool{}, map[types.UID]error{}
+		for _, claim := range r.claims {
+			if c, ok := st.Claims[claim.UID]; ok && c.Phase == checkpoint.PrepareCompleted {
+				r.Entries[claim.UID] = c
+				continue
+			}
+			c, err := l.assignSeats(st, claim)
+			if err != nil {
+				logger.Error(err, "Cannot prepare claim", "claim", klog.KObj(claim), "uid", claim.UID)
+				r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)
+				continue
+			}
+			// Recorded as prepared before its spec exists: the spec is
+			// owed from here on, and a restart writes what is missing.
+			r.Entries[claim.UID], r.Fresh[claim.UID] = c, true
+			changed = true
+		}
+	}
+	if !changed {
+		return
+	}
+	run(l.opts.Hooks.BeforeSave)
+	if err := l.save(st); err != nil {
+		// The file is the truth: read it again on the next call.
+		l.st = nil
+		for _, r := range batch {
+			if len(r.Fresh) > 0 {
+				r.Err = fmt.Errorf("record seats in the checkpoint: %w", err)
+			}
+		}
+		return
+	}
+	run(l.opts.Hooks.AfterSave)
+}
+
+// Release releases claims: their specs go and their seats become free
+// (their generations stay, so the next holder sees a new one). An unknown
+// claim is already released. A claim whose spec cannot be removed keeps
+// its seats and gets an error of its own; err fails the whole call (the
+// checkpoint could not be read or written). While the checkpoint is lost,
+// releasing is still safe: the spec goes, and the rebuild will not bring
+// the claim back.
+func (l *Ledger) Release(ctx context.Context, uids []types.UID) (map[types.UID]error, error) {
+	logger := klog.FromContext(ctx)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	results := map[types.UID]error{}
+	if l.lost.Load() {
+		for _, uid := range uids {
+			results[uid] = l.opts.Specs.Remove(uid)
+			// The API server may show the claim allocated for a while yet.
+			l.releasedWhileLost[uid] = true
+		}
+		return results, nil
+	}
+	unlock, err := l.lockFile()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	st, err := l.state(ctx)
+	if err != nil {
+		return nil, err
+	}
+	changed := false
+	for _, uid := range uids {
+		results[uid] = nil
+		if err := l.opts.Specs.Remove(uid); err != nil {
+			results[uid] = err
+			continue
+		}
+		run(l.opts.Hooks.AfterSpecRemove)
+		if c, ok := st.Claims[uid]; ok {
+			delete(st.Claims, uid)
+			changed = true
+			logger.V(2).Info("Unprepared claim", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid, "seats", DescribeSeats(c))
+		}
+	}
+	if changed {
+		if err := l.save(st); err != nil {
+			l.st = nil
+			return nil, fmt.Errorf("release seats in the checkpoint: %w", err)
+		}
+		run(l.opts.Hooks.AfterReleaseSave)
+	}
+	return results, nil
+}
+
+// DescribeSeats says which seats of which groups a claim holds, for logs.
+func DescribeSeats(c *checkpoint.Claim) []string {
+	var out []string
+	for _, dev := range c.Devices {
+		out = append(out, fmt.Sprintf("%s seats %v gen %v", dev.Group+"/"+dev.Profile, dev.Seats, dev.Generations))
+	}
+	return out
+}

@@ -1,0 +1,126 @@
+package seatledger
+
+import (
+	"context"
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
+)
+
+// An entry whose claim no longer exists, or is no longer allocated on this
+// node, holds seats nobody will release: the kubelet unprepares only
+// claims it knows. A power loss can leave one (a release saved but not yet
+// flushed), and so can a kubelet that lost its own state. Such an entry
+// would keep its seats, and with unavailableGroups: hide also the groups
+// it blocks, out of the scheduler's reach for good. At every start the
+// plugin asks the API server about each held claim and releases those that
+// are gone.
+
+// ReleaseStale checks every recorded claim against the API server and
+// releases those the API server no longer allocates on this node. It
+// retries until the API server answers or ctx ends.
+func (l *Ledger) ReleaseStale(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	_ = wait.ExponentialBackoffWithContext(ctx, apiRetry(), func(ctx context.Context) (bool, error) {
+		stale, err := l.findStale(ctx)
+		if err != nil {
+			logger.Error(err, "Cannot check the held claims against the API server; retrying")
+			return false, nil
+		}
+		if len(stale) == 0 {
+			return true, nil
+		}
+		if err := l.releaseStale(ctx, stale); err != nil {
+			logger.Error(err, "Cannot release the seats of claims that are gone; retrying")
+			return false, nil
+		}
+		return true, nil
+	})
+}
+
+// findStale returns the recorded claims that no longer exist, were
+// replaced, or are no longer allocated on this node, with why.
+func (l *Ledger) findStale(ctx context.Context) (map[types.UID]string, error) {
+	held := map[types.UID]types.NamespacedName{}
+	l.mu.Lock()
+	if l.st != nil {
+		for uid, c := range l.st.Claims {
+			held[uid] = types.NamespacedName{Namespace: c.Namespace, Name: c.Name}
+		}
+	}
+	l.mu.Unlock()
+	stale := map[types.UID]string{}
+	for uid, ref := range held {
+		claim, err := l.opts.Claims.ResourceClaims(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			stale[uid] = "the claim no longer exists"
+		case err != nil:
+			return nil, fmt.Errorf("get claim %s: %w", ref, err)
+		case claim.UID != uid:
+			stale[uid] = fmt.Sprintf("the claim was replaced (now %s)", claim.UID)
+		case !allocatedOn(claim, l.opts.Pool):
+			stale[uid] = "the claim is no longer allocated on this node"
+		}
+	}
+	return stale, nil
+}
+
+// allocatedOn reports whether any of the claim's results is a device of
+// this driver in pool.
+func allocatedOn(claim *resourceapi.ResourceClaim, pool string) bool {
+	if claim.Status.Allocation == nil {
+		return false
+	}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == driver.Name && r.Pool == pool {
+			return true
+		}
+	}
+	return false
+}
+
+// releaseStale drops stale claims: their specs go, their seats become
+// free.
+func (l *Ledger) releaseStale(ctx context.Context, stale map[types.UID]string) error {
+	logger := klog.FromContext(ctx)
+	unlock, err := l.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, err := l.state(ctx)
+	if err != nil {
+		return err
+	}
+	changed := false
+	for uid, why := range stale {
+		c, ok := st.Claims[uid]
+		if !ok {
+			continue
+		}
+		if err := l.opts.Specs.Remove(uid); err != nil {
+			return err
+		}
+		delete(st.Claims, uid)
+		changed = true
+		logger.Info("Released the seats of a claim the kubelet will not unprepare", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid, "reason", why, "seats", DescribeSeats(c))
+		l.opts.Events.Normal(ctx, nodeevents.ReasonStaleClaimReleased, fmt.Sprintf("Released the seats of claim %s/%s (%s): %s", c.Namespace, c.Name, uid, why))
+	}
+	if !changed {
+		return nil
+	}
+	if err := l.save(st); err != nil {
+		l.st = nil
+		return fmt.Errorf("release stale claims in the checkpoint: %w", err)
+	}
+	return nil
+}
