@@ -24,8 +24,13 @@ DOCKER    ?= docker
 # helm for the chart tests, built from the Go module proxy (no binary downloads).
 HELM_VERSION ?= v4.3.1
 HELM      ?= $(CURDIR)/_output/bin/helm
+# The linters, built from the Go module proxy into _output/bin, once per version.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT ?= $(CURDIR)/_output/bin/golangci-lint
+LOGCHECK_VERSION ?= v0.11.0
+LOGCHECK  ?= $(CURDIR)/_output/bin/logcheck
 
-.PHONY: help build test unit fuzz bench e2e lint fmt vet deps-check demo plan clean generate helm chart-test image image-check
+.PHONY: help build test unit fuzz bench e2e lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -60,7 +65,7 @@ e2e: helm ## end-to-end tests against etcd, kube-apiserver, kube-scheduler and t
 unit: ## unit tests of the product module, with the race detector
 	$(GO) test -race -count=1 ./...
 
-lint: fmt vet deps-check ## gofmt, go vet, and what the binaries link
+lint: fmt vet deps-check golangci-lint logcheck ## gofmt, go vet, what the binaries link, golangci-lint and logcheck (both modules)
 
 fmt: ## fail if gofmt would change a file
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
@@ -69,16 +74,29 @@ vet: ## go vet, both modules
 	$(GO) vet ./...
 	cd test && $(GO) vet ./...
 
-deps-check: ## fail if a binary links a package that costs its memory (text/template and others)
+deps-check: ## fail if a binary links what it must not (the shim: client-go, the DRA helpers; both: text/template, test helpers)
 	TAGS='$(TAGS)' hack/deps-check.sh
+
+golangci-lint: lint-tools ## golangci-lint over both modules (.golangci.yml)
+	$(GOLANGCI_LINT) run ./...
+	cd test && $(GOLANGCI_LINT) run ./...
+
+# The product logs only through loggers from contexts (contextual logging,
+# as Kubernetes components do); the test module drives upstream components
+# that log through klog's globals, so it gets the structured checks only.
+logcheck: lint-tools ## Kubernetes' logcheck: structured, contextual logging
+	$(LOGCHECK) -check-contextual -check-with-helpers ./...
+	cd test && $(LOGCHECK) ./...
+
+lint-tools: ## build golangci-lint and logcheck (pinned versions) into _output/bin, once
+	@hack/go-tool.sh $(GOLANGCI_LINT) github.com/golangci/golangci-lint/v2/cmd/golangci-lint $(GOLANGCI_LINT_VERSION)
+	@hack/go-tool.sh $(LOGCHECK) sigs.k8s.io/logtools/logcheck $(LOGCHECK_VERSION)
 
 clean: ## remove build outputs (keeps the helm binary in _output/bin)
 	rm -rf $(BIN)
 
 helm: ## build helm (HELM_VERSION, v4.3.1) from the Go module proxy into _output/bin, once
-	@if [ -x "$(HELM)" ] && $(GO) version -m "$(HELM)" | grep -q "mod[[:space:]]helm.sh/helm/v4[[:space:]]$(HELM_VERSION)[[:space:]]"; then :; \
-	else echo "building helm $(HELM_VERSION) into $(dir $(HELM)) (a few minutes, once)"; \
-	  GOBIN=$(dir $(HELM)) $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION); fi
+	@hack/go-tool.sh $(HELM) helm.sh/helm/v4/cmd/helm $(HELM_VERSION)
 
 chart-test: helm ## lint and render the Helm chart over several value sets and check what it renders
 	HELM=$(HELM) $(GO) test -tags charttest -count=1 ./deployments/helm/charttest/

@@ -82,7 +82,7 @@ func Spec(claimUID types.UID, devices []Device) (*cdispec.Spec, error) {
 	for _, d := range devices {
 		spec.Devices = append(spec.Devices, cdispec.Device{Name: deviceName(claimUID, d.Name), ContainerEdits: toCDI(d.Edits)})
 	}
-	v, err := cdiapi.MinimumRequiredVersion(spec)
+	v, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
 		return nil, fmt.Errorf("CDI version for claim %s: %w", claimUID, err)
 	}

@@ -23,7 +23,9 @@ func TestWriteListRemove(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	os.WriteFile(filepath.Join(dir, "nvidia.com-gpu.yaml"), []byte("x"), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "nvidia.com-gpu.yaml"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	claims, err := w.Claims()
 	if err != nil || len(claims) != 2 || claims[0] != "uid-a-uid" || claims[1] != "uid-b-uid" {
 		t.Fatalf("claims %v %v", claims, err)
@@ -67,7 +69,9 @@ devices:
 containerEdits:
   env: [NVIDIA_VISIBLE_DEVICES=void]
 `
-	os.WriteFile(filepath.Join(dir, "nvidia.yaml"), []byte(spec), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "nvidia.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	got, err := FindNVIDIADevices([]string{dir}, gpus)
 	if err != nil || got[0] != "nvidia.com/gpu=0" || got[1] != "nvidia.com/gpu=GPU-bbbb" {
 		t.Errorf("found %v %v", got, err)

@@ -82,7 +82,9 @@ func TestCorruptionIsDetectedAndThePreviousCopyUsed(t *testing.T) {
 		"empty":        nil,
 	} {
 		t.Run(name, func(t *testing.T) {
-			os.WriteFile(s.Path(), corrupt, 0o600)
+			if err := os.WriteFile(s.Path(), corrupt, 0o600); err != nil {
+				t.Fatal(err)
+			}
 			got, res, err := s.Load()
 			if err != nil {
 				t.Fatal(err)
@@ -95,7 +97,9 @@ func TestCorruptionIsDetectedAndThePreviousCopyUsed(t *testing.T) {
 			}
 		})
 	}
-	os.WriteFile(s.prevPath(), []byte("{}"), 0o600)
+	if err := os.WriteFile(s.prevPath(), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, _, err := s.Load(); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("both copies bad: %v, want ErrCorrupt", err)
 	}
@@ -103,8 +107,12 @@ func TestCorruptionIsDetectedAndThePreviousCopyUsed(t *testing.T) {
 
 func TestCrashBetweenTheRenamesLeavesAUsableFile(t *testing.T) {
 	s := NewStore(t.TempDir())
-	s.Save(sample())
-	s.Save(sample())
+	if err := s.Save(sample()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(sample()); err != nil {
+		t.Fatal(err)
+	}
 	// The instant between the two renames of a save: only the previous
 	// copy exists.
 	os.Remove(s.Path())
@@ -118,7 +126,9 @@ func TestNewerVersionIsRefusedAndNotOverwritten(t *testing.T) {
 	s := NewStore(t.TempDir())
 	data := `{"claims":{}}`
 	newer := `{"version":"v9","checksum":"` + checksum([]byte(data)) + `","data":` + data + `}`
-	os.WriteFile(s.Path(), []byte(newer), 0o600)
+	if err := os.WriteFile(s.Path(), []byte(newer), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, _, err := s.Load(); !errors.Is(err, ErrNewerVersion) {
 		t.Errorf("load of v9: %v", err)
 	}
@@ -166,7 +176,9 @@ func TestTempFilesDoNotLinger(t *testing.T) {
 	dir := t.TempDir()
 	s := NewStore(dir)
 	for i := 0; i < 3; i++ {
-		s.Save(sample())
+		if err := s.Save(sample()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// Saves put dropped copies aside; the flush deletes them.
 	if err := s.Sync(); err != nil {

@@ -98,21 +98,35 @@ func fakeDriverRoot(t *testing.T) string {
 	root := t.TempDir()
 	lib := filepath.Join(root, "usr/lib/x86_64-linux-gnu")
 	bin := filepath.Join(root, "usr/bin")
-	os.MkdirAll(lib, 0o755)
-	os.MkdirAll(bin, 0o755)
+	if err := os.MkdirAll(lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, l := range []struct{ file, soname string }{
 		{"libcuda.so.580.95.05", "libcuda.so.1"},
 		{"libnvidia-ml.so.580.95.05", "libnvidia-ml.so.1"},
 		{"libnvidia-nvvm.so.580.95.05", "libnvidia-nvvm.so.4"},
 		{"libnvidia-ptxjitcompiler.so.580.95.05", "libnvidia-ptxjitcompiler.so.1"},
 	} {
-		os.WriteFile(filepath.Join(lib, l.file), []byte("not really ELF"), 0o644)
-		os.Symlink(l.file, filepath.Join(lib, l.soname))
+		if err := os.WriteFile(filepath.Join(lib, l.file), []byte("not really ELF"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(l.file, filepath.Join(lib, l.soname)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	os.Symlink("libcuda.so.1", filepath.Join(lib, "libcuda.so"))
-	os.WriteFile(filepath.Join(lib, "libunrelated.so.1"), nil, 0o644)
+	if err := os.Symlink("libcuda.so.1", filepath.Join(lib, "libcuda.so")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(lib, "libunrelated.so.1"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, b := range []string{"nvidia-smi", "nvidia-debugdump", "ls"} {
-		os.WriteFile(filepath.Join(bin, b), []byte("#!"), 0o755)
+		if err := os.WriteFile(filepath.Join(bin, b), []byte("#!"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return root
 }

@@ -170,7 +170,7 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 	// The layout's warnings are the plan's (the caller logs those) and
 	// then its own: profiles the layout left without GPUs.
 	for _, w := range layout.Warnings[len(opts.Plan.Warnings):] {
-		logger.Info("WARNING: "+w, "layout", "exclusive")
+		logger.Info("Exclusive layout", "warning", w)
 	}
 	var writer *cdi.Writer
 	if opts.Injection == InjectionCDI {

@@ -98,7 +98,9 @@ func runCrashChild(specFile string) int {
 				return
 			}
 			if passes++; passes == spec.CrashOnPass {
-				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
+					panic(err)
+				}
 				select {} // never returns
 			}
 		},

@@ -67,9 +67,13 @@ func newCrashRig(t testing.TB) *crashRig {
 		BootIDFile: filepath.Join(dir, "boot_id"),
 	}
 	for _, d := range []string{r.spec.RegDir, r.spec.PluginDir, r.spec.CDIDir} {
-		os.MkdirAll(d, 0o750)
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
 	}
-	os.WriteFile(r.spec.BootIDFile, []byte("boot-1\n"), 0o644)
+	if err := os.WriteFile(r.spec.BootIDFile, []byte("boot-1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	// Claims allocated together by the scheduler's allocator, so that any
 	// subset of them may be prepared at the same time.
@@ -120,7 +124,9 @@ func (r *crashRig) start(point draplugin.HookPoint, pass int) {
 	// does, while the plugin still publishes.
 	sock := filepath.Join(spec.PluginDir, "dra.sock")
 	deadline := time.Now().Add(20 * time.Second)
-	go func() { bufio.NewReader(out).ReadString('\n') }()
+	// Drain the child's first line, whatever it says, so that it never
+	// blocks on its output.
+	go func() { _, _ = bufio.NewReader(out).ReadString('\n') }()
 	for {
 		// A fresh connection per attempt: gRPC backs off a second after a
 		// failed dial, which would dominate a restart.
@@ -151,8 +157,12 @@ func (r *crashRig) stop() {
 	if r.cmd == nil {
 		return
 	}
-	r.cmd.Process.Signal(syscall.SIGTERM)
-	r.cmd.Wait()
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		r.t.Fatalf("stop the plugin: %v", err)
+	}
+	// The exit status of a plugin stopped by SIGTERM is not the test's
+	// business; that it exits is.
+	_ = r.cmd.Wait()
 	r.cmd = nil
 	if r.conn != nil {
 		r.conn.Close()
@@ -166,7 +176,7 @@ func (r *crashRig) crashed() bool {
 		return true
 	}
 	done := make(chan struct{})
-	go func() { r.cmd.Wait(); close(done) }()
+	go func() { _ = r.cmd.Wait(); close(done) }()
 	select {
 	case <-done:
 		r.cmd = nil

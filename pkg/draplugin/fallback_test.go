@@ -19,11 +19,9 @@ import (
 // DRAConsumableCapacity and DRAPartitionableDevices off: it silently drops
 // the fields those gates guard, as a real one does on write.
 func dropAdvancedFields(action k8stesting.Action) (bool, runtime.Object, error) {
+	// Creates and updates both carry the object written.
 	var obj runtime.Object
-	switch a := action.(type) {
-	case k8stesting.CreateAction:
-		obj = a.GetObject()
-	case k8stesting.UpdateAction:
+	if a, ok := action.(interface{ GetObject() runtime.Object }); ok {
 		obj = a.GetObject()
 	}
 	slice, ok := obj.(*resourceapi.ResourceSlice)

@@ -230,11 +230,9 @@ func TestLostGPUTaintsWithTheConfiguredEffect(t *testing.T) {
 // off: it silently drops device taints on write.
 func dropTaints(c *fake.Clientset) {
 	drop := func(action k8stesting.Action) (bool, runtime.Object, error) {
+		// Creates and updates both carry the object written.
 		var obj runtime.Object
-		switch a := action.(type) {
-		case k8stesting.CreateAction:
-			obj = a.GetObject()
-		case k8stesting.UpdateAction:
+		if a, ok := action.(interface{ GetObject() runtime.Object }); ok {
 			obj = a.GetObject()
 		}
 		if slice, ok := obj.(*resourceapi.ResourceSlice); ok {

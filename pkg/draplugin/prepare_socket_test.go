@@ -160,11 +160,17 @@ func TestRebootRestoresSpecsAndRemovesOrphans(t *testing.T) {
 	if err := os.RemoveAll(e.dirs.cdi); err != nil {
 		t.Fatal(err)
 	}
-	os.MkdirAll(e.dirs.cdi, 0o755)
+	if err := os.MkdirAll(e.dirs.cdi, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	stray := filepath.Join(e.dirs.cdi, cdi.SpecName("stray-uid")+".json")
-	os.WriteFile(stray, []byte(`{"cdiVersion":"0.3.0","kind":"kyb.ai/gpu","devices":[]}`), 0o600)
+	if err := os.WriteFile(stray, []byte(`{"cdiVersion":"0.3.0","kind":"kyb.ai/gpu","devices":[]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	foreign := filepath.Join(e.dirs.cdi, "vendor.com-thing.json")
-	os.WriteFile(foreign, []byte(`{}`), 0o600)
+	if err := os.WriteFile(foreign, []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	e.setBootID("boot-2")
 	e.start()
 
@@ -311,9 +317,15 @@ func TestLivenessCheckUsesTheRealSockets(t *testing.T) {
 func TestDriverFilesAndSeatConfigReachTheContainer(t *testing.T) {
 	root := t.TempDir()
 	lib := filepath.Join(root, "usr/lib/x86_64-linux-gnu")
-	os.MkdirAll(lib, 0o755)
-	os.WriteFile(filepath.Join(lib, "libcuda.so.580.95.05"), []byte("x"), 0o644)
-	os.Symlink("libcuda.so.580.95.05", filepath.Join(lib, "libcuda.so.1"))
+	if err := os.MkdirAll(lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(lib, "libcuda.so.580.95.05"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("libcuda.so.580.95.05", filepath.Join(lib, "libcuda.so.1")); err != nil {
+		t.Fatal(err)
+	}
 	files, err := containeredits.FindDriverFiles(root, "/")
 	if err != nil {
 		t.Fatal(err)

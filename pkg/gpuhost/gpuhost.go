@@ -86,10 +86,14 @@ func Open(ctx context.Context, opts Options) (*Host, error) {
 }
 
 // Close shuts NVML down.
-func (h *Host) Close() {
-	if h != nil && h.NVML != nil {
-		h.NVML.Shutdown()
+func (h *Host) Close() error {
+	if h == nil || h.NVML == nil {
+		return nil
 	}
+	if ret := h.NVML.Shutdown(); ret != nvml.SUCCESS {
+		return fmt.Errorf("shut NVML down: %s", h.NVML.ErrorString(ret))
+	}
+	return nil
 }
 
 // DeviceNumbers returns the type-c major and minor of a device node such as

@@ -126,7 +126,7 @@ func New(opts Options) (*Monitor, error) {
 // them once, then keeps watching until ctx ends or Stop is called. Events
 // that happen after Start returns are seen.
 func (m *Monitor) Start(ctx context.Context) {
-	logger := klog.FromContext(ctx).WithName("health")
+	logger := klog.LoggerWithName(klog.FromContext(ctx), "health")
 	ctx = klog.NewContext(ctx, logger)
 	ctx, m.cancel = context.WithCancel(ctx)
 	for i := range m.devices {
@@ -141,17 +141,9 @@ func (m *Monitor) Start(ctx context.Context) {
 	logger.Info("Watching GPU health", "gpus", len(m.devices), "events", set != nil, "ignoredXIDs", m.policy.String(),
 		"recoveryPeriod", m.recovery, "probeInterval", m.opts.ProbeInterval)
 	if set != nil {
-		m.wg.Add(1)
-		go func() {
-			defer m.wg.Done()
-			m.watchEvents(ctx, set)
-		}()
+		m.wg.Go(func() { m.watchEvents(ctx, set) })
 	}
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		m.probeLoop(ctx)
-	}()
+	m.wg.Go(func() { m.probeLoop(ctx) })
 }
 
 // Stop stops watching and waits until the NVML event set is freed.

@@ -47,7 +47,11 @@ func newRig(t *testing.T, cfg *v1alpha1.HealthConfig) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { set.Free() })
+	t.Cleanup(func() {
+		if ret := set.Free(); ret != nvml.SUCCESS {
+			t.Errorf("free the event set: %v", ret)
+		}
+	})
 	return &rig{t: t, ctx: ctx, sim: sim, fc: fc, m: m, set: set}
 }
 
@@ -63,7 +67,9 @@ func (r *rig) do(at time.Duration, step string) {
 	case step == "probe":
 		r.m.probeAll(r.ctx)
 	case strings.HasPrefix(step, "fail "):
-		fmt.Sscanf(step, "fail %d", &gpu)
+		if _, err := fmt.Sscanf(step, "fail %d", &gpu); err != nil {
+			r.t.Fatalf("step %q: %v", step, err)
+		}
 		if err := r.sim.SetError(gpu, nvml.ERROR_UNKNOWN); err != nil {
 			r.t.Fatal(err)
 		}

@@ -56,7 +56,7 @@ func (m *Monitor) openEvents(ctx context.Context) (nvml.EventSet, error) {
 		}
 		supported, ret := dev.GetSupportedEventTypes()
 		if ret != nvml.SUCCESS {
-			logger.Info("GPU does not report its supported events; it is watched by probes only", "gpu", gpu, "err", m.opts.NVML.ErrorString(ret))
+			logger.Info("GPU does not report its supported events; it is watched by probes only", "gpu", gpu, "warning", m.opts.NVML.ErrorString(ret))
 			continue
 		}
 		mask := supported & watchedEvents
@@ -65,13 +65,13 @@ func (m *Monitor) openEvents(ctx context.Context) (nvml.EventSet, error) {
 			continue
 		}
 		if ret := dev.RegisterEvents(mask, set); ret != nvml.SUCCESS {
-			logger.Info("Cannot register for the GPU's health events; it is watched by probes only", "gpu", gpu, "err", m.opts.NVML.ErrorString(ret))
+			logger.Info("Cannot register for the GPU's health events; it is watched by probes only", "gpu", gpu, "warning", m.opts.NVML.ErrorString(ret))
 			continue
 		}
 		registered++
 	}
 	if registered == 0 {
-		set.Free()
+		freeEventSet(ctx, m.opts.NVML, set)
 		return nil, fmt.Errorf("no GPU could be registered for health events")
 	}
 	return set, nil
@@ -80,7 +80,7 @@ func (m *Monitor) openEvents(ctx context.Context) (nvml.EventSet, error) {
 // watchEvents waits for events until ctx ends, then frees the set.
 func (m *Monitor) watchEvents(ctx context.Context, set nvml.EventSet) {
 	logger := klog.FromContext(ctx)
-	defer set.Free()
+	defer freeEventSet(ctx, m.opts.NVML, set)
 	backoff := time.Second
 	for ctx.Err() == nil {
 		ev, ret := set.Wait(uint32(m.opts.WaitTimeout.Milliseconds()))
@@ -93,7 +93,7 @@ func (m *Monitor) watchEvents(ctx context.Context, set nvml.EventSet) {
 		default:
 			// NVIDIA's device plugin marks every GPU unhealthy here, which
 			// takes a node down for one failed call. Ask each GPU instead.
-			logger.Error(nil, "Waiting for NVML events failed; probing every GPU", "err", m.opts.NVML.ErrorString(ret), "retryIn", backoff)
+			logger.Error(fmt.Errorf("NVML event wait: %s", m.opts.NVML.ErrorString(ret)), "Waiting for NVML events failed; probing every GPU", "retryIn", backoff)
 			m.probeAll(ctx)
 			select {
 			case <-ctx.Done():
@@ -214,4 +214,12 @@ func (m *Monitor) probeFault(ret nvml.Return, call string) Fault {
 		return Fault{Kind: KindLost, Reason: "gpu-lost", Message: msg}
 	}
 	return Fault{Kind: KindUnreachable, Reason: "unreachable", Message: msg}
+}
+
+// freeEventSet frees an NVML event set; a failure leaks the set's memory
+// in the driver and is logged.
+func freeEventSet(ctx context.Context, lib nvml.Interface, set nvml.EventSet) {
+	if ret := set.Free(); ret != nvml.SUCCESS {
+		klog.FromContext(ctx).Error(fmt.Errorf("free the NVML event set: %s", lib.ErrorString(ret)), "Cannot free the NVML event set")
+	}
 }

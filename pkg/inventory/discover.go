@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
@@ -268,49 +267,6 @@ func cString(b []uint8) string {
 
 func nvmlError(lib nvml.Interface, ret nvml.Return) error {
 	return fmt.Errorf("NVML: %s (%d)", lib.ErrorString(ret), int(ret))
-}
-
-// Cache holds the inventory discovered at start and rediscovers it only on
-// request.
-type Cache struct {
-	lib  nvml.Interface
-	pcie PCIeTopology
-
-	mu  sync.Mutex
-	inv *Inventory
-}
-
-// NewCache returns a cache over an initialised NVML library.
-func NewCache(lib nvml.Interface, pcie PCIeTopology) *Cache {
-	return &Cache{lib: lib, pcie: pcie}
-}
-
-// Get returns the cached inventory, discovering it on first use.
-func (c *Cache) Get(ctx context.Context) (*Inventory, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.inv != nil {
-		return c.inv, nil
-	}
-	inv, err := Discover(ctx, c.lib, c.pcie)
-	if err != nil {
-		return nil, err
-	}
-	c.inv = inv
-	return inv, nil
-}
-
-// Refresh discovers the inventory again and replaces the cached one. On
-// error the previous inventory stays.
-func (c *Cache) Refresh(ctx context.Context) (*Inventory, error) {
-	inv, err := Discover(ctx, c.lib, c.pcie)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.inv = inv
-	return inv, nil
 }
 
 // ErrNoGPUs is returned where a node must have GPUs and has none.

@@ -3,6 +3,10 @@
 // should know (a GPU fault, a layout fallback, a lost checkpoint). An
 // event's note is written for people; the log line carries the same note
 // under a constant message, so that logs stay greppable and structured.
+//
+// Warnings are logged one way across the driver: an Info line (klog has
+// no warning level for structured logs) whose "warning" key says what is
+// wrong; a Warning event's line is such a line too.
 package nodeevents
 
 import (
@@ -108,7 +112,14 @@ func (r *Recorder) WarningOnce(ctx context.Context, reason, note string) {
 }
 
 func (r *Recorder) record(ctx context.Context, eventType, reason, note string) {
-	klog.FromContext(ctx).Info("Node event", "type", eventType, "reason", reason, "note", note)
+	// A warning is logged as every warning of the plugin is: an Info line
+	// whose "warning" key says what is wrong.
+	logger := klog.FromContext(ctx)
+	if eventType == corev1.EventTypeWarning {
+		logger.Info("Node event", "type", eventType, "reason", reason, "warning", note)
+	} else {
+		logger.Info("Node event", "type", eventType, "reason", reason, "note", note)
+	}
 	if r == nil {
 		return
 	}

@@ -41,10 +41,10 @@ func TestRecordsOnTheNodeAndWarnsOnce(t *testing.T) {
 	r.WarningOnce(ctx, ReasonInvalidResourceSlice, "the API server refuses the slices")
 	r.WarningOnce(ctx, ReasonInvalidResourceSlice, "the API server refuses the slices")
 	r.Normal(ctx, ReasonStaleClaimReleased, "released claim default/a")
-	got := waitForEvents(ctx, t, client, 2)
+	waitForEvents(ctx, t, client, 2)
 	// Let a wrongly repeated warning arrive, if there is one.
 	time.Sleep(100 * time.Millisecond)
-	got = waitForEvents(ctx, t, client, 2)
+	got := waitForEvents(ctx, t, client, 2)
 	if len(got) != 2 {
 		t.Fatalf("%d events, want 2 (a repeated warning is recorded once): %+v", len(got), got)
 	}
@@ -73,7 +73,7 @@ func TestNilRecorderOnlyLogs(t *testing.T) {
 	r.Shutdown()
 	logs := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
 	for _, want := range []string{
-		`Node event type="Warning" reason="CheckpointLost" note="the checkpoint is lost"`,
+		`Node event type="Warning" reason="CheckpointLost" warning="the checkpoint is lost"`,
 		`Node event type="Normal" reason="GPUHealthy" note="GPU 3 is healthy again"`,
 	} {
 		if !strings.Contains(logs, want) {

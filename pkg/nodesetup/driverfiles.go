@@ -89,7 +89,8 @@ func (d *DriverFilesFlags) ChooseDriverFiles(ctx context.Context, node *Node, sr
 		}
 	}
 	if mode == DriverFilesAuto {
-		logger.Info("No NVIDIA CDI spec and no driver libraries found; containers get their GPUs' device nodes but need the NVIDIA container runtime for the driver's libraries", "driverRoot", src.DriverRoot)
+		logger.Info("Driver files", "mode", DriverFilesNone, "driverRoot", src.DriverRoot,
+			"warning", "no NVIDIA CDI spec and no driver libraries found; containers get their GPUs' device nodes but need the NVIDIA container runtime for the driver's libraries")
 	}
 	return DriverFiles{}, nil
 }

@@ -56,7 +56,7 @@ func StartHealth(ctx context.Context, node *Node, flags HealthFlags) (*health.Mo
 		mon.Stop()
 		return nil, nil, fmt.Errorf("--simulate-faults-file %s: the node is not simulated", flags.FaultsFile)
 	}
-	wctx, cancel := context.WithCancel(klog.NewContext(ctx, klog.FromContext(ctx).WithName("simulated-faults")))
+	wctx, cancel := context.WithCancel(klog.NewContext(ctx, klog.LoggerWithName(klog.FromContext(ctx), "simulated-faults")))
 	var wg sync.WaitGroup
 	wg.Go(func() { node.Host.Simulated.WatchFaults(wctx, flags.FaultsFile, faultsPollInterval) })
 	return mon, func() {

@@ -52,8 +52,13 @@ type Node struct {
 	Plan   *planner.Plan
 }
 
-// Close shuts NVML down.
-func (n *Node) Close() { n.Host.Close() }
+// Close shuts NVML down; a failure is logged, since nothing is left to do
+// about it.
+func (n *Node) Close(ctx context.Context) {
+	if err := n.Host.Close(); err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot close NVML")
+	}
+}
 
 // Open opens the node, reads the configuration and plans. Every error says
 // what to fix: the file and line of a bad config, the preset names for an
@@ -69,12 +74,12 @@ func (s *Flags) Open(ctx context.Context) (*Node, error) {
 	}
 	inv, err := inventory.Discover(ctx, host.NVML, host.PCIe)
 	if err != nil {
-		host.Close()
+		_ = host.Close() // the discovery's error says what is wrong
 		return nil, fmt.Errorf("discover GPUs: %w", err)
 	}
 	plan, err := planner.New(inv, cfg)
 	if err != nil {
-		host.Close()
+		_ = host.Close() // the plan's error says what is wrong
 		var fe v1alpha1.FieldErrors
 		if errors.As(err, &fe) && src != nil {
 			err = src.Annotate(fe)

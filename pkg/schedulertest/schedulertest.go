@@ -107,21 +107,8 @@ func (c *Cluster) AddClasses(classes ...*resourceapi.DeviceClass) {
 	}
 }
 
-// Nodes returns the node names, sorted.
-func (c *Cluster) Nodes() []string {
-	out := make([]string, 0, len(c.nodes))
-	for n := range c.nodes {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // Slices returns every slice of the cluster.
 func (c *Cluster) Slices() []*resourceapi.ResourceSlice { return c.slices }
-
-// State is the allocations made so far, in the scheduler's form.
-func (c *Cluster) State() structured.AllocatedState { return c.state }
 
 // Allocator returns a fresh allocator over the current state, as the
 // scheduler builds one per pod in PreFilter.

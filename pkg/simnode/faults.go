@@ -88,7 +88,7 @@ func (n *Node) Apply(f Fault) error {
 // need not exist yet; one that is truncated or replaced is read again from
 // its start.
 func (n *Node) WatchFaults(ctx context.Context, path string, interval time.Duration) {
-	logger := klog.FromContext(ctx).WithValues("faultsFile", path)
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "faultsFile", path)
 	w := &faultsFile{path: path}
 	w.skipExisting()
 	logger.Info("Watching the fault-injection file", "skippedBytes", w.offset)

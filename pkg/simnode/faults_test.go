@@ -71,10 +71,12 @@ func TestWatchFaultsAppliesAppendedLinesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	set, _ := n.NVML().EventSetCreate()
-	defer set.Free()
+	defer func() { _ = set.Free() }()
 	for i := 0; i < 8; i++ {
 		d, _ := n.NVML().DeviceGetHandleByIndex(i)
-		d.RegisterEvents(nvml.EventTypeXidCriticalError|nvml.EventTypeDoubleBitEccError|nvml.EventTypeGpuUnavailableError, set)
+		if ret := d.RegisterEvents(nvml.EventTypeXidCriticalError|nvml.EventTypeDoubleBitEccError|nvml.EventTypeGpuUnavailableError, set); ret != nvml.SUCCESS {
+			t.Fatalf("register GPU %d for events: %v", i, ret)
+		}
 	}
 	path := filepath.Join(t.TempDir(), "faults")
 	// Lines already there when the watch starts are history, not news.

@@ -160,11 +160,9 @@ func DeriveUUID(nodeName string, index int) string {
 func (n *Node) newInterface() *mock.Interface {
 	ok := func() nvml.Return { return nvml.SUCCESS }
 	return &mock.Interface{
-		InitFunc:     ok,
-		ShutdownFunc: ok,
-		ErrorStringFunc: func(r nvml.Return) string {
-			return nvmlErrorString(r)
-		},
+		InitFunc:           ok,
+		ShutdownFunc:       ok,
+		ErrorStringFunc:    nvmlErrorString,
 		DeviceGetCountFunc: func() (int, nvml.Return) { return len(n.devices), nvml.SUCCESS },
 		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) {
 			if i < 0 || i >= len(n.devices) {
@@ -182,8 +180,7 @@ func (n *Node) newInterface() *mock.Interface {
 		},
 		SystemGetDriverVersionFunc: func() (string, nvml.Return) { return n.topo.DriverVersion, nvml.SUCCESS },
 		SystemGetCudaDriverVersionFunc: func() (int, nvml.Return) {
-			var major, minor int
-			fmt.Sscanf(n.topo.CUDADriverVersion, "%d.%d", &major, &minor)
+			major, minor := majorMinor(n.topo.CUDADriverVersion)
 			return major*1000 + minor*10, nvml.SUCCESS
 		},
 		EventSetCreateFunc: func() (nvml.EventSet, nvml.Return) {
@@ -216,8 +213,7 @@ func (n *Node) newDevice(gpus []v1alpha1.SimulatedGPU, i int) *mock.Device {
 	}
 	hasNVLink := len(ports) > 0
 	arch := inventory.ArchitectureCode(g.Architecture)
-	var ccMajor, ccMinor int
-	fmt.Sscanf(g.CUDAComputeCapability, "%d.%d", &ccMajor, &ccMinor)
+	ccMajor, ccMinor := majorMinor(g.CUDAComputeCapability)
 
 	d := &mock.Device{}
 	failing := func() nvml.Return { return n.failure(g.Index) }
@@ -481,4 +477,13 @@ func (s *eventSet) Free() nvml.Return {
 	defer n.mu.Unlock()
 	n.sets = slices.DeleteFunc(n.sets, func(x *eventSet) bool { return x == s })
 	return nvml.SUCCESS
+}
+
+// majorMinor parses a "major.minor" version, which NodeTopology.Validate
+// has checked; 0.0 if it does not parse.
+func majorMinor(s string) (major, minor int) {
+	if _, err := fmt.Sscanf(s, "%d.%d", &major, &minor); err != nil {
+		return 0, 0
+	}
+	return major, minor
 }

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
@@ -305,12 +304,4 @@ func meanSteps(all []map[string]time.Duration) []Step {
 		}
 	}
 	return out
-}
-
-// ClaimGET times a GET of one claim with the drivers' client: what the
-// helper does before every prepare.
-func (e *prepareEnv) claimGET(ctx context.Context, name string) (time.Duration, error) {
-	start := time.Now()
-	_, err := e.client.ResourceV1().ResourceClaims("default").Get(ctx, name, metav1.GetOptions{})
-	return time.Since(start), err
 }

@@ -53,7 +53,6 @@ type prepareEnv struct {
 	conns  map[string]drapb.DRAPluginClient
 	steps  *stepClock
 	n      int
-	mu     sync.Mutex
 	// cdiRoot is where our plugin writes its CDI specs; cdiOnTmpfs says
 	// whether it is a tmpfs of ours, removed at the end.
 	cdiRoot    string

@@ -188,8 +188,8 @@ func (c *Cluster) WriteKubeconfig(file, token string) error {
 // writeKubeconfig writes an admin kubeconfig for kubectl and the plugins.
 func writeKubeconfig(cfg *rest.Config, file string) error {
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["kyb"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.TLSClientConfig.CAData, TLSServerName: cfg.TLSClientConfig.ServerName}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken, ClientCertificateData: cfg.TLSClientConfig.CertData, ClientKeyData: cfg.TLSClientConfig.KeyData}
+	kc.Clusters["kyb"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData, TLSServerName: cfg.ServerName}
+	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken, ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
 	kc.Contexts["kyb"] = &clientcmdapi.Context{Cluster: "kyb", AuthInfo: "admin", Namespace: "default"}
 	kc.CurrentContext = "kyb"
 	return clientcmd.WriteToFile(*kc, file)

@@ -207,18 +207,6 @@ func (n *Node) PrepareFailure(uid types.UID) error {
 	return n.failures[uid]
 }
 
-// PreparedPods lists the pods whose claims the node holds prepared.
-func (n *Node) PreparedPods() []string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	var out []string
-	for _, p := range n.prepared {
-		out = append(out, p.Namespace+"/"+p.Name)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // forwardHealth does what the kubelet's sync loop does with the DRA
 // manager's health updates (KEP-4680): for every pod whose devices changed
 // health, it writes the manager's view into the pod's container statuses

@@ -216,9 +216,11 @@ func (n *Node) startKubelet() (stop func()) {
 			queue.Add(types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
 		}
 	}
-	pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue,
-	})
+	}); err != nil {
+		tb.Fatalf("node %s: watch the pods: %v", n.Name, err)
+	}
 	inf.Start(ctx.Done())
 	inf.WaitForCacheSync(ctx.Done())
 	done := make(chan struct{})

@@ -286,7 +286,7 @@ func configMapPayload(data []byte, name string) ([]byte, int, []string, error) {
 		key, val := dataNode.Content[i], dataNode.Content[i+1]
 		keys = append(keys, key.Value)
 		if key.Value == "config.yaml" || len(dataNode.Content) == 2 {
-			notes := append(src.Notes, "read the configuration from the ConfigMap's data."+key.Value)
+			notes := append(slices.Clone(src.Notes), "read the configuration from the ConfigMap's data."+key.Value)
 			return []byte(val.Value), val.Line, notes, nil
 		}
 	}

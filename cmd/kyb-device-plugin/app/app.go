@@ -93,7 +93,7 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer node.Close()
+	defer node.Close(ctx)
 	node.LogPlan(ctx)
 	injection := deviceplugin.Injection(o.injection.Value())
 	files, err := o.driverFiles.ChooseDriverFiles(ctx, node, &o.node, o.cdiRoot, injection == deviceplugin.InjectionCDI)

@@ -148,7 +148,7 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer node.Close()
+	defer node.Close(ctx)
 	node.LogPlan(ctx)
 
 	mon, stopHealth, err := nodesetup.StartHealth(ctx, node, o.health)

@@ -80,7 +80,9 @@ func TestCheckedInDeviceClassesAreCurrent(t *testing.T) {
 func TestCommandLineErrorsSayWhatToFix(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(bad, []byte("profiles:\n- resource: kyb.ai/gpu-1x-seat\n  seatsPerGroup: 0\n"), 0o644)
+	if err := os.WriteFile(bad, []byte("profiles:\n- resource: kyb.ai/gpu-1x-seat\n  seatsPerGroup: 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		env  map[string]string

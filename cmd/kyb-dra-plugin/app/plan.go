@@ -44,7 +44,7 @@ func Plan(ctx context.Context, args []string, getenv func(string) string, stdout
 	if err != nil {
 		return f.Fail(cli.ExitFailed, err)
 	}
-	defer node.Close()
+	defer node.Close(ctx)
 	if err := writePlan(stdout, output.Value(), draresources.Layout(layout.Value()), src.NodeName, node); err != nil {
 		return f.Fail(cli.ExitFailed, err)
 	}

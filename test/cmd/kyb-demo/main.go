@@ -16,7 +16,9 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/test/demo"
 )
 
-func main() {
+func main() { os.Exit(run()) }
+
+func run() int {
 	var opts demo.Options
 	nodes := flag.String("nodes", "dgx-h100", "simulated nodes, comma-separated presets or NodeTopology files (one node each)")
 	flag.StringVar(&opts.Config, "config", "demo/node-config.yaml", "node configuration of every node")
@@ -30,21 +32,21 @@ func main() {
 
 	if err := os.MkdirAll("_output", 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
 	log, err := os.Create(*logFile)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
-	defer log.Close()
+	defer func() { _ = log.Close() }()
 	// The control plane logs a lot; keep it out of the story.
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	for k, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL"} {
 		if err := klogFlags.Set(k, v); err != nil {
 			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
+			return 1
 		}
 	}
 	klog.SetOutput(log)
@@ -54,7 +56,7 @@ func main() {
 	defer stop()
 	if err := demo.Run(ctx, opts, os.Stdout, log); err != nil {
 		fmt.Fprintf(os.Stderr, "kyb-demo: %v (logs: %s)\n", err, *logFile)
-		stop()
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
