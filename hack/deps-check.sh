@@ -19,7 +19,8 @@ GO=${GO:-go}
 TAGS=${TAGS:-grpcnotrace}
 module=github.com/kyb-ai/kyb-dra-driver
 
-both='^(text/template|html/template|golang.org/x/net/trace|k8s.io/client-go/informers|'$module'/pkg/schedulertest|'$module'/pkg/simnode/simnodetest)$'
+# Test helpers are the packages named *test (schedulertest, sockettest, ...).
+both='^(text/template|html/template|golang.org/x/net/trace|k8s.io/client-go/informers|'$module'/pkg/([a-z]+/)*[a-z]+test)$'
 declare -A banned=(
 	[kyb-dra-plugin]=$both
 	[kyb-device-plugin]=$both'|^k8s.io/client-go(/.*)?$|^k8s.io/dynamic-resource-allocation/(kubeletplugin|resourceslice)(/.*)?$|^'$module'/pkg/(draplugin|draresources|seatledger)(/.*)?$'

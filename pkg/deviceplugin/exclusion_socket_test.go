@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
 
 func TestRefusesToStartBesideALiveDRAPluginOverRealSockets(t *testing.T) {
@@ -14,7 +15,7 @@ func TestRefusesToStartBesideALiveDRAPluginOverRealSockets(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, "dgx-h100", "")
 			sock := filepath.Join(e.pluginsDir, "gpu.kyb.ai", name)
-			listen(t, sock)
+			sockettest.Listen(t, sock)
 			_, err := e.tryStart()
 			if err == nil || !strings.Contains(err.Error(), "the kyb DRA plugin serves this node ("+sock+" answers)") {
 				t.Fatalf("start beside a live DRA plugin: %v", err)
@@ -28,7 +29,7 @@ func TestRefusesToStartBesideALiveDRAPluginOverRealSockets(t *testing.T) {
 
 func TestStaleDRASocketDoesNotBlockStartOverRealSockets(t *testing.T) {
 	e := newEnv(t, "dgx-h100", "")
-	staleSocket(t, filepath.Join(e.pluginsDir, "gpu.kyb.ai", "dra.sock"))
+	sockettest.Stale(t, filepath.Join(e.pluginsDir, "gpu.kyb.ai", "dra.sock"))
 	e.start()
 }
 
@@ -52,8 +53,8 @@ func TestDRAPluginSeesARunningShimOverRealSockets(t *testing.T) {
 	if err := driver.CheckNoLiveShim(filepath.Join(e.dir, "missing")); err != nil {
 		t.Errorf("missing directory: %v", err)
 	}
-	staleSocket(t, filepath.Join(e.dir, "kyb-gpu-1x-seat.sock"))
-	listen(t, filepath.Join(e.dir, "nvidia-gpu.sock"))
+	sockettest.Stale(t, filepath.Join(e.dir, "kyb-gpu-1x-seat.sock"))
+	sockettest.Listen(t, filepath.Join(e.dir, "nvidia-gpu.sock"))
 	if err := driver.CheckNoLiveShim(e.dir); err != nil {
 		t.Errorf("stale shim socket and another vendor's live one: %v", err)
 	}

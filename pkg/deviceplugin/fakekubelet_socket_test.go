@@ -2,7 +2,6 @@ package deviceplugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -368,43 +367,4 @@ func dial(t *testing.T, path string) pluginapi.DevicePluginClient {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return pluginapi.NewDevicePluginClient(conn)
-}
-
-// listen leaves a live unix socket at path, closed at the end of the test.
-func listen(t *testing.T, path string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lis.Close() })
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			if err == nil {
-				c.Close()
-			}
-		}
-	}()
-}
-
-// staleSocket leaves a socket file at path that nobody listens on, as a
-// crashed process does.
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis.(*net.UnixListener).SetUnlinkOnClose(false)
-	lis.Close()
 }

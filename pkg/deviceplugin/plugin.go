@@ -154,17 +154,9 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 		return nil, err
 	}
 	logger := klog.FromContext(ctx)
-	if err := driver.CheckNoLiveDRA(opts.KubeletPluginsDir); err != nil {
+	if err := claimNode(logger, opts); err != nil {
 		return nil, err
 	}
-	if live := driver.LiveSockets(filepath.Join(opts.DevicePluginDir, driver.ShimSocketGlob)); len(live) > 0 {
-		return nil, fmt.Errorf("another kyb device-plugin shim serves this node (%s answers); a node runs one", strings.Join(live, ", "))
-	}
-	if err := os.MkdirAll(opts.DevicePluginDir, 0o750); err != nil {
-		return nil, fmt.Errorf("create the device-plugin directory: %w", err)
-	}
-	removeStaleSockets(logger, opts.DevicePluginDir)
-
 	layout, why := opts.Plan.ExclusiveLayout()
 	logger.Info("Device-plugin layout", "layout", "exclusive", "why", why)
 	// The layout's warnings are the plan's (the caller logs those) and
@@ -172,14 +164,6 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 	for _, w := range layout.Warnings[len(opts.Plan.Warnings):] {
 		logger.Info("Exclusive layout", "warning", w)
 	}
-	var writer *cdi.Writer
-	if opts.Injection == InjectionCDI {
-		var err error
-		if writer, err = cdi.NewWriter(opts.CDIRoot); err != nil {
-			return nil, err
-		}
-	}
-
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Plugin{
 		opts: opts, layout: layout, why: why, cancel: cancel,
@@ -192,24 +176,8 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 			p.Stop()
 		}
 	}()
-	names := map[string]string{}
-	for _, prof := range layout.Profiles {
-		if len(prof.Groups) == 0 {
-			logger.Info("Not serving a profile without groups", "resource", prof.Resource, "profile", prof.Name)
-			continue
-		}
-		e, err := newEndpoint(newResource(layout, prof, &opts, writer, p.stopped, logger), opts.DevicePluginDir)
-		if err != nil {
-			return nil, err
-		}
-		if other, dup := names[e.path]; dup {
-			return nil, fmt.Errorf("resources %s and %s would share socket %s; give them different names after the domain", other, prof.Resource, e.path)
-		}
-		names[e.path] = prof.Resource
-		p.endpoints = append(p.endpoints, e)
-	}
-	if len(p.endpoints) == 0 {
-		return nil, fmt.Errorf("no profile has groups on this node (%s): nothing to serve", opts.Inventory.Summary())
+	if err := p.makeEndpoints(logger); err != nil {
+		return nil, err
 	}
 	// Watch before serving and registering, so that a kubelet.sock created
 	// meanwhile is not missed.
@@ -217,7 +185,7 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 	for _, e := range p.endpoints {
 		if err := e.serve(logger); err != nil {
 			if w != nil {
-				w.Close()
+				_ = w.Close()
 			}
 			return nil, err
 		}
@@ -228,6 +196,54 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 	logger.Info("Started", "node", opts.NodeName, "resources", len(p.endpoints), "devicePluginDir", opts.DevicePluginDir, "policy", layout.Policy)
 	ok = true
 	return p, nil
+}
+
+// claimNode makes sure the shim is the only one of the driver's surfaces
+// on the node, and clears what a crashed shim left in the directory.
+func claimNode(logger klog.Logger, opts Options) error {
+	if err := driver.CheckNoLiveDRA(opts.KubeletPluginsDir); err != nil {
+		return err
+	}
+	if live := driver.LiveSockets(filepath.Join(opts.DevicePluginDir, driver.ShimSocketGlob)); len(live) > 0 {
+		return fmt.Errorf("another kyb device-plugin shim serves this node (%s answers); a node runs one", strings.Join(live, ", "))
+	}
+	if err := os.MkdirAll(opts.DevicePluginDir, 0o750); err != nil {
+		return fmt.Errorf("create the device-plugin directory: %w", err)
+	}
+	removeStaleSockets(logger, opts.DevicePluginDir)
+	return nil
+}
+
+// makeEndpoints makes one endpoint per profile of the layout that has
+// groups.
+func (p *Plugin) makeEndpoints(logger klog.Logger) error {
+	var writer *cdi.Writer
+	if p.opts.Injection == InjectionCDI {
+		var err error
+		if writer, err = cdi.NewWriter(p.opts.CDIRoot); err != nil {
+			return err
+		}
+	}
+	names := map[string]string{}
+	for _, prof := range p.layout.Profiles {
+		if len(prof.Groups) == 0 {
+			logger.Info("Not serving a profile without groups", "resource", prof.Resource, "profile", prof.Name)
+			continue
+		}
+		e, err := newEndpoint(newResource(p.layout, prof, &p.opts, writer, p.stopped, logger), p.opts.DevicePluginDir)
+		if err != nil {
+			return err
+		}
+		if other, dup := names[e.path]; dup {
+			return fmt.Errorf("resources %s and %s would share socket %s; give them different names after the domain", other, prof.Resource, e.path)
+		}
+		names[e.path] = prof.Resource
+		p.endpoints = append(p.endpoints, e)
+	}
+	if len(p.endpoints) == 0 {
+		return fmt.Errorf("no profile has groups on this node (%s): nothing to serve", p.opts.Inventory.Summary())
+	}
+	return nil
 }
 
 // Stop stops registering and serving, ends every stream and removes the

@@ -52,32 +52,46 @@ func (r *resource) prefer(available, mustInclude []string, size int) []string {
 	if size <= 0 || len(r.ids) == 0 {
 		return nil
 	}
+	c := r.newChoice(available, size)
+	c.takeMustInclude(mustInclude)
+	if !c.full() && !c.takeOneGroup() {
+		c.takeAcrossGroups()
+	}
+	return c.out
+}
+
+// newChoice starts a choice of size seats among available.
+func (r *resource) newChoice(available []string, size int) *choice {
 	spg := r.profile.SeatsPerGroup
-	avail := make([]bool, len(r.ids))
-	free := make([]int, len(r.groups))
+	c := &choice{r: r, avail: make([]bool, len(r.ids)), free: make([]int, len(r.groups)), inUse: make([]bool, len(r.groups)),
+		out: make([]string, 0, min(size, len(r.ids))), size: size}
 	for _, id := range available {
-		if ref, ok := r.seats[id]; ok && !avail[ref.idx] {
-			avail[ref.idx] = true
-			free[ref.group]++
+		if ref, ok := r.seats[id]; ok && !c.avail[ref.idx] {
+			c.avail[ref.idx] = true
+			c.free[ref.group]++
 		}
 	}
-	inUse := make([]bool, len(r.groups))
-	for g := range free {
+	for g := range c.free {
 		// A seat missing from available is held by a pod (or not NUMA
 		// aligned for this one, which the kubelet decides per group).
-		inUse[g] = free[g] < spg
+		c.inUse[g] = c.free[g] < spg
 	}
-	c := choice{r: r, avail: avail, free: free, out: make([]string, 0, min(size, len(r.ids))), size: size}
+	return c
+}
 
+// takeMustInclude is step 1: the must-include seats that are available,
+// then the free seats of their groups.
+func (c *choice) takeMustInclude(mustInclude []string) {
+	spg := c.r.profile.SeatsPerGroup
 	var must []int
 	for _, id := range mustInclude {
-		if ref, ok := r.seats[id]; ok && avail[ref.idx] {
+		if ref, ok := c.r.seats[id]; ok && c.avail[ref.idx] {
 			must = append(must, ref.idx)
 		}
 	}
 	slices.Sort(must)
 	must = slices.Compact(must)
-	pinned := make([]bool, len(r.groups))
+	pinned := make([]bool, len(c.r.groups))
 	for _, idx := range must {
 		if c.full() {
 			break
@@ -85,40 +99,46 @@ func (r *resource) prefer(available, mustInclude []string, size int) []string {
 		c.add(idx)
 		pinned[idx/spg] = true
 	}
-	for g := range r.groups {
+	for g := range c.r.groups {
 		if pinned[g] {
 			c.takeFrom(g)
 		}
 	}
-	if c.full() {
-		return c.out
-	}
+}
 
-	need := size - len(c.out)
+// takeOneGroup is step 2: the rest on the one group the policy prefers
+// among those with enough free seats. It reports whether one had.
+func (c *choice) takeOneGroup() bool {
+	need := c.size - len(c.out)
 	best := -1
-	for g := range r.groups {
-		if free[g] >= need && (best < 0 || r.before(g, best, free, inUse)) {
+	for g := range c.r.groups {
+		if c.free[g] >= need && (best < 0 || c.r.before(g, best, c.free, c.inUse)) {
 			best = g
 		}
 	}
-	if best >= 0 {
-		c.takeFrom(best)
-		return c.out
+	if best < 0 {
+		return false
 	}
+	c.takeFrom(best)
+	return true
+}
 
+// takeAcrossGroups is step 3: the rest across groups, most free seats
+// first, ties to the policy.
+func (c *choice) takeAcrossGroups() {
 	var spill []int
-	for g := range r.groups {
-		if free[g] > 0 {
+	for g := range c.r.groups {
+		if c.free[g] > 0 {
 			spill = append(spill, g)
 		}
 	}
 	slices.SortFunc(spill, func(a, b int) int {
 		switch {
-		case free[a] != free[b]:
-			return free[b] - free[a]
-		case r.before(a, b, free, inUse):
+		case c.free[a] != c.free[b]:
+			return c.free[b] - c.free[a]
+		case c.r.before(a, b, c.free, c.inUse):
 			return -1
-		case r.before(b, a, free, inUse):
+		case c.r.before(b, a, c.free, c.inUse):
 			return 1
 		}
 		return 0
@@ -129,7 +149,6 @@ func (r *resource) prefer(available, mustInclude []string, size int) []string {
 		}
 		c.takeFrom(g)
 	}
-	return c.out
 }
 
 // before reports whether the policy prefers group a to group b for the
@@ -150,11 +169,14 @@ func (r *resource) before(a, b int, free []int, inUse []bool) bool {
 	return a < b
 }
 
-// choice is a preferred allocation being built.
+// choice is a preferred allocation being built: which seats are still
+// available, how many each group has free, which groups a pod holds seats
+// of, and the seats chosen so far.
 type choice struct {
 	r     *resource
 	avail []bool
 	free  []int
+	inUse []bool
 	out   []string
 	size  int
 }

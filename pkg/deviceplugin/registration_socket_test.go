@@ -8,6 +8,8 @@ import (
 	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
 
 var defaultResources = []string{"kyb.ai/gpu-1x-seat", "kyb.ai/gpu-2x-seat", "kyb.ai/gpu-4x-seat"}
@@ -139,10 +141,10 @@ func TestStaleSocketRemovedAtStartOverRealSockets(t *testing.T) {
 	e := newEnv(t, "dgx-h100", "")
 	// Left by a crashed shim: a socket of a resource the shim still serves,
 	// and one of a profile the configuration no longer has.
-	staleSocket(t, filepath.Join(e.dir, "kyb-gpu-1x-seat.sock"))
-	staleSocket(t, filepath.Join(e.dir, "kyb-gpu-8x-seat.sock"))
+	sockettest.Stale(t, filepath.Join(e.dir, "kyb-gpu-1x-seat.sock"))
+	sockettest.Stale(t, filepath.Join(e.dir, "kyb-gpu-8x-seat.sock"))
 	// Not ours: left alone.
-	staleSocket(t, filepath.Join(e.dir, "nvidia-gpu.sock"))
+	sockettest.Stale(t, filepath.Join(e.dir, "nvidia-gpu.sock"))
 	e.start()
 	if _, err := os.Stat(filepath.Join(e.dir, "kyb-gpu-8x-seat.sock")); !os.IsNotExist(err) {
 		t.Errorf("stale socket kyb-gpu-8x-seat.sock: %v, want it removed", err)

@@ -1,7 +1,6 @@
 package draplugin_test
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -9,22 +8,8 @@ import (
 	"time"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint/checkpointtest"
 )
-
-func corruptCheckpoint(t *testing.T, dir string) {
-	t.Helper()
-	for _, f := range []string{checkpoint.FileName, checkpoint.FileName + ".prev"} {
-		p := filepath.Join(dir, f)
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Truncation, as a torn write or a full disk leaves it.
-		if err := os.WriteFile(p, raw[:len(raw)/3], 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 func TestLostCheckpointIsRebuiltFromTheAPIServer(t *testing.T) {
 	e := newEnv(t, "nvlink-2x4", seed)
@@ -32,7 +17,7 @@ func TestLostCheckpointIsRebuiltFromTheAPIServer(t *testing.T) {
 	idsA := e.prepareOK(a)
 	e.prepareOK(b)
 	e.stop()
-	corruptCheckpoint(t, e.dirs.plugin)
+	checkpointtest.Truncate(t, e.dirs.plugin)
 	e.start()
 
 	if again := e.prepareOK(a); strings.Join(again, " ") != strings.Join(idsA, " ") {
@@ -63,7 +48,7 @@ func TestLostCheckpointWithTheAPIServerDown(t *testing.T) {
 	e.prepareOK(a)
 	b := e.claim(class2x)
 	e.stop()
-	corruptCheckpoint(t, e.dirs.plugin)
+	checkpointtest.Truncate(t, e.dirs.plugin)
 	down.Store(true)
 	e.start()
 

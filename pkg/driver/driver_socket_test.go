@@ -1,126 +1,60 @@
 package driver
 
 import (
-	"errors"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
 
-// listen serves a unix socket at path that accepts and closes connections
-// until the test ends.
-func listen(t *testing.T, path string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lis.Close() })
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			if err == nil {
-				_ = c.Close()
-			}
-		}
-	}()
-}
-
-// staleSocket leaves a socket file at path that nobody listens on, as a
-// crashed process does.
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis.(*net.UnixListener).SetUnlinkOnClose(false)
-	_ = lis.Close()
-}
-
-func TestCheckNoLiveDRAOverRealSockets(t *testing.T) {
+// Each surface's check over real unix sockets: only a socket that answers
+// counts, a stale file or another driver's socket does not.
+func TestCheckNoLiveOverRealSockets(t *testing.T) {
+	const draSays, shimSays = "the kyb DRA plugin serves this node", "the kyb device-plugin shim serves this node"
 	tests := []struct {
 		name    string
-		live    []string // relative to the kubelet's plugin directory
+		check   func(dir string) error
+		live    []string // relative to the directory checked
 		stale   []string
 		wantErr string
 	}{
-		{name: "nothing there"},
-		{name: "stale socket", stale: []string{"gpu.kyb.ai/dra.sock"}},
-		{name: "another driver's live socket", live: []string{"gpu.nvidia.com/dra.sock"}},
-		{name: "live socket", live: []string{"gpu.kyb.ai/dra.sock"}, wantErr: "gpu.kyb.ai/dra.sock answers"},
-		{name: "live rolling-update socket", live: []string{"gpu.kyb.ai/dra-0b7e3c1a.sock"}, wantErr: "gpu.kyb.ai/dra-0b7e3c1a.sock answers"},
+		{name: "DRA: nothing there", check: CheckNoLiveDRA},
+		{name: "DRA: stale socket", check: CheckNoLiveDRA, stale: []string{"gpu.kyb.ai/dra.sock"}},
+		{name: "DRA: another driver's live socket", check: CheckNoLiveDRA, live: []string{"gpu.nvidia.com/dra.sock"}},
+		{name: "DRA: live socket", check: CheckNoLiveDRA, live: []string{"gpu.kyb.ai/dra.sock"}, wantErr: draSays + " (%s/gpu.kyb.ai/dra.sock answers)"},
+		{name: "DRA: live rolling-update socket", check: CheckNoLiveDRA, live: []string{"gpu.kyb.ai/dra-0b7e3c1a.sock"}, wantErr: draSays + " (%s/gpu.kyb.ai/dra-0b7e3c1a.sock answers)"},
+		{name: "shim: nothing there", check: CheckNoLiveShim},
+		{name: "shim: stale socket", check: CheckNoLiveShim, stale: []string{"kyb-gpu-1x-seat.sock"}},
+		{name: "shim: another vendor's live socket", check: CheckNoLiveShim, live: []string{"nvidia-gpu.sock"}},
+		{name: "shim: live socket", check: CheckNoLiveShim, live: []string{"kyb-gpu-1x-seat.sock"}, wantErr: shimSays + " (%s/kyb-gpu-1x-seat.sock answers)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "kyb-driver-")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = os.RemoveAll(dir) })
+			dir := sockettest.Dir(t)
 			for _, p := range tt.live {
-				listen(t, filepath.Join(dir, p))
+				sockettest.Listen(t, filepath.Join(dir, p))
 			}
 			for _, p := range tt.stale {
-				staleSocket(t, filepath.Join(dir, p))
+				sockettest.Stale(t, filepath.Join(dir, p))
 			}
-			err = CheckNoLiveDRA(dir)
+			err := tt.check(dir)
 			switch {
 			case tt.wantErr == "" && err != nil:
-				t.Fatalf("CheckNoLiveDRA: %v", err)
-			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "the kyb DRA plugin serves this node")):
-				t.Fatalf("CheckNoLiveDRA: %v, want an error naming %q", err, tt.wantErr)
+				t.Fatalf("check: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), strings.Replace(tt.wantErr, "%s", dir, 1))):
+				t.Fatalf("check: %v, want an error saying %q", err, strings.Replace(tt.wantErr, "%s", dir, 1))
 			}
 		})
 	}
 }
 
-func TestCheckNoLiveShimOverRealSockets(t *testing.T) {
-	tests := []struct {
-		name    string
-		live    []string // relative to the kubelet's device-plugin directory
-		stale   []string
-		wantErr string
-	}{
-		{name: "nothing there"},
-		{name: "stale socket", stale: []string{"kyb-gpu-1x-seat.sock"}},
-		{name: "another vendor's live socket", live: []string{"nvidia-gpu.sock"}},
-		{name: "live socket", live: []string{"kyb-gpu-1x-seat.sock"}, wantErr: "kyb-gpu-1x-seat.sock answers"},
+func TestCheckOfAMissingDirectoryPasses(t *testing.T) {
+	missing := filepath.Join(sockettest.Dir(t), "missing")
+	if err := CheckNoLiveShim(missing); err != nil {
+		t.Errorf("CheckNoLiveShim: %v", err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "kyb-driver-")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = os.RemoveAll(dir) })
-			for _, p := range tt.live {
-				listen(t, filepath.Join(dir, p))
-			}
-			for _, p := range tt.stale {
-				staleSocket(t, filepath.Join(dir, p))
-			}
-			err = CheckNoLiveShim(dir)
-			switch {
-			case tt.wantErr == "" && err != nil:
-				t.Fatalf("CheckNoLiveShim: %v", err)
-			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "the kyb device-plugin shim serves this node")):
-				t.Fatalf("CheckNoLiveShim: %v, want an error naming %q", err, tt.wantErr)
-			}
-		})
-	}
-	if err := CheckNoLiveShim(filepath.Join(os.TempDir(), "kyb-driver-missing-dir")); err != nil {
-		t.Errorf("missing directory: %v", err)
+	if err := CheckNoLiveDRA(missing); err != nil {
+		t.Errorf("CheckNoLiveDRA: %v", err)
 	}
 }

@@ -37,18 +37,43 @@ func New(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig) (*Plan, error) {
 	}
 	plan := &Plan{GPUs: n, Policy: cfg.AllocationPolicy, Attributes: slices.Clone(cfg.Attributes), HideUnavailable: cfg.UnavailableGroups != v1alpha1.UnavailableGroupsPublish, links: inv.Links}
 	var errs v1alpha1.FieldErrors
-
 	profiles, paths := profilesFor(cfg, n, plan)
 	for i := range profiles {
 		checkIndices(gpuRestriction(cfg, paths[i]), paths[i], n, &errs)
 	}
-
-	// Explicit groups: each must exist on this node and fit a profile.
-	type explicit struct {
-		group v1alpha1.Group
-		path  *field.Path
+	explicits := explicitGroups(cfg, profiles, n, &errs)
+	if len(errs) > 0 {
+		return nil, errs
 	}
-	var explicits []explicit
+	for pi, prof := range profiles {
+		allowed := allowedGPUs(cfg, paths[pi], n)
+		prof.Groups = profileGroups(inv, cfg, prof, allowed, explicits, &errs)
+		for _, g := range prof.Groups {
+			if g.Explicit && g.Interconnect == inventory.ClassSystem {
+				plan.Warnings = append(plan.Warnings, fmt.Sprintf("group %s (%s) spans sockets: GPUs %s share no NUMA node", g.Name, prof.Name, g.GPUList()))
+			}
+		}
+		if len(prof.Groups) == 0 {
+			plan.Warnings = append(plan.Warnings, fmt.Sprintf("profile %s has no groups on this node (%d GPUs, %d per group)", prof.Name, len(allowed), prof.Size))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	plan.Profiles = profiles
+	return plan, nil
+}
+
+// explicit is a group named in the configuration, with its field path.
+type explicit struct {
+	group v1alpha1.Group
+	path  *field.Path
+}
+
+// explicitGroups are the configuration's groups that exist on this node
+// (n GPUs) and fit a profile; the others are errors.
+func explicitGroups(cfg *v1alpha1.NodeConfig, profiles []*Profile, n int, errs *v1alpha1.FieldErrors) []explicit {
+	var out []explicit
 	for i, g := range cfg.Groups {
 		path := field.NewPath("groups").Index(i)
 		bad := false
@@ -63,69 +88,55 @@ func New(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig) (*Plan, error) {
 			bad = true
 		}
 		if !bad {
-			explicits = append(explicits, explicit{g, path})
+			out = append(out, explicit{g, path})
 		}
 	}
-	if len(errs) > 0 {
-		return nil, errs
-	}
+	return out
+}
 
-	for pi, prof := range profiles {
-		allowed := allowedGPUs(cfg, paths[pi], n)
-		var mine []*Group
-		taken := map[int]string{}
-		for _, e := range explicits {
-			if len(e.group.GPUs) != prof.Size {
-				continue
-			}
-			if !subset(e.group.GPUs, allowed) {
-				continue
-			}
-			gpus := slices.Sorted(slices.Values(e.group.GPUs))
-			for j, idx := range e.group.GPUs {
-				if other, dup := taken[idx]; dup {
-					errs.Add(e.path.Child("gpus").Index(j), "GPU %d is already in group %s; groups of one size must not overlap", idx, other)
-				}
-			}
-			for _, idx := range gpus {
-				taken[idx] = e.group.Name
-			}
-			mine = append(mine, &Group{Name: e.group.Name, Profile: prof, GPUs: gpus, Explicit: true})
+// profileGroups are prof's groups on the allowed GPUs: the explicit groups
+// of its size first, then (with grouping: auto) groups formed from the
+// topology out of the GPUs they leave, sorted by GPUs and described.
+func profileGroups(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig, prof *Profile, allowed []int, explicits []explicit, errs *v1alpha1.FieldErrors) []*Group {
+	var mine []*Group
+	taken := map[int]string{}
+	for _, e := range explicits {
+		if len(e.group.GPUs) != prof.Size || !subset(e.group.GPUs, allowed) {
+			continue
 		}
-		if cfg.Grouping == v1alpha1.GroupingAuto || cfg.Grouping == "" {
-			var free []int
-			for _, idx := range allowed {
-				if _, ok := taken[idx]; !ok {
-					free = append(free, idx)
-				}
-			}
-			for _, gpus := range autoGroups(inv, free, prof.Size) {
-				name := autoName(gpus, n)
-				for _, g := range mine {
-					if strings.EqualFold(g.Name, name) {
-						errs.Add(field.NewPath("groups"), "group %q is also the automatic name of GPUs %v in profile %s; rename it", g.Name, gpus, prof.Name)
-					}
-				}
-				mine = append(mine, &Group{Name: name, Profile: prof, GPUs: gpus})
+		gpus := slices.Sorted(slices.Values(e.group.GPUs))
+		for j, idx := range e.group.GPUs {
+			if other, dup := taken[idx]; dup {
+				errs.Add(e.path.Child("gpus").Index(j), "GPU %d is already in group %s; groups of one size must not overlap", idx, other)
 			}
 		}
-		slices.SortFunc(mine, func(a, b *Group) int { return slices.Compare(a.GPUs, b.GPUs) })
-		for _, g := range mine {
-			describeGroup(inv, g)
-			if g.Explicit && g.Interconnect == inventory.ClassSystem {
-				plan.Warnings = append(plan.Warnings, fmt.Sprintf("group %s (%s) spans sockets: GPUs %s share no NUMA node", g.Name, prof.Name, g.GPUList()))
-			}
+		for _, idx := range gpus {
+			taken[idx] = e.group.Name
 		}
-		if len(mine) == 0 {
-			plan.Warnings = append(plan.Warnings, fmt.Sprintf("profile %s has no groups on this node (%d GPUs, %d per group)", prof.Name, len(allowed), prof.Size))
-		}
-		prof.Groups = mine
+		mine = append(mine, &Group{Name: e.group.Name, Profile: prof, GPUs: gpus, Explicit: true})
 	}
-	if len(errs) > 0 {
-		return nil, errs
+	if cfg.Grouping == v1alpha1.GroupingAuto || cfg.Grouping == "" {
+		var free []int
+		for _, idx := range allowed {
+			if _, ok := taken[idx]; !ok {
+				free = append(free, idx)
+			}
+		}
+		for _, gpus := range autoGroups(inv, free, prof.Size) {
+			name := autoName(gpus, len(inv.GPUs))
+			for _, g := range mine {
+				if strings.EqualFold(g.Name, name) {
+					errs.Add(field.NewPath("groups"), "group %q is also the automatic name of GPUs %v in profile %s; rename it", g.Name, gpus, prof.Name)
+				}
+			}
+			mine = append(mine, &Group{Name: name, Profile: prof, GPUs: gpus})
+		}
 	}
-	plan.Profiles = profiles
-	return plan, nil
+	slices.SortFunc(mine, func(a, b *Group) int { return slices.Compare(a.GPUs, b.GPUs) })
+	for _, g := range mine {
+		describeGroup(inv, g)
+	}
+	return mine
 }
 
 // profilesFor returns the plan's profiles sorted by size, and for each the

@@ -23,6 +23,7 @@ import (
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint/checkpointtest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
@@ -342,21 +343,6 @@ func TestOpenRepairsTheSpecsAfterAReboot(t *testing.T) {
 	}
 }
 
-// corrupt truncates both copies of the checkpoint, as a torn write does.
-func corrupt(t *testing.T, dir string) {
-	t.Helper()
-	for _, f := range []string{checkpoint.FileName, checkpoint.FileName + ".prev"} {
-		p := filepath.Join(dir, f)
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, raw[:len(raw)/3], 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // storeWithStatus stores c in the fake API server with the seats its
 // entry recorded in its status, as the plugin's status writer does.
 func (r *rig) storeWithStatus(c *resourceapi.ResourceClaim, entry *checkpoint.Claim) {
@@ -385,7 +371,7 @@ func TestLostCheckpointIsRebuiltFromTheClaimsStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Close(r.ctx)
-	corrupt(t, r.dir)
+	checkpointtest.Truncate(t, r.dir)
 	l = r.open()
 	if l.Lost() {
 		t.Fatal("the ledger is lost although the API server answers")
@@ -406,7 +392,7 @@ func TestLostCheckpointWhileTheAPIServerIsDown(t *testing.T) {
 	a := claim("a", "g0-1x")
 	l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a})
 	l.Close(r.ctx)
-	corrupt(t, r.dir)
+	checkpointtest.Truncate(t, r.dir)
 	var down sync.Mutex
 	isDown := true
 	r.client.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {

@@ -189,33 +189,40 @@ func (n *Node) newInterface() *mock.Interface {
 	}
 }
 
+// newDevice is GPU i as go-nvml's mock device: what it is, its NVLinks,
+// its place in the PCIe tree, and its health events.
 func (n *Node) newDevice(gpus []v1alpha1.SimulatedGPU, i int) *mock.Device {
 	g := gpus[i]
-	// NVLink ports: direct links first (by peer index), then the NVSwitch.
-	type port struct {
-		peer   int // -1 for the NVSwitch
-		remote string
-	}
-	var ports []port
-	links := slices.Clone(g.NVLinks)
-	slices.SortFunc(links, func(a, b v1alpha1.NVLink) int { return a.Peer - b.Peer })
-	for _, l := range links {
-		for k := 0; k < l.Links; k++ {
-			ports = append(ports, port{peer: l.Peer, remote: gpus[l.Peer].PCIBusID})
+	d := &mock.Device{}
+	n.describe(d, g, i)
+	setNVLinks(d, n.ports(gpus, g))
+	d.GetTopologyCommonAncestorFunc = func(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+		j, ret := other.GetIndex()
+		if ret != nvml.SUCCESS || j < 0 || j >= len(gpus) {
+			return 0, nvml.ERROR_INVALID_ARGUMENT
 		}
+		return commonAncestor(g, gpus[j]), nvml.SUCCESS
 	}
-	if n.topo.NVSwitch != nil {
-		for k := 0; k < n.topo.NVSwitch.LinksPerGPU; k++ {
-			// NVSwitches sit on their own PCI functions; the bus ID only
-			// has to be one that no GPU has.
-			ports = append(ports, port{peer: -1, remote: fmt.Sprintf("0000:fe:%02x.0", k%32)})
+	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
+		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError | nvml.EventTypeGpuUnavailableError, nvml.SUCCESS
+	}
+	d.RegisterEventsFunc = func(mask uint64, set nvml.EventSet) nvml.Return {
+		es, ok := set.(*eventSet)
+		if !ok {
+			return nvml.ERROR_INVALID_ARGUMENT
 		}
+		es.register(g.Index, mask)
+		return nvml.SUCCESS
 	}
-	hasNVLink := len(ports) > 0
+	return d
+}
+
+// describe sets what the GPU is: index, UUID, minor, PCI address, model
+// and memory, and NUMA node. The calls a probe makes fail while a fault
+// is injected.
+func (n *Node) describe(d *mock.Device, g v1alpha1.SimulatedGPU, i int) {
 	arch := inventory.ArchitectureCode(g.Architecture)
 	ccMajor, ccMinor := majorMinor(g.CUDAComputeCapability)
-
-	d := &mock.Device{}
 	failing := func() nvml.Return { return n.failure(g.Index) }
 	d.GetIndexFunc = func() (int, nvml.Return) { return g.Index, nvml.SUCCESS }
 	d.GetUUIDFunc = func() (string, nvml.Return) {
@@ -242,6 +249,39 @@ func (n *Node) newDevice(gpus []v1alpha1.SimulatedGPU, i int) *mock.Device {
 		return nvml.Memory{Total: total, Free: total}, nvml.SUCCESS
 	}
 	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return *g.NUMANode, nvml.SUCCESS }
+}
+
+// port is one NVLink of a GPU and what is at its other end.
+type port struct {
+	peer   int // -1 for the NVSwitch
+	remote string
+}
+
+// ports are a GPU's NVLinks: direct links first (by peer index), then the
+// NVSwitch's.
+func (n *Node) ports(gpus []v1alpha1.SimulatedGPU, g v1alpha1.SimulatedGPU) []port {
+	var ports []port
+	links := slices.Clone(g.NVLinks)
+	slices.SortFunc(links, func(a, b v1alpha1.NVLink) int { return a.Peer - b.Peer })
+	for _, l := range links {
+		for range l.Links {
+			ports = append(ports, port{peer: l.Peer, remote: gpus[l.Peer].PCIBusID})
+		}
+	}
+	if n.topo.NVSwitch != nil {
+		for k := range n.topo.NVSwitch.LinksPerGPU {
+			// NVSwitches sit on their own PCI functions; the bus ID only
+			// has to be one that no GPU has.
+			ports = append(ports, port{peer: -1, remote: fmt.Sprintf("0000:fe:%02x.0", k%32)})
+		}
+	}
+	return ports
+}
+
+// setNVLinks answers the NVLink queries over ports; a GPU without any
+// answers NOT_SUPPORTED, as one without NVLink does.
+func setNVLinks(d *mock.Device, ports []port) {
+	hasNVLink := len(ports) > 0
 	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
 		if !hasNVLink || link < 0 || link >= nvml.NVLINK_MAX_LINKS {
 			if !hasNVLink {
@@ -269,25 +309,6 @@ func (n *Node) newDevice(gpus []v1alpha1.SimulatedGPU, i int) *mock.Device {
 		}
 		return pciInfo(ports[link].remote), nvml.SUCCESS
 	}
-	d.GetTopologyCommonAncestorFunc = func(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
-		j, ret := other.GetIndex()
-		if ret != nvml.SUCCESS || j < 0 || j >= len(gpus) {
-			return 0, nvml.ERROR_INVALID_ARGUMENT
-		}
-		return commonAncestor(g, gpus[j]), nvml.SUCCESS
-	}
-	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
-		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError | nvml.EventTypeGpuUnavailableError, nvml.SUCCESS
-	}
-	d.RegisterEventsFunc = func(mask uint64, set nvml.EventSet) nvml.Return {
-		es, ok := set.(*eventSet)
-		if !ok {
-			return nvml.ERROR_INVALID_ARGUMENT
-		}
-		es.register(g.Index, mask)
-		return nvml.SUCCESS
-	}
-	return d
 }
 
 func commonAncestor(a, b v1alpha1.SimulatedGPU) nvml.GpuTopologyLevel {

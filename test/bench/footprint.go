@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -95,7 +94,7 @@ func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions
 	if err := os.WriteFile(config, []byte(PrepareConfig), 0o600); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := harness.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -334,15 +333,6 @@ func dropFromPageCache(file string) error {
 		return fmt.Errorf("drop %s from the page cache: %w", file, err)
 	}
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func tail(file string) string {

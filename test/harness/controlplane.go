@@ -93,12 +93,14 @@ func Start(tb ktesting.TB, opts Options) *Cluster {
 	return c
 }
 
-func freePort() (int, error) {
+// FreePort returns a TCP port on the loopback interface that nothing
+// listens on now.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
@@ -114,7 +116,7 @@ func (c *Cluster) startEtcd(logFile string) string {
 	cfg.UnsafeNoFsync = true
 	var urls []url.URL
 	for i := 0; i < 2; i++ {
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			tb.Fatal(err)
 		}

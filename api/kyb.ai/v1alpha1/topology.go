@@ -161,6 +161,22 @@ func (t *NodeTopology) SetDefaults() {
 // not exist, and links that the two GPUs of a pair do not agree on.
 func (t *NodeTopology) Validate() error {
 	var errs FieldErrors
+	t.validateNode(&errs)
+	if len(t.GPUs) == 0 {
+		errs.Add(field.NewPath("gpus"), "required: a node has at least one GPU")
+		return errs.Err()
+	}
+	ids := gpuIdentities{byIndex: map[int]int{}, uuids: seen[string]{}, minors: seen[int]{}, busIDs: seen[string]{}}
+	for i := range t.GPUs {
+		t.validateGPU(i, &ids, &errs)
+	}
+	t.validateSwitchRoots(&errs)
+	validateNVLinks(t, ids.byIndex, &errs)
+	return errs.Err()
+}
+
+// validateNode checks the fields that describe the node as a whole.
+func (t *NodeTopology) validateNode(errs *FieldErrors) {
 	if t.APIVersion != "" && t.APIVersion != APIVersion {
 		errs.Add(field.NewPath("apiVersion"), "must be %q, not %q", APIVersion, t.APIVersion)
 	}
@@ -180,83 +196,98 @@ func (t *NodeTopology) Validate() error {
 		errs.Add(field.NewPath("uvmMajor"), "must be a device major between 1 and 4095, not %d", *t.UVMMajor)
 	}
 	if t.Defaults != nil {
-		validateGPUProperties(t.Defaults, field.NewPath("defaults"), &errs)
+		validateGPUProperties(t.Defaults, field.NewPath("defaults"), errs)
 	}
-	if len(t.GPUs) == 0 {
-		errs.Add(field.NewPath("gpus"), "required: a node has at least one GPU")
-		return errs.Err()
-	}
+}
 
-	byIndex := map[int]int{}
-	uuids := map[string]int{}
-	minors := map[int]int{}
-	busIDs := map[string]int{}
-	for i := range t.GPUs {
-		g := &t.GPUs[i]
-		path := field.NewPath("gpus").Index(i)
-		if g.Index < 0 || g.Index >= len(t.GPUs) {
-			errs.Add(path.Child("index"), "must be between 0 and %d (indices run from 0 without gaps), not %d", len(t.GPUs)-1, g.Index)
-		} else if j, dup := byIndex[g.Index]; dup {
-			errs.Add(path.Child("index"), "index %d is already used by gpus[%d]", g.Index, j)
+// seen remembers which GPU first used each value of a field that must be
+// unique, so that the second is reported with the first.
+type seen[K comparable] map[K]int
+
+// claim records that GPU i uses key; shown is how the error names it.
+func (s seen[K]) claim(key K, shown string, i int, path *field.Path, errs *FieldErrors) {
+	if j, dup := s[key]; dup {
+		errs.Add(path, "%s is already used by gpus[%d]", shown, j)
+		return
+	}
+	s[key] = i
+}
+
+// gpuIdentities are the fields by which GPUs must differ.
+type gpuIdentities struct {
+	// byIndex maps each valid index to its GPU's position in the list.
+	byIndex map[int]int
+	uuids   seen[string]
+	minors  seen[int]
+	busIDs  seen[string]
+}
+
+// validateGPU checks gpus[i]: its identity (index, UUID, minor, bus ID,
+// each unique), its PCIe placement and its model properties.
+func (t *NodeTopology) validateGPU(i int, ids *gpuIdentities, errs *FieldErrors) {
+	g := &t.GPUs[i]
+	path := field.NewPath("gpus").Index(i)
+	switch j, dup := ids.byIndex[g.Index]; {
+	case g.Index < 0 || g.Index >= len(t.GPUs):
+		errs.Add(path.Child("index"), "must be between 0 and %d (indices run from 0 without gaps), not %d", len(t.GPUs)-1, g.Index)
+	case dup:
+		errs.Add(path.Child("index"), "index %d is already used by gpus[%d]", g.Index, j)
+	default:
+		ids.byIndex[g.Index] = i
+	}
+	if g.UUID != "" {
+		if !gpuUUIDRE.MatchString(g.UUID) {
+			errs.Add(path.Child("uuid"), "%q is not a GPU UUID such as GPU-8d7a1c2e-0f4b-4c6e-9a1d-3b5f7e9c0a12", g.UUID)
 		} else {
-			byIndex[g.Index] = i
-		}
-		if g.UUID != "" {
-			if !gpuUUIDRE.MatchString(g.UUID) {
-				errs.Add(path.Child("uuid"), "%q is not a GPU UUID such as GPU-8d7a1c2e-0f4b-4c6e-9a1d-3b5f7e9c0a12", g.UUID)
-			} else if j, dup := uuids[strings.ToLower(g.UUID)]; dup {
-				errs.Add(path.Child("uuid"), "UUID %s is already used by gpus[%d]", g.UUID, j)
-			} else {
-				uuids[strings.ToLower(g.UUID)] = i
-			}
-		}
-		if g.Minor != nil {
-			if *g.Minor < 0 || *g.Minor > 254 {
-				errs.Add(path.Child("minor"), "must be between 0 and 254 (255 is /dev/nvidiactl), not %d", *g.Minor)
-			} else if j, dup := minors[*g.Minor]; dup {
-				errs.Add(path.Child("minor"), "minor %d is already used by gpus[%d]", *g.Minor, j)
-			} else {
-				minors[*g.Minor] = i
-			}
-		}
-		if g.PCIBusID != "" {
-			if !pciBusIDRE.MatchString(g.PCIBusID) {
-				errs.Add(path.Child("pciBusID"), "%q is not a PCI bus ID such as 0000:18:00.0 (lower-case hex)", g.PCIBusID)
-			} else if j, dup := busIDs[g.PCIBusID]; dup {
-				errs.Add(path.Child("pciBusID"), "bus ID %s is already used by gpus[%d]", g.PCIBusID, j)
-			} else {
-				busIDs[g.PCIBusID] = i
-			}
-		}
-		if g.NUMANode != nil && (*g.NUMANode < 0 || *g.NUMANode > 63) {
-			errs.Add(path.Child("numaNode"), "must be between 0 and 63, not %d", *g.NUMANode)
-		}
-		if g.PCIeRoot != "" && !pcieRootRE.MatchString(g.PCIeRoot) {
-			errs.Add(path.Child("pcieRoot"), "%q is not a PCIe root such as pci0000:00", g.PCIeRoot)
-		}
-		if g.PCIeSwitch != "" && !switchNameRE.MatchString(g.PCIeSwitch) {
-			errs.Add(path.Child("pcieSwitch"), "%q: use letters, digits, '-', '_' and '.'", g.PCIeSwitch)
-		}
-		props := g.GPUProperties
-		if t.Defaults != nil {
-			props = mergeProps(props, *t.Defaults)
-		}
-		validateGPUProperties(&g.GPUProperties, path, &errs)
-		if props.ProductName == "" {
-			errs.Add(path.Child("productName"), "required (here or in defaults)")
-		}
-		if props.Architecture == "" {
-			errs.Add(path.Child("architecture"), "required (here or in defaults)")
-		}
-		if props.CUDAComputeCapability == "" {
-			errs.Add(path.Child("cudaComputeCapability"), "required (here or in defaults)")
-		}
-		if props.MemoryMiB == 0 {
-			errs.Add(path.Child("memoryMiB"), "required (here or in defaults)")
+			ids.uuids.claim(strings.ToLower(g.UUID), "UUID "+g.UUID, i, path.Child("uuid"), errs)
 		}
 	}
-	// Switch names are local to a root complex: the same switch behind two
-	// roots is a contradiction.
+	if g.Minor != nil {
+		if *g.Minor < 0 || *g.Minor > 254 {
+			errs.Add(path.Child("minor"), "must be between 0 and 254 (255 is /dev/nvidiactl), not %d", *g.Minor)
+		} else {
+			ids.minors.claim(*g.Minor, fmt.Sprintf("minor %d", *g.Minor), i, path.Child("minor"), errs)
+		}
+	}
+	if g.PCIBusID != "" {
+		if !pciBusIDRE.MatchString(g.PCIBusID) {
+			errs.Add(path.Child("pciBusID"), "%q is not a PCI bus ID such as 0000:18:00.0 (lower-case hex)", g.PCIBusID)
+		} else {
+			ids.busIDs.claim(g.PCIBusID, "bus ID "+g.PCIBusID, i, path.Child("pciBusID"), errs)
+		}
+	}
+	if g.NUMANode != nil && (*g.NUMANode < 0 || *g.NUMANode > 63) {
+		errs.Add(path.Child("numaNode"), "must be between 0 and 63, not %d", *g.NUMANode)
+	}
+	if g.PCIeRoot != "" && !pcieRootRE.MatchString(g.PCIeRoot) {
+		errs.Add(path.Child("pcieRoot"), "%q is not a PCIe root such as pci0000:00", g.PCIeRoot)
+	}
+	if g.PCIeSwitch != "" && !switchNameRE.MatchString(g.PCIeSwitch) {
+		errs.Add(path.Child("pcieSwitch"), "%q: use letters, digits, '-', '_' and '.'", g.PCIeSwitch)
+	}
+	validateGPUProperties(&g.GPUProperties, path, errs)
+	props := g.GPUProperties
+	if t.Defaults != nil {
+		props = mergeProps(props, *t.Defaults)
+	}
+	for _, required := range []struct {
+		name  string
+		unset bool
+	}{
+		{"productName", props.ProductName == ""},
+		{"architecture", props.Architecture == ""},
+		{"cudaComputeCapability", props.CUDAComputeCapability == ""},
+		{"memoryMiB", props.MemoryMiB == 0},
+	} {
+		if required.unset {
+			errs.Add(path.Child(required.name), "required (here or in defaults)")
+		}
+	}
+}
+
+// validateSwitchRoots refuses a PCIe switch behind two root complexes:
+// switch names are local to a root complex.
+func (t *NodeTopology) validateSwitchRoots(errs *FieldErrors) {
 	switchRoot := map[string]string{}
 	for i, g := range t.GPUs {
 		if g.PCIeSwitch == "" {
@@ -271,8 +302,6 @@ func (t *NodeTopology) Validate() error {
 		}
 		switchRoot[g.PCIeSwitch] = root
 	}
-	validateNVLinks(t, byIndex, &errs)
-	return errs.Err()
 }
 
 func mergeProps(p, d GPUProperties) GPUProperties {

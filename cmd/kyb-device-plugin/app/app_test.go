@@ -3,7 +3,6 @@ package app
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
 
 func runShimCommand(ctx context.Context, env map[string]string, args ...string) (int, string) {
@@ -21,34 +21,9 @@ func runShimCommand(ctx context.Context, env map[string]string, args ...string) 
 	return code, stderr.String()
 }
 
-// shortTempDir returns a directory whose socket paths fit the 107 bytes
-// unix sockets allow.
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "kyb-dp-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
-// listenAt leaves a live unix socket at path for the rest of the test.
-func listenAt(t *testing.T, path string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lis.Close() })
-}
-
 func TestDevicePluginCommandLineErrorsSayWhatToFix(t *testing.T) {
-	dir := shortTempDir(t)
-	listenAt(t, filepath.Join(dir, "plugins", "gpu.kyb.ai", "dra.sock"))
+	dir := sockettest.Dir(t)
+	sockettest.Listen(t, filepath.Join(dir, "plugins", "gpu.kyb.ai", "dra.sock"))
 	tests := []struct {
 		name string
 		env  map[string]string
@@ -102,7 +77,7 @@ func TestDevicePluginHelp(t *testing.T) {
 }
 
 func TestDevicePluginServesUntilSignalledAndRemovesItsSocketsOverRealSockets(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := sockettest.Dir(t)
 	dp := filepath.Join(dir, "dp")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

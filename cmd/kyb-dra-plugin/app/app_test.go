@@ -3,13 +3,14 @@ package app
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
 
 func run(t *testing.T, env map[string]string, args ...string) (int, string, string) {
@@ -127,39 +128,16 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-// listenAt leaves a live unix socket at path for the rest of the test.
-func listenAt(t *testing.T, path string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lis.Close() })
-}
-
 func TestDRAPluginRefusesBesideALiveShimButNotAStaleSocket(t *testing.T) {
-	dir, err := os.MkdirTemp("", "kyb-dra-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	stale := filepath.Join(dir, "kyb-gpu-2x-seat.sock")
-	lis, err := net.Listen("unix", stale)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis.(*net.UnixListener).SetUnlinkOnClose(false)
-	_ = lis.Close()
+	dir := sockettest.Dir(t)
+	sockettest.Stale(t, filepath.Join(dir, "kyb-gpu-2x-seat.sock"))
 	// A stale socket (a crashed shim) does not stop the DRA plugin: it gets
 	// as far as looking for its cluster.
 	if code, _, out := run(t, nil, "--node-name", "n", "--device-plugin-directory-path", dir); code != 1 || !strings.Contains(out, "no --kubeconfig given") {
 		t.Errorf("stale shim socket: exit %d\n%s", code, out)
 	}
 	live := filepath.Join(dir, "kyb-gpu-1x-seat.sock")
-	listenAt(t, live)
+	sockettest.Listen(t, live)
 	code, _, out := run(t, map[string]string{"DEVICE_PLUGIN_DIRECTORY_PATH": dir}, "--node-name", "n")
 	if code != 1 || !strings.Contains(out, "the kyb device-plugin shim serves this node ("+live+" answers): a node runs the DRA plugin or the shim, never both") {
 		t.Errorf("live shim socket: exit %d\n%s", code, out)
