@@ -1,9 +1,12 @@
 # syntax=docker/dockerfile:1
 #
-# The kyb-dra-driver image: kyb-dra-plugin (the DRA kubelet plugin and its
-# `plan` subcommand) and kyb-device-plugin (the device-plugin shim), whichever
-# of cmd/ this tree has. `make image` builds it; `make image-check` checks
-# offline what can be checked without a Docker engine (hack/image-check.sh).
+# The kyb-dra-driver image holds two binaries in /usr/local/bin, the two
+# commands under cmd/: kyb-dra-plugin (the DRA kubelet plugin and its `plan`
+# subcommand; the entrypoint) and kyb-device-plugin (the device-plugin shim,
+# for clusters without DRA). Nothing else: no shell, no study tools (those
+# live in the test/ module, which the build context leaves out). `make image`
+# builds it; `make image-check` checks offline what can be checked without a
+# Docker engine (hack/image-check.sh).
 #
 # Multi-arch: build per platform (docker buildx --platform linux/amd64,linux/arm64).
 # The build stage runs on the target platform, not $BUILDPLATFORM, because

@@ -236,7 +236,7 @@ func footprintRound(ctx context.Context, conn drapb.DRAPluginClient, metrics str
 }
 
 // sample reads the process's memory from /proc and the runtime's figures
-// from its metrics endpoint.
+// from its metrics endpoint, if it has one ("" for none).
 func sample(pid int, metrics, when string) (Sample, error) {
 	s := Sample{When: when}
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
@@ -273,6 +273,10 @@ func sample(pid int, metrics, when string) (Sample, error) {
 			st, _ := strconv.ParseInt(f[12], 10, 64)
 			s.CPU = time.Duration(ut+st) * time.Second / clockTicks
 		}
+	}
+	if metrics == "" {
+		// A binary without a metrics endpoint (the shim): /proc only.
+		return s, nil
 	}
 	m, err := scrape(metrics)
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 
 // Options choose the studies and their sizes.
 type Options struct {
-	// Studies to run: alloc, sched, prepare, footprint.
+	// Studies to run: alloc, sched, prepare, footprint, shim-footprint.
 	Studies []string
 	// Rounds of each study; figures are medians over rounds.
 	Rounds int
@@ -22,6 +22,8 @@ type Options struct {
 	Sched   SchedOptions
 	// Footprint is the plugin binary's footprint study.
 	Footprint FootprintOptions
+	// ShimFootprint is the shim binary's, which needs no cluster.
+	ShimFootprint ShimFootprintOptions
 	// Log receives the control plane's progress lines.
 	Log io.Writer
 }
@@ -39,6 +41,15 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 			t.Write(out)
 		}
 		fmt.Fprintf(opts.Log, "allocator study: %v\n", time.Since(start).Round(time.Second))
+	}
+	if has("shim-footprint") {
+		start := time.Now()
+		st, err := RunShimFootprint(ctx, opts.ShimFootprint)
+		if err != nil {
+			return fmt.Errorf("shim footprint study: %w", err)
+		}
+		st.Table().Write(out)
+		fmt.Fprintf(opts.Log, "shim footprint study: %v\n", time.Since(start).Round(time.Second))
 	}
 	needCluster := has("prepare") || has("sched") || has("footprint")
 	if !needCluster {

@@ -24,7 +24,7 @@ import (
 
 func main() {
 	var opts bench.Options
-	studies := flag.String("studies", "alloc,prepare,footprint,sched", "studies to run, comma-separated: alloc, prepare, footprint, sched")
+	studies := flag.String("studies", "alloc,prepare,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, prepare, footprint, shim-footprint, sched")
 	flag.IntVar(&opts.Rounds, "rounds", 3, "rounds of each study; figures are medians over rounds")
 	flag.IntVar(&opts.Alloc.RejectNodes, "reject-nodes", 50, "allocator study: full nodes each reject measurement tries")
 	flag.IntVar(&opts.Alloc.FirstFitNodes, "firstfit-nodes", 500, "allocator study: nodes of the first-fit run")
@@ -42,6 +42,8 @@ func main() {
 	flag.Float64Var(&opts.Sched.BusyFill, "sched-busy-fill", 0.6, "scheduler study: share of the free nodes' seats the pods released onto the busy cluster take")
 	flag.StringVar(&opts.Footprint.Plugin, "plugin", "bin/kyb-dra-plugin", "footprint study: the plugin binary")
 	flag.IntVar(&opts.Footprint.Cycles, "cycles", 1000, "footprint study: prepare/unprepare cycles")
+	flag.StringVar(&opts.ShimFootprint.Shim, "shim", "bin/kyb-device-plugin", "shim footprint study: the shim binary")
+	flag.IntVar(&opts.ShimFootprint.Allocations, "shim-allocations", 1000, "shim footprint study: Allocate calls after start")
 	flag.IntVar(&opts.Footprint.Held, "cycles-held", 50, "footprint study: claims held prepared at a time, until their statuses are written (at most the node's 64 one-GPU seats)")
 	out := flag.String("o", "", "also write the tables to this file")
 	logFile := flag.String("log", "_output/bench.log", "where the control plane logs")
