@@ -33,7 +33,7 @@ LOGCHECK  ?= $(CURDIR)/_output/bin/logcheck
 .PHONY: help build test unit fuzz bench e2e lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check
 
 help: ## list the targets
-	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## build the binaries into bin/
 	$(GO) build -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
@@ -92,7 +92,7 @@ lint-tools: ## build golangci-lint and logcheck (pinned versions) into _output/b
 	@hack/go-tool.sh $(GOLANGCI_LINT) github.com/golangci/golangci-lint/v2/cmd/golangci-lint $(GOLANGCI_LINT_VERSION)
 	@hack/go-tool.sh $(LOGCHECK) sigs.k8s.io/logtools/logcheck $(LOGCHECK_VERSION)
 
-clean: ## remove build outputs (keeps the helm binary in _output/bin)
+clean: ## remove build outputs (keeps the tools in _output/bin)
 	rm -rf $(BIN)
 
 helm: ## build helm (HELM_VERSION, v4.3.1) from the Go module proxy into _output/bin, once
