@@ -53,8 +53,10 @@ type NodeOptions struct {
 type Node struct {
 	Name    string
 	Options NodeOptions
-	// Directories as the kubelet and the plugin see them.
-	RegistryDir, PluginsDir, CDIDir, StateDir, BootIDFile string
+	// Directories as the kubelet and the plugin see them. DevicePluginDir
+	// is where the plugin looks for a live device-plugin shim: the node's
+	// own, so that a shim running on the test machine changes nothing.
+	RegistryDir, PluginsDir, DevicePluginDir, CDIDir, StateDir, BootIDFile string
 	// FaultsFile is the plugin's fault-injection file
 	// (--simulate-faults-file); InjectFault appends to it.
 	FaultsFile string
@@ -87,16 +89,17 @@ func (c *Cluster) AddNode(opts NodeOptions) *Node {
 	dir := filepath.Join(c.Dir, "nodes", opts.Name)
 	n := &Node{
 		Name: opts.Name, Options: opts, c: c,
-		RegistryDir: filepath.Join(dir, "plugins_registry"),
-		PluginsDir:  filepath.Join(dir, "plugins"),
-		CDIDir:      filepath.Join(dir, "cdi"),
-		StateDir:    filepath.Join(dir, "kubelet"),
-		BootIDFile:  filepath.Join(dir, "boot_id"),
-		FaultsFile:  filepath.Join(dir, "faults"),
-		PluginLog:   &SyncBuffer{},
-		prepared:    map[types.UID]*v1.Pod{},
-		containers:  map[types.UID]map[string]*Container{},
-		failures:    map[types.UID]error{},
+		RegistryDir:     filepath.Join(dir, "plugins_registry"),
+		PluginsDir:      filepath.Join(dir, "plugins"),
+		DevicePluginDir: filepath.Join(dir, "device-plugins"),
+		CDIDir:          filepath.Join(dir, "cdi"),
+		StateDir:        filepath.Join(dir, "kubelet"),
+		BootIDFile:      filepath.Join(dir, "boot_id"),
+		FaultsFile:      filepath.Join(dir, "faults"),
+		PluginLog:       &SyncBuffer{},
+		prepared:        map[types.UID]*v1.Pod{},
+		containers:      map[types.UID]map[string]*Container{},
+		failures:        map[types.UID]error{},
 	}
 	for _, d := range []string{n.RegistryDir, n.PluginsDir, n.CDIDir, n.StateDir} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
@@ -292,6 +295,7 @@ func (n *Node) pluginArgs() []string {
 		"--cdi-root", n.CDIDir,
 		"--kubelet-registrar-directory-path", n.RegistryDir,
 		"--kubelet-plugins-directory-path", n.PluginsDir,
+		"--device-plugin-directory-path", n.DevicePluginDir,
 		"--boot-id-file", n.BootIDFile,
 		"--simulate-faults-file", n.FaultsFile,
 		"--kube-api-qps", "100", "--kube-api-burst", "200",
