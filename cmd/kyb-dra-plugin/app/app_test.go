@@ -13,10 +13,19 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
 
+// run runs the command with env as its environment. Unless env names one,
+// the device-plugin directory is an empty one of the test's, so that a
+// shim running on the test machine changes nothing.
 func run(t *testing.T, env map[string]string, args ...string) (int, string, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	getenv := func(k string) string { return env[k] }
+	dp := t.TempDir()
+	getenv := func(k string) string {
+		if v, ok := env[k]; ok || k != "DEVICE_PLUGIN_DIRECTORY_PATH" {
+			return v
+		}
+		return dp
+	}
 	code := Run(context.Background(), args, getenv, &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }
