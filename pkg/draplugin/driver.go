@@ -116,8 +116,9 @@ type Driver struct {
 	statuses  *statusWriter
 	helper    *kubeletplugin.Helper
 
-	// ctx ends at Stop or on a fatal error (cancel); every goroutine the
-	// plugin starts is in background, which Stop waits for.
+	// ctx ends at Stop or on a fatal error (cancel). The goroutines the
+	// Driver starts are in background; the ledger, the status writer's
+	// queue and the event recorder track their own. Stop waits for all.
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
 	background sync.WaitGroup

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
-	"strings"
 
-	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -45,7 +43,7 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 			// where an operator looks, once per distinct refusal.
 			d.metrics.errors.WithLabelValues("publish", "invalid").Inc()
 			d.events.WarningOnce(ctx, nodeevents.ReasonInvalidResourceSlice, "The API server refuses this node's ResourceSlices; the node offers no seats until the configuration or the plugin is fixed: "+err.Error())
-		case isSliceRequestError(err):
+		case isAPIError(err):
 			d.metrics.errors.WithLabelValues("publish", "api").Inc()
 		}
 		logger.Error(err, msg)
@@ -55,26 +53,14 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	d.cancel(fmt.Errorf("%s: %w", msg, err))
 }
 
-// isSliceRequestError reports whether err is the API server's answer to a
-// request about a ResourceSlice, or a request for one that failed on its
-// way: the errors of the helper's resourceslice controller carry one of
-// the two.
-func isSliceRequestError(err error) bool {
+// isAPIError reports whether err is the API server's answer to a request
+// (a status error, with or without details: a conflict on a slice, a 500
+// from an overloaded server, a timeout) or a request that failed on its
+// way there. Of the helper's background work only its resourceslice
+// controller talks to the API server (the health stream and the gRPC
+// servers do not), so such an error is one of publishing.
+func isAPIError(err error) bool {
 	var status apierrors.APIStatus
-	if errors.As(err, &status) {
-		details := status.Status().Details
-		return details != nil && details.Group == resourceapi.GroupName &&
-			(details.Kind == "resourceslices" || details.Kind == "ResourceSlice")
-	}
 	var uerr *url.Error
-	if errors.As(err, &uerr) {
-		// /apis/resource.k8s.io/<version>/resourceslices[/<name>]
-		u, perr := url.Parse(uerr.URL)
-		if perr != nil {
-			return false
-		}
-		parts := strings.Split(strings.Trim(u.Path, "/"), "/")
-		return len(parts) >= 4 && parts[0] == "apis" && parts[1] == resourceapi.GroupName && parts[3] == "resourceslices"
-	}
-	return false
+	return errors.As(err, &status) || errors.As(err, &uerr)
 }

@@ -41,7 +41,11 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	results := map[types.UID]kubeletplugin.PrepareResult{}
 	for _, claim := range claims {
 		if err := r.Errs[claim.UID]; err != nil {
-			d.metrics.prepareError("claim")
+			if r.Lost {
+				d.metrics.prepareError("checkpoint")
+			} else {
+				d.metrics.prepareError("claim")
+			}
 			results[claim.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}

@@ -152,7 +152,7 @@ func TestPublisherFallsBackToOneDevicePerSeatOnce(t *testing.T) {
 	}
 }
 
-func TestIsSliceRequestError(t *testing.T) {
+func TestIsAPIError(t *testing.T) {
 	slices := schema.GroupResource{Group: resourceapi.GroupName, Resource: "resourceslices"}
 	tests := []struct {
 		name string
@@ -162,15 +162,16 @@ func TestIsSliceRequestError(t *testing.T) {
 		{"conflict on a slice", apierrors.NewConflict(slices, "node-1-abc", errors.New("changed")), true},
 		{"invalid slice", apierrors.NewInvalid(schema.GroupKind{Group: resourceapi.GroupName, Kind: "ResourceSlice"}, "node-1-abc", field.ErrorList{field.Required(field.NewPath("spec"), "")}), true},
 		{"forbidden slice, wrapped twice", fmt.Errorf("create resource slice: %w", fmt.Errorf("x: %w", apierrors.NewForbidden(slices, "s", errors.New("no")))), true},
-		{"a claim, not a slice", apierrors.NewNotFound(schema.GroupResource{Group: resourceapi.GroupName, Resource: "resourceclaims"}, "c"), false},
-		{"slice request that never arrived", &url.Error{Op: "Post", URL: "https://10.0.0.1:6443/apis/resource.k8s.io/v1/resourceslices", Err: errors.New("connection refused")}, true},
-		{"claim request that never arrived", &url.Error{Op: "Get", URL: "https://10.0.0.1:6443/apis/resource.k8s.io/v1/namespaces/a/resourceclaims/c", Err: errors.New("connection refused")}, false},
+		{"an overloaded server's 500 without details", apierrors.NewInternalError(errors.New("etcdserver: request timed out")), true},
+		{"a server timeout", apierrors.NewTimeoutError("request did not complete", 1), true},
+		{"request that never arrived", &url.Error{Op: "Post", URL: "https://10.0.0.1:6443/apis/resource.k8s.io/v1/resourceslices", Err: errors.New("connection refused")}, true},
 		{"stale health reports", fmt.Errorf("no device health report was sent for 40s: %w", kubeletplugin.ErrRecoverable), false},
+		{"invalid pool of our own", errors.New("pool node-1: slice 0: too many devices"), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := isSliceRequestError(tt.err); got != tt.want {
-				t.Errorf("isSliceRequestError(%v) = %v, want %v", tt.err, got, tt.want)
+			if got := isAPIError(tt.err); got != tt.want {
+				t.Errorf("isAPIError(%v) = %v, want %v", tt.err, got, tt.want)
 			}
 		})
 	}

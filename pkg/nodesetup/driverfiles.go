@@ -33,11 +33,11 @@ type DriverFilesFlags struct {
 }
 
 // AddFlags defines the flags; modeUsage describes --driver-files for the
-// daemon at hand.
-func (d *DriverFilesFlags) AddFlags(f *cli.FlagSet, modeUsage string) {
+// daemon at hand, which the help calls daemon ("plugin", "shim").
+func (d *DriverFilesFlags) AddFlags(f *cli.FlagSet, daemon, modeUsage string) {
 	d.Mode = cli.NewOneOf(DriverFilesAuto, DriverFilesAuto, DriverFilesNVIDIACDI, DriverFilesDriverRoot, DriverFilesNone)
 	f.Var(d.Mode, "driver-files", "KYB_DRIVER_FILES", modeUsage)
-	f.StringVar(&d.HostDriverRoot, "host-driver-root", "NVIDIA_HOST_DRIVER_ROOT", "", "where --driver-root is on the host, when the plugin sees it elsewhere; default: the same path")
+	f.StringVar(&d.HostDriverRoot, "host-driver-root", "NVIDIA_HOST_DRIVER_ROOT", "", "where --driver-root is on the host, when the "+daemon+" sees it elsewhere; default: the same path")
 }
 
 // DriverFiles is how containers get the driver's files: NVIDIA's CDI

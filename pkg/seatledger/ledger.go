@@ -74,8 +74,8 @@ type Hooks struct {
 	AfterSpecRemove, AfterReleaseSave func()
 }
 
-// Options configure a ledger. Every field but Events, Hooks, HeldChanged
-// and CountError is required.
+// Options configure a ledger. Pool, Plan, Inventory, Dir, Specs, Claims
+// and Clock are required.
 type Options struct {
 	// Pool is the node's pool: a claim allocated from another is refused.
 	Pool      string
@@ -100,8 +100,8 @@ type Options struct {
 	// change (the plugin publishes again). It is called with the ledger's
 	// lock held: it must not call the ledger.
 	HeldChanged func(draresources.Held)
-	// CountError counts the ledger's failures in the background, by
-	// operation and kind (prepare, checkpoint).
+	// CountError counts the ledger's failures that no call returns (a
+	// failed flush, a lost checkpoint at start), by operation and kind.
 	CountError func(operation, kind string)
 }
 

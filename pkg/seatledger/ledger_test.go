@@ -409,7 +409,7 @@ func TestLostCheckpointWhileTheAPIServerIsDown(t *testing.T) {
 		t.Fatal("the ledger is not lost although neither the checkpoint nor the API server can be read")
 	}
 	b := claim("b", "g1-1x")
-	if res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{b}); res.Errs[b.UID] == nil || !strings.Contains(res.Errs[b.UID].Error(), "checkpoint was lost and is not rebuilt yet") {
+	if res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{b}); !res.Lost || res.Errs[b.UID] == nil || !strings.Contains(res.Errs[b.UID].Error(), "checkpoint was lost and is not rebuilt yet") {
 		t.Errorf("a new claim while lost: %v", res.Errs[b.UID])
 	}
 	if released, err := l.Release(r.ctx, []types.UID{a.UID}); err != nil || released[a.UID] != nil {

@@ -20,9 +20,11 @@ type Reservation struct {
 	Entries map[types.UID]*checkpoint.Claim
 	Fresh   map[types.UID]bool
 	// Errs fail single claims; Err fails the call (the checkpoint could not
-	// be read or written).
+	// be read or written). Lost says every claim was refused because the
+	// checkpoint is lost and not rebuilt yet.
 	Errs map[types.UID]error
 	Err  error
+	Lost bool
 	done bool
 }
 
@@ -33,7 +35,7 @@ type Reservation struct {
 func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClaim) *Reservation {
 	r := &Reservation{claims: claims}
 	if l.lost.Load() {
-		r.Errs = map[types.UID]error{}
+		r.Lost, r.Errs = true, map[types.UID]error{}
 		for _, claim := range claims {
 			r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): the plugin's checkpoint was lost and is not rebuilt yet (the API server did not answer); seats cannot be chosen safely until it is, retrying", claim.Namespace, claim.Name, claim.UID)
 		}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -75,7 +76,7 @@ type options struct {
 func (o *options) addFlags(f *cli.FlagSet) {
 	o.node.AddFlags(f, "")
 	o.health.AddFlags(f)
-	o.driverFiles.AddFlags(f, "how containers get the driver's libraries and tools: auto (NVIDIA's CDI spec if the node has one, else the files under --driver-root), nvidia-cdi, driver-root or none")
+	o.driverFiles.AddFlags(f, "plugin", "how containers get the driver's libraries and tools: auto (NVIDIA's CDI spec if the node has one, else the files under --driver-root), nvidia-cdi, driver-root or none")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig file; empty: in-cluster configuration")
 	f.Float64Var(&o.kubeAPIQPS, "kube-api-qps", "KUBE_API_QPS", 5, "queries per second to the API server")
 	f.IntVar(&o.kubeAPIBurst, "kube-api-burst", "KUBE_API_BURST", 10, "burst of queries to the API server")
@@ -120,6 +121,16 @@ const pluginGCPercent = 50
 func (o *options) check() error {
 	if o.node.NodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required: the name of the Kubernetes node the plugin serves")
+	}
+	for _, d := range []struct{ flag, path string }{
+		{"--cdi-root", o.cdiRoot},
+		{"--kubelet-registrar-directory-path", o.registrarDir},
+		{"--kubelet-plugins-directory-path", o.pluginsDir},
+		{"--device-plugin-directory-path", o.devicePluginDir},
+	} {
+		if !filepath.IsAbs(d.path) {
+			return fmt.Errorf("%s %q must be an absolute path", d.flag, d.path)
+		}
 	}
 	if o.healthPort < -1 || o.healthPort > 65535 {
 		return fmt.Errorf("--healthcheck-port %d is not a port (or -1 for off)", o.healthPort)

@@ -111,6 +111,8 @@ func TestCommandLineErrorsSayWhatToFix(t *testing.T) {
 		{"no cluster", nil, []string{"--node-name", "n", "--simulate", "dgx-h100"}, 1, "no --kubeconfig given and not running in a cluster"},
 		{"bad kubeconfig", nil, []string{"--node-name", "n", "--kubeconfig", filepath.Join(dir, "nope")}, 1, "read kubeconfig"},
 		{"stray argument", nil, []string{"plan", "extra"}, 2, `unexpected argument "extra"`},
+		{"relative plugin directory", nil, []string{"--node-name", "n", "--kubelet-plugins-directory-path", ""}, 2, `--kubelet-plugins-directory-path "" must be an absolute path`},
+		{"relative CDI root in env", map[string]string{"CDI_ROOT": "cdi"}, []string{"--node-name", "n"}, 2, `--cdi-root "cdi" must be an absolute path`},
 		{"faults without a simulated node", map[string]string{"KYB_SIMULATE_FAULTS_FILE": "/tmp/faults"}, []string{"--node-name", "n"}, 2, "--simulate-faults-file needs --simulate"},
 	}
 	for _, tc := range tests {
