@@ -169,12 +169,12 @@ func RunShimFootprint(ctx context.Context, opts ShimFootprintOptions) (*ShimFoot
 			AvailableDeviceIDs: seats, AllocationSize: 1,
 		}}})
 		if err != nil || len(pref.ContainerResponses) != 1 || len(pref.ContainerResponses[0].DeviceIDs) != 1 {
-			return nil, fmt.Errorf("GetPreferredAllocation %d: %v %v", i, pref, err)
+			return nil, fmt.Errorf("preferred allocation %d: %v %v", i, pref, err)
 		}
 		id := seats[i%len(seats)]
 		resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{id}}}})
 		if err != nil || len(resp.ContainerResponses) != 1 || resp.ContainerResponses[0].Envs["KYB_GPU_SEAT"] == "" {
-			return nil, fmt.Errorf("Allocate %s: %v %v", id, resp, err)
+			return nil, fmt.Errorf("allocate %s: %v %v", id, resp, err)
 		}
 	}
 	if err := settle(fmt.Sprintf("after %d allocations", opts.Allocations)); err != nil {
