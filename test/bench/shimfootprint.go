@@ -118,13 +118,19 @@ func RunShimFootprint(ctx context.Context, opts ShimFootprintOptions) (*ShimFoot
 		return nil, fmt.Errorf("the shim registered %v: %w (log: %s)", reg.registered(), err, tail(logFile.Name()))
 	}
 	clients := map[string]pluginapi.DevicePluginClient{}
+	var conns []*grpc.ClientConn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
 	var seats []string
 	for res, ep := range reg.registered() {
 		conn, err := grpc.NewClient("unix://"+filepath.Join(dp, ep), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return nil, err
 		}
-		defer func() { _ = conn.Close() }()
+		conns = append(conns, conn)
 		c := pluginapi.NewDevicePluginClient(conn)
 		stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
 		if err != nil {
