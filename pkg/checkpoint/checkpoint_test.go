@@ -125,7 +125,7 @@ func TestCrashBetweenTheRenamesLeavesAUsableFile(t *testing.T) {
 func TestNewerVersionIsRefusedAndNotOverwritten(t *testing.T) {
 	s := NewStore(t.TempDir())
 	data := `{"claims":{}}`
-	newer := `{"version":"v9","checksum":"` + checksum([]byte(data)) + `","data":` + data + `}`
+	newer := `{"version":"v9","checksum":"` + checksum([]byte(data)) + `","sum":"` + sum("v9", []byte(data)) + `","data":` + data + `}`
 	if err := os.WriteFile(s.Path(), []byte(newer), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -140,15 +140,140 @@ func TestNewerVersionIsRefusedAndNotOverwritten(t *testing.T) {
 	}
 }
 
+// A file whose checksums match but whose content contradicts itself is
+// corrupt, as a torn one is: the previous copy is used instead.
 func TestContradictoryStateIsCorrupt(t *testing.T) {
-	st := sample()
-	st.Claims["uid-1"].Devices[0].Generations = nil
-	raw, err := Encode(st)
+	tests := []struct {
+		name   string
+		change func(st *State)
+		want   string
+	}{
+		{"seats without generations", func(st *State) { st.Claims["uid-1"].Devices[0].Generations = nil }, "1 seats and 0 generations"},
+		{"more GPUs than UUIDs", func(st *State) { st.Claims["uid-1"].Devices[0].GPUUUIDs = []string{"GPU-a"} }, "2 GPUs and 1 GPU UUIDs"},
+		{"negative seat", func(st *State) { st.Claims["uid-1"].Devices[0].Seats = []int{-1} }, "seats [-1]: want distinct seats that are not negative"},
+		{"a seat twice in a device", func(st *State) {
+			d := &st.Claims["uid-1"].Devices[0]
+			d.Seats, d.Generations = []int{0, 0}, []int64{3, 3}
+		}, "seats [0 0]"},
+		{"no requests", func(st *State) { st.Claims["uid-1"].Devices[0].Requests = nil }, "want at least one, none empty"},
+		{"an empty request", func(st *State) { st.Claims["uid-1"].Devices[0].Requests = []string{""} }, "want at least one, none empty"},
+		{"no GPUs", func(st *State) {
+			d := &st.Claims["uid-1"].Devices[0]
+			d.GPUs, d.GPUUUIDs = nil, nil
+		}, "0 GPUs and 0 GPU UUIDs"},
+		{"a seat held by two claims", func(st *State) {
+			c := *st.Claims["uid-1"]
+			c.Devices = []Device{c.Devices[0]}
+			c.Devices[0].ShareID, c.Devices[0].CDIDevice = "share-2", "g01-2x-share-2"
+			st.Claims["uid-2"] = &c
+		}, "seat 0 of g01-2x is also held by claim uid-1"},
+		{"a generation above its record", func(st *State) { st.Generations["g01-2x/0"] = 2 }, "seat 0 has generation 3, above the 2 recorded for it"},
+		{"generation zero", func(st *State) {
+			st.Claims["uid-1"].Devices[0].Generations = []int64{0}
+		}, "generations [0]"},
+		{"fenced device with seats", func(st *State) { st.Claims["uid-1"].Devices[0].Fenced = true }, "a fenced device records no seats"},
+		{"a CDI device name no runtime accepts", func(st *State) { st.Claims["uid-1"].Devices[0].CDIDevice = "../etc" }, `CDI device "../etc" is not a CDI device name`},
+		{"unknown phase", func(st *State) { st.Claims["uid-1"].Phase = "Prepared?" }, `unknown phase "Prepared?"`},
+		{"a claim without a name", func(st *State) { st.Claims["uid-1"].Name = "" }, "has no namespace or name"},
+		{"a nil claim", func(st *State) { st.Claims["uid-3"] = nil }, "claim uid-3 has no entry"},
+		{"a malformed generation key", func(st *State) { st.Generations["g01-2x"] = 1 }, `generations["g01-2x"] = 1`},
+		{"negative floor", func(st *State) { st.GenerationFloor = -1 }, "generationFloor -1 is negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := sample()
+			tt.change(st)
+			raw, err := Encode(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Decode(raw, "x"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("decode: %v, want corrupt: %q", err, tt.want)
+			}
+			// The store falls back to the previous copy.
+			s := NewStore(t.TempDir())
+			if err := s.Save(sample()); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(s.Path(), s.prevPath()); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(s.Path(), raw, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, res, err := s.Load()
+			if err != nil || res.RecoveredFrom == nil || !reflect.DeepEqual(got, sample()) {
+				t.Errorf("load: %+v %v, want the previous copy", res, err)
+			}
+		})
+	}
+}
+
+// A damaged version is a damaged file, not a newer one: the previous copy
+// is used and the plugin starts.
+func TestDamagedVersionFallsBackToThePreviousCopy(t *testing.T) {
+	raw, err := Encode(sample())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Decode(raw, "x"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "1 seats but 0 generations") {
-		t.Errorf("decode: %v", err)
+	data := `{"claims":{}}`
+	for name, bad := range map[string][]byte{
+		"a flipped bit":                   bytes.Replace(raw, []byte(`"version":"v1"`), []byte(`"version":"v3"`), 1),
+		"an older version":                bytes.Replace(raw, []byte(`"version":"v1"`), []byte(`"version":"v0"`), 1),
+		"no version number":               bytes.Replace(raw, []byte(`"version":"v1"`), []byte(`"version":"w1"`), 1),
+		"a newer version without its sum": []byte(`{"version":"v9","checksum":"` + checksum([]byte(data)) + `","data":` + data + `}`),
+		"a v2 file named v1":              []byte(`{"version":"v1","checksum":"` + checksum([]byte(data)) + `","sum":"` + sum("v2", []byte(data)) + `","data":` + data + `}`),
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := Decode(bad, "x"); !errors.Is(err, ErrCorrupt) || errors.Is(err, ErrNewerVersion) {
+				t.Fatalf("decode: %v, want corrupt", err)
+			}
+			s := NewStore(t.TempDir())
+			if err := s.Save(sample()); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(s.Path(), s.prevPath()); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(s.Path(), bad, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, res, err := s.Load()
+			if err != nil || res.RecoveredFrom == nil || !reflect.DeepEqual(got, sample()) {
+				t.Errorf("load: %+v %v, want the previous copy", res, err)
+			}
+		})
+	}
+}
+
+// A plugin writes the oldest version that holds its state, so that a
+// rollback keeps working: v1, with a sum older plugins ignore, unless a
+// device is fenced.
+func TestWritesTheOldestVersionThatHoldsTheState(t *testing.T) {
+	raw, err := Encode(sample())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env envelope
+	if err := json.Unmarshal(raw, &env); err != nil {
+		t.Fatal(err)
+	}
+	if env.Version != V1 || env.Checksum != checksum(env.Data) || env.Sum == "" {
+		t.Errorf("plain state written as %s, checksum %s (data %s), sum %q", env.Version, env.Checksum, checksum(env.Data), env.Sum)
+	}
+	st := sample()
+	d := &st.Claims["uid-1"].Devices[0]
+	d.Fenced, d.Seats, d.Generations = true, nil, nil
+	raw, err = Encode(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &env); err != nil {
+		t.Fatal(err)
+	}
+	back, err := Decode(raw, "fenced")
+	if env.Version != V2 || err != nil || !reflect.DeepEqual(back, st) {
+		t.Errorf("fenced state written as %s; decoded: %v", env.Version, err)
 	}
 }
 
