@@ -94,6 +94,10 @@ func Spec(claimUID types.UID, devices []Device) (*cdispec.Spec, error) {
 // assigns UUIDs, but a name that reaches a path is never trusted blindly.
 var validUID = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]{0,127}$`)
 
+// CheckClaimUID refuses a claim UID that is not safe in a file name (the
+// spec's): a claim with one cannot be prepared.
+func CheckClaimUID(claimUID types.UID) error { return checkUID(claimUID) }
+
 func checkUID(claimUID types.UID) error {
 	if !validUID.MatchString(string(claimUID)) || strings.Contains(string(claimUID), "..") {
 		return fmt.Errorf("claim UID %q is not a safe file name", claimUID)
@@ -136,26 +140,34 @@ func (w *Writer) Exists(claimUID types.UID) bool {
 	return err == nil
 }
 
-// Claims lists the claims that have a spec file in the directory.
-func (w *Writer) Claims() ([]types.UID, error) {
+// Claims lists the claims that have a spec file in the directory. Files
+// that look like a claim's spec but name no claim UID the plugin could
+// have written (kyb.ai-gpu_.json, a UID with a space) are not the
+// plugin's: they are listed in skipped, for the caller to report, and left
+// alone.
+func (w *Writer) Claims() (uids []types.UID, skipped []string, err error) {
 	entries, err := os.ReadDir(w.dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
+			return nil, nil, nil
 		}
-		return nil, fmt.Errorf("list CDI directory %s: %w", w.dir, err)
+		return nil, nil, fmt.Errorf("list CDI directory %s: %w", w.dir, err)
 	}
 	prefix := SpecName("")
-	var out []types.UID
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), specExt)
-		if !ok || !strings.HasPrefix(name, prefix) || e.IsDir() {
+		if !ok || !strings.HasPrefix(name, prefix) {
 			continue
 		}
-		out = append(out, types.UID(strings.TrimPrefix(name, prefix)))
+		uid := types.UID(strings.TrimPrefix(name, prefix))
+		if e.IsDir() || checkUID(uid) != nil {
+			skipped = append(skipped, e.Name())
+			continue
+		}
+		uids = append(uids, uid)
 	}
-	slices.Sort(out)
-	return out, nil
+	slices.Sort(uids)
+	return uids, skipped, nil
 }
 
 func toCDI(e *containeredits.Edits) cdispec.ContainerEdits {

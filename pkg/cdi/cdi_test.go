@@ -3,6 +3,8 @@ package cdi
 import (
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -23,12 +25,19 @@ func TestWriteListRemove(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "nvidia.com-gpu.yaml"), []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
+	odd := []string{"kyb.ai-gpu_.json", "kyb.ai-gpu_a b.json", "kyb.ai-gpu_" + strings.Repeat("x", 200) + ".json"}
+	for _, name := range append([]string{"nvidia.com-gpu.yaml"}, odd...) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	claims, err := w.Claims()
+	claims, skipped, err := w.Claims()
 	if err != nil || len(claims) != 2 || claims[0] != "uid-a-uid" || claims[1] != "uid-b-uid" {
 		t.Fatalf("claims %v %v", claims, err)
+	}
+	slices.Sort(odd)
+	if slices.Sort(skipped); !slices.Equal(skipped, odd) {
+		t.Errorf("skipped %v, want the files with the driver's prefix and no claim UID: %v", skipped, odd)
 	}
 	if !w.Exists("uid-a-uid") {
 		t.Error("written spec does not exist")

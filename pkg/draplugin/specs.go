@@ -30,8 +30,8 @@ func (s *claimSpecs) Exists(uid types.UID) bool { return s.writer.Exists(uid) }
 // Remove removes the claim's spec.
 func (s *claimSpecs) Remove(uid types.UID) error { return s.writer.Remove(uid) }
 
-// Claims lists the claims that have a spec.
-func (s *claimSpecs) Claims() ([]types.UID, error) { return s.writer.Claims() }
+// Claims lists the claims that have a spec, and the files skipped.
+func (s *claimSpecs) Claims() ([]types.UID, []string, error) { return s.writer.Claims() }
 
 // Write writes the claim's spec. A claim with no device of this driver
 // gets none.

@@ -11,6 +11,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
@@ -26,6 +27,14 @@ import (
 // node does not publish, a seat or GPU another claim already holds, and an
 // opaque configuration it does not understand.
 func (l *Ledger) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, error) {
+	// Before any bookkeeping: a claim whose spec cannot be written must
+	// not hold seats it will never release.
+	if err := cdi.CheckClaimUID(claim.UID); err != nil {
+		return nil, err
+	}
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("the claim is not allocated")
+	}
 	if prev, ok := st.Claims[claim.UID]; ok && prev.Phase == checkpoint.PrepareStarted {
 		prev.Phase = checkpoint.PrepareCompleted
 		return prev, nil

@@ -59,8 +59,9 @@ type Specs interface {
 	Write(uid types.UID, c *checkpoint.Claim) error
 	// Remove removes the claim's spec; a missing one is no error.
 	Remove(uid types.UID) error
-	// Claims lists the claims that have a spec.
-	Claims() ([]types.UID, error)
+	// Claims lists the claims that have a spec, and the files that look
+	// like specs but are not the plugin's (skipped).
+	Claims() (uids []types.UID, skipped []string, err error)
 }
 
 // Hooks, for tests only, are called at the ledger's steps, so that a test

@@ -67,7 +67,7 @@ func (m *memSpecs) Remove(uid types.UID) error {
 	return nil
 }
 
-func (m *memSpecs) Claims() ([]types.UID, error) {
+func (m *memSpecs) Claims() ([]types.UID, []string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []types.UID
@@ -75,7 +75,7 @@ func (m *memSpecs) Claims() ([]types.UID, error) {
 		out = append(out, uid)
 	}
 	slices.Sort(out)
-	return out, nil
+	return out, nil, nil
 }
 
 type rig struct {
@@ -238,6 +238,26 @@ func TestReserveRefusesWhatCannotBeHeldForThatClaimOnly(t *testing.T) {
 	}
 }
 
+// A claim whose UID cannot name a spec file is refused before it holds
+// anything: its seats would never be released.
+func TestUnsafeClaimUIDIsRefusedBeforeAnySeatIsRecorded(t *testing.T) {
+	r := newRig(t, "dgx-h100", fourSeats)
+	l := r.open()
+	bad := claim("bad", "g0-1x")
+	bad.UID = "../../etc/passwd"
+	good := claim("good", "g0-1x")
+	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{bad, good})
+	if err := res.Errs[bad.UID]; err == nil || !strings.Contains(err.Error(), `claim UID "../../etc/passwd" is not a safe file name`) {
+		t.Errorf("unsafe UID: %v", err)
+	}
+	if got := seatsOf(res.Entries[good.UID]); !slices.EqualFunc(got, [][]int{{0}}, slices.Equal) {
+		t.Errorf("the good claim holds %v, want seat 0: the refused one must hold none", got)
+	}
+	if got := r.lastHeld(); got["g0-1x"] != 1 {
+		t.Errorf("held %v, want one seat of g0-1x", got)
+	}
+}
+
 func TestReleaseFreesSeatsAndTheNextHolderGetsANewGeneration(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
@@ -340,6 +360,22 @@ func TestOpenRepairsTheSpecsAfterAReboot(t *testing.T) {
 	b := claim("b", "g0-1x")
 	if gen := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{b}).Entries[b.UID].Devices[0].Generations[0]; gen <= 1_800_000_000 {
 		t.Errorf("a seat handed out after a reboot has generation %d, want above the clock", gen)
+	}
+}
+
+// A spec the ledger cannot remove (a read-only CDI directory) does not
+// stop it from starting: it is logged and left.
+func TestOpenLeavesASpecItCannotRemove(t *testing.T) {
+	r := newRig(t, "dgx-h100", fourSeats)
+	r.specs.specs["uid-orphan"] = &checkpoint.Claim{}
+	r.specs.failRemove = true
+	l := r.open()
+	if !r.specs.Exists("uid-orphan") {
+		t.Error("the spec that cannot be removed is gone")
+	}
+	a := claim("a", "g0-1x")
+	if res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a}); res.Err != nil || res.Errs[a.UID] != nil {
+		t.Errorf("the ledger does not serve after leaving a spec: %v %v", res.Err, res.Errs)
 	}
 }
 

@@ -118,18 +118,10 @@ func (l *Ledger) adopt(ctx context.Context, st *checkpoint.State, allocated []ty
 			klog.FromContext(ctx).Error(err, "Cannot write the CDI spec of a rebuilt claim", "claim", klog.KRef(c.Namespace, c.Name))
 		}
 	}
-	specs, err := l.opts.Specs.Claims()
-	if err != nil {
-		return err
-	}
-	for _, uid := range specs {
-		if _, owned := st.Claims[uid]; owned || (slices.Contains(allocated, uid) && !l.releasedWhileLost[uid]) {
-			continue
-		}
-		if err := l.opts.Specs.Remove(uid); err != nil {
-			return err
-		}
-	}
+	l.removeOrphanSpecs(ctx, func(uid types.UID) bool {
+		_, owned := st.Claims[uid]
+		return owned || (slices.Contains(allocated, uid) && !l.releasedWhileLost[uid])
+	})
 	if err := l.store.Quarantine(); err != nil {
 		return err
 	}

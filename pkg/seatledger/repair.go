@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
@@ -73,19 +74,10 @@ func (l *Ledger) repair(ctx context.Context) error {
 		}
 		logger.Info("Restored the CDI spec of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
 	}
-	specs, err := l.opts.Specs.Claims()
-	if err != nil {
-		return err
-	}
-	for _, uid := range specs {
-		if _, owned := st.Claims[uid]; owned {
-			continue
-		}
-		if err := l.opts.Specs.Remove(uid); err != nil {
-			return err
-		}
-		logger.Info("Removed a CDI spec that no prepared claim owns", "uid", uid)
-	}
+	l.removeOrphanSpecs(ctx, func(uid types.UID) bool {
+		_, owned := st.Claims[uid]
+		return owned
+	})
 	if err := l.save(st); err != nil {
 		return fmt.Errorf("write the checkpoint: %w", err)
 	}
@@ -151,4 +143,32 @@ func readBootID(path string) string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// removeOrphanSpecs removes the specs of claims that keep returns false
+// for. What the plugin does not own (a file with its prefix and an odd
+// name), or cannot remove (a read-only directory), is logged and left:
+// the plugin starts all the same, and a spec nobody owns hands out no
+// seat (only a claim's own prepare names its CDI devices).
+func (l *Ledger) removeOrphanSpecs(ctx context.Context, keep func(types.UID) bool) {
+	logger := klog.FromContext(ctx)
+	uids, skipped, err := l.opts.Specs.Claims()
+	if err != nil {
+		logger.Error(err, "Cannot list the CDI specs; specs of claims no longer held stay until the next start")
+		return
+	}
+	for _, name := range skipped {
+		logger.Info("Left a file alone that looks like a claim's CDI spec but is not the plugin's", "file", name, "warning", "its name carries no claim UID the plugin writes")
+	}
+	for _, uid := range uids {
+		if keep(uid) {
+			continue
+		}
+		if err := l.opts.Specs.Remove(uid); err != nil {
+			l.countError("prepare", "cdi")
+			logger.Error(err, "Cannot remove a CDI spec that no prepared claim owns; leaving it", "uid", uid)
+			continue
+		}
+		logger.Info("Removed a CDI spec that no prepared claim owns", "uid", uid)
+	}
 }
