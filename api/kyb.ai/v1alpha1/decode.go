@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -17,6 +18,13 @@ import (
 // MaxDocumentSize bounds the documents the decoder reads. Real ones are a
 // few kilobytes.
 const MaxDocumentSize = 1 << 20
+
+// MaxExpandedSize bounds what a document may grow to once its aliases are
+// expanded. go-yaml refuses nested alias bombs but not a flat one (an
+// anchor of 100 KB repeated a thousand times), which would cost gigabytes
+// to decode; a real configuration uses aliases, if at all, for a few
+// repeated lines.
+const MaxExpandedSize = 4 * MaxDocumentSize
 
 // Source remembers where a decoded document came from, so that problems
 // found after decoding (validation, planning) can still name the line at
@@ -121,6 +129,9 @@ func decodeStrict(data []byte, name string, out any) (*Source, FieldErrors, erro
 	if root == nil {
 		return src, nil, fmt.Errorf("%s: the document is empty", name)
 	}
+	if err := checkExpansion(root); err != nil {
+		return src, nil, fmt.Errorf("%s: %w", name, err)
+	}
 	src.lines = map[string]int{}
 	indexLines(root, "", src.lines)
 
@@ -134,7 +145,13 @@ func decodeStrict(data []byte, name string, out any) (*Source, FieldErrors, erro
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
 			path := pathAtOffset(jsonData, typeErr.Offset)
-			return src, nil, src.Annotate(FieldErrors{{Path: path, Detail: fmt.Sprintf("expected %s, got %s", typeName(typeErr.Type.String()), typeErr.Value)}})
+			// A type's own UnmarshalJSON (a duration) reports an offset
+			// into its value alone; its field path is then the better
+			// guide, without list indices.
+			if typeErr.Field != "" && withoutIndices(path) != typeErr.Field {
+				path = typeErr.Field
+			}
+			return src, nil, src.Annotate(FieldErrors{{Path: path, Detail: fmt.Sprintf("expected %s, got %s", typeName(typeErr.Type), valueName(typeErr.Value))}})
 		}
 		return src, nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -213,6 +230,49 @@ func expandLeadingTabs(data []byte) ([]byte, bool) {
 	return bytes.Join(lines, []byte("\n")), changed
 }
 
+// checkExpansion refuses a document that its aliases expand beyond
+// MaxExpandedSize, before anything expands them. Sizes are counted as the
+// JSON the document becomes (each scalar's text, a few bytes per node),
+// with an anchor's size counted once and added at every alias of it.
+func checkExpansion(root *yamlv3.Node) error {
+	sizes := map[*yamlv3.Node]int64{}
+	var size func(n *yamlv3.Node, depth int) (int64, error)
+	size = func(n *yamlv3.Node, depth int) (int64, error) {
+		if s, ok := sizes[n]; ok {
+			if s < 0 {
+				return 0, fmt.Errorf("line %d: alias *%s refers to itself", n.Line, n.Value)
+			}
+			return s, nil
+		}
+		if depth > 100 {
+			return 0, fmt.Errorf("line %d: nested more than 100 deep", n.Line)
+		}
+		sizes[n] = -1
+		total := int64(len(n.Value) + 4)
+		if n.Kind == yamlv3.AliasNode && n.Alias != nil {
+			s, err := size(n.Alias, depth+1)
+			if err != nil {
+				return 0, err
+			}
+			total = s
+		}
+		for _, c := range n.Content {
+			s, err := size(c, depth+1)
+			if err != nil {
+				return 0, err
+			}
+			total += s
+			if total > MaxExpandedSize {
+				return 0, fmt.Errorf("line %d: once its aliases are expanded the document grows beyond %d MiB (every alias repeats its anchor's text); refusing to decode it", n.Line, MaxExpandedSize>>20)
+			}
+		}
+		sizes[n] = total
+		return total, nil
+	}
+	_, err := size(root, 0)
+	return err
+}
+
 // indexLines records the line of every mapping value and sequence item under
 // the field path syntax of field.Path.
 func indexLines(n *yamlv3.Node, path string, lines map[string]int) {
@@ -272,6 +332,12 @@ func pathAtOffset(data []byte, offset int64) string {
 			return last
 		}
 		if dec.InputOffset() >= offset {
+			// The token just read is the value at fault: in a list, it is
+			// the next item, whose index the stack has not counted yet.
+			if _, closing := tok.(json.Delim); len(stack) > 0 && stack[len(stack)-1].array &&
+				(!closing || tok == json.Delim('{') || tok == json.Delim('[')) {
+				stack[len(stack)-1].index++
+			}
 			return render()
 		}
 		switch t := tok.(type) {
@@ -312,21 +378,59 @@ func pathAtOffset(data []byte, offset int64) string {
 	}
 }
 
-// typeName turns Go type names into the words a YAML author uses.
-func typeName(goType string) string {
-	goType = strings.TrimPrefix(goType, "*")
-	switch {
-	case strings.HasPrefix(goType, "[]"):
+// withoutIndices drops the list indices of a field path: a[1].b -> a.b.
+func withoutIndices(path string) string {
+	var b strings.Builder
+	skip := false
+	for _, r := range path {
+		switch {
+		case r == '[':
+			skip = true
+		case r == ']':
+			skip = false
+		case !skip:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// typeName says what a Go type is in the words a YAML author uses.
+func typeName(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Slice, reflect.Array:
 		return "a list"
-	case strings.HasPrefix(goType, "int"), strings.HasPrefix(goType, "uint"):
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		return "an integer"
-	case goType == "bool":
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
 		return "true or false"
-	case goType == "string" || strings.HasSuffix(goType, "Mode") || strings.HasSuffix(goType, "Policy"):
+	case reflect.String:
 		return "a string"
-	case strings.HasPrefix(goType, "map["):
-		return "a mapping"
 	default:
 		return "a mapping"
 	}
+}
+
+// valueName says what encoding/json found, in the same words.
+func valueName(v string) string {
+	switch v {
+	case "object":
+		return "a mapping"
+	case "array":
+		return "a list"
+	case "string":
+		return "a string"
+	case "bool":
+		return "true or false"
+	}
+	if strings.HasPrefix(v, "number") {
+		return "a number"
+	}
+	return v
 }

@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"errors"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -81,7 +82,26 @@ unavailableGroups: drop
 		{"wrong type", `profiles:
 - resource: kyb.ai/gpu-1x-seat
   seatsPerGroup: four
-`, []string{"c.yaml:3: profiles[0].seatsPerGroup: expected an integer, got string"}},
+`, []string{"c.yaml:3: profiles[0].seatsPerGroup: expected an integer, got a string"}},
+		{"wrong type of the first item of a list", `profiles:
+- kyb.ai/gpu-1x-seat
+`, []string{"c.yaml:2: profiles[0]: expected a mapping, got a string"}},
+		{"wrong type of a later item of a list", `groups:
+- name: G0
+  gpus: [0, one]
+`, []string{"c.yaml:3: groups[0].gpus[1]: expected an integer, got a string"}},
+		{"wrong type of the first item of a nested list", `groups:
+- name: G0
+  gpus: [0]
+- name: G1
+  gpus:
+  - [1]
+`, []string{"c.yaml:6: groups[1].gpus[0]: expected an integer, got a list"}},
+		{"wrong type of a list item that should be a string", `attributes: [profile, {group: 1}]
+`, []string{"c.yaml:1: attributes[1]: expected a string, got a mapping"}},
+		{"wrong type inside a value with its own decoding", `health:
+  recoveryPeriod: [5m]
+`, []string{"c.yaml:2: health.recoveryPeriod: expected a string, got a list"}},
 		{"size not derivable", `profiles:
 - resource: kyb.ai/inference
 `, []string{`c.yaml:2: profiles[0].gpusPerGroup: required: the resource name "kyb.ai/inference" does not carry the group size`}},
@@ -211,5 +231,51 @@ func TestAliasBombIsRefusedQuickly(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("an alias bomb kept the decoder busy for 5 seconds")
+	}
+}
+
+// aliasBomb is a "flat" alias bomb: one anchor of 100 KB, repeated by
+// aliases. go-yaml's own check lets it through; expanded, it is 130 MB of
+// text, and decoding it took 4.4 GB and 19 s.
+func aliasBomb() []byte {
+	var b strings.Builder
+	b.WriteString("s: &s \"" + strings.Repeat("x", 100_000) + "\"\nprofiles: [")
+	for i := range 1300 {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("*s")
+	}
+	b.WriteString("]\n")
+	return []byte(b.String())
+}
+
+func TestAliasBombIsRefusedBeforeItExpands(t *testing.T) {
+	bomb := aliasBomb()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, _, err := LoadNodeConfig(bomb, "bomb.yaml")
+	runtime.ReadMemStats(&after)
+	if err == nil || !strings.Contains(err.Error(), "bomb.yaml: line 2: once its aliases are expanded the document grows beyond 4 MiB") {
+		t.Fatalf("LoadNodeConfig: %v", err)
+	}
+	if allocated := after.TotalAlloc - before.TotalAlloc; allocated > 16<<20 {
+		t.Errorf("refusing the bomb allocated %d MiB; it must not expand it", allocated>>20)
+	}
+	// Aliases that stay small are still fine.
+	small := "p: &p {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 2}\nprofiles: [*p]\n"
+	if _, _, err := LoadNodeConfig([]byte(small), "small.yaml"); err == nil || !strings.Contains(err.Error(), "p: unknown field") {
+		t.Errorf("a small alias: %v, want the decoder to get as far as the unknown field p", err)
+	}
+}
+
+func BenchmarkRefuseAliasBomb(b *testing.B) {
+	bomb := aliasBomb()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := LoadNodeConfig(bomb, "bomb.yaml"); err == nil {
+			b.Fatal("the bomb was accepted")
+		}
 	}
 }

@@ -93,6 +93,11 @@ func TestCommandLineErrorsSayWhatToFix(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("profiles:\n- resource: kyb.ai/gpu-1x-seat\n  seatsPerGroup: 0\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A flat alias bomb: 100 KB repeated by 1,300 aliases.
+	bomb := filepath.Join(dir, "bomb.yaml")
+	if err := os.WriteFile(bomb, []byte("s: &s \""+strings.Repeat("x", 100_000)+"\"\nprofiles: ["+strings.Repeat("*s, ", 1299)+"*s]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		env  map[string]string
@@ -100,6 +105,7 @@ func TestCommandLineErrorsSayWhatToFix(t *testing.T) {
 		code int
 		want string
 	}{
+		{"alias bomb", nil, []string{"plan", "--simulate", "dgx-h100", "--config", bomb}, 1, bomb + ": line 2: once its aliases are expanded the document grows beyond 4 MiB"},
 		{"unknown flag", nil, []string{"plan", "--simulat", "x"}, 2, "flag provided but not defined: -simulat"},
 		{"bad output", nil, []string{"plan", "-o", "xml"}, 2, `invalid value "xml" for flag -o: must be one of table, yaml, json, resourceslices, deviceclasses`},
 		{"unknown preset", nil, []string{"plan", "--simulate", "dgx-z"}, 1, `unknown preset "dgx-z"; presets are dgx-a100, dgx-h100, nvlink-2x4, pcie-8gpu, single-gpu, workstation-2gpu`},
