@@ -258,6 +258,31 @@ func TestUnsafeClaimUIDIsRefusedBeforeAnySeatIsRecorded(t *testing.T) {
 	}
 }
 
+// A claim deallocated and allocated anew under the same UID, while its
+// old entry stayed (an unprepare lost), is prepared for its new devices,
+// not answered from the old entry; the old seats are free again.
+func TestClaimAllocatedAnewGetsItsNewDevices(t *testing.T) {
+	r := newRig(t, "dgx-h100", fourSeats)
+	l := r.open()
+	old := claim("c", "g0-1x")
+	l.Reserve(r.ctx, []*resourceapi.ResourceClaim{old})
+	anew := claim("c", "g1-1x")
+	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{anew})
+	if res.Errs[anew.UID] != nil || !res.Fresh[anew.UID] {
+		t.Fatalf("the claim allocated anew: %v, fresh %v", res.Errs[anew.UID], res.Fresh[anew.UID])
+	}
+	if dev := res.Entries[anew.UID].Devices; len(dev) != 1 || dev[0].Device != "g1-1x" {
+		t.Errorf("the claim allocated anew holds %+v, want g1-1x", dev)
+	}
+	if got := r.lastHeld(); len(got) != 1 || got["g1-1x"] != 1 {
+		t.Errorf("held %v, want only g1-1x", got)
+	}
+	// The same allocation again is a repeated prepare.
+	if again := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{anew}); again.Fresh[anew.UID] || again.Entries[anew.UID] != res.Entries[anew.UID] {
+		t.Errorf("a repeated prepare of the new allocation was not answered from its entry")
+	}
+}
+
 func TestReleaseFreesSeatsAndTheNextHolderGetsANewGeneration(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()

@@ -3,12 +3,16 @@ package seatledger
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 // Reservation is one prepare call's claims in a batch, and what the batch
@@ -85,8 +89,17 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 		r.Entries, r.Fresh, r.Errs = map[types.UID]*checkpoint.Claim{}, map[types.UID]bool{}, map[types.UID]error{}
 		for _, claim := range r.claims {
 			if c, ok := st.Claims[claim.UID]; ok && c.Phase == checkpoint.PrepareCompleted {
-				r.Entries[claim.UID] = c
-				continue
+				if sameAllocation(c, claim) {
+					r.Entries[claim.UID] = c
+					continue
+				}
+				// The claim was deallocated and allocated anew under the
+				// same UID while its old entry stayed (a lost unprepare):
+				// the old seats are nobody's now. The new spec replaces
+				// the old one, which has the same name.
+				logger.Info("Replacing the seats of a claim allocated anew", "claim", klog.KObj(claim), "uid", claim.UID, "old", DescribeSeats(c))
+				delete(st.Claims, claim.UID)
+				changed = true
 			}
 			c, err := l.assignSeats(st, claim)
 			if err != nil {
@@ -177,4 +190,35 @@ func DescribeSeats(c *checkpoint.Claim) []string {
 		out = append(out, fmt.Sprintf("%s seats %v gen %v", dev.Group+"/"+dev.Profile, dev.Seats, dev.Generations))
 	}
 	return out
+}
+
+// sameAllocation reports whether c records exactly the claim's current
+// allocation on this driver: the same devices, shares and requests.
+func sameAllocation(c *checkpoint.Claim, claim *resourceapi.ResourceClaim) bool {
+	if claim.Status.Allocation == nil {
+		return false
+	}
+	type result struct{ request, pool, device, share string }
+	var want, got []result
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != driver.Name {
+			continue
+		}
+		share := ""
+		if r.ShareID != nil {
+			share = string(*r.ShareID)
+		}
+		want = append(want, result{resourceclaim.BaseRequestRef(r.Request), r.Pool, r.Device, share})
+	}
+	for _, d := range c.Devices {
+		for _, req := range d.Requests {
+			got = append(got, result{req, d.Pool, d.Device, d.ShareID})
+		}
+	}
+	cmp := func(a, b result) int {
+		return strings.Compare(a.request+"/"+a.pool+"/"+a.device+"/"+a.share, b.request+"/"+b.pool+"/"+b.device+"/"+b.share)
+	}
+	slices.SortFunc(want, cmp)
+	slices.SortFunc(got, cmp)
+	return slices.Equal(want, got)
 }
