@@ -34,6 +34,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	start := d.clock.Now()
 	defer func() { d.metrics.observePrepare(d.clock.Since(start), len(claims)) }()
 	r := d.ledger.Reserve(ctx, claims)
+	defer r.Done()
 	if r.Err != nil {
 		d.metrics.prepareError("checkpoint")
 		return nil, r.Err
@@ -51,10 +52,10 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		c := r.Entries[claim.UID]
 		if !r.Fresh[claim.UID] {
-			results[claim.UID] = d.completedResult(ctx, claim.UID, c)
+			results[claim.UID] = d.completedResult(ctx, r, claim.UID, c)
 			continue
 		}
-		if err := d.specs.Write(claim.UID, c); err != nil {
+		if err := d.writeSpec(ctx, r, claim.UID, c); err != nil {
 			// The seats stay recorded: the kubelet retries the prepare,
 			// which writes the spec, or unprepares the claim.
 			d.metrics.prepareError("cdi")
@@ -73,14 +74,23 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // completedResult answers a repeated prepare: the recorded seats and CDI
 // IDs. The spec is written again if it is gone (the CDI directory is a
 // tmpfs that a reboot empties).
-func (d *Driver) completedResult(ctx context.Context, uid types.UID, c *checkpoint.Claim) kubeletplugin.PrepareResult {
+func (d *Driver) completedResult(ctx context.Context, r *seatledger.Reservation, uid types.UID, c *checkpoint.Claim) kubeletplugin.PrepareResult {
 	if !d.specs.Exists(uid) {
-		if err := d.specs.Write(uid, c); err != nil {
+		if err := d.writeSpec(ctx, r, uid, c); err != nil {
 			return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): restore CDI spec: %w", c.Namespace, c.Name, uid, err)}
 		}
 		klog.FromContext(ctx).Info("Restored missing CDI spec of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
 	}
 	return d.result(uid, c)
+}
+
+// writeSpec writes a reserved claim's spec and confirms that the claim
+// still holds its seats.
+func (d *Driver) writeSpec(ctx context.Context, r *seatledger.Reservation, uid types.UID, c *checkpoint.Claim) error {
+	if err := d.specs.Write(uid, c); err != nil {
+		return err
+	}
+	return r.Confirm(ctx, uid)
 }
 
 func (d *Driver) result(uid types.UID, c *checkpoint.Claim) kubeletplugin.PrepareResult {

@@ -128,6 +128,11 @@ type Ledger struct {
 	flushCh chan struct{}
 	// lost is set while the checkpoint is lost and not yet rebuilt.
 	lost atomic.Bool
+	// claims are the per-claim locks (claimlock.go); reloads counts the
+	// times the record was read again from the file, which another writer
+	// may have changed.
+	claims  claimLocks
+	reloads atomic.Uint64
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -250,6 +255,7 @@ func (l *Ledger) state(ctx context.Context) (*checkpoint.State, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the checkpoint: %w", err)
 	}
+	l.reloads.Add(1)
 	if res.RecoveredFrom != nil {
 		klog.FromContext(ctx).Error(res.RecoveredFrom, "Checkpoint was unusable; continuing from its previous copy")
 		if err := l.save(st); err != nil {

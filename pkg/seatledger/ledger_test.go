@@ -132,6 +132,14 @@ func (r *rig) lastHeld() draresources.Held {
 	return r.held[len(r.held)-1]
 }
 
+// reserve reserves seats as a prepare does, and lets the claims' locks go
+// at once: the tests write no specs.
+func reserve(ctx context.Context, l *Ledger, claims []*resourceapi.ResourceClaim) *Reservation {
+	r := l.Reserve(ctx, claims)
+	r.Done()
+	return r
+}
+
 // claim is a claim allocated on devices of this driver, one result per
 // device (a share of a shared device: a share ID each).
 func claim(name string, devices ...string) *resourceapi.ResourceClaim {
@@ -165,7 +173,7 @@ func TestReserveChoosesTheLowestFreeSeatsAndRecordsThem(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
 	a, b := claim("a", "g0-1x"), claim("b", "g0-1x", "g0-1x")
-	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a, b})
+	res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{a, b})
 	if res.Err != nil || len(res.Errs) != 0 {
 		t.Fatalf("Reserve: %v %v", res.Err, res.Errs)
 	}
@@ -186,7 +194,7 @@ func TestReserveChoosesTheLowestFreeSeatsAndRecordsThem(t *testing.T) {
 		t.Errorf("held %v, want g0-1x: 3", got)
 	}
 	// A repeated prepare gets the recorded entry: nothing handed out twice.
-	again := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a})
+	again := reserve(r.ctx, l, []*resourceapi.ResourceClaim{a})
 	if again.Fresh[a.UID] || again.Entries[a.UID] != res.Entries[a.UID] {
 		t.Errorf("repeated prepare: fresh %v, entry %+v", again.Fresh, again.Entries[a.UID])
 	}
@@ -213,7 +221,7 @@ func TestReserveRefusesWhatCannotBeHeldForThatClaimOnly(t *testing.T) {
 		}},
 	}}
 	good := claim("good", "g4-1x")
-	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{held, other, unknown, overlap, badConfig, good})
+	res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{held, other, unknown, overlap, badConfig, good})
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}
@@ -246,7 +254,7 @@ func TestUnsafeClaimUIDIsRefusedBeforeAnySeatIsRecorded(t *testing.T) {
 	bad := claim("bad", "g0-1x")
 	bad.UID = "../../etc/passwd"
 	good := claim("good", "g0-1x")
-	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{bad, good})
+	res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{bad, good})
 	if err := res.Errs[bad.UID]; err == nil || !strings.Contains(err.Error(), `claim UID "../../etc/passwd" is not a safe file name`) {
 		t.Errorf("unsafe UID: %v", err)
 	}
@@ -265,9 +273,9 @@ func TestClaimAllocatedAnewGetsItsNewDevices(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
 	old := claim("c", "g0-1x")
-	l.Reserve(r.ctx, []*resourceapi.ResourceClaim{old})
+	reserve(r.ctx, l, []*resourceapi.ResourceClaim{old})
 	anew := claim("c", "g1-1x")
-	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{anew})
+	res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{anew})
 	if res.Errs[anew.UID] != nil || !res.Fresh[anew.UID] {
 		t.Fatalf("the claim allocated anew: %v, fresh %v", res.Errs[anew.UID], res.Fresh[anew.UID])
 	}
@@ -278,7 +286,7 @@ func TestClaimAllocatedAnewGetsItsNewDevices(t *testing.T) {
 		t.Errorf("held %v, want only g1-1x", got)
 	}
 	// The same allocation again is a repeated prepare.
-	if again := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{anew}); again.Fresh[anew.UID] || again.Entries[anew.UID] != res.Entries[anew.UID] {
+	if again := reserve(r.ctx, l, []*resourceapi.ResourceClaim{anew}); again.Fresh[anew.UID] || again.Entries[anew.UID] != res.Entries[anew.UID] {
 		t.Errorf("a repeated prepare of the new allocation was not answered from its entry")
 	}
 }
@@ -287,7 +295,7 @@ func TestReleaseFreesSeatsAndTheNextHolderGetsANewGeneration(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
 	a := claim("a", "g0-1x")
-	if res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a}); res.Err != nil || res.Errs[a.UID] != nil {
+	if res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{a}); res.Err != nil || res.Errs[a.UID] != nil {
 		t.Fatal(res.Err, res.Errs)
 	}
 	if err := r.specs.Write(a.UID, &checkpoint.Claim{}); err != nil {
@@ -304,7 +312,7 @@ func TestReleaseFreesSeatsAndTheNextHolderGetsANewGeneration(t *testing.T) {
 		t.Errorf("held after the release: %v", got)
 	}
 	b := claim("b", "g0-1x")
-	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{b})
+	res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{b})
 	dev := res.Entries[b.UID].Devices[0]
 	if !slices.Equal(dev.Seats, []int{0}) || !slices.Equal(dev.Generations, []int64{2}) {
 		t.Errorf("the next holder of seat 0 got seats %v generations %v, want [0] [2]", dev.Seats, dev.Generations)
@@ -315,7 +323,7 @@ func TestReleaseKeepsTheSeatsOfAClaimWhoseSpecCannotGo(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
 	a := claim("a", "g0-1x")
-	l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a})
+	reserve(r.ctx, l, []*resourceapi.ResourceClaim{a})
 	r.specs.failRemove = true
 	released, err := l.Release(r.ctx, []types.UID{a.UID})
 	if err != nil || released[a.UID] == nil {
@@ -340,7 +348,7 @@ func TestConcurrentReservesGetDistinctSeats(t *testing.T) {
 	results := make([]*Reservation, len(claims))
 	var wg sync.WaitGroup
 	for i, c := range claims {
-		wg.Go(func() { results[i] = l.Reserve(r.ctx, []*resourceapi.ResourceClaim{c}) })
+		wg.Go(func() { results[i] = reserve(r.ctx, l, []*resourceapi.ResourceClaim{c}) })
 	}
 	wg.Wait()
 	seen := map[string]types.UID{}
@@ -368,7 +376,7 @@ func TestOpenRepairsTheSpecsAfterAReboot(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
 	a := claim("a", "g0-1x")
-	l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a})
+	reserve(r.ctx, l, []*resourceapi.ResourceClaim{a})
 	l.Close(r.ctx)
 	// A reboot empties the CDI directory (a tmpfs); a stray spec that no
 	// claim owns is there too.
@@ -383,8 +391,89 @@ func TestOpenRepairsTheSpecsAfterAReboot(t *testing.T) {
 		t.Errorf("after a reboot: boot %q, generation floor %d (%v); the floor must rise above the clock", st.BootID, st.GenerationFloor, err)
 	}
 	b := claim("b", "g0-1x")
-	if gen := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{b}).Entries[b.UID].Devices[0].Generations[0]; gen <= 1_800_000_000 {
+	if gen := reserve(r.ctx, l, []*resourceapi.ResourceClaim{b}).Entries[b.UID].Devices[0].Generations[0]; gen <= 1_800_000_000 {
 		t.Errorf("a seat handed out after a reboot has generation %d, want above the clock", gen)
+	}
+}
+
+// A release of a claim that arrives while the claim is being prepared
+// waits until its spec is written, then removes both: never a live spec
+// without an entry.
+func TestReleaseDuringAPrepareWaitsForIt(t *testing.T) {
+	r := newRig(t, "dgx-h100", fourSeats)
+	l := r.open()
+	c := claim("c", "g0-1x")
+	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{c})
+	released := make(chan error, 1)
+	go func() {
+		_, err := l.Release(r.ctx, []types.UID{c.UID})
+		released <- err
+	}()
+	select {
+	case err := <-released:
+		t.Fatalf("the release finished while the prepare still had a spec to write: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := r.specs.Write(c.UID, res.Entries[c.UID]); err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Confirm(r.ctx, c.UID); err != nil {
+		t.Fatal(err)
+	}
+	res.Done()
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if r.specs.Exists(c.UID) {
+		t.Error("a spec stayed after the release")
+	}
+	if got := r.lastHeld(); len(got) != 0 {
+		t.Errorf("held %v after the release", got)
+	}
+}
+
+// The other pod of a rolling update may release a claim between this
+// pod's choice of seats and its spec write: Confirm finds out and takes
+// the spec back.
+func TestReleaseByTheOtherPodDuringAPrepareIsFound(t *testing.T) {
+	r := newRig(t, "dgx-h100", fourSeats)
+	r.opts.SharedWithPeer = true
+	l := r.open()
+	peerOpts := r.opts
+	peerOpts.HeldChanged = nil
+	peer, err := Open(r.ctx, peerOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close(r.ctx)
+	c := claim("c", "g0-1x")
+	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{c})
+	if res.Errs[c.UID] != nil {
+		t.Fatal(res.Errs[c.UID])
+	}
+	if got, err := peer.Release(r.ctx, []types.UID{c.UID}); err != nil || got[c.UID] != nil {
+		t.Fatalf("the peer's release: %v %v", got, err)
+	}
+	if err := r.specs.Write(c.UID, res.Entries[c.UID]); err != nil {
+		t.Fatal(err)
+	}
+	err = res.Confirm(r.ctx, c.UID)
+	res.Done()
+	if err == nil || !strings.Contains(err.Error(), "released the claim while this one prepared it") {
+		t.Errorf("Confirm: %v", err)
+	}
+	if r.specs.Exists(c.UID) {
+		t.Error("the spec of a released claim stayed")
+	}
+	// Without a release in between, Confirm passes.
+	d := claim("d", "g1-1x")
+	res = l.Reserve(r.ctx, []*resourceapi.ResourceClaim{d})
+	defer res.Done()
+	if err := r.specs.Write(d.UID, res.Entries[d.UID]); err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Confirm(r.ctx, d.UID); err != nil || !r.specs.Exists(d.UID) {
+		t.Errorf("Confirm of an undisturbed claim: %v", err)
 	}
 }
 
@@ -399,7 +488,7 @@ func TestOpenLeavesASpecItCannotRemove(t *testing.T) {
 		t.Error("the spec that cannot be removed is gone")
 	}
 	a := claim("a", "g0-1x")
-	if res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a}); res.Err != nil || res.Errs[a.UID] != nil {
+	if res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{a}); res.Err != nil || res.Errs[a.UID] != nil {
 		t.Errorf("the ledger does not serve after leaving a spec: %v %v", res.Err, res.Errs)
 	}
 }
@@ -425,7 +514,7 @@ func TestLostCheckpointIsRebuiltFromTheClaimsStatus(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
 	a, b := claim("a", "g0-1x"), claim("b", "g0-1x")
-	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a, b})
+	res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{a, b})
 	r.storeWithStatus(a, res.Entries[a.UID])
 	// b's status was never written: the kubelet prepares it again.
 	if _, err := r.client.ResourceV1().ResourceClaims("default").Create(r.ctx, b, metav1.CreateOptions{}); err != nil {
@@ -437,7 +526,7 @@ func TestLostCheckpointIsRebuiltFromTheClaimsStatus(t *testing.T) {
 	if l.Lost() {
 		t.Fatal("the ledger is lost although the API server answers")
 	}
-	got := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a})
+	got := reserve(r.ctx, l, []*resourceapi.ResourceClaim{a})
 	if got.Fresh[a.UID] || !slices.Equal(got.Entries[a.UID].Devices[0].Seats, []int{0}) {
 		t.Errorf("a after the rebuild: fresh %v seats %v, want its recorded seat 0", got.Fresh[a.UID], got.Entries[a.UID].Devices[0].Seats)
 	}
@@ -451,7 +540,7 @@ func TestLostCheckpointWhileTheAPIServerIsDown(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
 	a := claim("a", "g0-1x")
-	l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a})
+	reserve(r.ctx, l, []*resourceapi.ResourceClaim{a})
 	l.Close(r.ctx)
 	checkpointtest.Truncate(t, r.dir)
 	var down sync.Mutex
@@ -470,7 +559,7 @@ func TestLostCheckpointWhileTheAPIServerIsDown(t *testing.T) {
 		t.Fatal("the ledger is not lost although neither the checkpoint nor the API server can be read")
 	}
 	b := claim("b", "g1-1x")
-	if res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{b}); !res.Lost || res.Errs[b.UID] == nil || !strings.Contains(res.Errs[b.UID].Error(), "checkpoint was lost and is not rebuilt yet") {
+	if res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{b}); !res.Lost || res.Errs[b.UID] == nil || !strings.Contains(res.Errs[b.UID].Error(), "checkpoint was lost and is not rebuilt yet") {
 		t.Errorf("a new claim while lost: %v", res.Errs[b.UID])
 	}
 	if released, err := l.Release(r.ctx, []types.UID{a.UID}); err != nil || released[a.UID] != nil {
@@ -487,7 +576,7 @@ func TestLostCheckpointWhileTheAPIServerIsDown(t *testing.T) {
 	if l.Lost() {
 		t.Fatal("the ledger was not rebuilt once the API server answered")
 	}
-	if res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{b}); res.Errs[b.UID] != nil || !res.Fresh[b.UID] {
+	if res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{b}); res.Errs[b.UID] != nil || !res.Fresh[b.UID] {
 		t.Errorf("a new claim after the rebuild: %v", res.Errs[b.UID])
 	}
 }
@@ -496,7 +585,7 @@ func TestReleaseStaleDropsClaimsTheAPIServerNoLongerAllocatesHere(t *testing.T) 
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
 	kept, gone, replaced, elsewhere := claim("kept", "g0-1x"), claim("gone", "g1-1x"), claim("replaced", "g2-1x"), claim("elsewhere", "g3-1x")
-	l.Reserve(r.ctx, []*resourceapi.ResourceClaim{kept, gone, replaced, elsewhere})
+	reserve(r.ctx, l, []*resourceapi.ResourceClaim{kept, gone, replaced, elsewhere})
 	for _, c := range []*resourceapi.ResourceClaim{kept, replaced, elsewhere} {
 		c := c.DeepCopy()
 		switch c.Name {
@@ -521,7 +610,7 @@ func TestSeatStatusIsWhatTheDeviceRecords(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
 	a := claim("a", "g01-2x")
-	dev := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{a}).Entries[a.UID].Devices[0]
+	dev := reserve(r.ctx, l, []*resourceapi.ResourceClaim{a}).Entries[a.UID].Devices[0]
 	want := v1alpha1.SeatStatus{Profile: "2x", Group: "G01", GPUs: []int{0, 1}, GPUUUIDs: []string{r.opts.Inventory.GPUs[0].UUID, r.opts.Inventory.GPUs[1].UUID}, Seats: []int{0}, Generations: []int64{1}}
 	if fmt.Sprint(dev.SeatStatus) != fmt.Sprint(want) {
 		t.Errorf("seat status %+v, want %+v", dev.SeatStatus, want)

@@ -3,6 +3,7 @@ package seatledger
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -16,9 +17,13 @@ import (
 )
 
 // Reservation is one prepare call's claims in a batch, and what the batch
-// decided for them.
+// decided for them. It holds the claims' locks until Done.
 type Reservation struct {
+	l      *Ledger
 	claims []*resourceapi.ResourceClaim
+	unlock func()
+	// reloads is the ledger's count of reloads when the batch saved.
+	reloads uint64
 	// Entries are the claims' entries: recorded by this batch (Fresh) or
 	// before.
 	Entries map[types.UID]*checkpoint.Claim
@@ -36,8 +41,15 @@ type Reservation struct {
 // checkpoint save with every other prepare waiting at the same time. A
 // claim recorded before gets its recorded entry: a repeated prepare hands
 // out nothing twice. While the checkpoint is lost, every claim is refused.
+//
+// The reservation holds the claims' locks: the caller writes their specs,
+// Confirms each, and calls Done.
 func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClaim) *Reservation {
-	r := &Reservation{claims: claims}
+	uids := make([]types.UID, len(claims))
+	for i, c := range claims {
+		uids[i] = c.UID
+	}
+	r := &Reservation{l: l, claims: claims, unlock: l.claims.lock(uids)}
 	if l.lost.Load() {
 		r.Lost, r.Errs = true, map[types.UID]error{}
 		for _, claim := range claims {
@@ -113,6 +125,9 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 			changed = true
 		}
 	}
+	for _, r := range batch {
+		r.reloads = l.reloads.Load()
+	}
 	if !changed {
 		return
 	}
@@ -139,6 +154,7 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 // the claim back.
 func (l *Ledger) Release(ctx context.Context, uids []types.UID) (map[types.UID]error, error) {
 	logger := klog.FromContext(ctx)
+	defer l.claims.lock(uids)()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	results := map[types.UID]error{}
@@ -181,6 +197,39 @@ func (l *Ledger) Release(ctx context.Context, uids []types.UID) (map[types.UID]e
 		run(l.opts.Hooks.AfterReleaseSave)
 	}
 	return results, nil
+}
+
+// Done releases the claims' locks. Call it once the specs are written.
+func (r *Reservation) Done() { r.unlock() }
+
+// Confirm checks, after the claim's spec was written, that the claim still
+// holds what was reserved for it. Within one plugin the claims' locks see
+// to that; the other pod of a rolling update takes no such lock, and may
+// have released the claim meanwhile. That is rare and cheap to rule out:
+// unless the checkpoint was replaced by the other pod since, Confirm does
+// no more than stat it. If the claim was released, the spec just written
+// is removed again and Confirm says so.
+func (r *Reservation) Confirm(ctx context.Context, uid types.UID) error {
+	l := r.l
+	if !l.opts.SharedWithPeer || (l.reloads.Load() == r.reloads && !l.store.Changed()) {
+		return nil
+	}
+	unlock, err := l.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, err := l.state(ctx)
+	if err != nil {
+		return err
+	}
+	if c := st.Claims[uid]; c != nil && reflect.DeepEqual(c.Devices, r.Entries[uid].Devices) {
+		return nil
+	}
+	if err := l.opts.Specs.Remove(uid); err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot remove the spec of a claim released while it was prepared", "uid", uid)
+	}
+	return fmt.Errorf("the other plugin pod of a rolling update released the claim while this one prepared it; the kubelet prepares it again if it still needs it")
 }
 
 // DescribeSeats says which seats of which groups a claim holds, for logs.

@@ -3,6 +3,8 @@ package seatledger
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -92,6 +94,7 @@ func allocatedOn(claim *resourceapi.ResourceClaim, pool string) bool {
 // free.
 func (l *Ledger) releaseStale(ctx context.Context, stale map[types.UID]string) error {
 	logger := klog.FromContext(ctx)
+	defer l.claims.lock(slices.Collect(maps.Keys(stale)))()
 	unlock, err := l.lock()
 	if err != nil {
 		return err
