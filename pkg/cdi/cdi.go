@@ -5,6 +5,7 @@
 package cdi
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -129,6 +130,44 @@ func (w *Writer) Remove(claimUID types.UID) error {
 		return fmt.Errorf("remove CDI spec of claim %s: %w", claimUID, err)
 	}
 	return nil
+}
+
+// ReadEnv reads a claim's spec back: the environment of each of its CDI
+// devices, by device name (without the claim UID the CDI name prefixes
+// it with). ok is false when the claim has no spec.
+func (w *Writer) ReadEnv(claimUID types.UID) (env map[string]map[string]string, ok bool, err error) {
+	if err := checkUID(claimUID); err != nil {
+		return nil, false, err
+	}
+	raw, err := os.ReadFile(filepath.Join(w.dir, SpecName(claimUID)+specExt))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("read the CDI spec of claim %s: %w", claimUID, err)
+	}
+	var spec cdispec.Spec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		return nil, true, fmt.Errorf("read the CDI spec of claim %s: %w", claimUID, err)
+	}
+	if spec.Kind != Vendor+"/"+Class {
+		return nil, true, fmt.Errorf("the CDI spec of claim %s is of kind %q, not %s/%s", claimUID, spec.Kind, Vendor, Class)
+	}
+	env = map[string]map[string]string{}
+	prefix := string(claimUID) + "-"
+	for _, d := range spec.Devices {
+		name, mine := strings.CutPrefix(d.Name, prefix)
+		if !mine {
+			return nil, true, fmt.Errorf("the CDI spec of claim %s has device %q, not one of the claim's", claimUID, d.Name)
+		}
+		vars := map[string]string{}
+		for _, kv := range d.ContainerEdits.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			vars[k] = v
+		}
+		env[name] = vars
+	}
+	return env, true, nil
 }
 
 // Exists reports whether a claim's spec file is there.

@@ -37,6 +37,7 @@ package checkpoint
 
 import (
 	"errors"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -121,6 +122,11 @@ type Device struct {
 	// without a trustworthy record of them. It has no Seats and holds
 	// every seat of its group: none is handed out while it is held.
 	Fenced bool `json:"fenced,omitempty"`
+}
+
+// Fenced reports whether any of the claim's devices is fenced.
+func (c *Claim) Fenced() bool {
+	return slices.ContainsFunc(c.Devices, func(d Device) bool { return d.Fenced })
 }
 
 // New returns an empty state.

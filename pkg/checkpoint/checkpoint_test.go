@@ -292,8 +292,17 @@ func TestSeats(t *testing.T) {
 	if g := st.NextGeneration("g23-2x", 1); g != 1 {
 		t.Errorf("first generation %d, want 1", g)
 	}
-	if got := st.ClaimsOnGroups(); len(got) != 1 || got["g01-2x"][0] != "uid-1" {
-		t.Errorf("claims on groups %v", got)
+	fenced := sample()
+	fenced.Claims["uid-2"] = &Claim{Namespace: "default", Name: "lost", Phase: PrepareCompleted, Devices: []Device{{
+		Requests: []string{"gpu"}, Pool: "node-1", Device: "g23-2x", GroupDevice: "g23-2x", CDIDevice: "g23-2x",
+		SeatStatus: v1alpha1.SeatStatus{Profile: "2x", Group: "G23", GPUs: []int{2, 3}, GPUUUIDs: []string{"GPU-c", "GPU-d"}},
+		Fenced:     true,
+	}}}
+	if _, err := fenced.FreeSeats("g23-2x", 3, 1); err == nil || !strings.Contains(err.Error(), "device g23-2x is fenced: the seats claim uid-2 holds on it are not known") {
+		t.Errorf("a fenced group: %v", err)
+	}
+	if free, err := fenced.FreeSeats("g01-2x", 3, 1); err != nil || free[0] != 1 {
+		t.Errorf("another group beside a fenced one: %v %v", free, err)
 	}
 }
 

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 
@@ -27,26 +28,25 @@ func (st *State) Holders(groupDevice string) map[int]types.UID {
 	return out
 }
 
-// ClaimsOnGroups returns, for every group device in use, the claims that
-// hold seats on it (sorted).
-func (st *State) ClaimsOnGroups() map[string][]types.UID {
-	out := map[string][]types.UID{}
-	for uid, c := range st.Claims {
-		for _, d := range c.Devices {
-			if !slices.Contains(out[d.GroupDevice], uid) {
-				out[d.GroupDevice] = append(out[d.GroupDevice], uid)
+// FencedBy returns the claim of a fenced device on groupDevice, if any: it
+// holds every seat of the group.
+func (st *State) FencedBy(groupDevice string) (types.UID, bool) {
+	for _, uid := range slices.Sorted(maps.Keys(st.Claims)) {
+		for _, d := range st.Claims[uid].Devices {
+			if d.Fenced && d.GroupDevice == groupDevice {
+				return uid, true
 			}
 		}
 	}
-	for k := range out {
-		slices.Sort(out[k])
-	}
-	return out
+	return "", false
 }
 
 // FreeSeats returns the lowest n seats of device (of seatsPerGroup) that
-// no claim holds.
+// no claim holds; a fenced device holds them all.
 func (st *State) FreeSeats(device string, seatsPerGroup, n int) ([]int, error) {
+	if uid, fenced := st.FencedBy(device); fenced {
+		return nil, fmt.Errorf("device %s is fenced: the seats claim %s holds on it are not known, so none is handed out until it is released", device, uid)
+	}
 	held := st.Holders(device)
 	var free []int
 	for s := 0; s < seatsPerGroup && len(free) < n; s++ {

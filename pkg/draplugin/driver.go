@@ -179,7 +179,7 @@ func (d *Driver) open(ctx context.Context) error {
 	d.ledger, err = seatledger.Open(ctx, seatledger.Options{
 		Pool: d.node.pool, Plan: opts.Plan, Inventory: opts.Inventory, Dir: opts.PluginDataDir,
 		SharedWithPeer: opts.PodUID != "", BootIDFile: opts.BootIDFile, Specs: d.specs, Claims: opts.Client.ResourceV1(),
-		Events: d.events, Clock: opts.Clock, HeldChanged: d.publisher.setHeld,
+		Events: d.events, Clock: opts.Clock, UsageChanged: d.publisher.setUsage,
 		Hooks: seatledger.Hooks{
 			BeforeSave:       func() { d.hooks.run(HookBeforeSave) },
 			AfterSave:        func() { d.hooks.run(HookAfterSave) },

@@ -19,6 +19,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
 // nodePlan is what the node serves: its pool, its plan and inventory, and
@@ -60,7 +61,7 @@ type publisher struct {
 	mu        sync.Mutex
 	layout    draresources.Layout
 	published []string
-	held      draresources.Held
+	usage     seatledger.Usage
 	// heldCh says the groups in use changed (publish again).
 	heldCh chan struct{}
 }
@@ -76,12 +77,12 @@ func newPublisher(node nodePlan, forced LayoutMode, h healthTaints, events *node
 	return p
 }
 
-// setHeld records the seats held per group device and has the slices
-// published again (groups that cannot take another claim come and go).
-// The ledger calls it with its lock held.
-func (p *publisher) setHeld(held draresources.Held) {
+// setUsage records what the held claims use and has the slices published
+// again: groups that cannot take another claim come and go, fenced GPUs
+// are tainted and untainted. The ledger calls it with its lock held.
+func (p *publisher) setUsage(u seatledger.Usage) {
 	p.mu.Lock()
-	p.held = held
+	p.usage = u
 	p.mu.Unlock()
 	select {
 	case p.heldCh <- struct{}{}:
@@ -105,7 +106,7 @@ func (p *publisher) publish(ctx context.Context) error {
 // stream reports them).
 func (p *publisher) resources() resourceslice.DriverResources {
 	p.mu.Lock()
-	layout, held := p.layout, maps.Clone(p.held)
+	layout, held, fenced := p.layout, maps.Clone(p.usage.Held), maps.Clone(p.usage.Fenced)
 	p.mu.Unlock()
 	node := p.node
 	res := draresources.Resources(node.plan, node.inv, node.pool, layout)
@@ -115,6 +116,7 @@ func (p *publisher) resources() resourceslice.DriverResources {
 	}
 	p.metrics.hidden.Set(float64(hidden))
 	draresources.Taint(res, node.plan, p.health.taints())
+	draresources.Fence(res, node.plan, fenced)
 	var names []string
 	perProfile := map[string]int{}
 	for _, s := range res.Pools[node.pool].Slices {

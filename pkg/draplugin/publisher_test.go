@@ -22,6 +22,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
@@ -86,7 +87,7 @@ func TestPublisherHidesWhatTheHeldSeatsMakeUnavailable(t *testing.T) {
 	if len(all) != 12 {
 		t.Fatalf("published %v, want 12 devices", all)
 	}
-	p.setHeld(draresources.Held{"g01-2x": 1})
+	p.setUsage(seatledger.Usage{Held: draresources.Held{"g01-2x": 1}})
 	select {
 	case <-p.heldCh:
 	default:

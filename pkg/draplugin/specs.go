@@ -30,6 +30,11 @@ func (s *claimSpecs) Exists(uid types.UID) bool { return s.writer.Exists(uid) }
 // Remove removes the claim's spec.
 func (s *claimSpecs) Remove(uid types.UID) error { return s.writer.Remove(uid) }
 
+// ReadEnv reads a claim's spec back.
+func (s *claimSpecs) ReadEnv(uid types.UID) (map[string]map[string]string, bool, error) {
+	return s.writer.ReadEnv(uid)
+}
+
 // Claims lists the claims that have a spec, and the files skipped.
 func (s *claimSpecs) Claims() ([]types.UID, []string, error) { return s.writer.Claims() }
 

@@ -56,6 +56,39 @@ func Taint(res resourceslice.DriverResources, plan *planner.Plan, faults Faults)
 	}
 }
 
+// FencedTaintKey is the key of the taint on every device whose group
+// contains a fenced GPU: one a held claim still uses through a group the
+// configuration no longer defines so, or through seats that could not be
+// recovered. Its value says which (earlier-configuration, seats-unknown).
+// It is NoSchedule: the held claim keeps running, no new claim lands on
+// those GPUs until it is released.
+const FencedTaintKey = driver.Name + "/fenced"
+
+// Fence taints every device of res whose group contains a GPU of fenced
+// (GPU index to the taint's value), in either layout.
+func Fence(res resourceslice.DriverResources, plan *planner.Plan, fenced map[int]string) {
+	if len(fenced) == 0 {
+		return
+	}
+	idx := Index(plan)
+	for _, pool := range res.Pools {
+		for _, s := range pool.Slices {
+			for i := range s.Devices {
+				ref, ok := idx[s.Devices[i].Name]
+				if !ok {
+					continue
+				}
+				for _, x := range slices.Sorted(slices.Values(ref.Group.GPUs)) {
+					if why, ok := fenced[x]; ok {
+						s.Devices[i].Taints = append(s.Devices[i].Taints, resourceapi.DeviceTaint{Key: FencedTaintKey, Value: labelValue(why), Effect: resourceapi.DeviceTaintEffectNoSchedule})
+						break
+					}
+				}
+			}
+		}
+	}
+}
+
 // GroupTaint is the taint of a group of GPUs: the strongest effect of its
 // unhealthy GPUs, and as value the reason of the first GPU with that
 // effect. One taint per device, not one per GPU, so that a toleration of

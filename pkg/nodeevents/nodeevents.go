@@ -47,6 +47,9 @@ const (
 	// ReasonStaleClaimReleased (Normal): a held claim the kubelet will not
 	// unprepare was released.
 	ReasonStaleClaimReleased = "StaleClaimReleased"
+	// ReasonGPUsFenced (Warning): a held claim fences GPUs: its group
+	// changed in the configuration, or its seats could not be recovered.
+	ReasonGPUsFenced = "GPUsFenced"
 )
 
 // nodeGetTimeout bounds the read of the Node object at start: the events

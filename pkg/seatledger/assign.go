@@ -130,28 +130,35 @@ func newDevice(result resourceapi.DeviceRequestAllocationResult, group *planner.
 // checkExclusive is the last line of defence against a scheduler (or a
 // stale state) handing one GPU to two groups that exclude each other: no
 // other claim may hold a seat on a group that shares a GPU with this one
-// unless a profile involved allows overprovisioning.
+// unless a profile involved allows overprovisioning. It judges by the
+// GPUs recorded for the held claims, not by today's plan: a configuration
+// that redefined a held group (same name, other GPUs) must not let a new
+// group onto the GPUs the held claim still uses.
 func checkExclusive(plan *planner.Plan, st *checkpoint.State, self types.UID, group *planner.Group) error {
 	for uid, c := range st.Claims {
 		if uid == self {
 			continue
 		}
 		for _, dev := range c.Devices {
-			other := plan.GroupByDevice(dev.GroupDevice)
-			var excludes bool
-			if other != nil {
-				excludes = group.Excludes(other)
-			} else {
-				// A group of an older configuration: judge by its GPUs.
-				excludes = !group.Profile.AllowOverprovision && slices.ContainsFunc(dev.GPUs, func(x int) bool { return slices.Contains(group.GPUs, x) })
+			sameGroup := dev.GroupDevice == group.DeviceName() && slices.Equal(dev.GPUs, group.GPUs)
+			if sameGroup || !slices.ContainsFunc(dev.GPUs, func(x int) bool { return slices.Contains(group.GPUs, x) }) {
+				continue
 			}
-			if excludes && dev.GroupDevice != group.DeviceName() {
-				return fmt.Errorf("GPU(s) %s of group %s (%s) are in use by claim %s through group %s (%s); groups that share a GPU exclude each other unless a profile allows overprovisioning",
-					group.GPUList(), group.Name, group.Profile.Name, describeClaim(st, uid), dev.Group, dev.Profile)
+			if group.Profile.AllowOverprovision || allowsOverprovision(plan, dev.Profile) {
+				continue
 			}
+			return fmt.Errorf("GPU(s) %s of group %s (%s) are in use by claim %s through group %s (%s) on GPUs %s; groups that share a GPU exclude each other unless a profile involved allows overprovisioning",
+				group.GPUList(), group.Name, group.Profile.Name, describeClaim(st, uid), dev.Group, dev.Profile, gpuList(dev.GPUs))
 		}
 	}
 	return nil
+}
+
+// allowsOverprovision reports whether today's profile of that name allows
+// overprovisioning; a profile the plan no longer has does not.
+func allowsOverprovision(plan *planner.Plan, profile string) bool {
+	p := plan.Profile(profile)
+	return p != nil && p.AllowOverprovision
 }
 
 func describeClaim(st *checkpoint.State, uid types.UID) string {

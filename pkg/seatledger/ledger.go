@@ -31,7 +31,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -62,6 +61,9 @@ type Specs interface {
 	// Claims lists the claims that have a spec, and the files that look
 	// like specs but are not the plugin's (skipped).
 	Claims() (uids []types.UID, skipped []string, err error)
+	// ReadEnv reads a claim's spec back: each CDI device's environment,
+	// by device name; ok is false when the claim has no spec.
+	ReadEnv(uid types.UID) (env map[string]map[string]string, ok bool, err error)
 }
 
 // Hooks, for tests only, are called at the ledger's steps, so that a test
@@ -97,10 +99,10 @@ type Options struct {
 	Events *nodeevents.Recorder
 	Clock  clock.WithTicker
 	Hooks  Hooks
-	// HeldChanged is told the seats held per group device whenever they
-	// change (the plugin publishes again). It is called with the ledger's
-	// lock held: it must not call the ledger.
-	HeldChanged func(draresources.Held)
+	// UsageChanged is told what the held claims use whenever it changes
+	// (the plugin publishes again). It is called with the ledger's lock
+	// held: it must not call the ledger.
+	UsageChanged func(Usage)
 	// CountError counts the ledger's failures that no call returns (a
 	// failed flush, a lost checkpoint at start), by operation and kind.
 	CountError func(operation, kind string)
@@ -114,12 +116,15 @@ type Ledger struct {
 
 	// mu serialises every change of the record: batches of prepares,
 	// releases, the start-up repair. st is the record in memory (nil: read
-	// it from the file); held is what HeldChanged was last told;
-	// releasedWhileLost are the claims released while the checkpoint was
-	// lost, which a rebuild must not bring back.
+	// it from the file); used is what UsageChanged was last told, fences
+	// the claims that fence GPUs; releasedWhileLost are the claims
+	// released while the checkpoint was lost, which a rebuild must not
+	// bring back.
 	mu                sync.Mutex
 	st                *checkpoint.State
-	held              draresources.Held
+	used              Usage
+	usageKnown        bool
+	fences            map[types.UID]fence
 	releasedWhileLost map[types.UID]bool
 	// pending are prepares waiting for a batch.
 	pendingMu sync.Mutex
@@ -185,7 +190,8 @@ func (l *Ledger) StatusOwed(uid types.UID) *checkpoint.Claim {
 	if l.st == nil {
 		return nil
 	}
-	if c := l.st.Claims[uid]; c != nil && !c.StatusWritten {
+	// A fenced claim has no seats to record.
+	if c := l.st.Claims[uid]; c != nil && !c.StatusWritten && !c.Fenced() {
 		return c
 	}
 	return nil
@@ -210,7 +216,7 @@ func (l *Ledger) StatusesOwed() []types.UID {
 	}
 	var out []types.UID
 	for uid, c := range l.st.Claims {
-		if !c.StatusWritten && c.Phase == checkpoint.PrepareCompleted {
+		if !c.StatusWritten && c.Phase == checkpoint.PrepareCompleted && !c.Fenced() {
 			out = append(out, uid)
 		}
 	}
@@ -258,46 +264,28 @@ func (l *Ledger) state(ctx context.Context) (*checkpoint.State, error) {
 	l.reloads.Add(1)
 	if res.RecoveredFrom != nil {
 		klog.FromContext(ctx).Error(res.RecoveredFrom, "Checkpoint was unusable; continuing from its previous copy")
-		if err := l.save(st); err != nil {
+		if err := l.save(ctx, st); err != nil {
 			return nil, fmt.Errorf("rewrite the checkpoint from its previous copy: %w", err)
 		}
 	}
 	l.st = st
-	l.noteHeld(st)
+	l.noteUsage(ctx, st)
 	return st, nil
 }
 
 // save writes st as the checkpoint, makes it the record in memory and asks
 // the flusher to make it durable. Call with the lock held.
-func (l *Ledger) save(st *checkpoint.State) error {
+func (l *Ledger) save(ctx context.Context, st *checkpoint.State) error {
 	if err := l.store.Save(st); err != nil {
 		return err
 	}
 	l.st = st
-	l.noteHeld(st)
+	l.noteUsage(ctx, st)
 	select {
 	case l.flushCh <- struct{}{}:
 	default:
 	}
 	return nil
-}
-
-// noteHeld tells HeldChanged the seats held per group device when they
-// changed. Call with l.mu held.
-func (l *Ledger) noteHeld(st *checkpoint.State) {
-	held := draresources.Held{}
-	for _, c := range st.Claims {
-		for _, dev := range c.Devices {
-			held[dev.GroupDevice] += max(len(dev.Seats), 1)
-		}
-	}
-	if maps.Equal(held, l.held) {
-		return
-	}
-	l.held = held
-	if l.opts.HeldChanged != nil {
-		l.opts.HeldChanged(maps.Clone(held))
-	}
 }
 
 func (l *Ledger) countError(operation, kind string) {

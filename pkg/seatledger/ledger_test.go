@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
 
@@ -67,6 +68,42 @@ func (m *memSpecs) Remove(uid types.UID) error {
 	return nil
 }
 
+// ReadEnv gives back what a spec written from the entry holds: per CDI
+// device, the KYB_* variables of its request (every seat of the request,
+// device by device) and the request's GPU UUIDs.
+func (m *memSpecs) ReadEnv(uid types.UID) (map[string]map[string]string, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.specs[uid]
+	if !ok {
+		return nil, false, nil
+	}
+	type lists struct{ groups, seats, gens, uuids []string }
+	byRequest := map[string]*lists{}
+	for _, d := range c.Devices {
+		l := byRequest[d.Requests[0]]
+		if l == nil {
+			l = &lists{}
+			byRequest[d.Requests[0]] = l
+		}
+		for i, s := range d.Seats {
+			l.groups = append(l.groups, d.Group)
+			l.seats = append(l.seats, fmt.Sprint(s))
+			l.gens = append(l.gens, fmt.Sprint(d.Generations[i]))
+		}
+		l.uuids = append(l.uuids, d.GPUUUIDs...)
+	}
+	env := map[string]map[string]string{}
+	for _, d := range c.Devices {
+		l := byRequest[d.Requests[0]]
+		env[d.CDIDevice] = map[string]string{
+			"KYB_GPU_GROUP": strings.Join(l.groups, ","), "KYB_GPU_SEAT": strings.Join(l.seats, ","),
+			"KYB_SEAT_GEN": strings.Join(l.gens, ","), "NVIDIA_VISIBLE_DEVICES": strings.Join(l.uuids, ","),
+		}
+	}
+	return env, true, nil
+}
+
 func (m *memSpecs) Claims() ([]types.UID, []string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -81,25 +118,27 @@ func (m *memSpecs) Claims() ([]types.UID, []string, error) {
 type rig struct {
 	t      *testing.T
 	ctx    context.Context
+	logger klog.Logger
 	dir    string
 	opts   Options
 	specs  *memSpecs
 	client *fake.Clientset
-	held   []draresources.Held
+	usage  []Usage
 	heldMu sync.Mutex
 }
 
 // newRig prepares a ledger's options on node-1 of preset with config.
 func newRig(t *testing.T, preset, config string) *rig {
-	_, ctx := ktesting.NewTestContext(t)
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	ctx := klog.NewContext(context.Background(), logger)
 	node := simnodetest.New(t, preset, config)
-	r := &rig{t: t, ctx: ctx, dir: t.TempDir(), specs: newMemSpecs(), client: fake.NewClientset()}
+	r := &rig{t: t, ctx: ctx, logger: logger, dir: t.TempDir(), specs: newMemSpecs(), client: fake.NewClientset()}
 	r.opts = Options{
 		Pool: pool, Plan: node.Plan, Inventory: node.Inv, Dir: r.dir, BootIDFile: filepath.Join(r.dir, "boot_id"),
 		Specs: r.specs, Claims: r.client.ResourceV1(), Clock: testingclock.NewFakeClock(time.Unix(1_800_000_000, 0)),
-		HeldChanged: func(h draresources.Held) {
+		UsageChanged: func(u Usage) {
 			r.heldMu.Lock()
-			r.held = append(r.held, h)
+			r.usage = append(r.usage, u)
 			r.heldMu.Unlock()
 		},
 	}
@@ -123,13 +162,15 @@ func (r *rig) open() *Ledger {
 	return l
 }
 
-func (r *rig) lastHeld() draresources.Held {
+func (r *rig) lastHeld() draresources.Held { return r.lastUsage().Held }
+
+func (r *rig) lastUsage() Usage {
 	r.heldMu.Lock()
 	defer r.heldMu.Unlock()
-	if len(r.held) == 0 {
-		return nil
+	if len(r.usage) == 0 {
+		return Usage{}
 	}
-	return r.held[len(r.held)-1]
+	return r.usage[len(r.usage)-1]
 }
 
 // reserve reserves seats as a prepare does, and lets the claims' locks go
@@ -440,7 +481,7 @@ func TestReleaseByTheOtherPodDuringAPrepareIsFound(t *testing.T) {
 	r.opts.SharedWithPeer = true
 	l := r.open()
 	peerOpts := r.opts
-	peerOpts.HeldChanged = nil
+	peerOpts.UsageChanged = nil
 	peer, err := Open(r.ctx, peerOpts)
 	if err != nil {
 		t.Fatal(err)

@@ -2,8 +2,9 @@ package seatledger
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	"maps"
+	"reflect"
 	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -11,41 +12,100 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
-	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
+// untrusted is a claim whose seats could not be recovered, and why.
+type untrusted struct {
+	uid             types.UID
+	namespace, name string
+	why             string
+}
+
+// rebuilt is a record rebuilt after a loss: the state, every claim
+// allocated on this node (whose specs stay), and the claims fenced.
+type rebuilt struct {
+	st        *checkpoint.State
+	allocated []types.UID
+	untrusted []untrusted
+}
+
 // rebuild reconstructs the record after both copies of the checkpoint were
-// lost: from the claims allocated on this node's pool and the seats the
-// plugin wrote into their status (status.devices[].data). A claim without
-// that record was never completely prepared; the kubelet prepares it
-// again. Generations restart above a floor taken from the clock, so no
-// generation handed out before the loss repeats. It also returns every
-// claim allocated here, recorded or not, whose specs must stay.
-func (l *Ledger) rebuild(ctx context.Context) (*checkpoint.State, []types.UID, error) {
+// lost, from every record the node has of each claim allocated on its pool
+// (recover.go). Generations restart above a floor taken from the clock, so
+// that no generation handed out before the loss repeats. It also returns
+// every claim allocated here, recorded or not, whose specs must stay, and
+// the claims it fenced.
+func (l *Ledger) rebuild(ctx context.Context) (*rebuilt, error) {
 	list, err := l.opts.Claims.ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, nil, fmt.Errorf("list the ResourceClaims to rebuild the checkpoint from: %w", err)
+		return nil, fmt.Errorf("list the ResourceClaims to rebuild the checkpoint from: %w", err)
 	}
 	st := checkpoint.New()
 	st.GenerationFloor = l.opts.Clock.Now().Unix()
 	var allocatedHere []types.UID
+	var found []untrusted
+	ours := map[types.UID]*resourceapi.ResourceClaim{}
+	fence := func(claim *resourceapi.ResourceClaim, why string) {
+		st.Claims[claim.UID].Devices = l.fencedDevices(claim, l.ourResults(claim))
+		found = append(found, untrusted{claim.UID, claim.Namespace, claim.Name, why})
+	}
 	for i := range list.Items {
 		claim := &list.Items[i]
 		if claim.Status.Allocation == nil {
 			continue
 		}
-		entry, ours, complete := rebuildClaim(claim, l.opts.Pool, l.index)
-		if ours {
-			allocatedHere = append(allocatedHere, claim.UID)
-		}
-		if !ours || !complete {
+		results := l.ourResults(claim)
+		if len(results) == 0 {
 			continue
 		}
-		st.Claims[claim.UID] = entry
-		for _, dev := range entry.Devices {
+		allocatedHere = append(allocatedHere, claim.UID)
+		ours[claim.UID] = claim
+		fromStatus, inStatus, statusErr := l.fromStatus(claim, results)
+		fromSpec, inSpec, specErr := l.fromSpec(claim, results)
+		if !inStatus && !inSpec {
+			// Never given to a container: every container starts from its
+			// claim's spec. The kubelet prepares it again.
+			continue
+		}
+		st.Claims[claim.UID] = &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted}
+		switch {
+		case inSpec && specErr != nil:
+			fence(claim, "its CDI spec cannot be read back: "+specErr.Error())
+		case inStatus && statusErr != nil:
+			fence(claim, "its status cannot be trusted: "+statusErr.Error())
+		case inSpec && inStatus && !reflect.DeepEqual(fromSpec, fromStatus):
+			fence(claim, "its status and its CDI spec give it different seats")
+		case inSpec:
+			st.Claims[claim.UID].Devices = fromSpec
+		default:
+			st.Claims[claim.UID].Devices = fromStatus
+		}
+	}
+	// Two records of one seat: one of them lies, and either container may
+	// use it. Both claims are fenced.
+	holder := map[string]types.UID{}
+	for _, uid := range slices.Sorted(maps.Keys(st.Claims)) {
+		for _, dev := range st.Claims[uid].Devices {
+			for _, seat := range dev.Seats {
+				k := checkpoint.SeatKey(dev.GroupDevice, seat)
+				other, twice := holder[k]
+				if !twice {
+					holder[k] = uid
+					continue
+				}
+				why := fmt.Sprintf("seat %d of group %s is recorded for it and for claim %s/%s", seat, dev.Group, st.Claims[other].Namespace, st.Claims[other].Name)
+				if !st.Claims[other].Fenced() {
+					fence(ours[other], fmt.Sprintf("seat %d of group %s is recorded for it and for claim %s/%s", seat, dev.Group, st.Claims[uid].Namespace, st.Claims[uid].Name))
+				}
+				if !st.Claims[uid].Fenced() {
+					fence(ours[uid], why)
+				}
+			}
+		}
+	}
+	for _, c := range st.Claims {
+		for _, dev := range c.Devices {
 			for i, seat := range dev.Seats {
 				k := checkpoint.SeatKey(dev.GroupDevice, seat)
 				st.Generations[k] = max(st.Generations[k], dev.Generations[i], st.GenerationFloor)
@@ -53,82 +113,57 @@ func (l *Ledger) rebuild(ctx context.Context) (*checkpoint.State, []types.UID, e
 		}
 	}
 	slices.Sort(allocatedHere)
-	return st, allocatedHere, nil
+	return &rebuilt{st: st, allocated: allocatedHere, untrusted: found}, nil
 }
 
-// rebuildClaim is the entry of one claim from its allocation and status:
-// ours says it is allocated on pool, complete that every device's seats
-// are recorded in its status.
-func rebuildClaim(claim *resourceapi.ResourceClaim, pool string, index map[string]draresources.DeviceRef) (entry *checkpoint.Claim, ours, complete bool) {
-	recorded := map[string]v1alpha1.SeatStatus{}
-	for _, ds := range claim.Status.Devices {
-		if ds.Driver != driver.Name || ds.Pool != pool || ds.Data == nil {
-			continue
-		}
-		var s v1alpha1.SeatStatus
-		if json.Unmarshal(ds.Data.Raw, &s) == nil {
-			recorded[ds.Device+"/"+deref(ds.ShareID)] = s
-		}
-	}
-	entry = &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted}
-	complete = true
-	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver != driver.Name || r.Pool != pool {
-			continue
-		}
-		ours = true
-		share := ""
-		if r.ShareID != nil {
-			share = string(*r.ShareID)
-		}
-		s, ok := recorded[r.Device+"/"+share]
-		ref, known := index[r.Device]
-		if !ok || !known {
-			complete = false
-			break
-		}
-		cfg, err := seatConfig(claim.Status.Allocation.Devices.Config, r)
-		if err != nil {
-			complete = false
-			break
-		}
-		entry.Devices = append(entry.Devices, newDevice(r, ref.Group, cfg, s))
-	}
-	return entry, ours, complete
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
-}
-
-// adopt makes a rebuilt state the node's record: it drops the claims
-// released while the checkpoint was lost, writes the specs of its claims,
-// removes specs of claims no longer allocated here, and saves it. Call
-// with the lock held.
-func (l *Ledger) adopt(ctx context.Context, st *checkpoint.State, allocated []types.UID) error {
+// adopt makes a rebuilt record the node's: it drops the claims released
+// while the checkpoint was lost, writes the specs of the claims whose
+// seats are known, removes specs of claims no longer allocated here,
+// saves it, and reports the claims it fenced. It returns a summary for
+// operators. Call with the lock held.
+func (l *Ledger) adopt(ctx context.Context, rb *rebuilt) (string, error) {
+	logger := klog.FromContext(ctx)
+	st := rb.st
 	for uid := range l.releasedWhileLost {
 		delete(st.Claims, uid)
 	}
+	if err := st.Validate(); err != nil {
+		return "", fmt.Errorf("the rebuilt checkpoint does not validate (a bug): %w", err)
+	}
 	st.BootID = readBootID(l.opts.BootIDFile)
+	fromSpecs := 0
 	for uid, c := range st.Claims {
+		if c.Fenced() {
+			continue
+		}
+		if l.opts.Specs.Exists(uid) {
+			fromSpecs++
+		}
 		if err := l.opts.Specs.Write(uid, c); err != nil {
-			klog.FromContext(ctx).Error(err, "Cannot write the CDI spec of a rebuilt claim", "claim", klog.KRef(c.Namespace, c.Name))
+			logger.Error(err, "Cannot write the CDI spec of a rebuilt claim", "claim", klog.KRef(c.Namespace, c.Name))
 		}
 	}
 	l.removeOrphanSpecs(ctx, func(uid types.UID) bool {
 		_, owned := st.Claims[uid]
-		return owned || (slices.Contains(allocated, uid) && !l.releasedWhileLost[uid])
+		return owned || (slices.Contains(rb.allocated, uid) && !l.releasedWhileLost[uid])
 	})
 	if err := l.store.Quarantine(); err != nil {
-		return err
+		return "", err
 	}
-	if err := l.save(st); err != nil {
-		return err
+	if err := l.save(ctx, st); err != nil {
+		return "", err
 	}
 	clear(l.releasedWhileLost)
-	klog.FromContext(ctx).Info("Rebuilt the checkpoint from the API server", "claims", len(st.Claims))
-	return nil
+	fenced := 0
+	for _, u := range rb.untrusted {
+		if _, kept := st.Claims[u.uid]; !kept {
+			continue
+		}
+		fenced++
+		l.countError("rebuild", "untrusted")
+		logger.Error(nil, "The seats of a claim could not be recovered; its group is fenced until it is released", "claim", klog.KRef(u.namespace, u.name), "uid", u.uid, "why", u.why)
+	}
+	summary := fmt.Sprintf("rebuilt %d prepared claims from the API server and the CDI specs on the node (%d with a spec on disk); %d could not be trusted and are fenced", len(st.Claims), fromSpecs, fenced)
+	logger.Info("Rebuilt the checkpoint", "claims", len(st.Claims), "withSpecs", fromSpecs, "fenced", fenced)
+	return summary, nil
 }

@@ -64,7 +64,8 @@ func (l *Ledger) repair(ctx context.Context) error {
 	}
 	st.BootID = bootID
 	for uid, c := range st.Claims {
-		if c.Phase != checkpoint.PrepareCompleted || l.opts.Specs.Exists(uid) {
+		// A fenced claim's spec is not known: whatever is on disk stays.
+		if c.Phase != checkpoint.PrepareCompleted || c.Fenced() || l.opts.Specs.Exists(uid) {
 			continue
 		}
 		if err := l.opts.Specs.Write(uid, c); err != nil {
@@ -78,7 +79,7 @@ func (l *Ledger) repair(ctx context.Context) error {
 		_, owned := st.Claims[uid]
 		return owned
 	})
-	if err := l.save(st); err != nil {
+	if err := l.save(ctx, st); err != nil {
 		return fmt.Errorf("write the checkpoint: %w", err)
 	}
 	return nil
@@ -94,13 +95,14 @@ func (l *Ledger) repairLost(ctx context.Context, cause error) error {
 	logger.Error(cause, "The checkpoint and its previous copy are unusable; rebuilding it from the API server")
 	l.countError("prepare", "checkpoint")
 	rctx, cancel := context.WithTimeout(ctx, rebuildTimeout)
-	st, allocated, err := l.rebuild(rctx)
+	rb, err := l.rebuild(rctx)
 	cancel()
 	if err == nil {
-		if err := l.adopt(ctx, st, allocated); err != nil {
+		summary, err := l.adopt(ctx, rb)
+		if err != nil {
 			return err
 		}
-		l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, fmt.Sprintf("The plugin's checkpoint and its previous copy were unusable (%v); rebuilt %d prepared claims from the API server", cause, len(st.Claims)))
+		l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, fmt.Sprintf("The plugin's checkpoint and its previous copy were unusable (%v); %s", cause, summary))
 		return nil
 	}
 	logger.Error(err, "Cannot rebuild the checkpoint now; new claims are refused until it is rebuilt")
@@ -116,7 +118,7 @@ func (l *Ledger) repairLost(ctx context.Context, cause error) error {
 func (l *Ledger) recoverLost(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	_ = wait.ExponentialBackoffWithContext(ctx, apiRetry(), func(ctx context.Context) (bool, error) {
-		st, allocated, err := l.rebuild(ctx)
+		rb, err := l.rebuild(ctx)
 		if err != nil {
 			logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
 			return false, nil
@@ -127,12 +129,13 @@ func (l *Ledger) recoverLost(ctx context.Context) {
 			return false, nil
 		}
 		defer unlock()
-		if err := l.adopt(ctx, st, allocated); err != nil {
+		summary, err := l.adopt(ctx, rb)
+		if err != nil {
 			logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
 			return false, nil
 		}
 		l.lost.Store(false)
-		l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, fmt.Sprintf("The plugin's checkpoint was lost; rebuilt %d prepared claims from the API server", len(st.Claims)))
+		l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, "The plugin's checkpoint was lost; "+summary)
 		return true, nil
 	})
 }

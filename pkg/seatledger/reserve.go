@@ -101,6 +101,12 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 		r.Entries, r.Fresh, r.Errs = map[types.UID]*checkpoint.Claim{}, map[types.UID]bool{}, map[types.UID]error{}
 		for _, claim := range r.claims {
 			if c, ok := st.Claims[claim.UID]; ok && c.Phase == checkpoint.PrepareCompleted {
+				if sameAllocation(c, claim) && c.Fenced() {
+					// Its container's seats are not known: handing it any
+					// now could give it another container's.
+					r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): the seats this claim holds could not be recovered after the plugin's checkpoint was lost, so its group is fenced; delete its pods to release it, and the claim is prepared afresh", claim.Namespace, claim.Name, claim.UID)
+					continue
+				}
 				if sameAllocation(c, claim) {
 					r.Entries[claim.UID] = c
 					continue
@@ -132,7 +138,7 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 		return
 	}
 	run(l.opts.Hooks.BeforeSave)
-	if err := l.save(st); err != nil {
+	if err := l.save(ctx, st); err != nil {
 		// The file is the truth: read it again on the next call.
 		l.st = nil
 		for _, r := range batch {
@@ -190,7 +196,7 @@ func (l *Ledger) Release(ctx context.Context, uids []types.UID) (map[types.UID]e
 		}
 	}
 	if changed {
-		if err := l.save(st); err != nil {
+		if err := l.save(ctx, st); err != nil {
 			l.st = nil
 			return nil, fmt.Errorf("release seats in the checkpoint: %w", err)
 		}

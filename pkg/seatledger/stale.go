@@ -121,7 +121,7 @@ func (l *Ledger) releaseStale(ctx context.Context, stale map[types.UID]string) e
 	if !changed {
 		return nil
 	}
-	if err := l.save(st); err != nil {
+	if err := l.save(ctx, st); err != nil {
 		l.st = nil
 		return fmt.Errorf("release stale claims in the checkpoint: %w", err)
 	}

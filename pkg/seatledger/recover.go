@@ -1,0 +1,269 @@
+package seatledger
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+)
+
+// What a lost checkpoint is rebuilt from. The node has two records of the
+// seats a claim holds besides the checkpoint, written from its entry:
+//
+//   - the claim's status (status.devices[].data), written a second after
+//     the prepare, and not at all while the API server fails;
+//   - the claim's CDI spec on disk, written before the prepare answers:
+//     what its containers were given, in their KYB_* variables.
+//
+// Neither is trusted as written: each is checked against the claim's
+// current allocation and the node's plan and inventory (the group of each
+// allocated device, its GPUs and their UUIDs, the number of seats the
+// device consumes, seats within the group's, generations of 1 or more),
+// and the two must agree where both exist. A claim whose records fail is
+// fenced (its group's seats all held, no seat handed out to it) and
+// reported; a claim with no record at all was never given to a container,
+// since every container starts from its claim's spec, and the kubelet
+// prepares it again.
+
+// ourResults are the claim's allocation results on this driver and pool,
+// in allocation order (the order a spec lists a request's seats in).
+func (l *Ledger) ourResults(claim *resourceapi.ResourceClaim) []resourceapi.DeviceRequestAllocationResult {
+	var out []resourceapi.DeviceRequestAllocationResult
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == driver.Name && r.Pool == l.opts.Pool {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func shareOf(r resourceapi.DeviceRequestAllocationResult) string {
+	if r.ShareID == nil {
+		return ""
+	}
+	return string(*r.ShareID)
+}
+
+// fromStatus reads the claim's devices from its status. present says the
+// status records any of them; an error says why the record is not
+// trusted.
+func (l *Ledger) fromStatus(claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) (devs []checkpoint.Device, present bool, err error) {
+	recorded := map[string]v1alpha1.SeatStatus{}
+	var bad error
+	for _, ds := range claim.Status.Devices {
+		if ds.Driver != driver.Name || ds.Pool != l.opts.Pool || ds.Data == nil {
+			continue
+		}
+		present = true
+		var s v1alpha1.SeatStatus
+		if err := json.Unmarshal(ds.Data.Raw, &s); err != nil {
+			bad = fmt.Errorf("the status of device %s does not decode: %w", ds.Device, err)
+			continue
+		}
+		share := ""
+		if ds.ShareID != nil {
+			share = *ds.ShareID
+		}
+		recorded[ds.Device+"/"+share] = s
+	}
+	if !present || bad != nil {
+		return nil, present, bad
+	}
+	for _, r := range results {
+		s, ok := recorded[r.Device+"/"+shareOf(r)]
+		if !ok {
+			return nil, true, fmt.Errorf("the status records no seats for device %s", r.Device)
+		}
+		dev, err := l.recordedDevice(claim, r, s)
+		if err != nil {
+			return nil, true, fmt.Errorf("the status of device %s: %w", r.Device, err)
+		}
+		devs = append(devs, dev)
+	}
+	return devs, true, nil
+}
+
+// fromSpec reads the claim's devices back from its CDI spec on disk. Every
+// CDI device of a request carries the request's whole environment: its
+// KYB_* variables list the request's seats device by device, in
+// allocation order, each device taking as many entries as it holds seats.
+func (l *Ledger) fromSpec(claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) (devs []checkpoint.Device, present bool, err error) {
+	env, present, err := l.opts.Specs.ReadEnv(claim.UID)
+	if !present || err != nil {
+		return nil, present, err
+	}
+	// The entries left to take, per request.
+	type list struct{ groups, seats, gens []string }
+	lists := map[string]*list{}
+	for _, r := range results {
+		cdiDevice := r.Device
+		if share := shareOf(r); share != "" {
+			cdiDevice += "-" + share
+		}
+		vars, ok := env[cdiDevice]
+		if !ok {
+			return nil, true, fmt.Errorf("the CDI spec has no device %s", cdiDevice)
+		}
+		ref, known := l.index[r.Device]
+		if !known {
+			return nil, true, fmt.Errorf("device %s is not published by this node", r.Device)
+		}
+		if !containsAll(strings.Split(vars[containeredits.EnvNVIDIAVisibleDevices], ","), l.uuids(ref.Group.GPUs)) {
+			return nil, true, fmt.Errorf("the CDI spec of device %s does not give the container the GPUs of group %s", cdiDevice, ref.Group.Name)
+		}
+		req := resourceclaim.BaseRequestRef(r.Request)
+		if lists[req] == nil {
+			lists[req] = &list{groups: split(vars[containeredits.EnvGroup]), seats: split(vars[containeredits.EnvSeat]), gens: split(vars[containeredits.EnvGeneration])}
+		}
+		ls := lists[req]
+		n, err := l.seatCount(r, ref)
+		if err != nil {
+			return nil, true, err
+		}
+		if len(ls.groups) < n || len(ls.seats) < n || len(ls.gens) < n {
+			return nil, true, fmt.Errorf("the CDI spec lists fewer seats than the request's devices hold")
+		}
+		s := v1alpha1.SeatStatus{Profile: ref.Group.Profile.Name, Group: ref.Group.Name, GPUs: slices.Clone(ref.Group.GPUs), GPUUUIDs: l.uuids(ref.Group.GPUs)}
+		for i := range n {
+			if ls.groups[i] != ref.Group.Name {
+				return nil, true, fmt.Errorf("the CDI spec gives device %s a seat of group %s, not %s", cdiDevice, ls.groups[i], ref.Group.Name)
+			}
+			seat, err1 := strconv.Atoi(ls.seats[i])
+			gen, err2 := strconv.ParseInt(ls.gens[i], 10, 64)
+			if err1 != nil || err2 != nil {
+				return nil, true, fmt.Errorf("the CDI spec of device %s has seat %q, generation %q", cdiDevice, ls.seats[i], ls.gens[i])
+			}
+			s.Seats, s.Generations = append(s.Seats, seat), append(s.Generations, gen)
+		}
+		ls.groups, ls.seats, ls.gens = ls.groups[n:], ls.seats[n:], ls.gens[n:]
+		dev, err := l.recordedDevice(claim, r, s)
+		if err != nil {
+			return nil, true, fmt.Errorf("the CDI spec of device %s: %w", cdiDevice, err)
+		}
+		devs = append(devs, dev)
+	}
+	for req, ls := range lists {
+		if len(ls.groups) > 0 || len(ls.seats) > 0 || len(ls.gens) > 0 {
+			return nil, true, fmt.Errorf("the CDI spec lists more seats for request %s than its devices hold", req)
+		}
+	}
+	return devs, true, nil
+}
+
+// recordedDevice checks that s is a record of result on this node and
+// makes it the result's entry.
+func (l *Ledger) recordedDevice(claim *resourceapi.ResourceClaim, result resourceapi.DeviceRequestAllocationResult, s v1alpha1.SeatStatus) (checkpoint.Device, error) {
+	ref, known := l.index[result.Device]
+	if !known {
+		return checkpoint.Device{}, fmt.Errorf("device %s is not published by this node", result.Device)
+	}
+	g := ref.Group
+	n, err := l.seatCount(result, ref)
+	if err != nil {
+		return checkpoint.Device{}, err
+	}
+	switch {
+	case s.Group != g.Name || s.Profile != g.Profile.Name:
+		return checkpoint.Device{}, fmt.Errorf("it names group %s (%s), but the device is group %s (%s)", s.Group, s.Profile, g.Name, g.Profile.Name)
+	case !slices.Equal(s.GPUs, g.GPUs) || !slices.Equal(s.GPUUUIDs, l.uuids(g.GPUs)):
+		return checkpoint.Device{}, fmt.Errorf("it names GPUs %v (%v), but group %s is GPUs %v (%v)", s.GPUs, s.GPUUUIDs, g.Name, g.GPUs, l.uuids(g.GPUs))
+	case len(s.Seats) != n || len(s.Generations) != n:
+		return checkpoint.Device{}, fmt.Errorf("it records %d seats and %d generations, but the device holds %d seats", len(s.Seats), len(s.Generations), n)
+	}
+	seen := map[int]bool{}
+	for i, seat := range s.Seats {
+		switch {
+		case seat < 0 || seat >= g.Seats() || seen[seat]:
+			return checkpoint.Device{}, fmt.Errorf("seat %d is not one of group %s's %d seats, or is listed twice", seat, g.Name, g.Seats())
+		case ref.Seat >= 0 && seat != ref.Seat:
+			return checkpoint.Device{}, fmt.Errorf("seat %d, but device %s is seat %d", seat, result.Device, ref.Seat)
+		case s.Generations[i] < 1:
+			return checkpoint.Device{}, fmt.Errorf("seat %d has generation %d", seat, s.Generations[i])
+		}
+		seen[seat] = true
+	}
+	cfg, err := seatConfig(claim.Status.Allocation.Devices.Config, result)
+	if err != nil {
+		return checkpoint.Device{}, err
+	}
+	return newDevice(result, g, cfg, s), nil
+}
+
+// fencedDevices are the entries of a claim whose seats are not known: for
+// each result, its group with no seats, fenced.
+func (l *Ledger) fencedDevices(claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) []checkpoint.Device {
+	var devs []checkpoint.Device
+	for _, r := range results {
+		ref, known := l.index[r.Device]
+		if !known {
+			// A device today's plan does not have: fence every GPU, the
+			// only GPUs it can be known not to use being none.
+			all := make([]int, len(l.opts.Inventory.GPUs))
+			for i, g := range l.opts.Inventory.GPUs {
+				all[i] = g.Index
+			}
+			dev := checkpoint.Device{
+				Requests: []string{resourceclaim.BaseRequestRef(r.Request)}, Pool: r.Pool, Device: r.Device, ShareID: shareOf(r), GroupDevice: r.Device,
+				SeatStatus: v1alpha1.SeatStatus{GPUs: all, GPUUUIDs: l.uuids(all)}, CDIDevice: r.Device, Fenced: true,
+			}
+			if dev.ShareID != "" {
+				dev.CDIDevice += "-" + dev.ShareID
+			}
+			devs = append(devs, dev)
+			continue
+		}
+		cfg := &v1alpha1.SeatConfig{}
+		cfg.SetDefaults()
+		dev := newDevice(r, ref.Group, cfg, v1alpha1.SeatStatus{
+			Profile: ref.Group.Profile.Name, Group: ref.Group.Name, GPUs: slices.Clone(ref.Group.GPUs), GPUUUIDs: l.uuids(ref.Group.GPUs),
+		})
+		dev.Fenced = true
+		devs = append(devs, dev)
+	}
+	return devs
+}
+
+// seatCount is how many seats the result holds: one of a per-seat device,
+// else the seats it consumed.
+func (l *Ledger) seatCount(r resourceapi.DeviceRequestAllocationResult, ref draresources.DeviceRef) (int, error) {
+	if ref.Seat >= 0 {
+		return 1, nil
+	}
+	return seatsConsumed(r, ref.Group)
+}
+
+func (l *Ledger) uuids(gpus []int) []string {
+	out := make([]string, len(gpus))
+	for i, x := range gpus {
+		if x >= 0 && x < len(l.opts.Inventory.GPUs) {
+			out[i] = l.opts.Inventory.GPUs[x].UUID
+		}
+	}
+	return out
+}
+
+func split(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
+func containsAll(have, want []string) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,121 @@
+package seatledger
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
+)
+
+// Why GPUs are fenced: the value of the gpu.kyb.ai/fenced taint.
+const (
+	// FenceEarlierConfiguration: a held claim's group was defined on these
+	// GPUs by an earlier configuration, which no longer does.
+	FenceEarlierConfiguration = "earlier-configuration"
+	// FenceSeatsUnknown: a claim whose seats could not be recovered holds
+	// a group on these GPUs.
+	FenceSeatsUnknown = "seats-unknown"
+)
+
+// Usage is what the held claims use, as the publisher needs it.
+type Usage struct {
+	// Held are the seats held per group device; a fenced device holds all
+	// of its group's.
+	Held draresources.Held
+	// Fenced are GPUs that must not be handed out through any group until
+	// the claims holding them are released, with why (Fence*).
+	Fenced map[int]string
+}
+
+func (u Usage) equal(o Usage) bool {
+	return maps.Equal(u.Held, o.Held) && maps.Equal(u.Fenced, o.Fenced)
+}
+
+// fence is why a held device fences its GPUs, and the note an operator
+// reads about it.
+type fence struct {
+	reason string
+	note   string
+}
+
+// usage computes what st's claims use. A device fences its GPUs when it
+// holds a group that today's plan does not define on the same GPUs (the
+// configuration changed under a held claim: exclusivity is judged by the
+// GPUs recorded for the claim), or when its seats are not known.
+func (l *Ledger) usage(st *checkpoint.State) (Usage, map[types.UID]fence) {
+	u := Usage{Held: draresources.Held{}, Fenced: map[int]string{}}
+	fences := map[types.UID]fence{}
+	for _, uid := range slices.Sorted(maps.Keys(st.Claims)) {
+		c := st.Claims[uid]
+		for _, dev := range c.Devices {
+			today := l.opts.Plan.GroupByDevice(dev.GroupDevice)
+			switch {
+			case dev.Fenced:
+				seats := 1
+				if today != nil {
+					seats = today.Seats()
+				}
+				u.Held[dev.GroupDevice] += seats
+				fences[uid] = fence{FenceSeatsUnknown, fmt.Sprintf("the seats claim %s/%s (%s) holds on group %s (GPUs %s) could not be recovered after the plugin's checkpoint was lost; no seat of the group, and no group sharing its GPUs, is handed out until the claim is released (delete its pods)",
+					c.Namespace, c.Name, uid, dev.Group, gpuList(dev.GPUs))}
+			case today == nil || !slices.Equal(today.GPUs, dev.GPUs):
+				u.Held[dev.GroupDevice] += max(len(dev.Seats), 1)
+				now := "no longer defines it"
+				if today != nil {
+					now = "defines it on GPUs " + gpuList(today.GPUs)
+				}
+				fences[uid] = fence{FenceEarlierConfiguration, fmt.Sprintf("claim %s/%s (%s) holds group %s on GPUs %s as an earlier configuration defined it; the configuration now %s. GPUs %s stay fenced (no group containing them is handed out) until the claim is released",
+					c.Namespace, c.Name, uid, dev.Group, gpuList(dev.GPUs), now, gpuList(dev.GPUs))}
+			default:
+				u.Held[dev.GroupDevice] += max(len(dev.Seats), 1)
+				continue
+			}
+			for _, x := range dev.GPUs {
+				if _, set := u.Fenced[x]; !set {
+					u.Fenced[x] = fences[uid].reason
+				}
+			}
+		}
+	}
+	// A fenced device holds its whole group, whatever else does.
+	for gd, n := range u.Held {
+		if g := l.opts.Plan.GroupByDevice(gd); g != nil && n > g.Seats() {
+			u.Held[gd] = g.Seats()
+		}
+	}
+	return u, fences
+}
+
+func gpuList(gpus []int) string {
+	s := make([]string, len(gpus))
+	for i, x := range gpus {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ",")
+}
+
+// noteUsage tells UsageChanged what the claims use when it changed, and
+// operators of every claim that newly fences GPUs. Call with l.mu held.
+func (l *Ledger) noteUsage(ctx context.Context, st *checkpoint.State) {
+	u, fences := l.usage(st)
+	for uid, f := range fences {
+		if _, known := l.fences[uid]; !known {
+			l.opts.Events.Warning(ctx, nodeevents.ReasonGPUsFenced, f.note)
+		}
+	}
+	l.fences = fences
+	if l.usageKnown && u.equal(l.used) {
+		return
+	}
+	l.used, l.usageKnown = u, true
+	if l.opts.UsageChanged != nil {
+		l.opts.UsageChanged(Usage{Held: maps.Clone(u.Held), Fenced: maps.Clone(u.Fenced)})
+	}
+}
