@@ -30,7 +30,7 @@ GOLANGCI_LINT ?= $(CURDIR)/_output/bin/golangci-lint
 LOGCHECK_VERSION ?= v0.11.0
 LOGCHECK  ?= $(CURDIR)/_output/bin/logcheck
 
-.PHONY: help build test unit fuzz bench e2e lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check
+.PHONY: help build test unit fuzz soak bench e2e lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -55,6 +55,9 @@ test: unit fuzz chart-test e2e ## run every test: unit (-race), fuzz (briefly), 
 FUZZTIME ?=
 fuzz: ## run every fuzz target briefly (FUZZTIME=1m for longer)
 	FUZZTIME=$(FUZZTIME) hack/fuzz.sh
+
+soak: ## 1,000 random crashes with lost checkpoints among them; reports seats doubled and lost (both must be 0)
+	GO=$(GO) hack/soak.sh
 
 bench: ## every benchmark of docs/performance.md in one run (ROUNDS=3); tables in _output/bench/report.md
 	ROUNDS=$(or $(ROUNDS),3) hack/bench.sh

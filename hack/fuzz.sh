@@ -18,6 +18,7 @@ targets=(
   "./api/kyb.ai/v1alpha1 FuzzDecodeSeatConfig 50000"
   "./pkg/checkpoint FuzzDecode 150000"
   "./pkg/checkpoint FuzzDecodeContent 60000"
+  "./pkg/seatledger FuzzRebuildFromStatus 2000"
   "./pkg/planner FuzzPlan 40000"
 )
 mkdir -p _output

@@ -19,11 +19,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint/checkpointtest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
@@ -48,9 +51,13 @@ type crashRig struct {
 
 	// The kubelet's view: claims it got CDI IDs for, and those IDs.
 	prepared map[types.UID][]string
-	// Counts for the report.
-	crashes, restarts int
-	crashedAt         map[draplugin.HookPoint]int
+	// Counts for the report: crashes, starts, checkpoints lost; seats that
+	// two live claims' containers were given (doubled), and seats a live
+	// claim's container was given that the checkpoint does not hold for
+	// it (lost: the next claim could get them).
+	crashes, restarts, losses int
+	doubled, lost             int
+	crashedAt                 map[draplugin.HookPoint]int
 }
 
 func newCrashRig(t testing.TB) *crashRig {
@@ -229,6 +236,8 @@ func (r *crashRig) call(op string, c *resourceapi.ResourceClaim) (ok bool) {
 			r.t.Fatalf("unprepare %s: %s", c.Name, e)
 		}
 		delete(r.prepared, c.UID)
+		// Its status goes with its allocation.
+		r.setStatus(c.UID, nil)
 	}
 	return true
 }
@@ -265,6 +274,111 @@ func (r *crashRig) driveThen(op, retry string, c *resourceapi.ResourceClaim, poi
 		r.t.Fatalf("%s %s failed after the restart", retry, c.Name)
 	}
 	r.check()
+}
+
+// setStatus sets the status data of a claim in the API server the next
+// plugin child starts with (nil: none).
+func (r *crashRig) setStatus(uid types.UID, entry *checkpoint.Claim) {
+	for i := range r.spec.Claims {
+		c := &r.spec.Claims[i]
+		if c.UID != uid {
+			continue
+		}
+		c.Status.Devices = nil
+		if entry == nil {
+			return
+		}
+		for _, d := range entry.Devices {
+			data, err := json.Marshal(d.SeatStatus)
+			if err != nil {
+				r.t.Fatal(err)
+			}
+			share := d.ShareID
+			c.Status.Devices = append(c.Status.Devices, resourceapi.AllocatedDeviceStatus{
+				Driver: driver.Name, Pool: d.Pool, Device: d.Device, ShareID: &share, Data: &runtime.RawExtension{Raw: data},
+			})
+		}
+	}
+}
+
+// loseCheckpoint plays the loss of both copies of the checkpoint while
+// the plugin is down, after it wrote the statuses of some claims and not
+// yet those of others: the next start rebuilds from the statuses and the
+// specs on disk.
+func (r *crashRig) loseCheckpoint(rng *rand.Rand) {
+	r.t.Helper()
+	r.stop()
+	store := checkpoint.NewStore(r.spec.PluginDir)
+	if _, err := os.Stat(store.Path() + ".prev"); err != nil {
+		return // nothing saved twice yet: nothing to lose
+	}
+	st, _, err := store.Load()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for uid, c := range st.Claims {
+		if rng.Intn(2) == 0 {
+			r.setStatus(uid, c)
+		} else {
+			r.setStatus(uid, nil)
+		}
+	}
+	checkpointtest.Truncate(r.t, r.spec.PluginDir)
+	r.losses++
+}
+
+// specSeats are the seats a claim's containers were given, read from its
+// spec: "<group>/<seat>".
+func (r *crashRig) specSeats(uid types.UID) []string {
+	r.t.Helper()
+	raw, err := os.ReadFile(filepath.Join(r.spec.CDIDir, cdi.SpecName(uid)+".json"))
+	if err != nil {
+		r.t.Fatalf("claim %s has no CDI spec: %v", uid, err)
+	}
+	var spec cdispec.Spec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		r.t.Fatal(err)
+	}
+	var out []string
+	for _, d := range spec.Devices {
+		env := map[string]string{}
+		for _, kv := range d.ContainerEdits.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		groups, seats := strings.Split(env["KYB_GPU_GROUP"], ","), strings.Split(env["KYB_GPU_SEAT"], ",")
+		for i := range groups {
+			if s := groups[i] + "/" + seats[i]; !slices.Contains(out, s) {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// countSeats counts, from what the containers of the claims the kubelet
+// holds prepared were given, the seats given to two claims and the seats
+// the checkpoint does not hold for their claim.
+func (r *crashRig) countSeats(st *checkpoint.State) {
+	given := map[string]types.UID{}
+	for uid := range r.prepared {
+		entry := st.Claims[uid]
+		for _, s := range r.specSeats(uid) {
+			if other, twice := given[s]; twice && other != uid {
+				r.doubled++
+				r.t.Errorf("seat %s was given to claims %s and %s", s, other, uid)
+			}
+			given[s] = uid
+			group, seat, _ := strings.Cut(s, "/")
+			n, _ := strconv.Atoi(seat)
+			if entry == nil || !slices.ContainsFunc(entry.Devices, func(d checkpoint.Device) bool {
+				return d.Group == group && (d.Fenced || slices.Contains(d.Seats, n))
+			}) {
+				r.lost++
+				r.t.Errorf("seat %s of claim %s is not held for it in the checkpoint", s, uid)
+			}
+		}
+	}
 }
 
 // check compares the node's files with the kubelet's view: the checkpoint
@@ -304,6 +418,7 @@ func (r *crashRig) check() {
 			r.t.Fatalf("CDI spec %s belongs to no checkpointed claim", e.Name())
 		}
 	}
+	r.countSeats(st)
 	seats := map[string]types.UID{}
 	var held []*planner.Group
 	for uid, c := range st.Claims {
@@ -368,8 +483,11 @@ func TestCrashAtEveryStep(t *testing.T) {
 }
 
 // TestRandomCrashes drives random prepares and unprepares of random claims
-// with crashes at random steps. KYB_CRASH_ITERATIONS sets the count (the
-// bench target runs 1,000).
+// with crashes at random steps, and now and then loses both copies of the
+// checkpoint with the statuses of only some claims written.
+// KYB_CRASH_ITERATIONS sets the count (make soak runs 1,000), and the run
+// ends with the seats doubled and lost, counted from what the containers
+// of the live claims were given: both must be 0.
 func TestRandomCrashes(t *testing.T) {
 	iterations := 40
 	if s := os.Getenv("KYB_CRASH_ITERATIONS"); s != "" {
@@ -400,8 +518,12 @@ func TestRandomCrashes(t *testing.T) {
 		if op == "prepare" && rng.Intn(3) == 0 {
 			retry = "unprepare" // the pod went away while its prepare crashed
 		}
+		if rng.Intn(8) == 0 {
+			r.loseCheckpoint(rng)
+		}
 		r.driveThen(op, retry, c, point, 1)
 		r.check()
 	}
-	t.Logf("iterations %d, crashes %d at %d distinct points %v, plugin starts %d", iterations, r.crashes, len(r.crashedAt), r.crashedAt, r.restarts)
+	t.Logf("iterations %d, crashes %d at %d distinct points %v, checkpoints lost %d, plugin starts %d", iterations, r.crashes, len(r.crashedAt), r.crashedAt, r.losses, r.restarts)
+	t.Logf("seats doubled: %d, seats lost: %d", r.doubled, r.lost)
 }

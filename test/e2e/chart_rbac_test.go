@@ -147,6 +147,27 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 	if err := asPlugin.ResourceV1().ResourceSlices().Delete(c.Ctx, slicesB.Items[0].Name, metav1.DeleteOptions{}); err == nil {
 		t.Error("node-a's plugin deleted a ResourceSlice of node-b")
 	}
+	// On its own node too, only driver gpu.kyb.ai and the node's own pool.
+	for _, s := range []struct{ driver, pool, want string }{
+		{"gpu.nvidia.com", "node-a", `not of driver "gpu.nvidia.com"`},
+		{driver.Name, "spare-pool", `not of pool "spare-pool"`},
+	} {
+		other := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{GenerateName: "not-mine-"}, Spec: resourceapi.ResourceSliceSpec{
+			Driver: s.driver, NodeName: ptr.To("node-a"), Pool: resourceapi.ResourcePool{Name: s.pool, ResourceSliceCount: 1},
+		}}
+		if _, err := asPlugin.ResourceV1().ResourceSlices().Create(c.Ctx, other, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), s.want) {
+			t.Errorf("node-a's plugin created a slice of driver %s, pool %s on its node: %v", s.driver, s.pool, err)
+		}
+	}
+	theirs, err := c.Client.ResourceV1().ResourceSlices().Create(c.Ctx, &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "nvidia-on-node-a"}, Spec: resourceapi.ResourceSliceSpec{
+		Driver: "gpu.nvidia.com", NodeName: ptr.To("node-a"), Pool: resourceapi.ResourcePool{Name: "node-a", ResourceSliceCount: 1},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := asPlugin.ResourceV1().ResourceSlices().Delete(c.Ctx, theirs.Name, metav1.DeleteOptions{}); err == nil || !strings.Contains(err.Error(), `not of driver "gpu.nvidia.com"`) {
+		t.Errorf("node-a's plugin deleted another driver's slice on its node: %v", err)
+	}
 	createPod(t, c, podSpec{name: "on-b", node: "node-b", claims: fromTemplate("one-1x")})
 	pb, _, _ := c.WaitForPodRunning(t, "default", "on-b", timeout)
 	claimB := harness.PodClaim(pb, "gpu")

@@ -158,6 +158,11 @@ func slice(t *testing.T, node string) map[string]any {
 	return obj(t, fmt.Sprintf("spec: {driver: gpu.kyb.ai, nodeName: %s, pool: {name: %s, generation: 1, resourceSliceCount: 2}}", node, node))
 }
 
+// sliceOf is a slice of driver on node in pool.
+func sliceOf(t *testing.T, driver, node, pool string) map[string]any {
+	return obj(t, fmt.Sprintf("spec: {driver: %s, nodeName: %s, pool: {name: %s, generation: 1, resourceSliceCount: 1}}", driver, node, pool))
+}
+
 func TestSlicePolicyKeepsEachPluginOnItsNode(t *testing.T) {
 	vap := policies(t)["resourceslices"]
 	for _, tc := range []struct {
@@ -189,6 +194,26 @@ func TestSlicePolicyKeepsEachPluginOnItsNode(t *testing.T) {
 		{
 			name: "a token without a node", req: admission{operation: "CREATE", user: pluginUser, object: slice(t, "node-a")},
 			wantMatched: true, wantDenied: true, wantMessage: "the kyb DRA plugin's ServiceAccount token names no node",
+		},
+		{
+			name: "create another driver's slice on its node", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: sliceOf(t, "gpu.nvidia.com", "node-a", "node-a")},
+			wantMatched: true, wantDenied: true, wantMessage: `the kyb DRA plugin on node node-a may change only the ResourceSlices of driver gpu.kyb.ai, not of driver "gpu.nvidia.com"`,
+		},
+		{
+			name: "delete another driver's slice on its node", req: admission{operation: "DELETE", user: pluginUser, node: "node-a", oldObject: sliceOf(t, "gpu.nvidia.com", "node-a", "node-a")},
+			wantMatched: true, wantDenied: true, wantMessage: `not of driver "gpu.nvidia.com"`,
+		},
+		{
+			name: "take over another driver's slice", req: admission{operation: "UPDATE", user: pluginUser, node: "node-a", object: slice(t, "node-a"), oldObject: sliceOf(t, "gpu.nvidia.com", "node-a", "node-a")},
+			wantMatched: true, wantDenied: true, wantMessage: `not of driver "gpu.nvidia.com"`,
+		},
+		{
+			name: "create a slice of another pool on its node", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: sliceOf(t, "gpu.kyb.ai", "node-a", "spare-pool")},
+			wantMatched: true, wantDenied: true, wantMessage: `the kyb DRA plugin on node node-a may change only the slices of its own pool "node-a", not of pool "spare-pool"`,
+		},
+		{
+			name: "move its slice to another pool", req: admission{operation: "UPDATE", user: pluginUser, node: "node-a", object: sliceOf(t, "gpu.kyb.ai", "node-a", "node-b"), oldObject: slice(t, "node-a")},
+			wantMatched: true, wantDenied: true, wantMessage: `not of pool "node-b"`,
 		},
 		{name: "another user is not the policy's business", req: admission{operation: "DELETE", user: "system:serviceaccount:kube-system:resourceclaim-controller", oldObject: slice(t, "node-b")}},
 	} {
