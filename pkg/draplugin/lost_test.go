@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
+
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint/checkpointtest"
 )
@@ -75,5 +77,58 @@ func TestLostCheckpointWithTheAPIServerDown(t *testing.T) {
 	envB, _ := e.container(e.prepareOK(b)...)
 	if envB["KYB_GPU_SEAT"] != "0" {
 		t.Errorf("after the rebuild b got seat %s; a was unprepared, so seat 0 is free", envB["KYB_GPU_SEAT"])
+	}
+}
+
+// Both copies of the checkpoint lost while the statuses of some claims are
+// not written yet (they go out a second after the prepare, and not at all
+// while the API server refuses them): the rebuild reads those claims back
+// from their CDI specs on disk, so that a new claim gets none of their
+// seats, and every claim keeps its CDI IDs.
+func TestLostCheckpointWithStatusesPartlyWrittenIsRebuiltFromTheSpecs(t *testing.T) {
+	var refuse atomic.Bool
+	var tries atomic.Int64
+	e := newEnv(t, "nvlink-2x4", seed, refuseStatus(&refuse, &tries))
+	a := e.claim(class1x)
+	idsA := e.prepareOK(a)
+	e.waitStatus(a)
+	refuse.Store(true) // the statuses of b and c are never written
+	b, c := e.claim(class1x), e.claim(class1x)
+	idsB, idsC := e.prepareOK(b), e.prepareOK(c)
+	envB, _ := e.container(idsB...)
+	e.stop()
+	checkpointtest.Truncate(t, e.dirs.plugin)
+	refuse.Store(false)
+	e.start()
+
+	for _, tc := range []struct {
+		claim *resourceapi.ResourceClaim
+		ids   []string
+	}{{a, idsA}, {b, idsB}, {c, idsC}} {
+		if again := e.prepareOK(tc.claim); strings.Join(again, " ") != strings.Join(tc.ids, " ") {
+			t.Errorf("%s after the rebuild: CDI IDs %v, were %v", tc.claim.Name, again, tc.ids)
+		}
+	}
+	if again, _ := e.container(idsB...); again["KYB_GPU_SEAT"] != envB["KYB_GPU_SEAT"] || again["KYB_SEAT_GEN"] != envB["KYB_SEAT_GEN"] {
+		t.Errorf("b's seat after the rebuild: %s gen %s, was %s gen %s", again["KYB_GPU_SEAT"], again["KYB_SEAT_GEN"], envB["KYB_GPU_SEAT"], envB["KYB_SEAT_GEN"])
+	}
+	taken := map[string]bool{}
+	for _, ids := range [][]string{idsA, idsB, idsC} {
+		env, _ := e.container(ids...)
+		taken[env["KYB_GPU_GROUP"]+"/"+env["KYB_GPU_SEAT"]] = true
+	}
+	n := e.claim(class1x)
+	env, _ := e.container(e.prepareOK(n)...)
+	if taken[env["KYB_GPU_GROUP"]+"/"+env["KYB_GPU_SEAT"]] {
+		t.Errorf("a new claim got seat %s/%s, which a claim recovered from its spec holds", env["KYB_GPU_GROUP"], env["KYB_GPU_SEAT"])
+	}
+	st, _, err := checkpoint.NewStore(e.dirs.plugin).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cl := range []*resourceapi.ResourceClaim{a, b, c} {
+		if entry := st.Claims[cl.UID]; entry == nil || entry.Fenced() {
+			t.Errorf("%s after the rebuild: %+v", cl.Name, entry)
+		}
 	}
 }

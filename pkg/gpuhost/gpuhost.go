@@ -10,7 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
@@ -97,25 +100,96 @@ func (h *Host) Close() error {
 }
 
 // DeviceNumbers returns the type-c major and minor of a device node such as
-// /dev/nvidia0: from the host's /dev on a real node, from the simulated
-// kernel on a simulated one, so that a container runtime can create the
-// node from a CDI spec even where the file does not exist.
+// /dev/nvidia0, so that a container runtime can create the node from a CDI
+// spec even where the file does not exist. On a simulated node the
+// simulated kernel answers. On a real one, the node under the dev root
+// answers where the plugin sees it; else the kernel's list of character
+// devices does (/proc/devices, which is not namespaced): the NVIDIA
+// driver's major for the GPUs and nvidiactl, the nvidia-uvm module's for
+// its two nodes, and the minors the driver gives them. So the plugin needs
+// no mount of the host's /dev.
 func (h *Host) DeviceNumbers(devPath string) (int64, int64, error) {
 	if h.Simulated != nil {
 		return h.Simulated.DeviceNumbers(devPath)
 	}
 	p := filepath.Join(h.devRoot, devPath)
 	var st unix.Stat_t
-	if err := unix.Stat(p, &st); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return 0, 0, fmt.Errorf("device node %s does not exist on the host; is the NVIDIA kernel module (and nvidia-uvm) loaded? %w", p, err)
+	err := unix.Stat(p, &st)
+	if err == nil {
+		if st.Mode&unix.S_IFMT != unix.S_IFCHR {
+			return 0, 0, fmt.Errorf("%s is not a character device", p)
 		}
+		return int64(unix.Major(uint64(st.Rdev))), int64(unix.Minor(uint64(st.Rdev))), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
 		return 0, 0, fmt.Errorf("stat %s: %w", p, err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
-		return 0, 0, fmt.Errorf("%s is not a character device", p)
+	return deviceNumbersFromProc(procDevices, devPath)
+}
+
+// procDevices lists the kernel's character and block device majors.
+const procDevices = "/proc/devices"
+
+// The NVIDIA driver's character major, registered for it (and for
+// nvidiactl, minor 255), which /proc/devices names nvidia-frontend or
+// nvidia.
+const nvidiaMajor = 195
+
+// deviceNumbersFromProc finds a device node's numbers from the majors the
+// kernel lists in file (a /proc/devices) and the minors the NVIDIA driver
+// gives its nodes.
+func deviceNumbersFromProc(file, devPath string) (int64, int64, error) {
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return 0, 0, fmt.Errorf("device node %s is not visible and %s cannot be read: %w", devPath, file, err)
 	}
-	return int64(unix.Major(uint64(st.Rdev))), int64(unix.Minor(uint64(st.Rdev))), nil
+	majors := map[string]int64{}
+	char := false
+	for _, line := range strings.Split(string(raw), "\n") {
+		switch strings.TrimSpace(line) {
+		case "Character devices:":
+			char = true
+			continue
+		case "Block devices:":
+			char = false
+			continue
+		}
+		fields := strings.Fields(line)
+		if !char || len(fields) != 2 {
+			continue
+		}
+		if n, err := strconv.ParseInt(fields[0], 10, 64); err == nil {
+			majors[fields[1]] = n
+		}
+	}
+	base := path.Base(devPath)
+	switch {
+	case base == "nvidia-uvm" || base == "nvidia-uvm-tools":
+		major, ok := majors["nvidia-uvm"]
+		if !ok {
+			return 0, 0, fmt.Errorf("device node %s: the nvidia-uvm kernel module is not loaded (%s lists no nvidia-uvm)", devPath, file)
+		}
+		if base == "nvidia-uvm" {
+			return major, 0, nil
+		}
+		return major, 1, nil
+	case base == "nvidiactl":
+		return nvidiaMajorIn(majors), 255, nil
+	case strings.HasPrefix(base, "nvidia"):
+		if minor, err := strconv.ParseInt(strings.TrimPrefix(base, "nvidia"), 10, 64); err == nil && minor >= 0 && minor < 255 {
+			return nvidiaMajorIn(majors), minor, nil
+		}
+	}
+	return 0, 0, fmt.Errorf("device node %s is not visible, and is not one of the NVIDIA driver's whose numbers are known", devPath)
+}
+
+func nvidiaMajorIn(majors map[string]int64) int64 {
+	for _, name := range []string{"nvidia-frontend", "nvidia"} {
+		if m, ok := majors[name]; ok {
+			return m
+		}
+	}
+	return nvidiaMajor
 }
 
 // libDirs are where distributions and the NVIDIA installer put libnvidia-ml.
