@@ -1,6 +1,7 @@
 package draplugin_test
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -130,5 +131,52 @@ func TestLostCheckpointWithStatusesPartlyWrittenIsRebuiltFromTheSpecs(t *testing
 		if entry := st.Claims[cl.UID]; entry == nil || entry.Fenced() {
 			t.Errorf("%s after the rebuild: %+v", cl.Name, entry)
 		}
+	}
+}
+
+// A damaged version field, or a checkpoint whose checksums match but whose
+// content contradicts itself (two of which panicked in start-up repair:
+// a crash loop, every GPU of the node unusable), does not stop the plugin:
+// it uses the previous copy, or rebuilds when neither copy is sound.
+func TestUnsoundCheckpointsDoNotStopTheStart(t *testing.T) {
+	e := newEnv(t, "nvlink-2x4", seed)
+	a := e.claim(class1x)
+	idsA := e.prepareOK(a)
+	e.prepareOK(e.claim(class1x)) // a second save: the first is the previous copy now
+	e.stop()
+	path := filepath.Join(e.dirs.plugin, checkpoint.FileName)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(strings.Replace(string(raw), `"version":"v1"`, `"version":"v3"`, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	if again := e.prepareOK(a); strings.Join(again, " ") != strings.Join(idsA, " ") {
+		t.Errorf("after a damaged version: CDI IDs %v, were %v", again, idsA)
+	}
+
+	// Both copies with the right checksums and contradictory content.
+	e.stop()
+	st, _, err := checkpoint.NewStore(e.dirs.plugin).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range st.Claims {
+		c.Devices[0].Generations = nil // seats without generations
+	}
+	bad, err := checkpoint.Encode(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{path, path + ".prev"} {
+		if err := os.WriteFile(p, bad, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.start()
+	if again := e.prepareOK(a); strings.Join(again, " ") != strings.Join(idsA, " ") {
+		t.Errorf("after a contradictory checkpoint: CDI IDs %v, were %v", again, idsA)
 	}
 }
