@@ -113,22 +113,19 @@ type Ledger struct {
 	opts  Options
 	index map[string]draresources.DeviceRef
 	store *checkpoint.Store
+	rec   recoverer
 
 	// mu serialises every change of the record: batches of prepares,
 	// releases, the start-up repair. st is the record in memory (nil: read
-	// it from the file); used is what UsageChanged was last told, fences
-	// the claims that fence GPUs; releasedWhileLost are the claims
-	// released while the checkpoint was lost, which a rebuild must not
-	// bring back.
+	// it from the file); told is what UsageChanged and operators were last
+	// told; releasedWhileLost are the claims released while the checkpoint
+	// was lost, which a rebuild must not bring back.
 	mu                sync.Mutex
 	st                *checkpoint.State
-	used              Usage
-	usageKnown        bool
-	fences            map[types.UID]fence
+	told              told
 	releasedWhileLost map[types.UID]bool
-	// pending are prepares waiting for a batch.
-	pendingMu sync.Mutex
-	pending   []*Reservation
+	// batch holds the prepares waiting for the next batch.
+	batch batch
 	// flushCh asks the flusher to make the last save durable.
 	flushCh chan struct{}
 	// lost is set while the checkpoint is lost and not yet rebuilt.
@@ -141,6 +138,20 @@ type Ledger struct {
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+}
+
+// batch is the queue of prepares waiting for a batch.
+type batch struct {
+	mu      sync.Mutex
+	pending []*Reservation
+}
+
+// told is what the ledger last told of the claims' use: UsageChanged its
+// usage (once known), operators the claims that fence GPUs.
+type told struct {
+	usage  Usage
+	known  bool
+	fences map[types.UID]fence
 }
 
 // Open reads the checkpoint and repairs the node's state before the
@@ -160,6 +171,7 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 		opts: opts, index: draresources.Index(opts.Plan), store: checkpoint.NewStore(opts.Dir),
 		releasedWhileLost: map[types.UID]bool{}, flushCh: make(chan struct{}, 1), cancel: cancel,
 	}
+	l.rec = recoverer{opts: &l.opts, index: l.index}
 	l.wg.Go(func() { l.flush(ctx) })
 	if err := l.repair(ctx); err != nil {
 		l.Close(ctx)

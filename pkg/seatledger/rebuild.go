@@ -36,18 +36,18 @@ type rebuilt struct {
 // that no generation handed out before the loss repeats. It also returns
 // every claim allocated here, recorded or not, whose specs must stay, and
 // the claims it fenced.
-func (l *Ledger) rebuild(ctx context.Context) (*rebuilt, error) {
-	list, err := l.opts.Claims.ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+func (rc *recoverer) rebuild(ctx context.Context) (*rebuilt, error) {
+	list, err := rc.opts.Claims.ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list the ResourceClaims to rebuild the checkpoint from: %w", err)
 	}
 	st := checkpoint.New()
-	st.GenerationFloor = l.opts.Clock.Now().Unix()
+	st.GenerationFloor = rc.opts.Clock.Now().Unix()
 	var allocatedHere []types.UID
 	var found []untrusted
 	ours := map[types.UID]*resourceapi.ResourceClaim{}
 	fence := func(claim *resourceapi.ResourceClaim, why string) {
-		st.Claims[claim.UID].Devices = l.fencedDevices(claim, l.ourResults(claim))
+		st.Claims[claim.UID].Devices = rc.fencedDevices(claim, rc.ourResults(claim))
 		found = append(found, untrusted{claim.UID, claim.Namespace, claim.Name, why})
 	}
 	for i := range list.Items {
@@ -55,14 +55,14 @@ func (l *Ledger) rebuild(ctx context.Context) (*rebuilt, error) {
 		if claim.Status.Allocation == nil {
 			continue
 		}
-		results := l.ourResults(claim)
+		results := rc.ourResults(claim)
 		if len(results) == 0 {
 			continue
 		}
 		allocatedHere = append(allocatedHere, claim.UID)
 		ours[claim.UID] = claim
-		fromStatus, inStatus, statusErr := l.fromStatus(claim, results)
-		fromSpec, inSpec, specErr := l.fromSpec(claim, results)
+		fromStatus, inStatus, statusErr := rc.fromStatus(claim, results)
+		fromSpec, inSpec, specErr := rc.fromSpec(claim, results)
 		if !inStatus && !inSpec {
 			// Never given to a container: every container starts from its
 			// claim's spec. The kubelet prepares it again.

@@ -35,12 +35,21 @@ import (
 // since every container starts from its claim's spec, and the kubelet
 // prepares it again.
 
+// recoverer rebuilds the record of a node whose checkpoint is lost, from
+// the records the node keeps elsewhere. It holds no lock and changes
+// nothing: it reads the API server and the CDI directory, and the ledger
+// adopts what it returns under its lock.
+type recoverer struct {
+	opts  *Options
+	index map[string]draresources.DeviceRef
+}
+
 // ourResults are the claim's allocation results on this driver and pool,
 // in allocation order (the order a spec lists a request's seats in).
-func (l *Ledger) ourResults(claim *resourceapi.ResourceClaim) []resourceapi.DeviceRequestAllocationResult {
+func (rc *recoverer) ourResults(claim *resourceapi.ResourceClaim) []resourceapi.DeviceRequestAllocationResult {
 	var out []resourceapi.DeviceRequestAllocationResult
 	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver == driver.Name && r.Pool == l.opts.Pool {
+		if r.Driver == driver.Name && r.Pool == rc.opts.Pool {
 			out = append(out, r)
 		}
 	}
@@ -57,11 +66,11 @@ func shareOf(r resourceapi.DeviceRequestAllocationResult) string {
 // fromStatus reads the claim's devices from its status. present says the
 // status records any of them; an error says why the record is not
 // trusted.
-func (l *Ledger) fromStatus(claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) (devs []checkpoint.Device, present bool, err error) {
+func (rc *recoverer) fromStatus(claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) (devs []checkpoint.Device, present bool, err error) {
 	recorded := map[string]v1alpha1.SeatStatus{}
 	var bad error
 	for _, ds := range claim.Status.Devices {
-		if ds.Driver != driver.Name || ds.Pool != l.opts.Pool || ds.Data == nil {
+		if ds.Driver != driver.Name || ds.Pool != rc.opts.Pool || ds.Data == nil {
 			continue
 		}
 		present = true
@@ -84,7 +93,7 @@ func (l *Ledger) fromStatus(claim *resourceapi.ResourceClaim, results []resource
 		if !ok {
 			return nil, true, fmt.Errorf("the status records no seats for device %s", r.Device)
 		}
-		dev, err := l.recordedDevice(claim, r, s)
+		dev, err := rc.recordedDevice(claim, r, s)
 		if err != nil {
 			return nil, true, fmt.Errorf("the status of device %s: %w", r.Device, err)
 		}
@@ -97,8 +106,8 @@ func (l *Ledger) fromStatus(claim *resourceapi.ResourceClaim, results []resource
 // CDI device of a request carries the request's whole environment: its
 // KYB_* variables list the request's seats device by device, in
 // allocation order, each device taking as many entries as it holds seats.
-func (l *Ledger) fromSpec(claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) (devs []checkpoint.Device, present bool, err error) {
-	env, present, err := l.opts.Specs.ReadEnv(claim.UID)
+func (rc *recoverer) fromSpec(claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) (devs []checkpoint.Device, present bool, err error) {
+	env, present, err := rc.opts.Specs.ReadEnv(claim.UID)
 	if !present || err != nil {
 		return nil, present, err
 	}
@@ -114,11 +123,11 @@ func (l *Ledger) fromSpec(claim *resourceapi.ResourceClaim, results []resourceap
 		if !ok {
 			return nil, true, fmt.Errorf("the CDI spec has no device %s", cdiDevice)
 		}
-		ref, known := l.index[r.Device]
+		ref, known := rc.index[r.Device]
 		if !known {
 			return nil, true, fmt.Errorf("device %s is not published by this node", r.Device)
 		}
-		if !containsAll(strings.Split(vars[containeredits.EnvNVIDIAVisibleDevices], ","), l.uuids(ref.Group.GPUs)) {
+		if !containsAll(strings.Split(vars[containeredits.EnvNVIDIAVisibleDevices], ","), rc.uuids(ref.Group.GPUs)) {
 			return nil, true, fmt.Errorf("the CDI spec of device %s does not give the container the GPUs of group %s", cdiDevice, ref.Group.Name)
 		}
 		req := resourceclaim.BaseRequestRef(r.Request)
@@ -126,14 +135,14 @@ func (l *Ledger) fromSpec(claim *resourceapi.ResourceClaim, results []resourceap
 			lists[req] = &list{groups: split(vars[containeredits.EnvGroup]), seats: split(vars[containeredits.EnvSeat]), gens: split(vars[containeredits.EnvGeneration])}
 		}
 		ls := lists[req]
-		n, err := l.seatCount(r, ref)
+		n, err := rc.seatCount(r, ref)
 		if err != nil {
 			return nil, true, err
 		}
 		if len(ls.groups) < n || len(ls.seats) < n || len(ls.gens) < n {
 			return nil, true, fmt.Errorf("the CDI spec lists fewer seats than the request's devices hold")
 		}
-		s := v1alpha1.SeatStatus{Profile: ref.Group.Profile.Name, Group: ref.Group.Name, GPUs: slices.Clone(ref.Group.GPUs), GPUUUIDs: l.uuids(ref.Group.GPUs)}
+		s := v1alpha1.SeatStatus{Profile: ref.Group.Profile.Name, Group: ref.Group.Name, GPUs: slices.Clone(ref.Group.GPUs), GPUUUIDs: rc.uuids(ref.Group.GPUs)}
 		for i := range n {
 			if ls.groups[i] != ref.Group.Name {
 				return nil, true, fmt.Errorf("the CDI spec gives device %s a seat of group %s, not %s", cdiDevice, ls.groups[i], ref.Group.Name)
@@ -146,7 +155,7 @@ func (l *Ledger) fromSpec(claim *resourceapi.ResourceClaim, results []resourceap
 			s.Seats, s.Generations = append(s.Seats, seat), append(s.Generations, gen)
 		}
 		ls.groups, ls.seats, ls.gens = ls.groups[n:], ls.seats[n:], ls.gens[n:]
-		dev, err := l.recordedDevice(claim, r, s)
+		dev, err := rc.recordedDevice(claim, r, s)
 		if err != nil {
 			return nil, true, fmt.Errorf("the CDI spec of device %s: %w", cdiDevice, err)
 		}
@@ -162,21 +171,21 @@ func (l *Ledger) fromSpec(claim *resourceapi.ResourceClaim, results []resourceap
 
 // recordedDevice checks that s is a record of result on this node and
 // makes it the result's entry.
-func (l *Ledger) recordedDevice(claim *resourceapi.ResourceClaim, result resourceapi.DeviceRequestAllocationResult, s v1alpha1.SeatStatus) (checkpoint.Device, error) {
-	ref, known := l.index[result.Device]
+func (rc *recoverer) recordedDevice(claim *resourceapi.ResourceClaim, result resourceapi.DeviceRequestAllocationResult, s v1alpha1.SeatStatus) (checkpoint.Device, error) {
+	ref, known := rc.index[result.Device]
 	if !known {
 		return checkpoint.Device{}, fmt.Errorf("device %s is not published by this node", result.Device)
 	}
 	g := ref.Group
-	n, err := l.seatCount(result, ref)
+	n, err := rc.seatCount(result, ref)
 	if err != nil {
 		return checkpoint.Device{}, err
 	}
 	switch {
 	case s.Group != g.Name || s.Profile != g.Profile.Name:
 		return checkpoint.Device{}, fmt.Errorf("it names group %s (%s), but the device is group %s (%s)", s.Group, s.Profile, g.Name, g.Profile.Name)
-	case !slices.Equal(s.GPUs, g.GPUs) || !slices.Equal(s.GPUUUIDs, l.uuids(g.GPUs)):
-		return checkpoint.Device{}, fmt.Errorf("it names GPUs %v (%v), but group %s is GPUs %v (%v)", s.GPUs, s.GPUUUIDs, g.Name, g.GPUs, l.uuids(g.GPUs))
+	case !slices.Equal(s.GPUs, g.GPUs) || !slices.Equal(s.GPUUUIDs, rc.uuids(g.GPUs)):
+		return checkpoint.Device{}, fmt.Errorf("it names GPUs %v (%v), but group %s is GPUs %v (%v)", s.GPUs, s.GPUUUIDs, g.Name, g.GPUs, rc.uuids(g.GPUs))
 	case len(s.Seats) != n || len(s.Generations) != n:
 		return checkpoint.Device{}, fmt.Errorf("it records %d seats and %d generations, but the device holds %d seats", len(s.Seats), len(s.Generations), n)
 	}
@@ -201,20 +210,20 @@ func (l *Ledger) recordedDevice(claim *resourceapi.ResourceClaim, result resourc
 
 // fencedDevices are the entries of a claim whose seats are not known: for
 // each result, its group with no seats, fenced.
-func (l *Ledger) fencedDevices(claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) []checkpoint.Device {
+func (rc *recoverer) fencedDevices(claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) []checkpoint.Device {
 	var devs []checkpoint.Device
 	for _, r := range results {
-		ref, known := l.index[r.Device]
+		ref, known := rc.index[r.Device]
 		if !known {
 			// A device today's plan does not have: fence every GPU, the
 			// only GPUs it can be known not to use being none.
-			all := make([]int, len(l.opts.Inventory.GPUs))
-			for i, g := range l.opts.Inventory.GPUs {
+			all := make([]int, len(rc.opts.Inventory.GPUs))
+			for i, g := range rc.opts.Inventory.GPUs {
 				all[i] = g.Index
 			}
 			dev := checkpoint.Device{
 				Requests: []string{resourceclaim.BaseRequestRef(r.Request)}, Pool: r.Pool, Device: r.Device, ShareID: shareOf(r), GroupDevice: r.Device,
-				SeatStatus: v1alpha1.SeatStatus{GPUs: all, GPUUUIDs: l.uuids(all)}, CDIDevice: r.Device, Fenced: true,
+				SeatStatus: v1alpha1.SeatStatus{GPUs: all, GPUUUIDs: rc.uuids(all)}, CDIDevice: r.Device, Fenced: true,
 			}
 			if dev.ShareID != "" {
 				dev.CDIDevice += "-" + dev.ShareID
@@ -225,7 +234,7 @@ func (l *Ledger) fencedDevices(claim *resourceapi.ResourceClaim, results []resou
 		cfg := &v1alpha1.SeatConfig{}
 		cfg.SetDefaults()
 		dev := newDevice(r, ref.Group, cfg, v1alpha1.SeatStatus{
-			Profile: ref.Group.Profile.Name, Group: ref.Group.Name, GPUs: slices.Clone(ref.Group.GPUs), GPUUUIDs: l.uuids(ref.Group.GPUs),
+			Profile: ref.Group.Profile.Name, Group: ref.Group.Name, GPUs: slices.Clone(ref.Group.GPUs), GPUUUIDs: rc.uuids(ref.Group.GPUs),
 		})
 		dev.Fenced = true
 		devs = append(devs, dev)
@@ -235,18 +244,18 @@ func (l *Ledger) fencedDevices(claim *resourceapi.ResourceClaim, results []resou
 
 // seatCount is how many seats the result holds: one of a per-seat device,
 // else the seats it consumed.
-func (l *Ledger) seatCount(r resourceapi.DeviceRequestAllocationResult, ref draresources.DeviceRef) (int, error) {
+func (rc *recoverer) seatCount(r resourceapi.DeviceRequestAllocationResult, ref draresources.DeviceRef) (int, error) {
 	if ref.Seat >= 0 {
 		return 1, nil
 	}
 	return seatsConsumed(r, ref.Group)
 }
 
-func (l *Ledger) uuids(gpus []int) []string {
+func (rc *recoverer) uuids(gpus []int) []string {
 	out := make([]string, len(gpus))
 	for i, x := range gpus {
-		if x >= 0 && x < len(l.opts.Inventory.GPUs) {
-			out[i] = l.opts.Inventory.GPUs[x].UUID
+		if x >= 0 && x < len(rc.opts.Inventory.GPUs) {
+			out[i] = rc.opts.Inventory.GPUs[x].UUID
 		}
 	}
 	return out

@@ -95,7 +95,7 @@ func (l *Ledger) repairLost(ctx context.Context, cause error) error {
 	logger.Error(cause, "The checkpoint and its previous copy are unusable; rebuilding it from the API server")
 	l.countError("prepare", "checkpoint")
 	rctx, cancel := context.WithTimeout(ctx, rebuildTimeout)
-	rb, err := l.rebuild(rctx)
+	rb, err := l.rec.rebuild(rctx)
 	cancel()
 	if err == nil {
 		summary, err := l.adopt(ctx, rb)
@@ -118,7 +118,7 @@ func (l *Ledger) repairLost(ctx context.Context, cause error) error {
 func (l *Ledger) recoverLost(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	_ = wait.ExponentialBackoffWithContext(ctx, apiRetry(), func(ctx context.Context) (bool, error) {
-		rb, err := l.rebuild(ctx)
+		rb, err := l.rec.rebuild(ctx)
 		if err != nil {
 			logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
 			return false, nil

@@ -57,9 +57,9 @@ func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClai
 		}
 		return r
 	}
-	l.pendingMu.Lock()
-	l.pending = append(l.pending, r)
-	l.pendingMu.Unlock()
+	l.batch.mu.Lock()
+	l.batch.pending = append(l.batch.pending, r)
+	l.batch.mu.Unlock()
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -67,10 +67,10 @@ func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClai
 		// An earlier holder of l.mu took this reservation into its batch.
 		return r
 	}
-	l.pendingMu.Lock()
-	batch := l.pending
-	l.pending = nil
-	l.pendingMu.Unlock()
+	l.batch.mu.Lock()
+	batch := l.batch.pending
+	l.batch.pending = nil
+	l.batch.mu.Unlock()
 	l.reserveBatch(ctx, batch)
 	return r
 }

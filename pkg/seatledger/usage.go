@@ -12,6 +12,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
 // Why GPUs are fenced: the value of the gpu.kyb.ai/fenced taint.
@@ -45,17 +46,17 @@ type fence struct {
 	note   string
 }
 
-// usage computes what st's claims use. A device fences its GPUs when it
+// usageOf computes what st's claims use. A device fences its GPUs when it
 // holds a group that today's plan does not define on the same GPUs (the
 // configuration changed under a held claim: exclusivity is judged by the
 // GPUs recorded for the claim), or when its seats are not known.
-func (l *Ledger) usage(st *checkpoint.State) (Usage, map[types.UID]fence) {
+func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fence) {
 	u := Usage{Held: draresources.Held{}, Fenced: map[int]string{}}
 	fences := map[types.UID]fence{}
 	for _, uid := range slices.Sorted(maps.Keys(st.Claims)) {
 		c := st.Claims[uid]
 		for _, dev := range c.Devices {
-			today := l.opts.Plan.GroupByDevice(dev.GroupDevice)
+			today := plan.GroupByDevice(dev.GroupDevice)
 			switch {
 			case dev.Fenced:
 				seats := 1
@@ -86,7 +87,7 @@ func (l *Ledger) usage(st *checkpoint.State) (Usage, map[types.UID]fence) {
 	}
 	// A fenced device holds its whole group, whatever else does.
 	for gd, n := range u.Held {
-		if g := l.opts.Plan.GroupByDevice(gd); g != nil && n > g.Seats() {
+		if g := plan.GroupByDevice(gd); g != nil && n > g.Seats() {
 			u.Held[gd] = g.Seats()
 		}
 	}
@@ -104,17 +105,17 @@ func gpuList(gpus []int) string {
 // noteUsage tells UsageChanged what the claims use when it changed, and
 // operators of every claim that newly fences GPUs. Call with l.mu held.
 func (l *Ledger) noteUsage(ctx context.Context, st *checkpoint.State) {
-	u, fences := l.usage(st)
+	u, fences := usageOf(l.opts.Plan, st)
 	for uid, f := range fences {
-		if _, known := l.fences[uid]; !known {
+		if _, known := l.told.fences[uid]; !known {
 			l.opts.Events.Warning(ctx, nodeevents.ReasonGPUsFenced, f.note)
 		}
 	}
-	l.fences = fences
-	if l.usageKnown && u.equal(l.used) {
+	l.told.fences = fences
+	if l.told.known && u.equal(l.told.usage) {
 		return
 	}
-	l.used, l.usageKnown = u, true
+	l.told.usage, l.told.known = u, true
 	if l.opts.UsageChanged != nil {
 		l.opts.UsageChanged(Usage{Held: maps.Clone(u.Held), Fenced: maps.Clone(u.Fenced)})
 	}
