@@ -134,7 +134,8 @@ func (w *Writer) Remove(claimUID types.UID) error {
 
 // ReadEnv reads a claim's spec back: the environment of each of its CDI
 // devices, by device name (without the claim UID the CDI name prefixes
-// it with). ok is false when the claim has no spec.
+// it with). ok is false when the claim has no spec; a spec that is there
+// but cannot be read or parsed is ok with an error.
 func (w *Writer) ReadEnv(claimUID types.UID) (env map[string]map[string]string, ok bool, err error) {
 	if err := checkUID(claimUID); err != nil {
 		return nil, false, err
@@ -144,7 +145,8 @@ func (w *Writer) ReadEnv(claimUID types.UID) (env map[string]map[string]string, 
 		return nil, false, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("read the CDI spec of claim %s: %w", claimUID, err)
+		// There, but not readable: what it gives a container is not known.
+		return nil, true, fmt.Errorf("read the CDI spec of claim %s: %w", claimUID, err)
 	}
 	var spec cdispec.Spec
 	if err := json.Unmarshal(raw, &spec); err != nil {

@@ -102,3 +102,39 @@ func TestUnsafeClaimUIDsNeverReachAPath(t *testing.T) {
 		}
 	}
 }
+
+// ReadEnv is what a lost checkpoint is rebuilt from: a spec it cannot
+// read is there all the same (ok, with an error), never taken for none.
+func TestReadEnv(t *testing.T) {
+	dir := t.TempDir()
+	w, err := NewWriter(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edits := &containeredits.Edits{Env: []string{"KYB_GPU_GROUP=G0", "KYB_GPU_SEAT=2"}, DeviceNodes: []containeredits.DeviceNode{{Path: "/dev/nvidia0", HostPath: "/dev/nvidia0", Major: 195}}}
+	if err := w.Write("uid-a", []Device{{Name: "g0-1x-s", Edits: edits}}); err != nil {
+		t.Fatal(err)
+	}
+	env, ok, err := w.ReadEnv("uid-a")
+	if err != nil || !ok || env["g0-1x-s"]["KYB_GPU_SEAT"] != "2" || env["g0-1x-s"]["KYB_GPU_GROUP"] != "G0" {
+		t.Errorf("read back %v, %v, %v", env, ok, err)
+	}
+	if _, ok, err := w.ReadEnv("uid-none"); ok || err != nil {
+		t.Errorf("no spec: ok %v, %v", ok, err)
+	}
+	path := func(uid types.UID) string { return filepath.Join(dir, SpecName(uid)+specExt) }
+	if err := os.WriteFile(path("uid-torn"), []byte(`{"cdiVersion":`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path("uid-other"), []byte(`{"cdiVersion":"0.3.0","kind":"example.com/gpu","devices":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(path("uid-dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for uid, want := range map[types.UID]string{"uid-torn": "unexpected end", "uid-other": `kind "example.com/gpu"`, "uid-dir": "is a directory"} {
+		if _, ok, err := w.ReadEnv(uid); !ok || err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: ok %v, %v; want ok and an error saying %q", uid, ok, err, want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -140,6 +141,45 @@ func TestNewerVersionIsRefusedAndNotOverwritten(t *testing.T) {
 	}
 }
 
+// A previous copy a newer plugin wrote is not fallen back on: this plugin
+// cannot judge it, and its next save would drop it.
+func TestNewerPreviousCopyIsRefused(t *testing.T) {
+	s := NewStore(t.TempDir())
+	data := `{"claims":{}}`
+	newer := `{"version":"v9","checksum":"` + checksum([]byte(data)) + `","sum":"` + sum("v9", []byte(data)) + `","data":` + data + `}`
+	if err := os.WriteFile(s.prevPath(), []byte(newer), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.Path(), []byte("{torn"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Load(); !errors.Is(err, ErrNewerVersion) {
+		t.Errorf("load with a damaged file and a v9 previous copy: %v, want ErrNewerVersion", err)
+	}
+}
+
+// A checkpoint that is there but cannot be read is unusable, as a damaged
+// one is: the previous copy is used, and with none the state is recovered
+// (ErrCorrupt) instead of the plugin failing every start.
+func TestUnreadableFileIsCorrupt(t *testing.T) {
+	s := NewStore(t.TempDir())
+	if err := os.Mkdir(s.Path(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Load(); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("load of a directory in the file's place: %v, want ErrCorrupt", err)
+	}
+	if err := s.Quarantine(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(sample()); err != nil {
+		t.Fatalf("save after setting the unreadable file aside: %v", err)
+	}
+	if got, _, err := s.Load(); err != nil || !reflect.DeepEqual(got, sample()) {
+		t.Errorf("load after the save: %v", err)
+	}
+}
+
 // A file whose checksums match but whose content contradicts itself is
 // corrupt, as a torn one is: the previous copy is used instead.
 func TestContradictoryStateIsCorrupt(t *testing.T) {
@@ -177,7 +217,15 @@ func TestContradictoryStateIsCorrupt(t *testing.T) {
 		{"a claim without a name", func(st *State) { st.Claims["uid-1"].Name = "" }, "has no namespace or name"},
 		{"a nil claim", func(st *State) { st.Claims["uid-3"] = nil }, "claim uid-3 has no entry"},
 		{"a malformed generation key", func(st *State) { st.Generations["g01-2x"] = 1 }, `generations["g01-2x"] = 1`},
-		{"negative floor", func(st *State) { st.GenerationFloor = -1 }, "generationFloor -1 is negative"},
+		{"negative floor", func(st *State) { st.GenerationFloor = -1 }, "generationFloor -1 is not between 0 and"},
+		// Raising the floor past a lost save adds to the largest count:
+		// a count near the largest int64 would overflow into negatives.
+		{"a floor past the bound", func(st *State) { st.GenerationFloor = MaxGeneration + 1 }, "generationFloor 4611686018427387905 is not between"},
+		{"a count past the bound", func(st *State) { st.Generations["g01-2x/0"] = math.MaxInt64 }, `generations["g01-2x/0"] = 9223372036854775807`},
+		{"a claim UID no spec can be written for", func(st *State) {
+			st.Claims["../../etc/x"] = st.Claims["uid-1"]
+			delete(st.Claims, "uid-1")
+		}, `claim UID "../../etc/x" is not a safe file name`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -94,6 +94,11 @@ func (s *Store) Load() (*State, LoadResult, error) {
 		currentErr = nil
 	}
 	prev, prevErr := readFile(s.prevPath())
+	if errors.Is(prevErr, ErrNewerVersion) {
+		// A newer plugin wrote the copy this one would fall back to: its
+		// state is not this plugin's to judge, nor to overwrite.
+		return nil, LoadResult{}, prevErr
+	}
 	switch {
 	case prevErr == nil && currentErr == nil:
 		// A crash between keeping the previous copy and renaming the new
@@ -116,20 +121,26 @@ func readFile(path string) (*State, error) {
 }
 
 // readFileStamped reads and decodes path, with the file's stat taken from
-// the open file, so that it describes exactly the bytes read.
+// the open file, so that it describes exactly the bytes read. A file that
+// is there but cannot be read (a directory in its place, no permission, an
+// I/O error) is as unusable as a damaged one: the error wraps ErrCorrupt,
+// so that the state is recovered rather than the plugin stopped for good.
 func readFileStamped(path string) (*State, os.FileInfo, error) {
 	f, err := os.Open(path)
-	if err != nil {
+	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil, err
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	raw, err := io.ReadAll(f)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}
 	st, err := Decode(raw, path)
 	return st, fi, err

@@ -9,7 +9,15 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 )
+
+// MaxGeneration bounds every generation and floor a state may record: far
+// above any clock in seconds, and far enough below the largest int64 that
+// raising the floor past a lost save (RaiseGenerationFloor) and handing
+// seats out again cannot overflow.
+const MaxGeneration = 1 << 62
 
 // cdiName is what a CDI device name may hold (the CDI specification's
 // rule); a device's CDIDevice becomes part of one.
@@ -19,16 +27,17 @@ var cdiName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]*$`)
 // plugin writes: every list of a device has the lengths of its partner,
 // seats and GPUs are unique and not negative, no seat is held by two
 // devices, every generation handed out is below the seat's recorded
-// count. A state that passes may still not fit today's node (its groups
+// count and MaxGeneration, and every claim UID is one a CDI spec can be
+// written for. A state that passes may still not fit today's node (its groups
 // may have changed); that is the seat ledger's to judge.
 func (st *State) Validate() error {
-	if st.GenerationFloor < 0 {
-		return fmt.Errorf("generationFloor %d is negative", st.GenerationFloor)
+	if st.GenerationFloor < 0 || st.GenerationFloor > MaxGeneration {
+		return fmt.Errorf("generationFloor %d is not between 0 and %d", st.GenerationFloor, int64(MaxGeneration))
 	}
 	for key, n := range st.Generations {
 		dev, seat, ok := strings.Cut(key, "/")
-		if s, err := strconv.Atoi(seat); !ok || dev == "" || err != nil || s < 0 || n < 0 {
-			return fmt.Errorf("generations[%q] = %d: want <device>/<seat> with a seat and a count that are not negative", key, n)
+		if s, err := strconv.Atoi(seat); !ok || dev == "" || err != nil || s < 0 || n < 0 || n > MaxGeneration {
+			return fmt.Errorf("generations[%q] = %d: want <device>/<seat> with a seat that is not negative and a count between 0 and %d", key, n, int64(MaxGeneration))
 		}
 	}
 	holder := map[string]types.UID{}
@@ -39,6 +48,9 @@ func (st *State) Validate() error {
 		}
 		if c.Name == "" || c.Namespace == "" {
 			return fmt.Errorf("claim %s has no namespace or name", uid)
+		}
+		if err := cdi.CheckClaimUID(uid); err != nil {
+			return err
 		}
 		if c.Phase != PrepareStarted && c.Phase != PrepareCompleted {
 			return fmt.Errorf("claim %s: unknown phase %q", uid, c.Phase)
