@@ -82,6 +82,11 @@ func (l *Ledger) assignResult(st *checkpoint.State, uid types.UID, configs []res
 	if err := checkExclusive(l.opts.Plan, st, uid, group); err != nil {
 		return checkpoint.Device{}, err
 	}
+	// A fenced group's seats are all held, per-seat devices' included:
+	// the claim fencing it may use any of them.
+	if holder, fenced := st.FencedBy(groupDevice); fenced && holder != uid {
+		return checkpoint.Device{}, fmt.Errorf("group %s is fenced: the seats claim %s holds on it could not be recovered, so none is handed out until that claim is released", group.Name, describeClaim(st, holder))
+	}
 	var seats []int
 	if ref.Seat >= 0 {
 		if holder, held := st.Holders(groupDevice)[ref.Seat]; held && holder != uid {
@@ -133,7 +138,10 @@ func newDevice(result resourceapi.DeviceRequestAllocationResult, group *planner.
 // unless a profile involved allows overprovisioning. It judges by the
 // GPUs recorded for the held claims, not by today's plan: a configuration
 // that redefined a held group (same name, other GPUs) must not let a new
-// group onto the GPUs the held claim still uses.
+// group onto the GPUs the held claim still uses. GPUs a held claim fences
+// (its seats not known, or its group defined so by an earlier
+// configuration) go to no other group at all, overprovisioned or not:
+// that is what the published taint says.
 func checkExclusive(plan *planner.Plan, st *checkpoint.State, self types.UID, group *planner.Group) error {
 	for uid, c := range st.Claims {
 		if uid == self {
@@ -144,6 +152,10 @@ func checkExclusive(plan *planner.Plan, st *checkpoint.State, self types.UID, gr
 			if sameGroup || !slices.ContainsFunc(dev.GPUs, func(x int) bool { return slices.Contains(group.GPUs, x) }) {
 				continue
 			}
+			if dev.Fenced || earlierConfiguration(plan, dev) {
+				return fmt.Errorf("GPU(s) %s of group %s (%s) are fenced by claim %s, which holds them through group %s (GPUs %s) with %s; no group on them is handed out until that claim is released",
+					group.GPUList(), group.Name, group.Profile.Name, describeClaim(st, uid), dev.Group, gpuList(dev.GPUs), fenceCause(dev))
+			}
 			if group.Profile.AllowOverprovision || allowsOverprovision(plan, dev.Profile) {
 				continue
 			}
@@ -152,6 +164,20 @@ func checkExclusive(plan *planner.Plan, st *checkpoint.State, self types.UID, gr
 		}
 	}
 	return nil
+}
+
+// earlierConfiguration reports whether a held device's group is defined
+// otherwise today, or not at all: the device fences its recorded GPUs.
+func earlierConfiguration(plan *planner.Plan, dev checkpoint.Device) bool {
+	today := plan.GroupByDevice(dev.GroupDevice)
+	return today == nil || !slices.Equal(today.GPUs, dev.GPUs)
+}
+
+func fenceCause(dev checkpoint.Device) string {
+	if dev.Fenced {
+		return "seats that could not be recovered after the checkpoint was lost"
+	}
+	return "a definition of an earlier configuration"
 }
 
 // allowsOverprovision reports whether today's profile of that name allows

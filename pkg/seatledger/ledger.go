@@ -106,6 +106,10 @@ type Options struct {
 	// CountError counts the ledger's failures that no call returns (a
 	// failed flush, a lost checkpoint at start), by operation and kind.
 	CountError func(operation, kind string)
+	// Recovered is called when a checkpoint lost while the plugin ran (or
+	// at a start the API server did not answer) was rebuilt: the rebuilt
+	// claims' statuses are owed again. It must not call the ledger.
+	Recovered func()
 }
 
 // Ledger is the record of the node's seats.
@@ -119,15 +123,19 @@ type Ledger struct {
 	// releases, the start-up repair. st is the record in memory (nil: read
 	// it from the file); told is what UsageChanged and operators were last
 	// told; releasedWhileLost are the claims released while the checkpoint
-	// was lost, which a rebuild must not bring back.
+	// was lost, which a rebuild must not bring back; baseline is what was
+	// left of the lost checkpoint (its previous copy), whose generations
+	// the rebuild keeps.
 	mu                sync.Mutex
 	st                *checkpoint.State
 	told              told
 	releasedWhileLost map[types.UID]bool
+	baseline          *checkpoint.State
 	// batch holds the prepares waiting for the next batch.
 	batch batch
-	// flushCh asks the flusher to make the last save durable.
-	flushCh chan struct{}
+	// flushCh asks the flusher to make the last save durable; lostCh asks
+	// the recoverer to rebuild a lost checkpoint.
+	flushCh, lostCh chan struct{}
 	// lost is set while the checkpoint is lost and not yet rebuilt.
 	lost atomic.Bool
 	// claims are the per-claim locks (claimlock.go); reloads counts the
@@ -169,10 +177,11 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	l := &Ledger{
 		opts: opts, index: draresources.Index(opts.Plan), store: checkpoint.NewStore(opts.Dir),
-		releasedWhileLost: map[types.UID]bool{}, flushCh: make(chan struct{}, 1), cancel: cancel,
+		releasedWhileLost: map[types.UID]bool{}, flushCh: make(chan struct{}, 1), lostCh: make(chan struct{}, 1), cancel: cancel,
 	}
 	l.rec = recoverer{opts: &l.opts, index: l.index}
 	l.wg.Go(func() { l.flush(ctx) })
+	l.wg.Go(func() { l.recoverWhenLost(ctx) })
 	if err := l.repair(ctx); err != nil {
 		l.Close(ctx)
 		return nil, err
@@ -262,22 +271,39 @@ func (l *Ledger) lockFile() (func(), error) {
 	return func() { _ = lock.Close() }, nil
 }
 
+// errLost fails what needs the record while the checkpoint is lost.
+var errLost = errors.New("the plugin's checkpoint is lost and not rebuilt yet")
+
 // state is the record in memory, read again from the file when another
-// writer replaced it (the other instance of a rolling update). Call with
-// the lock held.
+// writer replaced it (the other instance of a rolling update). A file
+// that cannot be trusted now (damaged, gone, or its previous copy behind
+// the specs on the node) makes the checkpoint lost: errLost, and a
+// rebuild in the background. Call with the lock held.
 func (l *Ledger) state(ctx context.Context) (*checkpoint.State, error) {
+	if l.lost.Load() {
+		return nil, errLost
+	}
 	if l.st != nil && !l.store.Changed() {
 		return l.st, nil
 	}
 	st, res, err := l.store.Load()
+	l.reloads.Add(1)
+	if errors.Is(err, checkpoint.ErrCorrupt) {
+		l.countError("prepare", "checkpoint")
+		l.enterLost(ctx, fmt.Errorf("the checkpoint and its previous copy are unusable: %w", err), nil)
+		return nil, errLost
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read the checkpoint: %w", err)
 	}
-	l.reloads.Add(1)
+	if doubt := l.doubt(st, res); doubt != nil {
+		l.countError("prepare", "checkpoint")
+		l.enterLost(ctx, doubt, st)
+		return nil, errLost
+	}
 	if res.RecoveredFrom != nil {
-		klog.FromContext(ctx).Error(res.RecoveredFrom, "Checkpoint was unusable; continuing from its previous copy")
-		if err := l.save(ctx, st); err != nil {
-			return nil, fmt.Errorf("rewrite the checkpoint from its previous copy: %w", err)
+		if err := l.continueFromPrevious(ctx, st, res.RecoveredFrom); err != nil {
+			return nil, err
 		}
 	}
 	l.st = st

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 )
 
@@ -52,7 +53,9 @@ func (rc *recoverer) rebuild(ctx context.Context) (*rebuilt, error) {
 	}
 	for i := range list.Items {
 		claim := &list.Items[i]
-		if claim.Status.Allocation == nil {
+		// A claim whose UID is not safe in a file name was never prepared:
+		// its prepare is refused before any seat is recorded.
+		if claim.Status.Allocation == nil || cdi.CheckClaimUID(claim.UID) != nil {
 			continue
 		}
 		results := rc.ourResults(claim)
@@ -117,15 +120,26 @@ func (rc *recoverer) rebuild(ctx context.Context) (*rebuilt, error) {
 }
 
 // adopt makes a rebuilt record the node's: it drops the claims released
-// while the checkpoint was lost, writes the specs of the claims whose
-// seats are known, removes specs of claims no longer allocated here,
+// while the checkpoint was lost, keeps the generations of what was left of
+// the checkpoint (baseline, if not nil), writes the specs of the claims
+// whose seats are known, removes specs of claims no longer allocated here,
 // saves it, and reports the claims it fenced. It returns a summary for
 // operators. Call with the lock held.
-func (l *Ledger) adopt(ctx context.Context, rb *rebuilt) (string, error) {
+//
+// The baseline gives no claim its seats: a claim it records that has no
+// record elsewhere (no status, no spec) was given to no container, or was
+// released by the save the baseline lacks.
+func (l *Ledger) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.State) (string, error) {
 	logger := klog.FromContext(ctx)
 	st := rb.st
 	for uid := range l.releasedWhileLost {
 		delete(st.Claims, uid)
+	}
+	if baseline != nil {
+		st.GenerationFloor = max(st.GenerationFloor, baseline.GenerationFloor)
+		for k, g := range baseline.Generations {
+			st.Generations[k] = max(st.Generations[k], g)
+		}
 	}
 	if err := st.Validate(); err != nil {
 		return "", fmt.Errorf("the rebuilt checkpoint does not validate (a bug): %w", err)
@@ -154,6 +168,7 @@ func (l *Ledger) adopt(ctx context.Context, rb *rebuilt) (string, error) {
 		return "", err
 	}
 	clear(l.releasedWhileLost)
+	l.baseline = nil
 	fenced := 0
 	for _, u := range rb.untrusted {
 		if _, kept := st.Claims[u.uid]; !kept {

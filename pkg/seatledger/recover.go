@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
@@ -196,8 +197,8 @@ func (rc *recoverer) recordedDevice(claim *resourceapi.ResourceClaim, result res
 			return checkpoint.Device{}, fmt.Errorf("seat %d is not one of group %s's %d seats, or is listed twice", seat, g.Name, g.Seats())
 		case ref.Seat >= 0 && seat != ref.Seat:
 			return checkpoint.Device{}, fmt.Errorf("seat %d, but device %s is seat %d", seat, result.Device, ref.Seat)
-		case s.Generations[i] < 1:
-			return checkpoint.Device{}, fmt.Errorf("seat %d has generation %d", seat, s.Generations[i])
+		case s.Generations[i] < 1 || s.Generations[i] > checkpoint.MaxGeneration:
+			return checkpoint.Device{}, fmt.Errorf("seat %d has generation %d, not between 1 and %d", seat, s.Generations[i], int64(checkpoint.MaxGeneration))
 		}
 		seen[seat] = true
 	}
@@ -209,21 +210,27 @@ func (rc *recoverer) recordedDevice(claim *resourceapi.ResourceClaim, result res
 }
 
 // fencedDevices are the entries of a claim whose seats are not known: for
-// each result, its group with no seats, fenced.
+// each result, its group with no seats, fenced. A fenced entry holds the
+// GPUs of today's group and every GPU the claim's records name: a group
+// redefined since the claim was prepared gave its container other GPUs
+// than today's group has. Where the records name a GPU this node does not
+// know, or the spec cannot be read, every GPU is held.
 func (rc *recoverer) fencedDevices(claim *resourceapi.ResourceClaim, results []resourceapi.DeviceRequestAllocationResult) []checkpoint.Device {
+	recorded, anyGPU := rc.recordedGPUs(claim)
+	all := make([]int, len(rc.opts.Inventory.GPUs))
+	for i, g := range rc.opts.Inventory.GPUs {
+		all[i] = g.Index
+	}
 	var devs []checkpoint.Device
 	for _, r := range results {
 		ref, known := rc.index[r.Device]
-		if !known {
-			// A device today's plan does not have: fence every GPU, the
-			// only GPUs it can be known not to use being none.
-			all := make([]int, len(rc.opts.Inventory.GPUs))
-			for i, g := range rc.opts.Inventory.GPUs {
-				all[i] = g.Index
-			}
+		if !known || anyGPU {
 			dev := checkpoint.Device{
 				Requests: []string{resourceclaim.BaseRequestRef(r.Request)}, Pool: r.Pool, Device: r.Device, ShareID: shareOf(r), GroupDevice: r.Device,
 				SeatStatus: v1alpha1.SeatStatus{GPUs: all, GPUUUIDs: rc.uuids(all)}, CDIDevice: r.Device, Fenced: true,
+			}
+			if known {
+				dev.GroupDevice, dev.Group, dev.Profile = ref.Group.DeviceName(), ref.Group.Name, ref.Group.Profile.Name
 			}
 			if dev.ShareID != "" {
 				dev.CDIDevice += "-" + dev.ShareID
@@ -231,15 +238,110 @@ func (rc *recoverer) fencedDevices(claim *resourceapi.ResourceClaim, results []r
 			devs = append(devs, dev)
 			continue
 		}
+		gpus := slices.Sorted(slices.Values(slices.Concat(ref.Group.GPUs, recorded)))
+		gpus = slices.Compact(gpus)
 		cfg := &v1alpha1.SeatConfig{}
 		cfg.SetDefaults()
 		dev := newDevice(r, ref.Group, cfg, v1alpha1.SeatStatus{
-			Profile: ref.Group.Profile.Name, Group: ref.Group.Name, GPUs: slices.Clone(ref.Group.GPUs), GPUUUIDs: rc.uuids(ref.Group.GPUs),
+			Profile: ref.Group.Profile.Name, Group: ref.Group.Name, GPUs: gpus, GPUUUIDs: rc.uuids(gpus),
 		})
 		dev.Fenced = true
 		devs = append(devs, dev)
 	}
 	return devs
+}
+
+// recordedGPUs are the GPUs a claim's records name: its status data, and
+// its spec's visible devices (what its containers were given). anyGPU is
+// true when a record names a GPU this node does not have, or the spec
+// cannot be read. Status data that does not decode names nothing: no
+// container was given a status.
+func (rc *recoverer) recordedGPUs(claim *resourceapi.ResourceClaim) (gpus []int, anyGPU bool) {
+	byUUID := map[string]int{}
+	for _, g := range rc.opts.Inventory.GPUs {
+		byUUID[g.UUID] = g.Index
+	}
+	addUUID := func(u string) {
+		if x, ok := byUUID[u]; ok {
+			gpus = append(gpus, x)
+		} else {
+			anyGPU = true
+		}
+	}
+	for _, ds := range claim.Status.Devices {
+		if ds.Driver != driver.Name || ds.Pool != rc.opts.Pool || ds.Data == nil {
+			continue
+		}
+		var s v1alpha1.SeatStatus
+		if json.Unmarshal(ds.Data.Raw, &s) != nil {
+			continue
+		}
+		for _, x := range s.GPUs {
+			if _, ok := rc.opts.Inventory.GPUByIndex(x); ok {
+				gpus = append(gpus, x)
+			} else {
+				anyGPU = true
+			}
+		}
+		for _, u := range s.GPUUUIDs {
+			addUUID(u)
+		}
+	}
+	env, present, err := rc.opts.Specs.ReadEnv(claim.UID)
+	if present && err != nil {
+		return nil, true
+	}
+	for _, vars := range env {
+		for _, u := range split(vars[containeredits.EnvNVIDIAVisibleDevices]) {
+			addUUID(u)
+		}
+	}
+	return gpus, anyGPU
+}
+
+// specAgrees checks a claim's spec on disk, if it has one, against its
+// entry: the spec has the entry's devices and no others, and each gives
+// the seats, groups and generations the entry records for its request. A
+// fenced entry's seats are not known: any spec agrees with it.
+func (rc *recoverer) specAgrees(uid types.UID, c *checkpoint.Claim) error {
+	if c.Fenced() {
+		return nil
+	}
+	env, present, err := rc.opts.Specs.ReadEnv(uid)
+	if err != nil || !present {
+		return err
+	}
+	type lists struct{ groups, seats, gens []string }
+	want := map[string]*lists{}
+	for _, dev := range c.Devices {
+		for _, r := range dev.Requests {
+			if want[r] == nil {
+				want[r] = &lists{}
+			}
+			ls := want[r]
+			for i, seat := range dev.Seats {
+				ls.groups = append(ls.groups, dev.Group)
+				ls.seats = append(ls.seats, strconv.Itoa(seat))
+				ls.gens = append(ls.gens, strconv.FormatInt(dev.Generations[i], 10))
+			}
+		}
+	}
+	if len(env) != len(c.Devices) {
+		return fmt.Errorf("its CDI spec has %d devices, its entry %d", len(env), len(c.Devices))
+	}
+	for _, dev := range c.Devices {
+		vars, ok := env[dev.CDIDevice]
+		if !ok {
+			return fmt.Errorf("its CDI spec has no device %s", dev.CDIDevice)
+		}
+		w := want[dev.Requests[0]]
+		got := lists{split(vars[containeredits.EnvGroup]), split(vars[containeredits.EnvSeat]), split(vars[containeredits.EnvGeneration])}
+		if !slices.Equal(got.groups, w.groups) || !slices.Equal(got.seats, w.seats) || !slices.Equal(got.gens, w.gens) {
+			return fmt.Errorf("its CDI spec gives device %s seats %v of groups %v (generations %v), its entry seats %v of groups %v (generations %v)",
+				dev.CDIDevice, got.seats, got.groups, got.gens, w.seats, w.groups, w.gens)
+		}
+	}
+	return nil
 }
 
 // seatCount is how many seats the result holds: one of a per-seat device,

@@ -2,6 +2,7 @@ package seatledger
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -131,6 +132,9 @@ func TestRebuildFencesRecordsThatCannotBeTrusted(t *testing.T) {
 		{name: "data that does not decode", status: `{"seats":"zero","gpuUUIDs":["%s"]}`, why: "does not decode"},
 		{name: "status and spec disagree", status: `{"profile":"1x","group":"G0","gpus":[0],"gpuUUIDs":["%s"],"seats":[2],"generations":[1]}`, spec: true, why: "its status and its CDI spec give it different seats"},
 		{name: "a seat recorded for two claims", status: good, why: "seat 0 of group G0 is recorded for it and for claim default/other"},
+		// A generation near the largest int64 would overflow when the
+		// floor is raised past it.
+		{name: "a generation past the bound", status: `{"profile":"1x","group":"G0","gpus":[0],"gpuUUIDs":["%s"],"seats":[0],"generations":[9223372036854775807]}`, why: "seat 0 has generation 9223372036854775807, not between 1 and"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -154,7 +158,7 @@ func TestRebuildFencesRecordsThatCannotBeTrusted(t *testing.T) {
 				t.Errorf("a prepare of the fenced claim: %v", err)
 			}
 			n := claim("new", "g0-1x")
-			if err := reserve(r.ctx, l, []*resourceapi.ResourceClaim{n}).Errs[n.UID]; err == nil || !strings.Contains(err.Error(), "device g0-1x is fenced") {
+			if err := reserve(r.ctx, l, []*resourceapi.ResourceClaim{n}).Errs[n.UID]; err == nil || !strings.Contains(err.Error(), "fenced") || !strings.Contains(err.Error(), "claim default/c (uid-c)") {
 				t.Errorf("a new claim on the fenced group: %v", err)
 			}
 			overlap := claim("pair", "g01-2x")
@@ -239,7 +243,7 @@ func TestRedefinedHeldGroupFencesItsRecordedGPUs(t *testing.T) {
 		t.Errorf("event %q, want it to say %q", notes[0], want)
 	}
 	onHeldGPU := claim("one", "g0-1x")
-	if err := reserve(r.ctx, l, []*resourceapi.ResourceClaim{onHeldGPU}).Errs[onHeldGPU.UID]; err == nil || !strings.Contains(err.Error(), "are in use by claim default/held (uid-held) through group G01 (2x) on GPUs 0,1") {
+	if err := reserve(r.ctx, l, []*resourceapi.ResourceClaim{onHeldGPU}).Errs[onHeldGPU.UID]; err == nil || !strings.Contains(err.Error(), "are fenced by claim default/held (uid-held), which holds them through group G01 (GPUs 0,1) with a definition of an earlier configuration") {
 		t.Errorf("a group on a GPU the held claim uses: %v", err)
 	}
 	redefined := claim("pair", "g01-2x")
@@ -271,5 +275,70 @@ func TestRebuildLeavesAClaimWithNoRecordToItsNextPrepare(t *testing.T) {
 	}
 	if got := reserve(r.ctx, l, []*resourceapi.ResourceClaim{c}); got.Errs[c.UID] != nil || !got.Fresh[c.UID] {
 		t.Errorf("its next prepare: %v, fresh %v", got.Errs[c.UID], got.Fresh[c.UID])
+	}
+}
+
+// A per-seat device of a fenced group is one of the seats the fencing
+// claim may use: it is not handed out either.
+func TestPerSeatDeviceOfAFencedGroupIsRefused(t *testing.T) {
+	r := newRig(t, "dgx-h100", fourSeats)
+	l := r.open()
+	c := claim("c", "g4-1x")
+	reserve(r.ctx, l, []*resourceapi.ResourceClaim{c})
+	r.store(c, `{"seats":"garbage"}`)
+	l = r.loseCheckpoint(l)
+	if u := r.lastUsage(); u.Fenced[4] != FenceSeatsUnknown {
+		t.Fatalf("GPU 4 is not fenced: %+v", u)
+	}
+	for s := range 4 {
+		n := claim(fmt.Sprintf("seat%d", s), fmt.Sprintf("g4-1x-seat-%d", s))
+		n.Status.Allocation.Devices.Results[0].ShareID = nil
+		res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{n})
+		if err := res.Errs[n.UID]; err == nil || !strings.Contains(err.Error(), "group G4 is fenced") {
+			t.Errorf("per-seat device g4-1x-seat-%d of the fenced group: %v, seats %v", s, err, seatsOf(res.Entries[n.UID]))
+		}
+	}
+}
+
+// A group redefined while held, then the checkpoint lost: the records
+// name the GPUs the container was given, which today's group does not
+// have. The fence covers them, not only today's GPUs.
+func TestRebuildFencesTheGPUsTheRecordsName(t *testing.T) {
+	const ones = "grouping: explicit\ngroups:\n- {name: G0, gpus: [0]}\n- {name: G1, gpus: [1]}\n- {name: G2, gpus: [2]}\n- {name: G3, gpus: [3]}\n"
+	const before = fourSeats + ones + "- {name: G01, gpus: [0, 1]}\n"
+	const after = fourSeats + ones + "- {name: G01, gpus: [2, 3]}\n"
+	r := newRig(t, "dgx-h100", before)
+	l := r.open()
+	held := claim("held", "g01-2x")
+	res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{held})
+	if err := r.specs.Write(held.UID, res.Entries[held.UID]); err != nil {
+		t.Fatal(err)
+	}
+	r.store(held, statusOf(res.Entries[held.UID].Devices[0]))
+	l.Close(r.ctx)
+	r.opts.Plan = simnodetest.New(t, "dgx-h100", after).Plan
+	l = r.open()
+	l = r.loseCheckpoint(l)
+	if u := r.lastUsage(); !slices.Equal(slices.Sorted(maps.Keys(u.Fenced)), []int{0, 1, 2, 3}) {
+		t.Errorf("fenced %v, want GPUs 0 and 1 (the container's) and 2 and 3 (today's G01)", u.Fenced)
+	}
+	one := claim("one", "g0-1x")
+	if err := reserve(r.ctx, l, []*resourceapi.ResourceClaim{one}).Errs[one.UID]; err == nil {
+		t.Errorf("g0-1x, on GPU 0 the held claim's container uses, was handed out after the rebuild")
+	}
+}
+
+// A claim whose UID no spec can be written for was never prepared: the
+// rebuild passes it by instead of failing on it.
+func TestRebuildPassesByAClaimWithAnUnsafeUID(t *testing.T) {
+	r := newRig(t, "dgx-h100", fourSeats)
+	l := r.open()
+	odd := claim("odd", "g0-1x")
+	odd.UID = "../../etc/odd"
+	r.store(odd, fmt.Sprintf(`{"profile":"1x","group":"G0","gpus":[0],"gpuUUIDs":[%q],"seats":[0],"generations":[1]}`, r.opts.Inventory.GPUs[0].UUID))
+	reserve(r.ctx, l, []*resourceapi.ResourceClaim{claim("a", "g1-1x")})
+	l = r.loseCheckpoint(l)
+	if got := newSeatOn(t, r, l, "g0-1x"); !slices.Equal(got, []int{0}) {
+		t.Errorf("a new claim got seat %v of g0-1x, want 0: the claim with the unsafe UID holds none", got)
 	}
 }

@@ -29,7 +29,8 @@ func apiRetry() wait.Backoff {
 // repair makes the node's files agree with the checkpoint before the
 // kubelet can call: specs of recorded claims that are missing (a reboot
 // empties the CDI directory) are written again, specs no claim owns are
-// removed, and the boot ID is recorded.
+// removed, and the boot ID is recorded. A checkpoint that cannot be
+// trusted is rebuilt instead (repairLost).
 func (l *Ledger) repair(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	// During a rolling update the old pod still serves the kubelet. Take
@@ -43,13 +44,18 @@ func (l *Ledger) repair(ctx context.Context) error {
 	defer unlock()
 	st, res, err := l.store.Load()
 	if errors.Is(err, checkpoint.ErrCorrupt) {
-		return l.repairLost(ctx, err)
+		return l.repairLost(ctx, fmt.Errorf("the checkpoint and its previous copy are unusable: %w", err), nil)
 	}
 	if err != nil {
 		return fmt.Errorf("read the checkpoint %s: %w", l.store.Path(), err)
 	}
+	if doubt := l.doubt(st, res); doubt != nil {
+		return l.repairLost(ctx, doubt, st)
+	}
 	if res.RecoveredFrom != nil {
-		logger.Error(res.RecoveredFrom, "Checkpoint was unusable; continuing from its previous copy")
+		if err := l.continueFromPrevious(ctx, st, res.RecoveredFrom); err != nil {
+			return err
+		}
 	}
 	bootID := readBootID(l.opts.BootIDFile)
 	if st.BootID != "" && bootID != "" && st.BootID != bootID {
@@ -85,59 +91,178 @@ func (l *Ledger) repair(ctx context.Context) error {
 	return nil
 }
 
-// repairLost handles a checkpoint whose copies are both unusable: never
-// trusted, it is rebuilt from the API server; if the API server does not
-// answer, the ledger starts without it, refuses new claims with a clear
-// error, keeps releasing, and rebuilds in the background. Call with the
-// lock held.
-func (l *Ledger) repairLost(ctx context.Context, cause error) error {
+// doubt says why a state loaded from the previous copy of the checkpoint,
+// or a fresh one where no checkpoint was found, cannot stand for the
+// checkpoint; nil if it can. Either may be behind what the node gave
+// containers: the previous copy lacks the last save, and a checkpoint
+// deleted with its copy looks like a first start. What containers were
+// given is in the specs on the node, so the state stands when it records
+// every spec, with the seats the spec gives. A claim the lost save
+// released only holds its seats a little longer (ReleaseStale frees
+// them); one the lost save prepared before its spec was written was given
+// to no container, and the kubelet prepares it again.
+func (l *Ledger) doubt(st *checkpoint.State, res checkpoint.LoadResult) error {
+	var what string
+	switch {
+	case res.Fresh:
+		what = "no checkpoint exists"
+	case res.RecoveredFrom != nil:
+		what = fmt.Sprintf("the checkpoint is unusable (%v) and its previous copy is behind the node", res.RecoveredFrom)
+	default:
+		return nil
+	}
+	if err := l.specsRecorded(st); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// specsRecorded checks that st records every claim that has a spec on the
+// node, with the seats its spec gives.
+func (l *Ledger) specsRecorded(st *checkpoint.State) error {
+	uids, _, err := l.opts.Specs.Claims()
+	if err != nil {
+		return fmt.Errorf("the CDI specs cannot be listed to check it against: %w", err)
+	}
+	for _, uid := range uids {
+		c := st.Claims[uid]
+		if c == nil {
+			return fmt.Errorf("claim %s has a CDI spec on the node but no entry", uid)
+		}
+		if err := l.rec.specAgrees(uid, c); err != nil {
+			return fmt.Errorf("claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)
+		}
+	}
+	return nil
+}
+
+// continueFromPrevious makes the previous copy of the checkpoint, found to
+// record every spec on the node, the checkpoint again: the unusable file
+// is set aside for diagnosis and the copy saved in its place. Call with
+// the lock held.
+func (l *Ledger) continueFromPrevious(ctx context.Context, st *checkpoint.State, cause error) error {
+	klog.FromContext(ctx).Error(cause, "Checkpoint was unusable; continuing from its previous copy, which records every claim that has a CDI spec on the node")
+	l.countError("prepare", "checkpoint")
+	if err := l.store.Quarantine(); err != nil {
+		return err
+	}
+	if err := l.save(ctx, st); err != nil {
+		return fmt.Errorf("rewrite the checkpoint from its previous copy: %w", err)
+	}
+	return nil
+}
+
+// repairLost handles a checkpoint that cannot be trusted at start: it is
+// rebuilt from the API server and the specs on the node; if the API server
+// does not answer, the ledger starts without it, refuses new claims with a
+// clear error, keeps releasing, and rebuilds in the background. baseline,
+// if not nil, is what is left of the checkpoint (its previous copy). Call
+// with the lock held.
+func (l *Ledger) repairLost(ctx context.Context, cause error, baseline *checkpoint.State) error {
 	logger := klog.FromContext(ctx)
-	logger.Error(cause, "The checkpoint and its previous copy are unusable; rebuilding it from the API server")
+	logger.Error(cause, "The checkpoint cannot be trusted; rebuilding it from the API server and the CDI specs on the node")
 	l.countError("prepare", "checkpoint")
 	rctx, cancel := context.WithTimeout(ctx, rebuildTimeout)
 	rb, err := l.rec.rebuild(rctx)
 	cancel()
 	if err == nil {
-		summary, err := l.adopt(ctx, rb)
+		summary, err := l.adopt(ctx, rb, baseline)
 		if err != nil {
 			return err
 		}
-		l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, fmt.Sprintf("The plugin's checkpoint and its previous copy were unusable (%v); %s", cause, summary))
+		l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, fmt.Sprintf("The plugin's checkpoint could not be trusted (%v); %s", cause, summary))
 		return nil
 	}
-	logger.Error(err, "Cannot rebuild the checkpoint now; new claims are refused until it is rebuilt")
-	l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointLost, "The plugin's checkpoint is unusable and the API server does not answer; new claims on this node are refused until the checkpoint is rebuilt")
-	l.lost.Store(true)
-	l.wg.Go(func() { l.recoverLost(ctx) })
+	logger.Error(err, "Cannot rebuild the checkpoint now")
+	l.enterLost(ctx, cause, baseline)
 	return nil
 }
 
-// recoverLost runs in the background while the checkpoint is lost: it
-// retries the rebuild until the API server answers, then makes the ledger
-// whole again.
-func (l *Ledger) recoverLost(ctx context.Context) {
-	logger := klog.FromContext(ctx)
-	_ = wait.ExponentialBackoffWithContext(ctx, apiRetry(), func(ctx context.Context) (bool, error) {
-		rb, err := l.rec.rebuild(ctx)
-		if err != nil {
-			logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
-			return false, nil
+// enterLost makes the checkpoint lost: new claims are refused, releases
+// go on, and the recoverer rebuilds it as soon as the API server answers.
+// Call with the lock held.
+func (l *Ledger) enterLost(ctx context.Context, cause error, baseline *checkpoint.State) {
+	klog.FromContext(ctx).Error(cause, "The checkpoint cannot be trusted; new claims are refused until it is rebuilt from the API server")
+	if !l.lost.Load() {
+		l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointLost, fmt.Sprintf("The plugin's checkpoint cannot be trusted (%v); new claims on this node are refused until it is rebuilt from the API server", cause))
+	}
+	l.st, l.baseline = nil, baseline
+	l.lost.Store(true)
+	select {
+	case l.lostCh <- struct{}{}:
+	default:
+	}
+}
+
+// recoverWhenLost rebuilds the checkpoint each time it is lost, until ctx
+// ends.
+func (l *Ledger) recoverWhenLost(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.lostCh:
+			if l.recoverLost(ctx) && l.opts.Recovered != nil {
+				l.opts.Recovered()
+			}
 		}
+	}
+}
+
+// recoverLost retries the rebuild of a lost checkpoint until the API
+// server answers, then makes the ledger whole again. It reports whether
+// it did (false: ctx ended).
+func (l *Ledger) recoverLost(ctx context.Context) bool {
+	logger := klog.FromContext(ctx)
+	err := wait.ExponentialBackoffWithContext(ctx, apiRetry(), func(ctx context.Context) (bool, error) {
+		// The rebuild runs under the lock, so that nothing the other pod
+		// of a rolling update prepares meanwhile is missed by it.
 		unlock, err := l.lock()
 		if err != nil {
 			logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
 			return false, nil
 		}
 		defer unlock()
-		summary, err := l.adopt(ctx, rb)
-		if err != nil {
-			logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
-			return false, nil
+		if l.adoptPeer(ctx) {
+			return true, nil
 		}
-		l.lost.Store(false)
-		l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, "The plugin's checkpoint was lost; "+summary)
-		return true, nil
+		rctx, cancel := context.WithTimeout(ctx, rebuildTimeout)
+		rb, err := l.rec.rebuild(rctx)
+		cancel()
+		if err == nil {
+			var summary string
+			if summary, err = l.adopt(ctx, rb, l.baseline); err == nil {
+				l.lost.Store(false)
+				l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, "The plugin's checkpoint was lost; "+summary)
+				return true, nil
+			}
+		}
+		logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
+		return false, nil
 	})
+	return err == nil
+}
+
+// adoptPeer takes the checkpoint the other pod of a rolling update wrote
+// while this one had lost it, if there is one that records every spec on
+// the node. Call with the lock held.
+func (l *Ledger) adoptPeer(ctx context.Context) bool {
+	st, res, err := l.store.Load()
+	if err != nil || res.Fresh || res.RecoveredFrom != nil || l.specsRecorded(st) != nil {
+		return false
+	}
+	for uid := range l.releasedWhileLost {
+		delete(st.Claims, uid)
+	}
+	if err := l.save(ctx, st); err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot adopt the checkpoint the other plugin pod wrote")
+		return false
+	}
+	clear(l.releasedWhileLost)
+	l.baseline = nil
+	l.lost.Store(false)
+	klog.FromContext(ctx).Info("Adopted the checkpoint the other plugin pod of a rolling update wrote while this one had lost it", "claims", len(st.Claims))
+	return true
 }
 
 func readBootID(path string) string {

@@ -2,6 +2,7 @@ package seatledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -51,10 +52,7 @@ func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClai
 	}
 	r := &Reservation{l: l, claims: claims, unlock: l.claims.lock(uids)}
 	if l.lost.Load() {
-		r.Lost, r.Errs = true, map[types.UID]error{}
-		for _, claim := range claims {
-			r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): the plugin's checkpoint was lost and is not rebuilt yet (the API server did not answer); seats cannot be chosen safely until it is, retrying", claim.Namespace, claim.Name, claim.UID)
-		}
+		r.refuseLost()
 		return r
 	}
 	l.batch.mu.Lock()
@@ -75,6 +73,15 @@ func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClai
 	return r
 }
 
+// refuseLost refuses every claim of the reservation: the checkpoint is
+// lost.
+func (r *Reservation) refuseLost() {
+	r.Lost, r.done, r.Errs = true, true, map[types.UID]error{}
+	for _, claim := range r.claims {
+		r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): the plugin's checkpoint was lost and is not rebuilt yet (it is rebuilt from the API server as soon as that answers); seats cannot be chosen safely until it is, retrying", claim.Namespace, claim.Name, claim.UID)
+	}
+}
+
 // reserveBatch decides the seats of a batch of reservations and saves
 // them once. Call with l.mu held.
 func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
@@ -91,6 +98,12 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 	}
 	defer unlock()
 	st, err := l.state(ctx)
+	if errors.Is(err, errLost) {
+		for _, r := range batch {
+			r.refuseLost()
+		}
+		return
+	}
 	if err != nil {
 		fail(err)
 		return
@@ -100,24 +113,32 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 		r.done = true
 		r.Entries, r.Fresh, r.Errs = map[types.UID]*checkpoint.Claim{}, map[types.UID]bool{}, map[types.UID]error{}
 		for _, claim := range r.claims {
-			if c, ok := st.Claims[claim.UID]; ok && c.Phase == checkpoint.PrepareCompleted {
-				if sameAllocation(c, claim) && c.Fenced() {
+			if c, ok := st.Claims[claim.UID]; ok {
+				same := sameAllocation(c, claim)
+				switch {
+				case same && c.Fenced():
 					// Its container's seats are not known: handing it any
 					// now could give it another container's.
 					r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): the seats this claim holds could not be recovered after the plugin's checkpoint was lost, so its group is fenced; delete its pods to release it, and the claim is prepared afresh", claim.Namespace, claim.Name, claim.UID)
 					continue
-				}
-				if sameAllocation(c, claim) {
+				case same && c.Phase == checkpoint.PrepareCompleted:
 					r.Entries[claim.UID] = c
 					continue
+				case !same:
+					// The claim was deallocated and allocated anew under
+					// the same UID while its old entry stayed (a lost
+					// unprepare): the old seats are nobody's now. Their
+					// spec goes first: should the new prepare fail, no
+					// container may start from the old seats.
+					if err := l.opts.Specs.Remove(claim.UID); err != nil {
+						l.countError("prepare", "cdi")
+						r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s), allocated anew: remove the CDI spec of its earlier allocation: %w", claim.Namespace, claim.Name, claim.UID, err)
+						continue
+					}
+					logger.Info("Replacing the seats of a claim allocated anew", "claim", klog.KObj(claim), "uid", claim.UID, "old", DescribeSeats(c))
+					delete(st.Claims, claim.UID)
+					changed = true
 				}
-				// The claim was deallocated and allocated anew under the
-				// same UID while its old entry stayed (a lost unprepare):
-				// the old seats are nobody's now. The new spec replaces
-				// the old one, which has the same name.
-				logger.Info("Replacing the seats of a claim allocated anew", "claim", klog.KObj(claim), "uid", claim.UID, "old", DescribeSeats(c))
-				delete(st.Claims, claim.UID)
-				changed = true
 			}
 			c, err := l.assignSeats(st, claim)
 			if err != nil {
@@ -159,19 +180,28 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 // releasing is still safe: the spec goes, and the rebuild will not bring
 // the claim back.
 func (l *Ledger) Release(ctx context.Context, uids []types.UID) (map[types.UID]error, error) {
-	logger := klog.FromContext(ctx)
 	defer l.claims.lock(uids)()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	results := map[types.UID]error{}
-	if l.lost.Load() {
-		for _, uid := range uids {
-			results[uid] = l.opts.Specs.Remove(uid)
-			// The API server may show the claim allocated for a while yet.
-			l.releasedWhileLost[uid] = true
+	if !l.lost.Load() {
+		results, err := l.releaseRecorded(ctx, uids)
+		if !errors.Is(err, errLost) {
+			return results, err
 		}
-		return results, nil
 	}
+	results := map[types.UID]error{}
+	for _, uid := range uids {
+		results[uid] = l.opts.Specs.Remove(uid)
+		// The API server may show the claim allocated for a while yet.
+		l.releasedWhileLost[uid] = true
+	}
+	return results, nil
+}
+
+// releaseRecorded releases claims from the record; errLost if it turns out
+// to be lost. Call with l.mu held.
+func (l *Ledger) releaseRecorded(ctx context.Context, uids []types.UID) (map[types.UID]error, error) {
+	logger := klog.FromContext(ctx)
 	unlock, err := l.lockFile()
 	if err != nil {
 		return nil, err
@@ -181,6 +211,7 @@ func (l *Ledger) Release(ctx context.Context, uids []types.UID) (map[types.UID]e
 	if err != nil {
 		return nil, err
 	}
+	results := map[types.UID]error{}
 	changed := false
 	for _, uid := range uids {
 		results[uid] = nil
@@ -229,8 +260,19 @@ func (r *Reservation) Confirm(ctx context.Context, uid types.UID) error {
 	if err != nil {
 		return err
 	}
-	if c := st.Claims[uid]; c != nil && reflect.DeepEqual(c.Devices, r.Entries[uid].Devices) {
+	c := st.Claims[uid]
+	if c != nil && reflect.DeepEqual(c.Devices, r.Entries[uid].Devices) {
 		return nil
+	}
+	if c != nil {
+		// The other pod released the claim and prepared it anew: the spec
+		// is its entry's, which the one just written replaced.
+		if !c.Fenced() {
+			if err := l.opts.Specs.Write(uid, c); err != nil {
+				klog.FromContext(ctx).Error(err, "Cannot restore the spec of a claim the other plugin pod prepared anew", "uid", uid)
+			}
+		}
+		return fmt.Errorf("the other plugin pod of a rolling update prepared the claim anew while this one prepared it; the kubelet prepares it again if it still needs it")
 	}
 	if err := l.opts.Specs.Remove(uid); err != nil {
 		klog.FromContext(ctx).Error(err, "Cannot remove the spec of a claim released while it was prepared", "uid", uid)

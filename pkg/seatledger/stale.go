@@ -2,6 +2,7 @@ package seatledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -50,7 +51,7 @@ func (l *Ledger) ReleaseStale(ctx context.Context) {
 
 // findStale returns the recorded claims that no longer exist, were
 // replaced, or are no longer allocated on this node, with why.
-func (l *Ledger) findStale(ctx context.Context) (map[types.UID]string, error) {
+func (l *Ledger) findStale(ctx context.Context) (map[types.UID]staleClaim, error) {
 	held := map[types.UID]types.NamespacedName{}
 	l.mu.Lock()
 	if l.st != nil {
@@ -59,21 +60,40 @@ func (l *Ledger) findStale(ctx context.Context) (map[types.UID]string, error) {
 		}
 	}
 	l.mu.Unlock()
-	stale := map[types.UID]string{}
+	stale := map[types.UID]staleClaim{}
 	for uid, ref := range held {
-		claim, err := l.opts.Claims.ResourceClaims(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			stale[uid] = "the claim no longer exists"
-		case err != nil:
-			return nil, fmt.Errorf("get claim %s: %w", ref, err)
-		case claim.UID != uid:
-			stale[uid] = fmt.Sprintf("the claim was replaced (now %s)", claim.UID)
-		case !allocatedOn(claim, l.opts.Pool):
-			stale[uid] = "the claim is no longer allocated on this node"
+		why, err := l.whyStale(ctx, uid, ref)
+		if err != nil {
+			return nil, err
+		}
+		if why != "" {
+			stale[uid] = staleClaim{ref, why}
 		}
 	}
 	return stale, nil
+}
+
+// staleClaim is a recorded claim the API server no longer allocates here.
+type staleClaim struct {
+	ref types.NamespacedName
+	why string
+}
+
+// whyStale asks the API server about a recorded claim: why it is stale,
+// or "" if it is still allocated here.
+func (l *Ledger) whyStale(ctx context.Context, uid types.UID, ref types.NamespacedName) (string, error) {
+	claim, err := l.opts.Claims.ResourceClaims(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return "the claim no longer exists", nil
+	case err != nil:
+		return "", fmt.Errorf("get claim %s: %w", ref, err)
+	case claim.UID != uid:
+		return fmt.Sprintf("the claim was replaced (now %s)", claim.UID), nil
+	case !allocatedOn(claim, l.opts.Pool):
+		return "the claim is no longer allocated on this node", nil
+	}
+	return "", nil
 }
 
 // allocatedOn reports whether any of the claim's results is a device of
@@ -91,10 +111,23 @@ func allocatedOn(claim *resourceapi.ResourceClaim, pool string) bool {
 }
 
 // releaseStale drops stale claims: their specs go, their seats become
-// free.
-func (l *Ledger) releaseStale(ctx context.Context, stale map[types.UID]string) error {
+// free. A claim whose spec cannot be removed keeps its seats (its
+// containers may still start from the spec); the error says which.
+func (l *Ledger) releaseStale(ctx context.Context, stale map[types.UID]staleClaim) error {
 	logger := klog.FromContext(ctx)
 	defer l.claims.lock(slices.Collect(maps.Keys(stale)))()
+	// Under the claims' locks no prepare of them runs. One may have run
+	// since they were found stale (the claim allocated here again, under
+	// the same UID): ask once more.
+	for uid, s := range stale {
+		why, err := l.whyStale(ctx, uid, s.ref)
+		if err != nil {
+			return err
+		}
+		if why == "" {
+			delete(stale, uid)
+		}
+	}
 	unlock, err := l.lock()
 	if err != nil {
 		return err
@@ -105,25 +138,28 @@ func (l *Ledger) releaseStale(ctx context.Context, stale map[types.UID]string) e
 		return err
 	}
 	changed := false
-	for uid, why := range stale {
+	var failed []error
+	for _, uid := range slices.Sorted(maps.Keys(stale)) {
 		c, ok := st.Claims[uid]
 		if !ok {
 			continue
 		}
 		if err := l.opts.Specs.Remove(uid); err != nil {
-			return err
+			l.countError("unprepare", "cdi")
+			failed = append(failed, fmt.Errorf("claim %s/%s (%s) keeps its seats: %w", c.Namespace, c.Name, uid, err))
+			continue
 		}
 		delete(st.Claims, uid)
 		changed = true
+		why := stale[uid].why
 		logger.Info("Released the seats of a claim the kubelet will not unprepare", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid, "reason", why, "seats", DescribeSeats(c))
 		l.opts.Events.Normal(ctx, nodeevents.ReasonStaleClaimReleased, fmt.Sprintf("Released the seats of claim %s/%s (%s): %s", c.Namespace, c.Name, uid, why))
 	}
-	if !changed {
-		return nil
+	if changed {
+		if err := l.save(ctx, st); err != nil {
+			l.st = nil
+			return fmt.Errorf("release stale claims in the checkpoint: %w", err)
+		}
 	}
-	if err := l.save(ctx, st); err != nil {
-		l.st = nil
-		return fmt.Errorf("release stale claims in the checkpoint: %w", err)
-	}
-	return nil
+	return errors.Join(failed...)
 }

@@ -66,7 +66,7 @@ func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fen
 				u.Held[dev.GroupDevice] += seats
 				fences[uid] = fence{FenceSeatsUnknown, fmt.Sprintf("the seats claim %s/%s (%s) holds on group %s (GPUs %s) could not be recovered after the plugin's checkpoint was lost; no seat of the group, and no group sharing its GPUs, is handed out until the claim is released (delete its pods)",
 					c.Namespace, c.Name, uid, dev.Group, gpuList(dev.GPUs))}
-			case today == nil || !slices.Equal(today.GPUs, dev.GPUs):
+			case earlierConfiguration(plan, dev):
 				u.Held[dev.GroupDevice] += max(len(dev.Seats), 1)
 				now := "no longer defines it"
 				if today != nil {
