@@ -115,6 +115,9 @@ type Driver struct {
 	publisher *publisher
 	statuses  *statusWriter
 	helper    *kubeletplugin.Helper
+	// recovered says the ledger rebuilt a lost checkpoint in the
+	// background: the rebuilt claims' statuses are owed.
+	recovered chan struct{}
 
 	// ctx ends at Stop or on a fatal error (cancel). The goroutines the
 	// Driver starts are in background; the ledger, the status writer's
@@ -176,6 +179,7 @@ func (d *Driver) open(ctx context.Context) error {
 	d.events = nodeevents.Start(ctx, opts.Client, opts.NodeName, driver.Name)
 	d.publisher = newPublisher(d.node, opts.Layout, healthTaints{view: health.View{Source: opts.Health}, lostEffect: opts.GPULostEffect},
 		d.events, d.metrics, opts.Client, opts.Clock)
+	d.recovered = make(chan struct{}, 1)
 	d.ledger, err = seatledger.Open(ctx, seatledger.Options{
 		Pool: d.node.pool, Plan: opts.Plan, Inventory: opts.Inventory, Dir: opts.PluginDataDir,
 		SharedWithPeer: opts.PodUID != "", BootIDFile: opts.BootIDFile, Specs: d.specs, Claims: opts.Client.ResourceV1(),
@@ -187,6 +191,12 @@ func (d *Driver) open(ctx context.Context) error {
 			AfterReleaseSave: func() { d.hooks.run(HookAfterUnprepareSave) },
 		},
 		CountError: func(operation, kind string) { d.metrics.errors.WithLabelValues(operation, kind).Inc() },
+		Recovered: func() {
+			select {
+			case d.recovered <- struct{}{}:
+			default:
+			}
+		},
 	})
 	if err != nil {
 		return err
@@ -246,6 +256,16 @@ func (d *Driver) runBackground(ctx context.Context) {
 	})
 	d.background.Go(func() { d.statuses.run(ctx) })
 	d.background.Go(func() { d.ledger.ReleaseStale(ctx) })
+	d.background.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-d.recovered:
+				d.statuses.queueOwed()
+			}
+		}
+	})
 }
 
 func (o *Options) setDefaults() error {

@@ -1,6 +1,7 @@
 package draplugin_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,9 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint/checkpointtest"
@@ -179,4 +183,34 @@ func TestUnsoundCheckpointsDoNotStopTheStart(t *testing.T) {
 	if again := e.prepareOK(a); strings.Join(again, " ") != strings.Join(idsA, " ") {
 		t.Errorf("after a contradictory checkpoint: CDI IDs %v, were %v", again, idsA)
 	}
+}
+
+// A checkpoint lost while the plugin runs and the API server is down: the
+// status writes queued meanwhile find no entry and are dropped; once the
+// rebuild in the background recovers the claims, their statuses are
+// written after all.
+func TestStatusesAreWrittenAfterABackgroundRebuild(t *testing.T) {
+	var down atomic.Bool
+	// What the plugin asks of the API server itself fails; the claims the
+	// kubelet's calls fetch are still served.
+	outage := withClient(func(c *fake.Clientset) {
+		c.PrependReactor("*", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if down.Load() && (a.GetVerb() == "list" || a.GetSubresource() == "status") {
+				return true, nil, errors.New("connection refused")
+			}
+			return false, nil, nil
+		})
+	})
+	e := newEnv(t, "nvlink-2x4", seed, outage)
+	a := e.claim(class1x)
+	down.Store(true) // before a's status goes out, a second after its prepare
+	e.prepareOK(a)
+	checkpointtest.Truncate(t, e.dirs.plugin)
+	b := e.claim(class1x)
+	if r := e.prepare(b)[string(b.UID)]; !strings.Contains(r.Error, "checkpoint was lost") {
+		t.Fatalf("a prepare on a lost checkpoint: %q", r.Error)
+	}
+	time.Sleep(2 * time.Second) // a's status write comes and finds no entry
+	down.Store(false)
+	e.waitStatus(a)
 }
