@@ -186,13 +186,17 @@ func (w *Writer) Exists(claimUID types.UID) bool {
 // have written (kyb.ai-gpu_.json, a UID with a space) are not the
 // plugin's: they are listed in skipped, for the caller to report, and left
 // alone.
-func (w *Writer) Claims() (uids []types.UID, skipped []string, err error) {
-	entries, err := os.ReadDir(w.dir)
+func (w *Writer) Claims() (uids []types.UID, skipped []string, err error) { return ListClaims(w.dir) }
+
+// ListClaims is Writer.Claims for a directory read without a Writer, which
+// would create it.
+func ListClaims(dir string) (uids []types.UID, skipped []string, err error) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, nil, nil
 		}
-		return nil, nil, fmt.Errorf("list CDI directory %s: %w", w.dir, err)
+		return nil, nil, fmt.Errorf("list CDI directory %s: %w", dir, err)
 	}
 	prefix := SpecName("")
 	for _, e := range entries {
@@ -264,4 +268,54 @@ func FindNVIDIADevices(dirs []string, gpus []inventory.GPU) (map[int]string, err
 		}
 	}
 	return out, nil
+}
+
+// MissingHostPaths returns the host paths that the specs of kind in dirs
+// name (mounts, device nodes, hooks) and that do not exist: a spec
+// generated for an earlier driver names libraries that are gone, and every
+// container given one of its devices then fails to start.
+func MissingHostPaths(dirs []string, kind string) ([]string, error) {
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dirs...), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, err
+	}
+	var missing []string
+	seen := map[string]bool{}
+	check := func(p string) {
+		if p == "" || seen[p] {
+			return
+		}
+		seen[p] = true
+		if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+			missing = append(missing, p)
+		}
+	}
+	edits := func(e cdispec.ContainerEdits) {
+		for _, m := range e.Mounts {
+			check(m.HostPath)
+		}
+		for _, d := range e.DeviceNodes {
+			if d.HostPath != "" {
+				check(d.HostPath)
+			} else {
+				check(d.Path)
+			}
+		}
+		for _, h := range e.Hooks {
+			check(h.Path)
+		}
+	}
+	vendor, class, _ := strings.Cut(kind, "/")
+	for _, spec := range cache.GetVendorSpecs(vendor) {
+		if spec.GetClass() != class {
+			continue
+		}
+		raw := spec.Spec
+		edits(raw.ContainerEdits)
+		for _, d := range raw.Devices {
+			edits(d.ContainerEdits)
+		}
+	}
+	slices.Sort(missing)
+	return missing, nil
 }

@@ -26,6 +26,16 @@ const defaultCDIRoot = "/var/run/cdi"
 // nvidiaCDIDirs are where NVIDIA's container toolkit writes its CDI spec.
 var nvidiaCDIDirs = []string{"/etc/cdi", defaultCDIRoot}
 
+// NVIDIACDIDirs are where the plugin looks for NVIDIA's CDI spec, given
+// its own --cdi-root.
+func NVIDIACDIDirs(cdiRoot string) []string {
+	dirs := append([]string{}, nvidiaCDIDirs...)
+	if cdiRoot != defaultCDIRoot {
+		dirs = append(dirs, cdiRoot)
+	}
+	return dirs
+}
+
 // DriverFilesFlags say how containers get the driver's user-space files.
 type DriverFilesFlags struct {
 	Mode           *cli.OneOf
@@ -48,6 +58,10 @@ type DriverFiles struct {
 	NVIDIACDI func(index int, uuid string) string
 	// Files are bind-mounted from the driver root.
 	Files *containeredits.DriverFiles
+	// Mode is the way chosen (nvidia-cdi, driver-root or none) and Reason
+	// says why, for logs and the doctor.
+	Mode   string
+	Reason string
 }
 
 // ChooseDriverFiles decides how containers get the driver's user-space
@@ -58,18 +72,18 @@ func (d *DriverFilesFlags) ChooseDriverFiles(ctx context.Context, node *Node, sr
 	logger := klog.FromContext(ctx)
 	mode := d.Mode.Value()
 	if mode == DriverFilesAuto && node.Host.Simulated != nil && src.DriverRoot == "/" {
-		logger.Info("Driver files", "mode", DriverFilesNone, "reason", "simulated node without --driver-root")
-		return DriverFiles{}, nil
+		df := DriverFiles{Mode: DriverFilesNone, Reason: "simulated node without --driver-root"}
+		logger.Info("Driver files", "mode", df.Mode, "reason", df.Reason)
+		return df, nil
 	}
 	if (mode == DriverFilesAuto && nvidiaCDIUsable) || mode == DriverFilesNVIDIACDI {
-		dirs := append([]string{}, nvidiaCDIDirs...)
-		if cdiRoot != defaultCDIRoot {
-			dirs = append(dirs, cdiRoot)
-		}
+		dirs := NVIDIACDIDirs(cdiRoot)
 		found, err := cdi.FindNVIDIADevices(dirs, node.Inv.GPUs)
 		if err == nil && len(found) == len(node.Inv.GPUs) {
-			logger.Info("Driver files", "mode", DriverFilesNVIDIACDI, "reason", "the node has NVIDIA's CDI spec for every GPU; its entries bring the driver files")
-			return DriverFiles{NVIDIACDI: func(index int, _ string) string { return found[index] }}, nil
+			df := DriverFiles{NVIDIACDI: func(index int, _ string) string { return found[index] }, Mode: DriverFilesNVIDIACDI,
+				Reason: "the node has NVIDIA's CDI spec for every GPU; its entries bring the driver files"}
+			logger.Info("Driver files", "mode", df.Mode, "reason", df.Reason)
+			return df, nil
 		}
 		if mode == DriverFilesNVIDIACDI {
 			return DriverFiles{}, fmt.Errorf("--driver-files=nvidia-cdi: NVIDIA's CDI spec (nvidia.com/gpu) covers %d of %d GPUs in %v (generate it with 'nvidia-ctk cdi generate'): %v", len(found), len(node.Inv.GPUs), dirs, err)
@@ -82,15 +96,16 @@ func (d *DriverFilesFlags) ChooseDriverFiles(ctx context.Context, node *Node, sr
 		}
 		if !files.Empty() {
 			logger.Info("Driver files", "mode", DriverFilesDriverRoot, "root", src.DriverRoot, "libraries", len(files.Libraries), "binaries", len(files.Binaries))
-			return DriverFiles{Files: files}, nil
+			return DriverFiles{Files: files, Mode: DriverFilesDriverRoot, Reason: "the driver's libraries are under " + src.DriverRoot + "; containers get them as bind mounts"}, nil
 		}
 		if mode == DriverFilesDriverRoot {
 			return DriverFiles{}, fmt.Errorf("--driver-files=driver-root: no NVIDIA driver libraries under %s; set --driver-root to where the driver is installed", src.DriverRoot)
 		}
 	}
+	df := DriverFiles{Mode: DriverFilesNone, Reason: "--driver-files=none"}
 	if mode == DriverFilesAuto {
-		logger.Info("Driver files", "mode", DriverFilesNone, "driverRoot", src.DriverRoot,
-			"warning", "no NVIDIA CDI spec and no driver libraries found; containers get their GPUs' device nodes but need the NVIDIA container runtime for the driver's libraries")
+		df.Reason = "no NVIDIA CDI spec and no driver libraries found; containers get their GPUs' device nodes but need the NVIDIA container runtime for the driver's libraries"
+		logger.Info("Driver files", "mode", df.Mode, "driverRoot", src.DriverRoot, "warning", df.Reason)
 	}
-	return DriverFiles{}, nil
+	return df, nil
 }

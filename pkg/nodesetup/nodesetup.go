@@ -64,34 +64,58 @@ func (n *Node) Close(ctx context.Context) {
 // what to fix: the file and line of a bad config, the preset names for an
 // unknown preset, the driver root where NVML is missing.
 func (s *Flags) Open(ctx context.Context) (*Node, error) {
-	cfg, src, err := s.readConfig(ctx)
+	cfg, src, err := s.ReadConfig(ctx)
 	if err != nil {
 		return nil, err
 	}
-	host, err := gpuhost.Open(ctx, gpuhost.Options{Simulate: s.Simulate, NodeName: s.NodeName, DriverRoot: s.DriverRoot, DevRoot: s.DevRoot, SysfsRoot: s.SysfsRoot})
+	host, err := s.OpenHost(ctx)
 	if err != nil {
 		return nil, err
 	}
-	inv, err := inventory.Discover(ctx, host.NVML, host.PCIe)
+	inv, err := Discover(ctx, host)
 	if err != nil {
 		_ = host.Close() // the discovery's error says what is wrong
-		return nil, fmt.Errorf("discover GPUs: %w", err)
+		return nil, err
 	}
-	plan, err := planner.New(inv, cfg)
+	plan, err := NewPlan(inv, cfg, src)
 	if err != nil {
 		_ = host.Close() // the plan's error says what is wrong
+		return nil, err
+	}
+	return &Node{Host: host, Inv: inv, Config: cfg, Source: src, Plan: plan}, nil
+}
+
+// OpenHost opens the node's GPUs: NVML, or the simulated node.
+func (s *Flags) OpenHost(ctx context.Context) (*gpuhost.Host, error) {
+	return gpuhost.Open(ctx, gpuhost.Options{Simulate: s.Simulate, NodeName: s.NodeName, DriverRoot: s.DriverRoot, DevRoot: s.DevRoot, SysfsRoot: s.SysfsRoot})
+}
+
+// Discover finds the host's GPUs and their links.
+func Discover(ctx context.Context, host *gpuhost.Host) (*inventory.Inventory, error) {
+	inv, err := inventory.Discover(ctx, host.NVML, host.PCIe)
+	if err != nil {
+		return nil, fmt.Errorf("discover GPUs: %w", err)
+	}
+	return inv, nil
+}
+
+// NewPlan plans the node's groups and seats; an error names the
+// configuration's lines at fault where src has them.
+func NewPlan(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig, src *v1alpha1.Source) (*planner.Plan, error) {
+	plan, err := planner.New(inv, cfg)
+	if err != nil {
 		var fe v1alpha1.FieldErrors
 		if errors.As(err, &fe) && src != nil {
 			err = src.Annotate(fe)
 		}
 		return nil, fmt.Errorf("node configuration does not fit this node (%s):\n%w", inv.Summary(), err)
 	}
-	return &Node{Host: host, Inv: inv, Config: cfg, Source: src, Plan: plan}, nil
+	return plan, nil
 }
 
-// readConfig reads the node configuration, or returns the defaults when
+// ReadConfig reads the node configuration, or returns the defaults when
 // none is given.
-func (s *Flags) readConfig(ctx context.Context) (*v1alpha1.NodeConfig, *v1alpha1.Source, error) {
+func (s *Flags) ReadConfig(ctx context.Context) (*v1alpha1.NodeConfig, *v1alpha1.Source, error) {
 	if s.ConfigPath == "" {
 		cfg := &v1alpha1.NodeConfig{}
 		cfg.SetDefaults()

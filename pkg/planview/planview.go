@@ -136,7 +136,7 @@ func WriteTable(w io.Writer, node, source string, inv *inventory.Inventory, plan
 					row = append(row, "X")
 					continue
 				}
-				row = append(row, linkLabel(inv.Link(i, j)))
+				row = append(row, LinkLabel(inv.Link(i, j)))
 			}
 			fmt.Fprintln(tw, strings.Join(row, "\t"))
 		}
@@ -178,7 +178,8 @@ func WriteTable(w io.Writer, node, source string, inv *inventory.Inventory, plan
 	return out.err
 }
 
-func linkLabel(l inventory.Link) string {
+// LinkLabel names a link as nvidia-smi topo -m does.
+func LinkLabel(l inventory.Link) string {
 	if l.NVLinks > 0 {
 		return "NV" + strconv.Itoa(l.NVLinks)
 	}

@@ -36,6 +36,7 @@ const name = "kyb-dra-plugin"
 
 const usage = `Usage: kyb-dra-plugin [flags]
        kyb-dra-plugin plan [flags]
+       kyb-dra-plugin doctor [flags]
 
 Runs the kyb DRA kubelet plugin (driver gpu.kyb.ai) on this node: publishes
 its GPU groups and seats as ResourceSlices and prepares the claims allocated
@@ -45,7 +46,9 @@ beside it; a flag given on the command line wins.
   kyb-dra-plugin --node-name "$NODE_NAME"                    # on a GPU node
   kyb-dra-plugin --simulate dgx-h100 --kubeconfig ~/.kube/config --node-name node-1
 
-'kyb-dra-plugin plan -h' describes the offline subcommand.
+'kyb-dra-plugin plan -h' and 'kyb-dra-plugin doctor -h' describe the
+subcommands: what the plugin would publish here, and whether this node is
+ready for it.
 
 Flags:
 `
@@ -56,21 +59,48 @@ type options struct {
 	health      nodesetup.HealthFlags
 	driverFiles nodesetup.DriverFilesFlags
 
+	dirs dirs
+
 	kubeconfig     string
 	kubeAPIQPS     float64
 	kubeAPIBurst   int
-	cdiRoot        string
-	registrarDir   string
-	pluginsDir     string
 	healthPort     int
 	healthAddress  string
 	metricsAddress string
 	podUID         string
 	layout         *cli.OneOf
 	bootIDFile     string
+}
+
+// dirs are the node directories the plugin uses, which the doctor examines.
+type dirs struct {
+	cdiRoot      string
+	registrarDir string
+	pluginsDir   string
 	// devicePluginDir is where a live device-plugin shim makes the plugin
 	// refuse to start.
 	devicePluginDir string
+}
+
+func (d *dirs) addFlags(f *cli.FlagSet) {
+	f.StringVar(&d.cdiRoot, "cdi-root", "CDI_ROOT", "/var/run/cdi", "directory the container runtime reads CDI specs from")
+	f.StringVar(&d.registrarDir, "kubelet-registrar-directory-path", "KUBELET_REGISTRAR_DIRECTORY_PATH", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory")
+	f.StringVar(&d.pluginsDir, "kubelet-plugins-directory-path", "KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins", "the kubelet's plugin directory; the plugin keeps its socket and checkpoint in <dir>/"+driver.Name)
+	f.StringVar(&d.devicePluginDir, "device-plugin-directory-path", "DEVICE_PLUGIN_DIRECTORY_PATH", "/var/lib/kubelet/device-plugins/", "the kubelet's device-plugin directory; the plugin refuses to start while the kyb device-plugin shim answers there")
+}
+
+func (d *dirs) check() error {
+	for _, x := range []struct{ flag, path string }{
+		{"--cdi-root", d.cdiRoot},
+		{"--kubelet-registrar-directory-path", d.registrarDir},
+		{"--kubelet-plugins-directory-path", d.pluginsDir},
+		{"--device-plugin-directory-path", d.devicePluginDir},
+	} {
+		if !filepath.IsAbs(x.path) {
+			return fmt.Errorf("%s %q must be an absolute path", x.flag, x.path)
+		}
+	}
+	return nil
 }
 
 func (o *options) addFlags(f *cli.FlagSet) {
@@ -80,10 +110,7 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	f.StringVar(&o.kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig file; empty: in-cluster configuration")
 	f.Float64Var(&o.kubeAPIQPS, "kube-api-qps", "KUBE_API_QPS", 5, "queries per second to the API server")
 	f.IntVar(&o.kubeAPIBurst, "kube-api-burst", "KUBE_API_BURST", 10, "burst of queries to the API server")
-	f.StringVar(&o.cdiRoot, "cdi-root", "CDI_ROOT", "/var/run/cdi", "directory the container runtime reads CDI specs from")
-	f.StringVar(&o.registrarDir, "kubelet-registrar-directory-path", "KUBELET_REGISTRAR_DIRECTORY_PATH", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration directory")
-	f.StringVar(&o.pluginsDir, "kubelet-plugins-directory-path", "KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins", "the kubelet's plugin directory; the plugin keeps its socket and checkpoint in <dir>/"+driver.Name)
-	f.StringVar(&o.devicePluginDir, "device-plugin-directory-path", "DEVICE_PLUGIN_DIRECTORY_PATH", "/var/lib/kubelet/device-plugins/", "the kubelet's device-plugin directory; the plugin refuses to start while the kyb device-plugin shim answers there")
+	o.dirs.addFlags(f)
 	f.IntVar(&o.healthPort, "healthcheck-port", "HEALTHCHECK_PORT", -1, "port of the gRPC health service (liveness probe); -1: off")
 	f.StringVar(&o.healthAddress, "healthcheck-address", "HEALTHCHECK_ADDRESS", "127.0.0.1", "IP address the gRPC health service listens on; the kubelet's gRPC probes dial the pod IP, so a chart sets it from status.podIP")
 	f.StringVar(&o.metricsAddress, "metrics-address", "METRICS_ADDRESS", "", "address of the Prometheus metrics endpoint (/metrics), such as :8080; empty: off")
@@ -96,8 +123,13 @@ func (o *options) addFlags(f *cli.FlagSet) {
 // Run is the kyb-dra-plugin command: the node plugin, or `plan`. It
 // returns the exit code.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "plan" {
-		return Plan(ctx, args[1:], getenv, stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "plan":
+			return Plan(ctx, args[1:], getenv, stdout, stderr)
+		case "doctor":
+			return Doctor(ctx, args[1:], getenv, stdout, stderr)
+		}
 	}
 	f := cli.NewFlagSet(name, stderr)
 	var o options
@@ -122,15 +154,8 @@ func (o *options) check() error {
 	if o.node.NodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required: the name of the Kubernetes node the plugin serves")
 	}
-	for _, d := range []struct{ flag, path string }{
-		{"--cdi-root", o.cdiRoot},
-		{"--kubelet-registrar-directory-path", o.registrarDir},
-		{"--kubelet-plugins-directory-path", o.pluginsDir},
-		{"--device-plugin-directory-path", o.devicePluginDir},
-	} {
-		if !filepath.IsAbs(d.path) {
-			return fmt.Errorf("%s %q must be an absolute path", d.flag, d.path)
-		}
+	if err := o.dirs.check(); err != nil {
+		return err
 	}
 	if o.healthPort < -1 || o.healthPort > 65535 {
 		return fmt.Errorf("--healthcheck-port %d is not a port (or -1 for off)", o.healthPort)
@@ -148,7 +173,7 @@ func (o *options) check() error {
 
 func (o *options) run(ctx context.Context) error {
 	// One node runs the DRA plugin or the device-plugin shim, never both.
-	if err := driver.CheckNoLiveShim(o.devicePluginDir); err != nil {
+	if err := driver.CheckNoLiveShim(o.dirs.devicePluginDir); err != nil {
 		return err
 	}
 	client, err := kubeClient(o.kubeconfig, o.kubeAPIQPS, o.kubeAPIBurst)
@@ -167,7 +192,7 @@ func (o *options) run(ctx context.Context) error {
 		return err
 	}
 	defer stopHealth()
-	files, err := o.driverFiles.ChooseDriverFiles(ctx, node, &o.node, o.cdiRoot, true)
+	files, err := o.driverFiles.ChooseDriverFiles(ctx, node, &o.node, o.dirs.cdiRoot, true)
 	if err != nil {
 		return err
 	}
@@ -178,9 +203,9 @@ func (o *options) run(ctx context.Context) error {
 		Plan:            node.Plan,
 		Edits:           containeredits.Options{DeviceNumbers: node.Host.DeviceNumbers, Driver: files.Files},
 		NVIDIACDIDevice: files.NVIDIACDI,
-		CDIRoot:         o.cdiRoot,
-		PluginDataDir:   driver.PluginDir(o.pluginsDir),
-		RegistrarDir:    o.registrarDir,
+		CDIRoot:         o.dirs.cdiRoot,
+		PluginDataDir:   driver.PluginDir(o.dirs.pluginsDir),
+		RegistrarDir:    o.dirs.registrarDir,
 		PodUID:          types.UID(o.podUID),
 		BootIDFile:      o.bootIDFile,
 		Layout:          draplugin.LayoutMode(o.layout.Value()),

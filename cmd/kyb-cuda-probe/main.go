@@ -1,0 +1,28 @@
+// Command kyb-cuda-probe prints, as JSON, what the CUDA driver shows this
+// process: the devices it can use, their UUIDs and memory, and the GPU
+// environment. `kyb-dra-plugin doctor --probe` runs it in a sandbox built
+// from a seat's CDI spec.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdisandbox"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cudaprobe/driverapi"
+)
+
+func main() {
+	if len(os.Args) == 3 && os.Args[1] == cdisandbox.EnterArg {
+		err := cdisandbox.Enter(os.Args[2])
+		fmt.Fprintln(os.Stderr, "kyb-cuda-probe:", err)
+		os.Exit(1)
+	}
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(driverapi.Run()); err != nil {
+		fmt.Fprintln(os.Stderr, "kyb-cuda-probe:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,32 @@
+// Package cudaprobe is what the CUDA probe reports: what the CUDA driver
+// showed a process (its devices, their UUIDs and memory, whether it could
+// allocate on each) and the process's GPU environment. kyb-cuda-probe
+// prints it as JSON (package driverapi asks the driver); the doctor reads
+// it back. This package links no C code, so that the doctor does not.
+package cudaprobe
+
+// Result is what the probe saw. It is the JSON contract between the probe
+// and the doctor.
+type Result struct {
+	// Library is the file libcuda.so.1 was loaded from.
+	Library string `json:"library,omitempty"`
+	// DriverVersion is cuDriverGetVersion's answer, such as 13000.
+	DriverVersion int `json:"driverVersion,omitempty"`
+	// Error says why the probe stopped before listing devices.
+	Error   string   `json:"error,omitempty"`
+	Devices []Device `json:"devices"`
+	// Env holds the process's GPU-related environment variables.
+	Env map[string]string `json:"env"`
+	// DeviceNodes are the /dev/nvidia* entries the process sees.
+	DeviceNodes []string `json:"deviceNodes"`
+}
+
+// Device is one CUDA device as the process enumerates it.
+type Device struct {
+	Ordinal     int    `json:"ordinal"`
+	Name        string `json:"name"`
+	UUID        string `json:"uuid"`
+	MemoryBytes uint64 `json:"memoryBytes"`
+	// MemAlloc is "ok", or why allocating on the device failed.
+	MemAlloc string `json:"memAlloc"`
+}

@@ -1,0 +1,226 @@
+package doctor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdisandbox"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cudaprobe"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+)
+
+// ProbeOptions say how to run the CUDA probe.
+type ProbeOptions struct {
+	// Program is kyb-cuda-probe.
+	Program string
+	// Claim, when set, probes that prepared claim's spec from the CDI
+	// root; otherwise the doctor writes, outside the CDI root, the spec
+	// the plugin would write for seat 0 of Group.
+	Claim types.UID
+	// Group names the group whose seat is probed; "": the plan's first.
+	Group string
+}
+
+// probeClaimUID names the seat spec the doctor writes for itself; no API
+// server hands out a UID of this shape.
+const probeClaimUID = types.UID("kyb-doctor-probe")
+
+// cudaImageEnv is the environment of NVIDIA's CUDA base images, which the
+// sandbox's image stands for: the driver files our specs mount under
+// /usr/local/nvidia are on its paths.
+var cudaImageEnv = []string{
+	"PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+	"NVIDIA_VISIBLE_DEVICES=all",
+	"NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+}
+
+// checkProbe runs the CUDA probe in a sandbox built only from a seat's CDI
+// spec and says whether it saw exactly the seat's GPUs, and could use
+// each.
+func (e *examination) checkProbe(ctx context.Context) {
+	c := Check{Name: "probe", Status: Fail}
+	specs, devices, want, what, cleanup, err := e.probeTarget()
+	if cleanup != nil {
+		defer cleanup()
+	}
+	if err != nil {
+		c.Summary, c.Fix = err.Error(), "fix the checks above, or name a prepared claim with --probe-claim"
+		e.add(c)
+		return
+	}
+	out, cfg, err := cdisandbox.Run(ctx, cdisandbox.Options{Specs: specs, Devices: devices, Program: e.opts.Probe.Program, BaseEnv: cudaImageEnv, HostPath: e.seenPath})
+	if err != nil {
+		c.Summary, c.Fix = "the sandbox did not run: "+err.Error(), "run the doctor as root with kyb-cuda-probe beside it (--probe-binary)"
+		e.add(c)
+		return
+	}
+	var r cudaprobe.Result
+	if err := json.Unmarshal(out, &r); err != nil {
+		c.Summary, c.Fix = fmt.Sprintf("the probe's output is not its JSON: %v: %.200s", err, out), "run kyb-cuda-probe by hand to see what it prints"
+		e.add(c)
+		return
+	}
+	c.Details = probeDetails(cfg, &r)
+	var saw []string
+	allocated := true
+	for _, d := range r.Devices {
+		saw = append(saw, d.UUID)
+		allocated = allocated && d.MemAlloc == "ok"
+	}
+	slices.Sort(saw)
+	slices.Sort(want)
+	switch {
+	case r.Error != "":
+		c.Summary = fmt.Sprintf("%s: the probe saw no GPU: %s", what, r.Error)
+		c.Fix = "a container holding this seat would not run CUDA either: see the driver-files check (with no driver files, only the NVIDIA container runtime brings libcuda)"
+	case !slices.Equal(saw, want):
+		c.Summary = fmt.Sprintf("%s: the probe saw %v, the seat's GPUs are %v", what, saw, want)
+		c.Fix = "the seat's CDI spec gives a container other GPUs than the seat's: report this as a bug with the spec and this output"
+	case !allocated:
+		c.Summary = what + ": the probe saw the seat's GPUs but could not allocate on each"
+		c.Fix = "see the devices' lines: the device nodes are there but CUDA cannot use them"
+	default:
+		c.Status = OK
+		c.Summary = fmt.Sprintf("%s: a container sees exactly its %d GPUs and allocates on each", what, len(want))
+	}
+	e.add(c)
+}
+
+// probeTarget chooses the spec and devices to probe and the GPUs the probe
+// must see. cleanup removes what it wrote.
+func (e *examination) probeTarget() (specs, devices, want []string, what string, cleanup func(), err error) {
+	if uid := e.opts.Probe.Claim; uid != "" {
+		if err := cdi.CheckClaimUID(uid); err != nil {
+			return nil, nil, nil, "", nil, err
+		}
+		path := filepath.Join(e.opts.CDIRoot, cdi.SpecName(uid)+".json")
+		spec, err := cdiapi.ReadSpec(path, 0)
+		if err != nil {
+			return nil, nil, nil, "", nil, fmt.Errorf("claim %s: %w", uid, err)
+		}
+		for _, d := range spec.Devices {
+			devices = append(devices, cdi.Vendor+"/"+cdi.Class+"="+d.Name)
+			for _, kv := range d.ContainerEdits.Env {
+				if v, ok := strings.CutPrefix(kv, containeredits.EnvNVIDIAVisibleDevices+"="); ok {
+					for _, u := range strings.Split(v, ",") {
+						if !slices.Contains(want, u) {
+							want = append(want, u)
+						}
+					}
+				}
+			}
+		}
+		return []string{path}, devices, want, "claim " + string(uid), nil, nil
+	}
+	if e.node == nil || e.files == nil {
+		return nil, nil, nil, "", nil, fmt.Errorf("no seat to probe: the node or its driver files could not be examined")
+	}
+	group, err := e.probeGroup()
+	if err != nil {
+		return nil, nil, nil, "", nil, err
+	}
+	seat := containeredits.Seat{Group: group.Name, Seats: []int{0}, Generations: []int64{0}}
+	for _, x := range group.GPUs {
+		g, _ := e.node.Inv.GPUByIndex(x)
+		seat.GPUs = append(seat.GPUs, *g)
+		want = append(want, g.UUID)
+	}
+	edits, err := containeredits.Build([]containeredits.Seat{seat}, containeredits.Options{DeviceNumbers: e.node.Host.DeviceNumbers, Driver: e.files.Files})
+	if err != nil {
+		return nil, nil, nil, "", nil, fmt.Errorf("seat 0 of %s: %w", group.Name, err)
+	}
+	dir, err := os.MkdirTemp("", "kyb-doctor-cdi-")
+	if err != nil {
+		return nil, nil, nil, "", nil, err
+	}
+	cleanup = func() { _ = os.RemoveAll(dir) }
+	w, err := cdi.NewWriter(dir)
+	if err == nil {
+		err = w.Write(probeClaimUID, []cdi.Device{{Name: "seat", Edits: edits}})
+	}
+	if err != nil {
+		return nil, nil, nil, "", cleanup, fmt.Errorf("write the seat's spec: %w", err)
+	}
+	specs = []string{filepath.Join(dir, cdi.SpecName(probeClaimUID)+".json")}
+	devices = []string{cdi.DeviceID(probeClaimUID, "seat")}
+	if e.files.NVIDIACDI != nil {
+		// NVIDIA's entries bring the driver files: the kubelet passes them
+		// with ours.
+		specs = append(specs, nvidiaSpecFiles(e.opts.CDIRoot)...)
+		for _, g := range seat.GPUs {
+			devices = append(devices, e.files.NVIDIACDI(g.Index, g.UUID))
+		}
+	}
+	return specs, devices, want, fmt.Sprintf("seat 0 of %s (%s)", group.Name, group.Profile.Resource), cleanup, nil
+}
+
+func (e *examination) probeGroup() (*planner.Group, error) {
+	groups := e.node.Plan.Groups()
+	if e.opts.Probe.Group == "" {
+		return groups[0], nil
+	}
+	var names []string
+	for _, g := range groups {
+		if g.Name == e.opts.Probe.Group || g.DeviceName() == e.opts.Probe.Group {
+			return g, nil
+		}
+		names = append(names, g.Name)
+	}
+	return nil, fmt.Errorf("--probe-group %s: no such group; the plan has %s", e.opts.Probe.Group, strings.Join(names, ", "))
+}
+
+// nvidiaSpecFiles are the spec files NVIDIA's toolkit may have written.
+func nvidiaSpecFiles(cdiRoot string) []string {
+	var out []string
+	for _, dir := range []string{"/etc/cdi", "/var/run/cdi", cdiRoot} {
+		for _, pattern := range []string{"*.json", "*.yaml"} {
+			m, _ := filepath.Glob(filepath.Join(dir, pattern))
+			out = append(out, m...)
+		}
+	}
+	return out
+}
+
+// seenPath maps a host path in a spec to where the doctor sees it: device
+// nodes under --dev-root, driver files under --driver-root.
+func (e *examination) seenPath(p string) string {
+	if strings.HasPrefix(p, "/dev/") {
+		return filepath.Join(e.opts.Node.DevRoot, p)
+	}
+	if h := e.opts.DriverFiles.HostDriverRoot; h != "" {
+		if rel, err := filepath.Rel(h, p); err == nil && !strings.HasPrefix(rel, "..") {
+			return filepath.Join(e.opts.Node.DriverRoot, rel)
+		}
+	}
+	return p
+}
+
+func probeDetails(cfg *cdisandbox.Config, r *cudaprobe.Result) []string {
+	out := []string{"sandbox: " + strings.Join(cfg.Targets(), " ")}
+	for _, h := range cfg.Hooks {
+		out = append(out, "CDI hook not run: "+h)
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.Env)) {
+		out = append(out, "env "+k+"="+r.Env[k])
+	}
+	out = append(out, "device nodes: "+strings.Join(r.DeviceNodes, " "))
+	if r.Library != "" {
+		out = append(out, fmt.Sprintf("libcuda: %s (CUDA driver API %d)", r.Library, r.DriverVersion))
+	}
+	for _, d := range r.Devices {
+		out = append(out, fmt.Sprintf("CUDA device %d: %s %s, %d MiB, cuMemAlloc %s", d.Ordinal, d.Name, d.UUID, d.MemoryBytes>>20, d.MemAlloc))
+	}
+	return out
+}

@@ -1,0 +1,125 @@
+/*
+ * A stand-in for the CUDA driver library (libcuda.so.1) on simulated
+ * nodes, built by the doctor's tests. Like the real one it learns its GPUs
+ * from the device nodes the process can open: every /dev/nvidia<N> holds,
+ * on a simulated node, the GPU's UUID. It needs /dev/nvidiactl, orders the
+ * GPUs by minor number and honours CUDA_VISIBLE_DEVICES (indices or UUIDs,
+ * up to the first entry that names no device), so a probe over it fails
+ * for the reasons a container over the real one would.
+ */
+#include <ctype.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_INVALID_DEVICE 101
+#define CUDA_ERROR_UNKNOWN 999
+
+struct gpu { int minor; char uuid[64]; char node[32]; };
+static struct gpu found[64], visible[64];
+static int nfound, nvisible = -1;
+
+static int by_minor(const void *a, const void *b) {
+	return ((const struct gpu *)a)->minor - ((const struct gpu *)b)->minor;
+}
+
+static int read_uuid(const char *path, char *out, size_t len) {
+	FILE *f = fopen(path, "r");
+	if (f == NULL) return -1;
+	if (fgets(out, (int)len, f) == NULL) { fclose(f); return -1; }
+	fclose(f);
+	out[strcspn(out, "\r\n ")] = 0;
+	return strncmp(out, "GPU-", 4) == 0 ? 0 : -1;
+}
+
+int cuInit(unsigned int flags) {
+	(void)flags;
+	if (access("/dev/nvidiactl", R_OK) != 0) return CUDA_ERROR_NO_DEVICE;
+	DIR *d = opendir("/dev");
+	if (d == NULL) return CUDA_ERROR_NO_DEVICE;
+	struct dirent *e;
+	nfound = 0;
+	while ((e = readdir(d)) != NULL && nfound < 64) {
+		const char *n = e->d_name;
+		if (strncmp(n, "nvidia", 6) != 0 || !isdigit((unsigned char)n[6])) continue;
+		struct gpu g = {.minor = atoi(n + 6)};
+		snprintf(g.node, sizeof g.node, "/dev/%s", n);
+		if (read_uuid(g.node, g.uuid, sizeof g.uuid) != 0) continue;
+		found[nfound++] = g;
+	}
+	closedir(d);
+	qsort(found, nfound, sizeof found[0], by_minor);
+	const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+	if (cvd == NULL) {
+		memcpy(visible, found, sizeof found);
+		nvisible = nfound;
+	} else {
+		char buf[1024];
+		snprintf(buf, sizeof buf, "%s", cvd);
+		nvisible = 0;
+		for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ",")) {
+			int hit = -1;
+			if (strncmp(tok, "GPU-", 4) == 0) {
+				for (int i = 0; i < nfound; i++)
+					if (strncmp(found[i].uuid, tok, strlen(tok)) == 0) hit = i;
+			} else if (isdigit((unsigned char)tok[0]) && atoi(tok) < nfound) {
+				hit = atoi(tok);
+			}
+			if (hit < 0) break;
+			visible[nvisible++] = found[hit];
+		}
+	}
+	return nvisible > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+int cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
+
+int cuDeviceGetCount(int *n) {
+	if (nvisible < 0) return CUDA_ERROR_NOT_INITIALIZED;
+	*n = nvisible;
+	return CUDA_SUCCESS;
+}
+
+int cuDeviceGet(int *dev, int ordinal) {
+	if (ordinal < 0 || ordinal >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+	*dev = ordinal;
+	return CUDA_SUCCESS;
+}
+
+int cuDeviceGetName(char *buf, int len, int dev) {
+	snprintf(buf, len, "Simulated GPU (%s)", visible[dev].node);
+	return CUDA_SUCCESS;
+}
+
+int cuDeviceGetUuid(unsigned char *out, int dev) {
+	const char *p = visible[dev].uuid + 4;
+	for (int i = 0; i < 16; i++) {
+		while (*p == '-') p++;
+		unsigned int b;
+		if (sscanf(p, "%2x", &b) != 1) return CUDA_ERROR_UNKNOWN;
+		out[i] = (unsigned char)b;
+		p += 2;
+	}
+	return CUDA_SUCCESS;
+}
+
+int cuDeviceTotalMem_v2(size_t *bytes, int dev) { (void)dev; *bytes = (size_t)81559 << 20; return CUDA_SUCCESS; }
+
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+	int fd = open(visible[dev].node, O_RDWR);
+	if (fd < 0) return CUDA_ERROR_UNKNOWN;
+	close(fd);
+	*ctx = (void *)(long)(dev + 1);
+	return CUDA_SUCCESS;
+}
+
+int cuCtxSetCurrent(void *ctx) { return ctx ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN; }
+int cuMemAlloc_v2(unsigned long long *ptr, size_t n) { *ptr = n ? 0x100000 : 0; return CUDA_SUCCESS; }
+int cuMemFree_v2(unsigned long long ptr) { (void)ptr; return CUDA_SUCCESS; }
+int cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return CUDA_SUCCESS; }
