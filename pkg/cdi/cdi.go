@@ -270,10 +270,11 @@ func FindNVIDIADevices(dirs []string, gpus []inventory.GPU) (map[int]string, err
 	return out, nil
 }
 
-// MissingHostPaths returns the host paths that the specs of kind in dirs
-// name (mounts, device nodes, hooks) and that do not exist: a spec
-// generated for an earlier driver names libraries that are gone, and every
-// container given one of its devices then fails to start.
+// MissingHostPaths returns the files that the specs of kind in dirs mount
+// or run as hooks and that do not exist: a spec generated for an earlier
+// driver names libraries that are gone, and every container given one of
+// its devices then fails to start. Device nodes are left out: runtimes
+// make them from their numbers.
 func MissingHostPaths(dirs []string, kind string) ([]string, error) {
 	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dirs...), cdiapi.WithAutoRefresh(false))
 	if err != nil {
@@ -293,13 +294,6 @@ func MissingHostPaths(dirs []string, kind string) ([]string, error) {
 	edits := func(e cdispec.ContainerEdits) {
 		for _, m := range e.Mounts {
 			check(m.HostPath)
-		}
-		for _, d := range e.DeviceNodes {
-			if d.HostPath != "" {
-				check(d.HostPath)
-			} else {
-				check(d.Path)
-			}
 		}
 		for _, h := range e.Hooks {
 			check(h.Path)

@@ -78,7 +78,7 @@ type Options struct {
 }
 
 // Run runs the program in a sandbox and returns its standard output. It
-// needs CAP_SYS_ADMIN (root) for the mount namespace.
+// needs root (CAP_SYS_ADMIN) for the mount namespace.
 func Run(ctx context.Context, opts Options) ([]byte, *Config, error) {
 	cfg, err := plan(opts)
 	if err != nil {
@@ -105,6 +105,9 @@ func Run(ctx context.Context, opts Options) ([]byte, *Config, error) {
 	cmd.Env = []string{}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
 	if err := cmd.Run(); err != nil {
+		if errors.Is(err, syscall.EPERM) {
+			return nil, cfg, errNoNamespace
+		}
 		return stdout.Bytes(), cfg, fmt.Errorf("sandbox: %w: %s", err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	return stdout.Bytes(), cfg, nil
@@ -200,5 +203,5 @@ func cutEnv(kv string) (string, string, bool) {
 	return kv, "", false
 }
 
-// errNotRoot explains why the sandbox cannot be built.
-var errNotRoot = errors.New("the sandbox needs a mount namespace: run as root (CAP_SYS_ADMIN)")
+// errNoNamespace explains why the sandbox cannot be built.
+var errNoNamespace = errors.New("the sandbox needs a mount namespace: run as root (CAP_SYS_ADMIN)")

@@ -93,10 +93,7 @@ func Enter(configPath string) error {
 	}
 	// Nothing mounted here may leak to the host's namespace.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		if os.Geteuid() != 0 {
-			return errNotRoot
-		}
-		return fmt.Errorf("make mounts private: %w", err)
+		return fmt.Errorf("make mounts private: %w: %w", err, errNoNamespace)
 	}
 	if err := unix.Mount("tmpfs", cfg.Root, "tmpfs", unix.MS_NOSUID, "mode=0755"); err != nil {
 		return fmt.Errorf("sandbox root: %w", err)

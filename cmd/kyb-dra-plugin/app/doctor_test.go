@@ -1,0 +1,69 @@
+package app
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestDoctorCommand runs the doctor as the chart's init container does:
+// the plugin's environment, then its exit code and JSON.
+func TestDoctorCommand(t *testing.T) {
+	root := t.TempDir()
+	env := map[string]string{
+		"KYB_SIMULATE":                     "dgx-h100",
+		"NODE_NAME":                        "node-1",
+		"CDI_ROOT":                         filepath.Join(root, "cdi"),
+		"KUBELET_PLUGINS_DIRECTORY_PATH":   filepath.Join(root, "plugins"),
+		"KUBELET_REGISTRAR_DIRECTORY_PATH": filepath.Join(root, "registry"),
+		"KYB_HOST_ROOT":                    root,
+	}
+	for _, d := range []string{"cdi", "plugins", "registry", "etc/containerd"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	config := "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\"]\ncdi_spec_dirs = [\"" + env["CDI_ROOT"] + "\"]\n"
+	if err := os.WriteFile(filepath.Join(root, "etc/containerd/config.toml"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, env, "doctor", "-o", "json")
+	var report struct {
+		Node   string         `json:"node"`
+		Counts map[string]int `json:"counts"`
+		Checks []struct{ Name, Status string }
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil || code != 0 {
+		t.Fatalf("exit %d, %v: %s %s", code, err, out, errOut)
+	}
+	if report.Node != "node-1" || report.Counts["ok"] != len(report.Checks) || len(report.Checks) < 10 {
+		t.Errorf("report: %+v", report)
+	}
+
+	// A broken node exits 1 and says why on stdout, for kubectl logs.
+	env["KUBELET_REGISTRAR_DIRECTORY_PATH"] = filepath.Join(root, "nowhere")
+	code, out, _ = run(t, env, "doctor")
+	if code != 1 || !strings.Contains(out, "kubelet       fail") || !strings.Contains(out, "node node-1: 10 ok, 0 warn, 1 fail") {
+		t.Errorf("broken node: exit %d\n%s", code, out)
+	}
+}
+
+func TestDoctorRefusesBadFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"doctor", "--probe-claim", "x"}, "--probe-binary, --probe-claim and --probe-group need --probe"},
+		{[]string{"doctor", "--probe", "--probe-binary", "/nonexistent/kyb-cuda-probe"}, "--probe-binary: stat /nonexistent/kyb-cuda-probe"},
+		{[]string{"doctor", "--probe", "--probe-binary", "/bin/sh", "--probe-claim", "x", "--probe-group", "G0"}, "exclude each other"},
+		{[]string{"doctor", "--cdi-root", "relative"}, `--cdi-root "relative" must be an absolute path`},
+		{[]string{"doctor", "-o", "yaml"}, "must be one of table, json"},
+	} {
+		code, _, errOut := run(t, nil, tt.args...)
+		if code != 2 || !strings.Contains(errOut, tt.want) {
+			t.Errorf("%v: exit %d %q, want 2 with %q", tt.args, code, errOut, tt.want)
+		}
+	}
+}
