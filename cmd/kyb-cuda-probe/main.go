@@ -9,13 +9,13 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/cdisandbox"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cudaprobe/driverapi"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sandbox"
 )
 
 func main() {
-	if len(os.Args) == 3 && os.Args[1] == cdisandbox.EnterArg {
-		err := cdisandbox.Enter(os.Args[2])
+	if len(os.Args) == 3 && os.Args[1] == sandbox.EnterArg {
+		err := sandbox.Enter(os.Args[2])
 		fmt.Fprintln(os.Stderr, "kyb-cuda-probe:", err)
 		os.Exit(1)
 	}

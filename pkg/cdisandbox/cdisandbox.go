@@ -16,6 +16,7 @@ package cdisandbox
 import (
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,40 +28,9 @@ import (
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sandbox"
 )
-
-// ProgramPath is where the program is in the sandbox.
-const ProgramPath = "/probe"
-
-// Config is everything the sandbox's first stage needs, written by Run and
-// read by Enter in the new mount namespace.
-type Config struct {
-	// Root is an empty directory that becomes the sandbox's root.
-	Root string `json:"root"`
-	// Binds are files and directories bound in, sources as this process
-	// sees them.
-	Binds []Bind `json:"binds"`
-	// Nodes are device nodes the host lacks, made from their numbers.
-	Nodes []Node `json:"nodes"`
-	// Env is the program's whole environment.
-	Env []string `json:"env"`
-	// Hooks are the CDI hooks not run, for the report.
-	Hooks []string `json:"hooks,omitempty"`
-}
-
-// Bind is one bind mount.
-type Bind struct {
-	Source   string `json:"source"`
-	Target   string `json:"target"`
-	ReadOnly bool   `json:"readOnly"`
-}
-
-// Node is a character device node.
-type Node struct {
-	Path  string `json:"path"`
-	Major int64  `json:"major"`
-	Minor int64  `json:"minor"`
-}
 
 // Options say what to run with which devices.
 type Options struct {
@@ -79,7 +49,7 @@ type Options struct {
 
 // Run runs the program in a sandbox and returns its standard output. It
 // needs root (CAP_SYS_ADMIN) for the mount namespace.
-func Run(ctx context.Context, opts Options) ([]byte, *Config, error) {
+func Run(ctx context.Context, opts Options) ([]byte, *sandbox.Config, error) {
 	cfg, err := plan(opts)
 	if err != nil {
 		return nil, nil, err
@@ -100,25 +70,21 @@ func Run(ctx context.Context, opts Options) ([]byte, *Config, error) {
 	}
 	defer func() { _ = os.Remove(cfgFile) }()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, opts.Program, EnterArg, cfgFile)
+	cmd := exec.CommandContext(ctx, opts.Program, sandbox.EnterArg, cfgFile)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Env = []string{}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
 	if err := cmd.Run(); err != nil {
 		if errors.Is(err, syscall.EPERM) {
-			return nil, cfg, errNoNamespace
+			return nil, cfg, sandbox.ErrNoNamespace
 		}
 		return stdout.Bytes(), cfg, fmt.Errorf("sandbox: %w: %s", err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	return stdout.Bytes(), cfg, nil
 }
 
-// EnterArg is the program's first argument that makes it Enter the
-// sandbox described by the second.
-const EnterArg = "--enter-sandbox"
-
 // plan turns the devices' edits into binds, nodes and environment.
-func plan(opts Options) (*Config, error) {
+func plan(opts Options) (*sandbox.Config, error) {
 	hostPath := opts.HostPath
 	if hostPath == nil {
 		hostPath = func(p string) string { return p }
@@ -127,7 +93,7 @@ func plan(opts Options) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := &Config{Binds: base}
+	cfg := &sandbox.Config{Binds: base}
 	env := slices.Clone(opts.BaseEnv)
 	var edits []cdispec.ContainerEdits
 	for _, id := range opts.Devices {
@@ -146,16 +112,16 @@ func plan(opts Options) (*Config, error) {
 			}
 			src = hostPath(src)
 			if _, err := os.Stat(src); err == nil {
-				cfg.Binds = append(cfg.Binds, Bind{Source: src, Target: d.Path})
+				cfg.Binds = append(cfg.Binds, sandbox.Bind{Source: src, Target: d.Path})
 				continue
 			}
 			if d.Major == 0 && d.Minor == 0 {
 				return nil, fmt.Errorf("device node %s: %s does not exist and the spec gives no numbers", d.Path, src)
 			}
-			cfg.Nodes = append(cfg.Nodes, Node{Path: d.Path, Major: d.Major, Minor: d.Minor})
+			cfg.Nodes = append(cfg.Nodes, sandbox.Node{Path: d.Path, Major: d.Major, Minor: d.Minor})
 		}
 		for _, m := range e.Mounts {
-			cfg.Binds = append(cfg.Binds, Bind{Source: hostPath(m.HostPath), Target: m.ContainerPath, ReadOnly: slices.Contains(m.Options, "ro")})
+			cfg.Binds = append(cfg.Binds, sandbox.Bind{Source: hostPath(m.HostPath), Target: m.ContainerPath, ReadOnly: slices.Contains(m.Options, "ro")})
 		}
 		for _, h := range e.Hooks {
 			cfg.Hooks = append(cfg.Hooks, h.HookName+": "+h.Path)
@@ -203,5 +169,69 @@ func cutEnv(kv string) (string, string, bool) {
 	return kv, "", false
 }
 
-// errNoNamespace explains why the sandbox cannot be built.
-var errNoNamespace = errors.New("the sandbox needs a mount namespace: run as root (CAP_SYS_ADMIN)")
+// libraryDirs are where the image's libraries are looked for, as the
+// dynamic loader of a glibc system looks.
+var libraryDirs = []string{"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"}
+
+// imageFiles are the sandbox's image: the program at sandbox.ProgramPath, its ELF
+// interpreter and the shared libraries it needs (and they need), each at
+// its own path. Nothing else of the host is visible, so that whatever
+// driver file the program finds came from the devices' edits.
+func imageFiles(program string) ([]sandbox.Bind, error) {
+	binds := []sandbox.Bind{{Source: program, Target: sandbox.ProgramPath, ReadOnly: true}}
+	seen := map[string]bool{}
+	queue := []string{program}
+	for len(queue) > 0 {
+		path := queue[0]
+		queue = queue[1:]
+		f, err := elf.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", path, err)
+		}
+		needed, err := f.ImportedLibraries()
+		interp := interpreter(f)
+		_ = f.Close() // read only
+		if err != nil {
+			return nil, fmt.Errorf("libraries of %s: %w", path, err)
+		}
+		if interp != "" && !seen[interp] {
+			seen[interp] = true
+			binds = append(binds, sandbox.Bind{Source: interp, Target: interp, ReadOnly: true})
+		}
+		for _, lib := range needed {
+			found := findLibrary(lib)
+			if found == "" {
+				return nil, fmt.Errorf("%s needs %s, which is in none of %v", path, lib, libraryDirs)
+			}
+			if seen[found] {
+				continue
+			}
+			seen[found] = true
+			binds = append(binds, sandbox.Bind{Source: found, Target: found, ReadOnly: true})
+			queue = append(queue, found)
+		}
+	}
+	return binds, nil
+}
+
+func interpreter(f *elf.File) string {
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err == nil {
+				return string(b[:len(b)-1])
+			}
+		}
+	}
+	return ""
+}
+
+func findLibrary(name string) string {
+	for _, d := range libraryDirs {
+		p := filepath.Join(d, name)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
+}

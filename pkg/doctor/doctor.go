@@ -5,9 +5,11 @@
 // prints its report; the chart runs it as an init container, so that a
 // broken node says why in `kubectl logs`.
 //
-// The doctor only reads: it never writes the node's state, takes no lock
-// the plugin takes, and talks to no API server, so that it is safe beside
-// a running plugin.
+// The doctor never changes the node's state: it writes nothing but an
+// empty file it removes at once (to learn whether a directory is
+// writable) and, with --probe, a seat's spec outside the CDI root; it
+// takes no lock the plugin takes and talks to no API server, so that it is
+// safe beside a running plugin.
 package doctor
 
 import (

@@ -137,7 +137,7 @@ func TestInjectedFailures(t *testing.T) {
 			n.opts.Node.ConfigPath = n.write(filepath.Join(n.root, "big.yaml"), "groups:\n- {name: G01, gpus: [0, 1]}\n")
 		}, check: "plan", status: Fail, want: "big.yaml:2: groups[0].gpus[1]: GPU 1 does not exist"},
 		{name: "driver-root mode without libraries", breakIt: func(n *node) {
-			n.opts.DriverFiles.Mode.Set(nodesetup.DriverFilesDriverRoot)
+			n.driverFiles(nodesetup.DriverFilesDriverRoot)
 			n.opts.Node.DriverRoot = n.root
 		}, check: "driver-files", status: Fail, want: "no NVIDIA driver libraries under"},
 		{name: "libraries of another driver version", breakIt: func(n *node) {
@@ -147,13 +147,13 @@ func TestInjectedFailures(t *testing.T) {
 			n.nvidiaSpec(8, filepath.Join(n.root, "gone/libcuda.so.550.54.15"))
 		}, check: "nvidia-cdi", status: Fail, want: "names 1 files that do not exist"},
 		{name: "NVIDIA's CDI spec for some GPUs only", breakIt: func(n *node) { n.nvidiaSpec(4, "") }, check: "nvidia-cdi", status: Warn, want: "covers 4 of 8 GPUs"},
-		{name: "nvidia-cdi mode without the spec", breakIt: func(n *node) { n.opts.DriverFiles.Mode.Set(nodesetup.DriverFilesNVIDIACDI) }, check: "driver-files", status: Fail, want: "covers 0 of 8 GPUs"},
+		{name: "nvidia-cdi mode without the spec", breakIt: func(n *node) { n.driverFiles(nodesetup.DriverFilesNVIDIACDI) }, check: "driver-files", status: Fail, want: "covers 0 of 8 GPUs"},
 		{name: "CDI root is a file", breakIt: func(n *node) {
 			n.opts.CDIRoot = n.write(filepath.Join(n.root, "cdi-file"), "")
 		}, check: "cdi-root", status: Fail, want: "is not a directory"},
 		{name: "kubelet directories missing", breakIt: func(n *node) {
 			n.opts.RegistrarDir = filepath.Join(n.root, "nowhere")
-		}, check: "kubelet", status: Fail, want: "nowhere: not a directory"},
+		}, check: "kubelet", status: Fail, want: "nowhere is not a directory"},
 		{name: "the shim serves the node", breakIt: func(n *node) {
 			sockettest.Listen(n.t, filepath.Join(n.opts.DevicePluginDir, "kyb-gpu-1x-seat.sock"))
 		}, check: "kubelet", status: Fail, want: "the kyb device-plugin shim serves this node"},
@@ -203,6 +203,12 @@ func TestInjectedFailures(t *testing.T) {
 				t.Errorf("Failed() = %v with %s at %s", r.Failed(), tt.status, tt.check)
 			}
 		})
+	}
+}
+
+func (n *node) driverFiles(mode string) {
+	if err := n.opts.DriverFiles.Mode.Set(mode); err != nil {
+		n.t.Fatal(err)
 	}
 }
 

@@ -182,32 +182,38 @@ func probeWrite(dir string) error {
 	return os.Remove(name)
 }
 
-// checkKubeletDirs says whether the kubelet's plugin directories are where
-// the flags say, and whether the other surface of the driver serves the
-// node already.
+// checkKubeletDirs says whether the kubelet's directories the plugin
+// writes are where the flags say: the registration directory, and its own
+// directory under the plugins directory (or the plugins directory, where
+// its own does not exist yet). It also says whether the other surface of
+// the driver serves the node already.
 func (e *examination) checkKubeletDirs() {
 	c := Check{Name: "kubelet", Status: OK}
+	dataDir := driver.PluginDir(e.opts.PluginsDir)
+	dirs := []struct{ flag, dir string }{{"--kubelet-registrar-directory-path", e.opts.RegistrarDir}}
+	if _, err := os.Stat(dataDir); err == nil {
+		dirs = append(dirs, struct{ flag, dir string }{"--kubelet-plugins-directory-path", dataDir})
+	} else {
+		dirs = append(dirs, struct{ flag, dir string }{"--kubelet-plugins-directory-path", e.opts.PluginsDir})
+	}
 	var found []string
-	for _, d := range []struct{ flag, dir string }{
-		{"--kubelet-registrar-directory-path", e.opts.RegistrarDir},
-		{"--kubelet-plugins-directory-path", e.opts.PluginsDir},
-	} {
+	for _, d := range dirs {
 		fi, err := os.Stat(d.dir)
 		if err != nil || !fi.IsDir() {
 			c.Status = Fail
-			c.Details = append(c.Details, fmt.Sprintf("%s %s: not a directory", d.flag, d.dir))
+			c.Details = append(c.Details, fmt.Sprintf("%s: %s is not a directory", d.flag, d.dir))
 			c.Fix = "mount the kubelet's directories (/var/lib/kubelet/plugins_registry and /var/lib/kubelet/plugins by default) into the plugin, or set the flags to where this kubelet keeps them (--root-dir of the kubelet)"
 			continue
 		}
 		if err := probeWrite(d.dir); err != nil {
 			c.Status = Fail
-			c.Details = append(c.Details, fmt.Sprintf("%s %s: not writable: %v", d.flag, d.dir, err))
+			c.Details = append(c.Details, fmt.Sprintf("%s: %s is not writable: %v", d.flag, d.dir, err))
 			c.Fix = "mount the kubelet's directories read-write and run the plugin as root"
 			continue
 		}
 		found = append(found, d.dir)
 	}
-	c.Summary = "plugin directories: " + strings.Join(found, ", ")
+	c.Summary = "writable: " + strings.Join(found, ", ")
 	if c.Status == Fail {
 		c.Summary = "the kubelet's plugin directories are not usable"
 	}

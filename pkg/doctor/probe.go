@@ -18,6 +18,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cudaprobe"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sandbox"
 )
 
 // ProbeOptions say how to run the CUDA probe.
@@ -207,7 +208,7 @@ func (e *examination) seenPath(p string) string {
 	return p
 }
 
-func probeDetails(cfg *cdisandbox.Config, r *cudaprobe.Result) []string {
+func probeDetails(cfg *sandbox.Config, r *cudaprobe.Result) []string {
 	out := []string{"sandbox: " + strings.Join(cfg.Targets(), " ")}
 	for _, h := range cfg.Hooks {
 		out = append(out, "CDI hook not run: "+h)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -52,6 +53,8 @@ func Doctor(ctx context.Context, args []string, getenv func(string) string, stdo
 	output := cli.NewOneOf("table", "table", "json")
 	f.Var(output, "o", "", "output format: table or json")
 	f.Var(output, "output", "", "same as -o")
+	var reportOnly bool
+	f.Var(boolFlag{&reportOnly}, "report-only", "KYB_DOCTOR_REPORT_ONLY", "print the report and exit 0 even when a check fails (an init container that must not block the plugin)")
 	var probe probeFlags
 	probe.addFlags(f)
 	if code, ok := f.ParseOrExit(args, getenv, doctorUsage); !ok {
@@ -81,11 +84,33 @@ func Doctor(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err := write(stdout, report); err != nil {
 		return f.Fail(cli.ExitFailed, err)
 	}
-	if report.Failed() {
+	if report.Failed() && !reportOnly {
 		return cli.ExitFailed
 	}
 	return cli.ExitOK
 }
+
+// boolFlag is a boolean flag that an environment variable may set too.
+type boolFlag struct{ v *bool }
+
+func (b boolFlag) String() string {
+	if b.v == nil {
+		return "false"
+	}
+	return strconv.FormatBool(*b.v)
+}
+
+func (b boolFlag) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New("must be true or false")
+	}
+	*b.v = v
+	return nil
+}
+
+// IsBoolFlag lets --report-only stand without a value.
+func (b boolFlag) IsBoolFlag() bool { return true }
 
 // probeFlags are the doctor's --probe flags.
 type probeFlags struct {

@@ -48,6 +48,10 @@ func TestDoctorCommand(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "kubelet       fail") || !strings.Contains(out, "node node-1: 10 ok, 0 warn, 1 fail") {
 		t.Errorf("broken node: exit %d\n%s", code, out)
 	}
+	env["KYB_DOCTOR_REPORT_ONLY"] = "true"
+	if code, out, _ = run(t, env, "doctor"); code != 0 || !strings.Contains(out, "1 fail") {
+		t.Errorf("broken node, report only: exit %d\n%s", code, out)
+	}
 }
 
 func TestDoctorRefusesBadFlags(t *testing.T) {

@@ -130,6 +130,7 @@ func TestChart(t *testing.T) {
 			t.Run("host paths", func(t *testing.T) { checkHostPaths(t, m, tc) })
 			t.Run("upgrade strategy", func(t *testing.T) { checkUpgrade(t, m, tc) })
 			t.Run("probes and ports", func(t *testing.T) { checkProbes(t, m, tc) })
+			t.Run("doctor init container", func(t *testing.T) { checkDoctor(t, m, tc) })
 			t.Run("NOTES", func(t *testing.T) { checkNotes(t, tc) })
 		})
 	}

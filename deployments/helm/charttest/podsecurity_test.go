@@ -67,8 +67,10 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 	ds := daemonSet(t, m)
 	pod := ds.Spec.Template.Spec
 	mounts := map[string]corev1.VolumeMount{}
-	for _, vm := range pod.Containers[0].VolumeMounts {
-		mounts[vm.Name] = vm
+	for _, c := range append(pod.InitContainers, pod.Containers...) {
+		for _, vm := range c.VolumeMounts {
+			mounts[vm.Name] = vm
+		}
 	}
 	type hostMount struct {
 		container string
@@ -97,6 +99,8 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 		want["/var/lib/kubelet/device-plugins"] = hostMount{container: "/var/lib/kubelet/device-plugins"}
 	} else {
 		want["/var/lib/kubelet/plugins_registry"] = hostMount{container: "/var/lib/kubelet/plugins_registry"}
+		// The doctor reads the runtime's configuration.
+		want["/etc/containerd"] = hostMount{container: "/host/etc/containerd", readOnly: true}
 	}
 	if !tc.simulated {
 		// No /dev: the device numbers come from /proc/devices.

@@ -149,3 +149,150 @@ namespaces do not collide.
 {{- define "kyb.globalName" -}}
 {{- printf "%s-%s" (include "kyb.fullname" .) .Release.Namespace | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{- /*
+The environment of the node agent's containers, shared by the plugin and
+its doctor init container so that the doctor examines what the plugin
+uses. Called with a dict: Values and the daemonset's switches (dra,
+realGPUs, kubeletDir, seamless, health, metrics).
+*/}}
+{{- define "kyb.containerEnv" -}}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: KYB_CONFIG
+  value: /etc/kyb-dra-driver/config.yaml
+{{- with $.Values.simulate }}
+- name: KYB_SIMULATE
+  value: {{ . | quote }}
+{{- end }}
+- name: CDI_ROOT
+  value: {{ $.Values.cdiRoot | quote }}
+- name: KUBELET_PLUGINS_DIRECTORY_PATH
+  value: {{ printf "%s/plugins" $.kubeletDir | quote }}
+{{- if $.realGPUs }}
+# The driver root as the plugin sees it, and as the host (and so
+# the CDI specs' mounts) sees it.
+- name: NVIDIA_DRIVER_ROOT
+  value: /driver-root
+- name: NVIDIA_HOST_DRIVER_ROOT
+  value: {{ $.Values.nvidiaDriver.root | quote }}
+- name: KYB_DRIVER_FILES
+  value: {{ $.Values.nvidiaDriver.files | quote }}
+{{- if eq $.Values.gpuAccess "nvidia-runtime" }}
+# Asks the NVIDIA container runtime for every GPU's device nodes
+# (and the right to open them) for NVML.
+- name: NVIDIA_VISIBLE_DEVICES
+  value: all
+- name: NVIDIA_DRIVER_CAPABILITIES
+  value: utility
+{{- end }}
+{{- else }}
+# A simulated node: nothing from the host's driver.
+- name: NVIDIA_VISIBLE_DEVICES
+  value: void
+{{- end }}
+{{- if $.dra }}
+- name: KUBELET_REGISTRAR_DIRECTORY_PATH
+  value: {{ printf "%s/plugins_registry" $.kubeletDir | quote }}
+- name: KYB_DEVICE_LAYOUT
+  value: {{ $.Values.kubeletPlugin.deviceLayout | quote }}
+- name: KUBE_API_QPS
+  value: {{ $.Values.kubeletPlugin.kubeAPIQPS | quote }}
+- name: KUBE_API_BURST
+  value: {{ $.Values.kubeletPlugin.kubeAPIBurst | quote }}
+{{- if $.seamless }}
+# Rolling-update mode of the kubelet plugin helper: sockets named
+# after this pod, calls serialised with the other pod by a file lock.
+- name: POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
+{{- end }}
+{{- if $.health }}
+- name: HEALTHCHECK_PORT
+  value: {{ $.Values.kubeletPlugin.healthcheckPort | quote }}
+# The kubelet's gRPC probes connect to the pod IP.
+- name: HEALTHCHECK_ADDRESS
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- end }}
+{{- if $.metrics }}
+- name: METRICS_ADDRESS
+  value: {{ printf ":%d" (int $.Values.metrics.port) | quote }}
+{{- end }}
+{{- else }}
+- name: DEVICE_PLUGIN_DIRECTORY_PATH
+  value: {{ printf "%s/device-plugins/" $.kubeletDir | quote }}
+{{- with $.Values.devicePlugin.injection }}
+- name: KYB_INJECTION
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- /*
+The security context of the node agent's containers (see README "Security
+context"). Called with the dict of kyb.containerEnv.
+*/}}
+{{- define "kyb.containerSecurityContext" -}}
+{{- if $.privileged }}
+# values gpuAccess=privileged: NVML needs the GPUs' device nodes,
+# which only a privileged container may open without the NVIDIA
+# container runtime's help.
+privileged: true
+allowPrivilegeEscalation: true
+{{- else }}
+privileged: false
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+{{- end }}
+# Root without capabilities: the kubelet's and the runtime's
+# directories on the host (plugins_registry, plugins,
+# device-plugins, the CDI root) are owned by root and not
+# writable by anyone else; root may write them as their owner.
+runAsUser: 0
+runAsGroup: 0
+runAsNonRoot: false
+readOnlyRootFilesystem: true
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- /*
+The volume mounts of the node agent's containers. Called with the dict of
+kyb.containerEnv.
+*/}}
+{{- define "kyb.volumeMounts" -}}
+- name: config
+  mountPath: /etc/kyb-dra-driver
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- if $.dra }}
+- name: plugins-registry
+  mountPath: {{ printf "%s/plugins_registry" $.kubeletDir }}
+{{- else }}
+- name: device-plugins
+  mountPath: {{ printf "%s/device-plugins" $.kubeletDir }}
+{{- end }}
+- name: plugin-data
+  mountPath: {{ $.pluginDataDir }}
+- name: cdi
+  mountPath: {{ $.Values.cdiRoot }}
+{{- if $.mountNVIDIACDI }}
+- name: nvidia-cdi
+  mountPath: /etc/cdi
+  readOnly: true
+{{- end }}
+{{- if $.realGPUs }}
+{{- range $i, $sub := $.Values.nvidiaDriver.mountSubdirectories }}
+- name: driver-root-{{ $i }}
+  mountPath: {{ include "kyb.driverMountPath" $sub }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end }}

@@ -1,8 +1,15 @@
-package cdisandbox
+// Package sandbox is the inside of the doctor's sandbox: run as the first
+// stage of a program in a new mount namespace, it builds a root that holds
+// only what a Config lists (bind mounts and device nodes), changes into it
+// and executes the program there with the Config's environment, as a
+// container runtime would start a container. It links nothing but the
+// standard library and x/sys, so that the probe that embeds it stays
+// small; package cdisandbox writes the Config from CDI specs.
+package sandbox
 
 import (
-	"debug/elf"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,72 +18,45 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// libraryDirs are where the image's libraries are looked for, as the
-// dynamic loader of a glibc system looks.
-var libraryDirs = []string{"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"}
+// ProgramPath is where the program is in the sandbox.
+const ProgramPath = "/probe"
 
-// imageFiles are the sandbox's image: the program at ProgramPath, its ELF
-// interpreter and the shared libraries it needs (and they need), each at
-// its own path. Nothing else of the host is visible, so that whatever
-// driver file the program finds came from the devices' edits.
-func imageFiles(program string) ([]Bind, error) {
-	binds := []Bind{{Source: program, Target: ProgramPath, ReadOnly: true}}
-	seen := map[string]bool{}
-	queue := []string{program}
-	for len(queue) > 0 {
-		path := queue[0]
-		queue = queue[1:]
-		f, err := elf.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", path, err)
-		}
-		needed, err := f.ImportedLibraries()
-		interp := interpreter(f)
-		_ = f.Close() // read only
-		if err != nil {
-			return nil, fmt.Errorf("libraries of %s: %w", path, err)
-		}
-		if interp != "" && !seen[interp] {
-			seen[interp] = true
-			binds = append(binds, Bind{Source: interp, Target: interp, ReadOnly: true})
-		}
-		for _, lib := range needed {
-			found := findLibrary(lib)
-			if found == "" {
-				return nil, fmt.Errorf("%s needs %s, which is in none of %v", path, lib, libraryDirs)
-			}
-			if seen[found] {
-				continue
-			}
-			seen[found] = true
-			binds = append(binds, Bind{Source: found, Target: found, ReadOnly: true})
-			queue = append(queue, found)
-		}
-	}
-	return binds, nil
+// Config is everything the sandbox's first stage needs, written by Run and
+// read by Enter in the new mount namespace.
+type Config struct {
+	// Root is an empty directory that becomes the sandbox's root.
+	Root string `json:"root"`
+	// Binds are files and directories bound in, sources as this process
+	// sees them.
+	Binds []Bind `json:"binds"`
+	// Nodes are device nodes the host lacks, made from their numbers.
+	Nodes []Node `json:"nodes"`
+	// Env is the program's whole environment.
+	Env []string `json:"env"`
+	// Hooks are the CDI hooks not run, for the report.
+	Hooks []string `json:"hooks,omitempty"`
 }
 
-func interpreter(f *elf.File) string {
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			b := make([]byte, p.Filesz)
-			if _, err := p.ReadAt(b, 0); err == nil {
-				return string(b[:len(b)-1])
-			}
-		}
-	}
-	return ""
+// Bind is one bind mount.
+type Bind struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"readOnly"`
 }
 
-func findLibrary(name string) string {
-	for _, d := range libraryDirs {
-		p := filepath.Join(d, name)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	return ""
+// Node is a character device node.
+type Node struct {
+	Path  string `json:"path"`
+	Major int64  `json:"major"`
+	Minor int64  `json:"minor"`
 }
+
+// EnterArg is the program's first argument that makes it Enter the
+// sandbox described by the second.
+const EnterArg = "--enter-sandbox"
+
+// ErrNoNamespace explains why the sandbox cannot be built.
+var ErrNoNamespace = errors.New("the sandbox needs a mount namespace: run as root (CAP_SYS_ADMIN)")
 
 // Enter is the sandbox's first stage, run as `<program> --enter-sandbox
 // <config>` in a new mount namespace: it builds the root the config
@@ -93,7 +73,7 @@ func Enter(configPath string) error {
 	}
 	// Nothing mounted here may leak to the host's namespace.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make mounts private: %w: %w", err, errNoNamespace)
+		return fmt.Errorf("make mounts private: %w: %w", err, ErrNoNamespace)
 	}
 	if err := unix.Mount("tmpfs", cfg.Root, "tmpfs", unix.MS_NOSUID, "mode=0755"); err != nil {
 		return fmt.Errorf("sandbox root: %w", err)
