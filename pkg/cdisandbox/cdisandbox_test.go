@@ -1,0 +1,88 @@
+package cdisandbox
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sandbox"
+)
+
+func writeSpec(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "kyb.ai-gpu_c1.json")
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestPlanAppliesEditsAsARuntimeDoes: the spec's edits, then the device's,
+// later values of a variable winning; device nodes bound where the host
+// has them and made from their numbers where not; read-only mounts kept
+// read-only; hooks listed, not run.
+func TestPlanAppliesEditsAsARuntimeDoes(t *testing.T) {
+	host := t.TempDir()
+	lib := filepath.Join(host, "libcuda.so.1")
+	if err := os.WriteFile(lib, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec := writeSpec(t, `{"cdiVersion":"0.6.0","kind":"kyb.ai/gpu",
+		"containerEdits":{"env":["A=spec","B=spec"],"hooks":[{"hookName":"createContainer","path":"/usr/bin/nvidia-cdi-hook"}]},
+		"devices":[{"name":"c1-seat","containerEdits":{
+			"env":["B=device"],
+			"deviceNodes":[{"path":"/dev/nvidia0","hostPath":"/dev/nvidia0"},{"path":"/dev/nvidia1","major":195,"minor":1}],
+			"mounts":[{"hostPath":"/lib/libcuda.so.1","containerPath":"/usr/local/nvidia/lib64/libcuda.so.1","options":["ro","bind"]}]}}]}`)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostPath := func(p string) string {
+		if p == "/dev/nvidia0" || p == "/lib/libcuda.so.1" {
+			return filepath.Join(host, filepath.Base(p))
+		}
+		return filepath.Join(host, "missing", p)
+	}
+	if err := os.WriteFile(filepath.Join(host, "nvidia0"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := plan(Options{Specs: []string{spec}, Devices: []string{"kyb.ai/gpu=c1-seat"}, Program: self, BaseEnv: []string{"A=image", "PATH=/bin"}, HostPath: hostPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"PATH=/bin", "A=spec", "B=device"}; !slices.Equal(cfg.Env, want) {
+		t.Errorf("env %v, want %v", cfg.Env, want)
+	}
+	if !slices.Contains(cfg.Binds, sandbox.Bind{Source: filepath.Join(host, "nvidia0"), Target: "/dev/nvidia0"}) {
+		t.Errorf("/dev/nvidia0 is not bound from the host: %+v", cfg.Binds)
+	}
+	if !slices.Equal(cfg.Nodes, []sandbox.Node{{Path: "/dev/nvidia1", Major: 195, Minor: 1}}) {
+		t.Errorf("nodes %+v, want /dev/nvidia1 made from 195:1", cfg.Nodes)
+	}
+	if !slices.Contains(cfg.Binds, sandbox.Bind{Source: lib, Target: "/usr/local/nvidia/lib64/libcuda.so.1", ReadOnly: true}) {
+		t.Errorf("libcuda is not mounted read-only: %+v", cfg.Binds)
+	}
+	if cfg.Binds[0].Target != sandbox.ProgramPath || len(cfg.Hooks) != 1 || !strings.Contains(cfg.Hooks[0], "nvidia-cdi-hook") {
+		t.Errorf("program bind %+v, hooks %v", cfg.Binds[0], cfg.Hooks)
+	}
+}
+
+func TestPlanRefusesWhatCannotBeBuilt(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := writeSpec(t, `{"cdiVersion":"0.6.0","kind":"kyb.ai/gpu","devices":[{"name":"c1-seat","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia-nowhere"}]}}]}`)
+	for _, tt := range []struct {
+		device, want string
+	}{
+		{"kyb.ai/gpu=c1-seat", "/dev/nvidia-nowhere does not exist and the spec gives no numbers"},
+		{"kyb.ai/gpu=c2-seat", "CDI device kyb.ai/gpu=c2-seat is in none of"},
+	} {
+		if _, err := plan(Options{Specs: []string{spec}, Devices: []string{tt.device}, Program: self}); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want %q", tt.device, err, tt.want)
+		}
+	}
+}
