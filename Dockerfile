@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
 #
-# The kyb-dra-driver image holds two binaries in /usr/local/bin, the two
-# commands under cmd/: kyb-dra-plugin (the DRA kubelet plugin and its `plan`
-# subcommand; the entrypoint) and kyb-device-plugin (the device-plugin shim,
-# for clusters without DRA). Nothing else: no shell, no study tools (those
+# The kyb-dra-driver image holds the three commands under cmd/ in
+# /usr/local/bin: kyb-dra-plugin (the DRA kubelet plugin and its `plan` and
+# `doctor` subcommands; the entrypoint), kyb-device-plugin (the
+# device-plugin shim, for clusters without DRA) and kyb-cuda-probe (what the
+# CUDA driver shows a process; `doctor --probe` runs it in a sandbox). Nothing else: no shell, no study tools (those
 # live in the test/ module, which the build context leaves out). `make image`
 # builds it; `make image-check` checks offline what can be checked without a
 # Docker engine (hack/image-check.sh).

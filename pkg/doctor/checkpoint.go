@@ -60,7 +60,7 @@ func (e *examination) checkCheckpoint() {
 			}
 		}
 	}
-	c.Summary = fmt.Sprintf("%d claims hold %d seats", len(st.Claims), seats)
+	c.Summary = fmt.Sprintf("%s hold %s", count(len(st.Claims), "claim"), count(seats, "seat"))
 	if fenced > 0 && c.Status == OK {
 		c.Status = Warn
 		c.Fix = "the GPUs named stay fenced until their claims are released: delete the pods that hold them to free them"
@@ -83,7 +83,7 @@ func withOrphans(c Check, specs []types.UID, st *checkpoint.State) Check {
 	if len(orphans) == 0 {
 		return c
 	}
-	c.Details = append(c.Details, fmt.Sprintf("%d specs of claims the checkpoint does not record: %v", len(orphans), orphans))
+	c.Details = append(c.Details, fmt.Sprintf("%s the checkpoint does not record: %v", count(len(orphans), "claim spec"), orphans))
 	if c.Status == OK {
 		c.Status = Warn
 		c.Fix = "the checkpoint is behind the node: the plugin rebuilds it at start from the claims allocated here (it needs the API server), and fences what it cannot prove"

@@ -142,10 +142,10 @@ func TestInjectedFailures(t *testing.T) {
 		}, check: "driver-files", status: Fail, want: "no NVIDIA driver libraries under"},
 		{name: "libraries of another driver version", breakIt: func(n *node) {
 			n.opts.Node.DriverRoot = n.driverRoot("550.54.15")
-		}, check: "driver-files", status: Warn, want: "1 libraries are not of driver 580.95.05: libcuda.so.550.54.15"},
+		}, check: "driver-files", status: Warn, want: "not of driver 580.95.05: libcuda.so.550.54.15"},
 		{name: "NVIDIA's CDI spec older than the driver", breakIt: func(n *node) {
 			n.nvidiaSpec(8, filepath.Join(n.root, "gone/libcuda.so.550.54.15"))
-		}, check: "nvidia-cdi", status: Fail, want: "names 1 files that do not exist"},
+		}, check: "nvidia-cdi", status: Fail, want: "names 1 file missing on this node"},
 		{name: "NVIDIA's CDI spec for some GPUs only", breakIt: func(n *node) { n.nvidiaSpec(4, "") }, check: "nvidia-cdi", status: Warn, want: "covers 4 of 8 GPUs"},
 		{name: "nvidia-cdi mode without the spec", breakIt: func(n *node) { n.driverFiles(nodesetup.DriverFilesNVIDIACDI) }, check: "driver-files", status: Fail, want: "covers 0 of 8 GPUs"},
 		{name: "CDI root is a file", breakIt: func(n *node) {
@@ -184,7 +184,7 @@ func TestInjectedFailures(t *testing.T) {
 		{name: "a held group redefined since", breakIt: func(n *node) { n.checkpointHolding("G01", []int{0, 2}) }, check: "checkpoint", status: Warn, want: "today's configuration puts G01 on GPUs [0 1]"},
 		{name: "a spec the checkpoint does not record", breakIt: func(n *node) {
 			n.write(filepath.Join(n.opts.CDIRoot, "kyb.ai-gpu_0b7d9a0e-2b36-4f4e-9d5c-1f1c2c3d4e5f.json"), "{}")
-		}, check: "checkpoint", status: Warn, want: "1 specs of claims the checkpoint does not record"},
+		}, check: "checkpoint", status: Warn, want: "1 claim spec the checkpoint does not record"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

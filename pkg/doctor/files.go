@@ -53,7 +53,7 @@ func (e *examination) checkDriverFiles(ctx context.Context) {
 		}
 		if len(stale) > 0 && c.Status == OK {
 			c.Status = Warn
-			c.Summary += fmt.Sprintf("; %d libraries are not of driver %s: %s", len(stale), e.node.Inv.DriverVersion, strings.Join(stale, ", "))
+			c.Summary += fmt.Sprintf("; not of driver %s: %s", e.node.Inv.DriverVersion, strings.Join(stale, ", "))
 			c.Fix = "the driver root holds another driver's libraries than the one loaded: reboot after a driver upgrade, or point --driver-root at the loaded driver"
 		}
 	case nodesetup.DriverFilesNVIDIACDI:
@@ -124,7 +124,7 @@ func (e *examination) checkNVIDIACDI() {
 	}
 	if len(missing) > 0 {
 		c.Status = Fail
-		c.Summary += fmt.Sprintf(", but names %d files that do not exist", len(missing))
+		c.Summary += fmt.Sprintf(", but names %s missing on this node", count(len(missing), "file"))
 		c.Fix = "the spec is older than the driver: generate it again (nvidia-ctk cdi generate); every container given these devices fails to start until then"
 	}
 	e.add(c)
@@ -164,7 +164,7 @@ func (e *examination) checkCDIRoot() {
 		c.Status, c.Fix = Warn, "the plugin cannot list its specs there either: check the directory's permissions"
 		c.Details = append(c.Details, err.Error())
 	}
-	c.Details = append(c.Details, fmt.Sprintf("%d claim specs of %s", len(uids), driver.Name))
+	c.Details = append(c.Details, fmt.Sprintf("%s of %s", count(len(uids), "claim spec"), driver.Name))
 	for _, s := range skipped {
 		c.Details = append(c.Details, "not the plugin's (left alone): "+s)
 	}

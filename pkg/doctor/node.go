@@ -141,7 +141,7 @@ func planCheck(plan *planner.Plan) Check {
 		for _, g := range p.Groups {
 			names = append(names, g.Name+"["+g.GPUList()+"]")
 		}
-		c.Details = append(c.Details, fmt.Sprintf("%s: %d groups of %d GPUs, %d seats each: %s", p.Resource, len(p.Groups), p.Size, p.SeatsPerGroup, strings.Join(names, " ")))
+		c.Details = append(c.Details, fmt.Sprintf("%s: %s of %s, %s each: %s", p.Resource, count(len(p.Groups), "group"), count(p.Size, "GPU"), count(p.SeatsPerGroup, "seat"), strings.Join(names, " ")))
 	}
 	c.Summary = fmt.Sprintf("%d groups in %d profiles", groups, len(plan.Profiles))
 	if groups == 0 {
@@ -154,4 +154,12 @@ func planCheck(plan *planner.Plan) Check {
 		}
 	}
 	return c
+}
+
+// count renders "1 GPU", "2 GPUs".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }

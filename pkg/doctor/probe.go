@@ -94,7 +94,7 @@ func (e *examination) checkProbe(ctx context.Context) {
 		c.Fix = "see the devices' lines: the device nodes are there but CUDA cannot use them"
 	default:
 		c.Status = OK
-		c.Summary = fmt.Sprintf("%s: a container sees exactly its %d GPUs and allocates on each", what, len(want))
+		c.Summary = fmt.Sprintf("%s: a container sees exactly its %s and allocates on each", what, count(len(want), "GPU"))
 	}
 	e.add(c)
 }
