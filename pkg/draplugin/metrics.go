@@ -45,7 +45,7 @@ func newMetrics() *metrics {
 			Name: "kyb_dra_published_devices", Help: "Devices published in the node's ResourceSlices, by profile and layout.",
 		}, []string{"profile", "layout"}),
 		hidden: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "kyb_dra_unavailable_devices_hidden", Help: "Devices left out of the ResourceSlices because they cannot take another claim: blocked by an overlapping group in use, or every seat held (unavailableGroups: hide).",
+			Name: "kyb_dra_blocked_devices_hidden", Help: "Devices left out of the ResourceSlices because they hold no seat and are blocked by an overlapping group in use (unavailableGroups: hideBlocked, opt-in; 0 by default).",
 		}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kyb_dra_prepare_inflight", Help: "NodePrepareResources calls in progress.",

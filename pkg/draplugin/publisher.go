@@ -38,8 +38,8 @@ type slicePublisher interface {
 
 // publisher owns what the node publishes: the layout (shared, or one
 // device per seat after a fallback), the devices published last, the seats
-// held per group (groups that cannot take another claim are hidden), and
-// the taints of unhealthy GPUs. It publishes again when any of them
+// held per group (with unavailableGroups: hideBlocked, groups blocked by
+// one in use are hidden), and the taints of unhealthy and fenced GPUs. It publishes again when any of them
 // changes, and when the kubelet wipes the node's slices.
 type publisher struct {
 	node    nodePlan
@@ -78,12 +78,20 @@ func newPublisher(node nodePlan, forced LayoutMode, h healthTaints, events *node
 }
 
 // setUsage records what the held claims use and has the slices published
-// again: groups that cannot take another claim come and go, fenced GPUs
-// are tainted and untainted. The ledger calls it with its lock held.
+// again where that changes them: fenced GPUs are tainted and untainted,
+// and with hideBlocked blocked groups come and go. By default the claims
+// held change nothing published, and a prepare or unprepare costs no
+// publish. The ledger calls it with its lock held.
 func (p *publisher) setUsage(u seatledger.Usage) {
 	p.mu.Lock()
+	old := p.usage
 	p.usage = u
 	p.mu.Unlock()
+	changed := !maps.Equal(old.Fenced, u.Fenced) ||
+		(p.node.plan.HideBlocked && !slices.Equal(old.Held.Devices(), u.Held.Devices()))
+	if !changed {
+		return
+	}
 	select {
 	case p.heldCh <- struct{}{}:
 	default:
@@ -111,8 +119,8 @@ func (p *publisher) resources() resourceslice.DriverResources {
 	node := p.node
 	res := draresources.Resources(node.plan, node.inv, node.pool, layout)
 	hidden := 0
-	if layout == draresources.LayoutShared && node.plan.HideUnavailable {
-		hidden = draresources.HideUnavailable(res, node.plan, held)
+	if layout == draresources.LayoutShared && node.plan.HideBlocked {
+		hidden = draresources.HideBlocked(res, node.plan, held)
 	}
 	p.metrics.hidden.Set(float64(hidden))
 	draresources.Taint(res, node.plan, p.health.taints())

@@ -66,9 +66,9 @@ groups:
 - {name: G23, gpus: [2, 3]}
 `
 
-func testPublisher(t *testing.T, forced LayoutMode, faults staticHealth) (*publisher, *recordingHelper) {
+func testPublisher(t *testing.T, forced LayoutMode, faults staticHealth, config string) (*publisher, *recordingHelper) {
 	t.Helper()
-	node := simnodetest.New(t, "nvlink-2x4", seedConfig)
+	node := simnodetest.New(t, "nvlink-2x4", config)
 	np := nodePlan{pool: "node-1", plan: node.Plan, inv: node.Inv, index: draresources.Index(node.Plan)}
 	h := &recordingHelper{}
 	p := newPublisher(np, forced, healthTaints{view: health.View{Source: faults}, lostEffect: resourceapi.DeviceTaintEffectNoExecute},
@@ -77,28 +77,56 @@ func testPublisher(t *testing.T, forced LayoutMode, faults staticHealth) (*publi
 	return p, h
 }
 
-func TestPublisherHidesWhatTheHeldSeatsMakeUnavailable(t *testing.T) {
+// By default what the node publishes does not depend on the seats held:
+// holding a group asks for no publish, and a publish shows every group.
+func TestPublisherPublishesEveryGroupWhateverIsHeld(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
-	p, h := testPublisher(t, LayoutAuto, nil)
+	p, h := testPublisher(t, LayoutAuto, nil, seedConfig)
 	if err := p.publish(ctx); err != nil {
 		t.Fatal(err)
 	}
-	all := h.last("node-1")
-	if len(all) != 12 {
-		t.Fatalf("published %v, want 12 devices", all)
+	idle := h.last("node-1")
+	if len(idle) != 12 {
+		t.Fatalf("published %v, want 12 devices", idle)
 	}
-	p.setUsage(seatledger.Usage{Held: draresources.Held{"g01-2x": 1}})
+	p.setUsage(seatledger.Usage{Held: draresources.Held{"g01-2x": 3, "g2-1x": 4, "g3-1x": 4}})
+	select {
+	case <-p.heldCh:
+		t.Error("holding seats asked for a publish, but nothing published depends on them")
+	default:
+	}
+	if err := p.publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.last("node-1"); !slices.Equal(got, idle) {
+		t.Errorf("with G01 and G2, G3 full: published %v, idle %v", got, idle)
+	}
+	// Fencing a GPU taints its groups: that is published.
+	p.setUsage(seatledger.Usage{Held: draresources.Held{"g01-2x": 3}, Fenced: map[int]string{0: "seats-unknown"}})
 	select {
 	case <-p.heldCh:
 	default:
-		t.Error("setHeld did not ask for a publish")
+		t.Error("a fenced GPU asked for no publish")
+	}
+}
+
+// With hideBlocked, a held group hides the groups it blocks, never itself,
+// even when full.
+func TestPublisherHideBlocked(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	p, h := testPublisher(t, LayoutAuto, nil, seedConfig+"unavailableGroups: hideBlocked\n")
+	p.setUsage(seatledger.Usage{Held: draresources.Held{"g01-2x": 3}})
+	select {
+	case <-p.heldCh:
+	default:
+		t.Error("setUsage did not ask for a publish")
 	}
 	if err := p.publish(ctx); err != nil {
 		t.Fatal(err)
 	}
 	got := h.last("node-1")
 	if slices.Contains(got, "g0-1x") || slices.Contains(got, "g1-1x") || !slices.Contains(got, "g01-2x") || len(got) != 10 {
-		t.Errorf("with a seat of G01 held: %v; its one-GPU groups are blocked and hidden, G01 itself stays", got)
+		t.Errorf("with G01 full: %v; its one-GPU groups are blocked and hidden, G01 itself stays", got)
 	}
 	if !slices.Equal(p.devices(), got) {
 		t.Errorf("devices() %v, published %v", p.devices(), got)
@@ -107,7 +135,7 @@ func TestPublisherHidesWhatTheHeldSeatsMakeUnavailable(t *testing.T) {
 
 func TestPublisherTaintsAndReportsUnhealthyGroups(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
-	p, h := testPublisher(t, LayoutAuto, staticHealth{1: {Kind: health.KindLost, Reason: "gpu-lost", Message: "GPU is lost"}})
+	p, h := testPublisher(t, LayoutAuto, staticHealth{1: {Kind: health.KindLost, Reason: "gpu-lost", Message: "GPU is lost"}}, seedConfig)
 	if err := p.publish(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +166,7 @@ func TestPublisherTaintsAndReportsUnhealthyGroups(t *testing.T) {
 
 func TestPublisherFallsBackToOneDevicePerSeatOnce(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
-	p, h := testPublisher(t, LayoutAuto, nil)
+	p, h := testPublisher(t, LayoutAuto, nil, seedConfig)
 	p.fallBack(ctx, &resourceslice.DroppedFieldsError{}, []string{"DRAConsumableCapacity"})
 	if p.currentLayout() != draresources.LayoutPerSeat {
 		t.Fatalf("layout %s after a fallback", p.currentLayout())
@@ -146,7 +174,7 @@ func TestPublisherFallsBackToOneDevicePerSeatOnce(t *testing.T) {
 	if got := h.last("node-1"); !slices.Contains(got, "g01-2x-seat-0") {
 		t.Errorf("after the fallback published %v, want one device per seat", got)
 	}
-	forced, _ := testPublisher(t, LayoutShared, nil)
+	forced, _ := testPublisher(t, LayoutShared, nil, seedConfig)
 	forced.fallBack(ctx, &resourceslice.DroppedFieldsError{}, []string{"DRAConsumableCapacity"})
 	if forced.currentLayout() != draresources.LayoutShared {
 		t.Errorf("a forced shared layout fell back")

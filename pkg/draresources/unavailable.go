@@ -49,42 +49,34 @@ func (h Held) Devices() []string {
 	return out
 }
 
-// Unavailable returns the groups of plan that cannot take another claim
-// while held is in use: those blocked by an overlapping held group, and
-// those with every seat held.
-func Unavailable(plan *planner.Plan, held Held) map[string]bool {
-	out := Blocked(plan, held.Devices())
-	for _, g := range plan.Groups() {
-		if n := held[g.DeviceName()]; n > 0 && n >= g.Seats() {
-			out[g.DeviceName()] = true
-		}
-	}
-	return out
-}
-
-// HideUnavailable removes from res, shared layout, the devices of the
-// groups that cannot take another claim (Unavailable), and returns how
-// many it removed. It keeps every slice, even one left empty, so that the
-// pool's slice count and with it the pool's generation stay the same: a
-// change then updates one slice in one API call, which the scheduler sees
-// at once or not at all.
+// HideBlocked removes from res, shared layout, the devices of the groups
+// that hold no seat and are blocked by an overlapping group in use
+// (Blocked), and returns how many it removed: unavailableGroups:
+// hideBlocked, an opt-in. It keeps every slice, even one left empty, so
+// that the pool's slice count and with it the pool's generation stay the
+// same: a change then updates one slice in one API call, which the
+// scheduler sees at once or not at all.
 //
 // Hiding them changes no decision of the scheduler, which would refuse
-// them anyway, and spares it the work of finding that out: its allocator
-// builds the CEL input of a shared device before it looks at the
-// device's free capacity, on every node, for every claim.
+// them anyway (the held group consumes their GPUs' counters), and spares
+// it the work of finding that out: its allocator evaluates a device's
+// selectors before it checks its counters, on every node, for every claim.
 //
-// A blocked group overlaps a held group. A full group is held, and hiding
-// it takes its allocations out of the scheduler's count of the shared GPU
-// counters (the allocator counts only the published devices it finds
-// allocated); that is safe only because every group that shares a GPU
-// with it is blocked and hidden in the same slice update, so no published
-// device consumes those counters. An overprovisioned group consumes no
-// counters at all. Publishing a group again when a seat of it, or the
-// group that blocked it, is released is what makes it allocatable, so a
-// claim never waits for more than the plugin's next publish.
-func HideUnavailable(res resourceslice.DriverResources, plan *planner.Plan, held Held) int {
-	hide := Unavailable(plan, held)
+// A group that holds a seat is never hidden, full or not: its allocations
+// are what the scheduler counts the shared GPU counters from, a device
+// missing from its pool while allocated is what upstream is moving to
+// refuse (kubernetes#140802), and an admin-access claim may only select a
+// published device. An overprovisioned group consumes no counters and is
+// never blocked. Publishing a group again when the group that blocked it
+// is released is what makes it allocatable, so a claim never waits for
+// more than the plugin's next publish.
+//
+// What it costs: the published devices then depend on the claims held, so
+// a busy node's slices no longer describe what a new node of its kind
+// offers (the Cluster Autoscaler copies them into its node templates).
+// That is why it is not the default.
+func HideBlocked(res resourceslice.DriverResources, plan *planner.Plan, held Held) int {
+	hide := Blocked(plan, held.Devices())
 	if len(hide) == 0 {
 		return 0
 	}

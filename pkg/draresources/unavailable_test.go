@@ -35,19 +35,22 @@ func TestUnavailableGroups(t *testing.T) {
 
 	res := draresources.Resources(n.plan, n.inv, "node-1", draresources.LayoutShared)
 	before := len(res.Pools["node-1"].Slices)
-	// g0-1x has one seat: held, it is full and hidden too.
-	if hidden := draresources.HideUnavailable(res, n.plan, draresources.Held{"g0-1x": 1}); hidden != 3 {
-		t.Errorf("hid %d devices, want 3", hidden)
+	// g0-1x has one seat: held, it is full, and stays published: only the
+	// groups it blocks go.
+	if hidden := draresources.HideBlocked(res, n.plan, draresources.Held{"g0-1x": 1}); hidden != 2 {
+		t.Errorf("hid %d devices, want 2", hidden)
 	}
 	if len(res.Pools["node-1"].Slices) != before {
 		t.Errorf("hiding changed the slice count: %d, was %d", len(res.Pools["node-1"].Slices), before)
 	}
+	published := map[string]bool{}
 	for _, s := range res.Pools["node-1"].Slices {
 		for _, d := range s.Devices {
-			if d.Name == "g01-2x" || d.Name == "g0123-4x" || d.Name == "g0-1x" {
-				t.Errorf("unavailable device %s published", d.Name)
-			}
+			published[d.Name] = true
 		}
+	}
+	if published["g01-2x"] || published["g0123-4x"] || !published["g0-1x"] {
+		t.Errorf("with g0-1x held and full: published %v; the blocked g01-2x and g0123-4x go, the full g0-1x stays", published)
 	}
 
 	over := newNode(t, "dgx-h100", `
@@ -58,23 +61,21 @@ profiles:
 	if got := draresources.Blocked(over.plan, []string{"g0-1x", "g23-2x"}); len(got) != 0 {
 		t.Errorf("overprovisioned 1x groups neither block nor are blocked: %v", got)
 	}
-	// A shared group is hidden when its last seat is taken, not before.
-	if got := draresources.Unavailable(over.plan, draresources.Held{"g0-1x": 3}); len(got) != 0 {
-		t.Errorf("a group with a free seat is unavailable: %v", got)
-	}
-	if got := draresources.Unavailable(over.plan, draresources.Held{"g0-1x": 4}); len(got) != 1 || !got["g0-1x"] {
-		t.Errorf("full g0-1x: unavailable %v, want g0-1x alone", got)
+	// A full shared group is never hidden: its allocations count.
+	res = draresources.Resources(over.plan, over.inv, "node-1", draresources.LayoutShared)
+	if hidden := draresources.HideBlocked(res, over.plan, draresources.Held{"g0-1x": 4}); hidden != 0 {
+		t.Errorf("full overprovisioned g0-1x: %d devices hidden, want none", hidden)
 	}
 }
 
-// Hiding unavailable groups must change what the scheduler costs, never
-// what it decides. Two clusters of one node see the same random claims and
-// releases: one publishes every group, the other republishes without the
-// blocked and full groups after every change, as the plugin does after
-// every prepare and unprepare. The scheduler's allocator must give every claim
+// Hiding blocked groups (hideBlocked) must change what the scheduler
+// costs, never what it decides. Two clusters of one node see the same
+// random claims and releases: one publishes every group, the other
+// republishes without the blocked groups after every change, as the
+// plugin does after every prepare and unprepare with hideBlocked. The scheduler's allocator must give every claim
 // the same device on both (or refuse it on both), and no two groups in use
 // may share a GPU.
-func TestHidingUnavailableGroupsChangesNoDecision(t *testing.T) {
+func TestHidingBlockedGroupsChangesNoDecision(t *testing.T) {
 	configs := map[string]string{
 		"defaults":        "",
 		"seed":            "seed",
@@ -94,7 +95,7 @@ func TestHidingUnavailableGroupsChangesNoDecision(t *testing.T) {
 				var inUse []inUseGroup
 				republish := func() {
 					res := draresources.Resources(lean.plan, lean.inv, "node-1", draresources.LayoutShared)
-					draresources.HideUnavailable(res, lean.plan, heldOf(inUse))
+					draresources.HideBlocked(res, lean.plan, heldOf(inUse))
 					lean.cluster.SetNode("node-1", res, driver.Name)
 				}
 				placed, refused, blockedSeen, fullSeen := 0, 0, false, false
@@ -119,12 +120,12 @@ func TestHidingUnavailableGroupsChangesNoDecision(t *testing.T) {
 					}
 					switch {
 					case (a == nil) != (b == nil):
-						t.Fatalf("claim %d (%s): publishing every group gives %v, hiding unavailable groups %v", i, class, a, b)
+						t.Fatalf("claim %d (%s): publishing every group gives %v, hiding blocked groups %v", i, class, a, b)
 					case a == nil:
 						refused++
 						continue
 					case a.Devices.Results[0].Device != b.Devices.Results[0].Device:
-						t.Fatalf("claim %d (%s): device %s with every group published, %s with unavailable groups hidden", i, class, a.Devices.Results[0].Device, b.Devices.Results[0].Device)
+						t.Fatalf("claim %d (%s): device %s with every group published, %s with blocked groups hidden", i, class, a.Devices.Results[0].Device, b.Devices.Results[0].Device)
 					}
 					placed++
 					inUse = append(inUse, inUseGroup{everything: a, result: b, device: b.Devices.Results[0].Device})
@@ -140,8 +141,8 @@ func TestHidingUnavailableGroupsChangesNoDecision(t *testing.T) {
 					held := heldOf(inUse)
 					blocked := draresources.Blocked(lean.plan, held.Devices())
 					blockedSeen = blockedSeen || len(blocked) > 0
-					for name := range draresources.Unavailable(lean.plan, held) {
-						fullSeen = fullSeen || !blocked[name]
+					for _, g := range lean.plan.Groups() {
+						fullSeen = fullSeen || (held[g.DeviceName()] >= g.Seats() && !blocked[g.DeviceName()])
 					}
 				}
 				if placed < 50 || refused < 20 || !blockedSeen || !fullSeen {

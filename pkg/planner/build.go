@@ -35,7 +35,7 @@ func New(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig) (*Plan, error) {
 	if n > MaxGPUs {
 		return nil, fmt.Errorf("the node has %d GPUs; the driver supports at most %d per node", n, MaxGPUs)
 	}
-	plan := &Plan{GPUs: n, Policy: cfg.AllocationPolicy, Attributes: slices.Clone(cfg.Attributes), HideUnavailable: cfg.UnavailableGroups != v1alpha1.UnavailableGroupsPublish, links: inv.Links}
+	plan := &Plan{GPUs: n, Policy: cfg.AllocationPolicy, Attributes: slices.Clone(cfg.Attributes), HideBlocked: cfg.UnavailableGroups == v1alpha1.UnavailableGroupsHideBlocked || cfg.UnavailableGroups == v1alpha1.UnavailableGroupsHide, links: inv.Links}
 	var errs v1alpha1.FieldErrors
 	profiles, paths := profilesFor(cfg, n, plan)
 	for i := range profiles {

@@ -163,7 +163,7 @@ func lessKey(a, b linkKey) bool {
 // profile; the smallest takes what is left. A profile's gpus list in the
 // config restricts its groups and so decides the layout.
 func (p *Plan) ExclusiveLayout() (*Plan, string) {
-	out := &Plan{GPUs: p.GPUs, Policy: p.Policy, Attributes: p.Attributes, HideUnavailable: p.HideUnavailable, Warnings: slices.Clone(p.Warnings), links: p.links}
+	out := &Plan{GPUs: p.GPUs, Policy: p.Policy, Attributes: p.Attributes, HideBlocked: p.HideBlocked, Warnings: slices.Clone(p.Warnings), links: p.links}
 	var exclusive []*Profile
 	copies := map[*Profile]*Profile{}
 	for _, prof := range p.Profiles {

@@ -29,9 +29,10 @@ type Plan struct {
 	Policy v1alpha1.AllocationPolicy
 	// Attributes are the device attributes to publish.
 	Attributes []v1alpha1.AttributeName
-	// HideUnavailable leaves groups that cannot take another claim out of
-	// the published slices (unavailableGroups: hide).
-	HideUnavailable bool
+	// HideBlocked leaves groups that hold no seat and are blocked by an
+	// overlapping group in use out of the published slices
+	// (unavailableGroups: hideBlocked, opt-in).
+	HideBlocked bool
 	// Profiles in ascending group size (then name).
 	Profiles []*Profile
 	// Warnings say what the planner decided on the user's behalf.

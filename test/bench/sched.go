@@ -68,17 +68,17 @@ const schedLabel = "bench.kyb.ai/round"
 // RunSched measures the scheduler's throughput on nodes of each shape:
 // pods released onto empty nodes, and pods released onto a cluster most of
 // whose nodes are full, where most Filter calls reject a full node. The
-// busy cluster is measured with every group published and with
-// unavailable groups hidden (the plugin's default), each node published
-// as the plugin publishes it once its claims are prepared. Every round
+// busy cluster is measured with every group published (the plugin's
+// default) and with blocked groups hidden (the opt-in hideBlocked), each
+// node published as the plugin publishes it once its claims are prepared. Every round
 // gets fresh nodes, and the shapes take turns, the first alternating.
 func RunSched(ctx context.Context, c *harness.Cluster, opts SchedOptions) (*SchedStudy, error) {
-	ours, err := KybShape(ctx, "ours ("+opts.Preset+", every group published)", opts.Preset, "", "1x")
+	ours, err := KybShape(ctx, "ours ("+opts.Preset+", every group published: the default)", opts.Preset, "", "1x")
 	if err != nil {
 		return nil, err
 	}
-	hiding := hidingUnavailable(ours)
-	hiding.Name = "ours (" + opts.Preset + ", unavailable groups hidden: the default)"
+	hiding := hidingBlocked(ours)
+	hiding.Name = "ours (" + opts.Preset + ", blocked groups hidden: opt-in)"
 	basic := BasicShape()
 	full := int(float64(opts.Nodes)*opts.BusyShare + 0.5)
 	busy := fmt.Sprintf("busy: %d of %d nodes full", full, opts.Nodes)

@@ -45,11 +45,11 @@ type Shape struct {
 	// study before it measures).
 	PerNode int
 	// Republish, when set, is what the node publishes while the seats
-	// held are in use: the plugin's unavailableGroups: hide. The study
-	// publishes it after every allocation on the node.
+	// held are in use: the plugin's unavailableGroups: hideBlocked. The
+	// study publishes it after every allocation on the node.
 	Republish func(node string, held draresources.Held) resourceslice.DriverResources
-	// hide is what the plugin publishes with unavailableGroups: hide, for
-	// hidingUnavailable to turn on.
+	// hide is what the plugin publishes with unavailableGroups:
+	// hideBlocked, for hidingBlocked to turn on.
 	hide func(node string, held draresources.Held) resourceslice.DriverResources
 }
 
@@ -132,7 +132,7 @@ func KybShape(ctx context.Context, name, preset, config, profile string) (Shape,
 		},
 		hide: func(node string, held draresources.Held) resourceslice.DriverResources {
 			res := draresources.Resources(plan, inv, node, draresources.LayoutShared)
-			draresources.HideUnavailable(res, plan, held)
+			draresources.HideBlocked(res, plan, held)
 			return res
 		},
 	}, nil

@@ -57,11 +57,11 @@ func Variants(ctx context.Context, preset string) ([]Variant, error) {
 	defs := []def{
 		{"every attribute, every group shared", fullAttributes(""), "all 11 attributes; one-seat groups published as shared devices", sharedOneSeat, false},
 		{"lean attributes, every group shared", "", "the default 4 attributes (attribute diet)", sharedOneSeat, false},
-		{"lean, one-seat groups plain", "", "one-seat groups as ordinary devices: skipped once allocated", nil, false},
+		{"lean, one-seat groups plain (default)", "", "one-seat groups as ordinary devices: skipped once allocated; every group published", nil, true},
 		{"lean, plain, largest groups first", "", "device order reversed: 4x, 2x, then 1x groups", reverseDevices, false},
-		{"lean, plain, unavailable groups hidden (default)", "", "groups overlapping a held group, and full groups, left out of the slice (unavailableGroups: hide)", hidingUnavailable, true},
-		{"consumable seats (demo config)", DemoConfig, "1x groups of 4 seats, 2x of 3 (shared devices)", nil, false},
-		{"demo config, unavailable groups hidden", DemoConfig, "as above, with unavailableGroups: hide (the default)", hidingUnavailable, true},
+		{"lean, plain, blocked groups hidden (opt-in)", "", "groups that hold no seat and overlap a held group left out of the slice (unavailableGroups: hideBlocked)", hidingBlocked, false},
+		{"consumable seats (demo config)", DemoConfig, "1x groups of 4 seats, 2x of 3 (shared devices); every group published", nil, true},
+		{"demo config, blocked groups hidden (opt-in)", DemoConfig, "as above, with unavailableGroups: hideBlocked", hidingBlocked, false},
 		{"1x profile only", OneXOnlyConfig, "only the profile a DeviceClass uses", nil, false},
 	}
 	var out []Variant
@@ -120,10 +120,10 @@ func sharedOneSeat(s Shape) Shape {
 	})
 }
 
-// hidingUnavailable publishes s again after every allocation, without the
-// groups that cannot take another claim: the plugin's default,
-// unavailableGroups: hide.
-func hidingUnavailable(s Shape) Shape {
+// hidingBlocked publishes s again after every allocation, without the
+// groups that hold no seat and are blocked by a held group: the plugin's
+// opt-in unavailableGroups: hideBlocked.
+func hidingBlocked(s Shape) Shape {
 	s.Republish = s.hide
 	return s
 }

@@ -50,14 +50,22 @@ type NodeConfig struct {
 	Attributes []AttributeName `json:"attributes,omitempty"`
 
 	// UnavailableGroups says what the node publishes of a group that
-	// cannot take another claim: one blocked because one of its GPUs is
-	// held through an overlapping group (a 2x group while a 1x seat on one
-	// of its GPUs is in use), or one whose every seat is held. "hide"
-	// (default) leaves it out of the ResourceSlices until that changes,
-	// which spares the scheduler a selector evaluation per such group on
-	// every node it filters; "publish" keeps it in, and the scheduler's
-	// counters and capacities refuse it. Either way overlapping groups
-	// exclude each other and seats are never handed out twice.
+	// cannot take another claim. "publish" (default): every group, always;
+	// the published devices depend only on the node's GPUs, configuration
+	// and health, never on the claims it holds, as the Cluster Autoscaler
+	// (which copies a running node's slices into its template for new
+	// nodes), monitoring with admin access and the allocator's own checks
+	// expect; the scheduler's counters and capacities refuse what is
+	// taken. "hideBlocked" (opt-in) leaves out a group that holds no seat
+	// and is blocked because one of its GPUs is held through an
+	// overlapping group (a 2x group while a 1x seat on one of its GPUs is
+	// in use), which spares the scheduler a selector evaluation per such
+	// group on every node it filters, at the cost that a busy node's
+	// slices no longer describe what a new node of its kind offers.
+	// Allocated groups are published in every mode. "hide", the former
+	// default that also hid full groups, is read as "hideBlocked". Either
+	// way overlapping groups exclude each other and seats are never handed
+	// out twice.
 	UnavailableGroups UnavailableGroupsMode `json:"unavailableGroups,omitempty"`
 
 	// Health tunes how GPU faults turn into unhealthy groups.
@@ -130,10 +138,15 @@ const (
 type UnavailableGroupsMode string
 
 const (
-	// UnavailableGroupsHide leaves them out of the ResourceSlices.
-	UnavailableGroupsHide UnavailableGroupsMode = "hide"
-	// UnavailableGroupsPublish publishes every group.
+	// UnavailableGroupsPublish publishes every group (the default).
 	UnavailableGroupsPublish UnavailableGroupsMode = "publish"
+	// UnavailableGroupsHideBlocked leaves out of the ResourceSlices the
+	// groups that hold no seat and are blocked by an overlapping group in
+	// use.
+	UnavailableGroupsHideBlocked UnavailableGroupsMode = "hideBlocked"
+	// UnavailableGroupsHide is the former default, which hid full groups
+	// as well; it is read as UnavailableGroupsHideBlocked.
+	UnavailableGroupsHide UnavailableGroupsMode = "hide"
 )
 
 // AttributeName names a device attribute the driver can publish.
@@ -245,8 +258,11 @@ func (c *NodeConfig) SetDefaults() {
 	if c.AllocationPolicy == "" {
 		c.AllocationPolicy = PolicyPack
 	}
-	if c.UnavailableGroups == "" {
-		c.UnavailableGroups = UnavailableGroupsHide
+	switch c.UnavailableGroups {
+	case "":
+		c.UnavailableGroups = UnavailableGroupsPublish
+	case UnavailableGroupsHide:
+		c.UnavailableGroups = UnavailableGroupsHideBlocked
 	}
 	if len(c.Attributes) == 0 {
 		c.Attributes = DefaultAttributes()

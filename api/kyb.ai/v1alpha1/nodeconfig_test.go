@@ -77,7 +77,7 @@ func TestNodeConfigErrorsNameFileLineAndField(t *testing.T) {
 		{"unknown top-level field and a bad value together", `profile: []
 allocationPolicy: tight
 unavailableGroups: drop
-`, []string{`c.yaml:1: profile: unknown field`, `c.yaml:2: allocationPolicy: must be "pack" or "spread", not "tight"`, `c.yaml:3: unavailableGroups: must be "hide" or "publish", not "drop"`}},
+`, []string{`c.yaml:1: profile: unknown field`, `c.yaml:2: allocationPolicy: must be "pack" or "spread", not "tight"`, `c.yaml:3: unavailableGroups: must be "publish" or "hideBlocked", not "drop"`}},
 		{"wrong type", `profiles:
 - resource: kyb.ai/gpu-1x-seat
   seatsPerGroup: four
@@ -277,6 +277,33 @@ func BenchmarkRefuseAliasBomb(b *testing.B) {
 	for b.Loop() {
 		if _, _, err := LoadNodeConfig(bomb, "bomb.yaml"); err == nil {
 			b.Fatal("the bomb was accepted")
+		}
+	}
+}
+
+// The default publishes every group; the former default "hide" still
+// loads, as hideBlocked, and says so.
+func TestUnavailableGroupsModes(t *testing.T) {
+	for _, tt := range []struct {
+		doc  string
+		want UnavailableGroupsMode
+		note string
+	}{
+		{"allocationPolicy: pack\n", UnavailableGroupsPublish, ""},
+		{"unavailableGroups: publish\n", UnavailableGroupsPublish, ""},
+		{"unavailableGroups: hideBlocked\n", UnavailableGroupsHideBlocked, ""},
+		{"allocationPolicy: pack\nunavailableGroups: hide\n", UnavailableGroupsHideBlocked, "c.yaml:2: unavailableGroups: hide is read as hideBlocked"},
+	} {
+		cfg, src, err := LoadNodeConfig([]byte(tt.doc), "c.yaml")
+		if err != nil {
+			t.Fatalf("%q: %v", tt.doc, err)
+		}
+		if cfg.UnavailableGroups != tt.want {
+			t.Errorf("%q: unavailableGroups %q, want %q", tt.doc, cfg.UnavailableGroups, tt.want)
+		}
+		notes := strings.Join(src.Notes, "\n")
+		if (tt.note == "") != (notes == "") || !strings.Contains(notes, tt.note) {
+			t.Errorf("%q: notes %q, want %q", tt.doc, notes, tt.note)
 		}
 	}
 }

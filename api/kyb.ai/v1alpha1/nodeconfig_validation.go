@@ -99,9 +99,9 @@ func (c *NodeConfig) Validate() error {
 		errs.Add(field.NewPath("allocationPolicy"), "must be %q or %q, not %q", PolicyPack, PolicySpread, c.AllocationPolicy)
 	}
 	switch c.UnavailableGroups {
-	case "", UnavailableGroupsHide, UnavailableGroupsPublish:
+	case "", UnavailableGroupsPublish, UnavailableGroupsHideBlocked, UnavailableGroupsHide:
 	default:
-		errs.Add(field.NewPath("unavailableGroups"), "must be %q or %q, not %q", UnavailableGroupsHide, UnavailableGroupsPublish, c.UnavailableGroups)
+		errs.Add(field.NewPath("unavailableGroups"), "must be %q or %q, not %q", UnavailableGroupsPublish, UnavailableGroupsHideBlocked, c.UnavailableGroups)
 	}
 	if c.Attributes != nil {
 		validateAttributes(c.Attributes, field.NewPath("attributes"), &errs)
@@ -249,6 +249,9 @@ func LoadNodeConfig(data []byte, name string) (*NodeConfig, *Source, error) {
 	}
 	if len(errs) > 0 {
 		return nil, src, src.Annotate(errs)
+	}
+	if cfg.UnavailableGroups == UnavailableGroupsHide {
+		src.Notes = append(src.Notes, fmt.Sprintf("%s:%d: unavailableGroups: hide is read as hideBlocked: groups in use, full ones included, are always published now (the default, publish, publishes every group)", src.Name, src.Line("unavailableGroups")))
 	}
 	cfg.SetDefaults()
 	return cfg, src, nil
