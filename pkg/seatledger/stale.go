@@ -22,7 +22,7 @@ import (
 // node, holds seats nobody will release: the kubelet unprepares only
 // claims it knows. A power loss can leave one (a release saved but not yet
 // flushed), and so can a kubelet that lost its own state. Such an entry
-// would keep its seats, and with unavailableGroups: hide also the groups
+// would keep its seats, and with unavailableGroups: hideBlocked also the groups
 // it blocks, out of the scheduler's reach for good. At every start the
 // plugin asks the API server about each held claim and releases those that
 // are gone.

@@ -54,7 +54,7 @@ func RunAlloc(ctx context.Context, opts AllocOptions, rounds int) (*AllocStudy, 
 	}
 	basic := Variant{Shape: BasicShape(), Note: "10 plain devices, 13 attributes, 2 capacities"}
 	st := &AllocStudy{Options: opts, Variants: append([]Variant{basic}, steps...)}
-	def, demo := st.step("lean, one-seat groups plain"), st.step("consumable seats (demo config)")
+	def, demo := st.step("lean, one-seat groups plain (default)"), st.step("consumable seats (demo config)")
 	if def < 0 || demo < 0 {
 		return nil, fmt.Errorf("allocator study: a step is missing")
 	}
