@@ -29,6 +29,8 @@ echo "Building (the first build compiles Kubernetes' own components: several min
 build "the demo" bin/kyb-demo ./cmd/kyb-demo
 if [ -n "$KEEP" ]; then
   build kubectl bin/kubectl k8s.io/kubernetes/cmd/kubectl
-  exec bin/kyb-demo --nodes "$NODES" --keep --kubectl bin/kubectl
+  # kubectl finds its plugins on PATH: kubectl kyb seats runs bin/kubectl-kyb.
+  go build -o bin/kubectl-kyb ./cmd/kubectl-kyb
+  PATH="$PWD/bin:$PATH" exec bin/kyb-demo --nodes "$NODES" --keep --kubectl bin/kubectl
 fi
 exec bin/kyb-demo --nodes "$NODES"

@@ -17,6 +17,10 @@
 # The CUDA probe runs inside the doctor's sandbox, where it stands for a
 # container's process: the standard library, x/sys, and its own two
 # packages, nothing of Kubernetes, gRPC or CDI.
+#
+# kubectl-kyb runs on an operator's machine and reads the API: client-go,
+# none of the node's code (no NVML, no kubelet plugin helper, no plugin
+# packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -28,14 +32,16 @@ both='^(text/template|html/template|golang.org/x/net/trace|k8s.io/client-go/info
 declare -A banned=(
 	[kyb-dra-plugin]=$both
 	[kyb-device-plugin]=$both'|^k8s.io/client-go(/.*)?$|^k8s.io/dynamic-resource-allocation/(kubeletplugin|resourceslice)(/.*)?$|^'$module'/pkg/(draplugin|draresources|seatledger)(/.*)?$'
+	[kubectl-kyb]=$both'|^k8s.io/dynamic-resource-allocation/(kubeletplugin|resourceslice)(/.*)?$|^github.com/NVIDIA/|^google.golang.org/grpc$|^'$module'/pkg/(draplugin|draresources|seatledger|planner|inventory|gpuhost|health|checkpoint|cdi)(/.*)?$'
 	[kyb-cuda-probe]='^(k8s.io|sigs.k8s.io|google.golang.org|tags.cncf.io|github.com/NVIDIA)/|^'$module'/(api|pkg)/'
 )
 # Exceptions to a binary's bans.
 declare -A allowed=(
+	[kubectl-kyb]=$both'|^k8s.io/dynamic-resource-allocation/(kubeletplugin|resourceslice)(/.*)?$|^github.com/NVIDIA/|^google.golang.org/grpc$|^'$module'/pkg/(draplugin|draresources|seatledger|planner|inventory|gpuhost|health|checkpoint|cdi)(/.*)?$'
 	[kyb-cuda-probe]='^'$module'/pkg/(sandbox|cudaprobe|cudaprobe/driverapi)$'
 )
 status=0
-for cmd in kyb-dra-plugin kyb-device-plugin kyb-cuda-probe; do
+for cmd in kyb-dra-plugin kyb-device-plugin kyb-cuda-probe kubectl-kyb; do
 	deps=$($GO list -tags "$TAGS" -deps "./cmd/$cmd")
 	found=$(grep -E "${banned[$cmd]}" <<<"$deps" | grep -vE "${allowed[$cmd]:-^$}" || true)
 	for pkg in $found; do

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
@@ -103,13 +104,15 @@ func Run(ctx context.Context, opts Options, out, log io.Writer) (err error) {
 	}
 	settle(ctx, c, pods)
 	step("every pod is running or reported unschedulable")
+	statusesWritten(ctx, c)
+	step("the plugin wrote the seats into the claims' status")
 	fmt.Fprintln(out)
 
 	if err := report(ctx, c, pods, out); err != nil {
 		return err
 	}
 	if opts.Keep {
-		fmt.Fprintf(out, "\nThe cluster keeps running. In another shell:\n\n  export KUBECONFIG=%s\n  %s get resourceslices\n  %s get resourceclaims -o wide\n  %s get pods -o wide\n", c.Kubeconfig, opts.Kubectl, opts.Kubectl, opts.Kubectl)
+		fmt.Fprintf(out, "\nThe cluster keeps running. In another shell:\n\n  export KUBECONFIG=%s PATH=%s:$PATH\n  %s get resourceslices\n  %s get resourceclaims -o wide\n  %s get pods -o wide\n  %s kyb seats -A\n", c.Kubeconfig, binDir(opts.Kubectl), opts.Kubectl, opts.Kubectl, opts.Kubectl, opts.Kubectl)
 		// Faults go through the simulated NVML, so the plugin's real health
 		// handling taints the GPU's groups (docs/health.md).
 		fmt.Fprintf(out, "\nInject a GPU fault (XID 79 on GPU 0 of %s) and watch its groups get tainted:\n\n  echo 'xid 0 79' >> %s\n  %s get resourceslices -o yaml | grep -B2 -A3 taints\n", c.Nodes[0].Name, c.Nodes[0].FaultsFile, opts.Kubectl)
@@ -139,6 +142,39 @@ func settle(ctx context.Context, c *harness.Cluster, pods []string) {
 	})
 }
 
+// statusesWritten waits until every allocated claim of the driver carries
+// the seat data the plugin writes a second after its prepare, so that the
+// seats are known to kubectl kyb seats.
+func statusesWritten(ctx context.Context, c *harness.Cluster) {
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 15*time.Second, true, func(ctx context.Context) (bool, error) {
+		claims, err := c.Client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, cl := range claims.Items {
+			if cl.Status.Allocation == nil || len(cl.Status.ReservedFor) == 0 {
+				continue
+			}
+			ours := 0
+			for _, r := range cl.Status.Allocation.Devices.Results {
+				if r.Driver == driver.Name {
+					ours++
+				}
+			}
+			written := 0
+			for _, d := range cl.Status.Devices {
+				if d.Driver == driver.Name && d.Data != nil {
+					written++
+				}
+			}
+			if written < ours {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
 func unschedulable(p *v1.Pod) bool {
 	for _, cond := range p.Status.Conditions {
 		if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionFalse && cond.Reason == v1.PodReasonUnschedulable {
@@ -146,4 +182,14 @@ func unschedulable(p *v1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// binDir is the absolute directory of the kubectl binary, where make demo
+// puts kubectl-kyb too.
+func binDir(kubectl string) string {
+	abs, err := filepath.Abs(kubectl)
+	if err != nil {
+		return filepath.Dir(kubectl)
+	}
+	return filepath.Dir(abs)
 }

@@ -16,11 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/duration"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/cmd/kubectl-kyb/app"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/seatview"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
@@ -44,36 +42,13 @@ func report(ctx context.Context, c *harness.Cluster, pods []string, out io.Write
 	}
 	tw.Flush()
 
-	usage := seatUsage(claims.Items)
-	for _, n := range c.Nodes {
-		plan, err := nodePlan(n)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(out, "\nSeats of %s (%s), in the order the scheduler tries them (policy %s)\n", n.Name, n.Options.Preset, plan.Policy)
-		tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "DEVICE\tGROUP\tGPUS\tINTERCONNECT\tSEATS\tSTATE\tHELD BY")
-		for _, g := range plan.Ordered() {
-			u := usage[n.Name+"/"+g.DeviceName()]
-			state := "free"
-			switch {
-			case u.seats > 0:
-				state = fmt.Sprintf("%d/%d seats in use", u.seats, g.Seats())
-			default:
-				for _, o := range plan.Groups() {
-					if g.Excludes(o) && usage[n.Name+"/"+o.DeviceName()].seats > 0 {
-						state = "blocked: " + o.DeviceName() + " shares a GPU"
-						break
-					}
-				}
-			}
-			inter := g.Interconnect.String()
-			if len(g.GPUs) == 1 {
-				inter = "-"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", g.DeviceName(), g.Name, g.GPUList(), inter, g.Seats(), state, dash(strings.Join(u.holders, " ")))
-		}
-		tw.Flush()
+	fmt.Fprintln(out, "\n$ kubectl kyb seats -A")
+	view, err := app.Seats(ctx, c.Client, "", "", out)
+	if err != nil {
+		return err
+	}
+	if err := seatview.WriteTable(out, view, false); err != nil {
+		return err
 	}
 
 	fmt.Fprintln(out, "\nPods")
@@ -139,62 +114,6 @@ func report(ctx context.Context, c *harness.Cluster, pods []string, out io.Write
 		}
 	}
 	return nil
-}
-
-type use struct {
-	seats   int
-	holders []string
-}
-
-// seatUsage sums, per node/device, the seats allocated and who holds them.
-func seatUsage(claims []resourceapi.ResourceClaim) map[string]use {
-	out := map[string]use{}
-	for _, cl := range claims {
-		if cl.Status.Allocation == nil {
-			continue
-		}
-		var holders []string
-		for _, r := range cl.Status.ReservedFor {
-			holders = append(holders, r.Name)
-		}
-		for _, r := range cl.Status.Allocation.Devices.Results {
-			if r.Driver != driver.Name {
-				continue
-			}
-			key := r.Pool + "/" + r.Device
-			u := out[key]
-			n := 1
-			if q, ok := r.ConsumedCapacity[draresources.SeatsCapacity]; ok {
-				n = int(q.Value())
-			}
-			u.seats += n
-			for _, h := range holders {
-				if !contains(u.holders, h) {
-					u.holders = append(u.holders, h)
-				}
-			}
-			out[key] = u
-		}
-	}
-	return out
-}
-
-func nodePlan(n *harness.Node) (*planner.Plan, error) {
-	sim, err := simnode.Load(n.Options.Preset, n.Name)
-	if err != nil {
-		return nil, err
-	}
-	inv, err := inventory.Discover(context.Background(), sim.NVML(), sim.PCIe())
-	if err != nil {
-		return nil, err
-	}
-	var cfg *v1alpha1.NodeConfig
-	if n.Options.Config != "" {
-		if cfg, _, err = v1alpha1.LoadNodeConfig([]byte(n.Options.Config), "config"); err != nil {
-			return nil, err
-		}
-	}
-	return planner.New(inv, cfg)
 }
 
 func podClaims(p *v1.Pod, claims []resourceapi.ResourceClaim) []resourceapi.ResourceClaim {

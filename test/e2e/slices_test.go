@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
@@ -9,6 +11,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	kubectlkyb "github.com/kyb-ai/kyb-dra-driver/cmd/kubectl-kyb/app"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/seatview"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
@@ -53,6 +57,9 @@ func TestAFullNodePublishesWhatAnIdleNodeDoes(t *testing.T) {
 		createPod(t, c, podSpec{name: fmt.Sprintf("seat-%d", i), claims: fromTemplate("any-1x")})
 	}
 	for i := range 32 {
+		waitBound(t, c, fmt.Sprintf("seat-%d", i))
+	}
+	for i := range 32 {
 		c.WaitForPodRunning(t, "default", fmt.Sprintf("seat-%d", i), timeout)
 	}
 	createTemplate(t, c, "any-2x", class2x)
@@ -70,6 +77,46 @@ func TestAFullNodePublishesWhatAnIdleNodeDoes(t *testing.T) {
 		t.Errorf("full node publishes %v (pool generation %d), idle %v (generation %d)", full, fullGen, idle, idleGen)
 	}
 
+	// kubectl kyb seats, against the real API server: every one-GPU group
+	// full, each seat named once the plugin has written the statuses.
+	var view seatview.View
+	waitUntil(t, c, "kubectl kyb seats to name every seat", func(ctx context.Context) bool {
+		var out, errOut bytes.Buffer
+		env := func(k string) string {
+			if k == "KUBECONFIG" {
+				return c.Kubeconfig
+			}
+			return ""
+		}
+		if code := kubectlkyb.Run(ctx, []string{"seats", "-A", "-o", "json"}, env, &out, &errOut); code != 0 {
+			t.Fatalf("kubectl kyb seats: exit %d: %s", code, errOut.String())
+		}
+		if err := json.Unmarshal(out.Bytes(), &view); err != nil {
+			t.Fatal(err)
+		}
+		named := 0
+		for _, g := range view.Nodes[0].Groups {
+			for _, h := range g.Held {
+				if h.Seat != nil && len(h.Pods) == 1 {
+					named++
+				}
+			}
+		}
+		return named == 32
+	})
+	for _, g := range view.Nodes[0].Groups {
+		want := seatview.StateFull
+		if g.Profile == "2x" {
+			want = seatview.StateBlocked
+		}
+		if g.State != want {
+			t.Errorf("kubectl kyb seats: %s is %s, want %s", g.Device, g.State, want)
+		}
+	}
+	if len(view.Free) != 2 || view.Free[0].Free != 0 || view.Free[0].Total != 32 || view.Free[1].Free != 0 {
+		t.Errorf("kubectl kyb seats: free %+v", view.Free)
+	}
+
 	for i := range 32 {
 		c.DeletePod(t, "default", fmt.Sprintf("seat-%d", i))
 	}
@@ -81,5 +128,42 @@ func TestAFullNodePublishesWhatAnIdleNodeDoes(t *testing.T) {
 	}
 	if !slices.Equal(after, idle) || afterGen != idleGen {
 		t.Errorf("after releasing: %v (generation %d), idle %v (generation %d)", after, afterGen, idle, idleGen)
+	}
+}
+
+// waitBound waits for a pod to be bound to a node; when it is not, it says
+// what the scheduler saw: the seats allocated per device and the pod's
+// events.
+func waitBound(t *testing.T, c *harness.Cluster, name string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		p, err := c.Client.CoreV1().Pods("default").Get(c.Ctx, name, metav1.GetOptions{})
+		if err == nil && p.Spec.NodeName != "" {
+			return
+		}
+		if time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		per := map[string]int{}
+		if claims, err := c.Client.ResourceV1().ResourceClaims("default").List(c.Ctx, metav1.ListOptions{}); err == nil {
+			for _, cl := range claims.Items {
+				if cl.Status.Allocation != nil {
+					for _, r := range cl.Status.Allocation.Devices.Results {
+						per[r.Device]++
+					}
+				}
+			}
+		}
+		var events []string
+		if evs, err := c.Client.CoreV1().Events("default").List(c.Ctx, metav1.ListOptions{}); err == nil {
+			for _, e := range evs.Items {
+				if e.InvolvedObject.Name == name {
+					events = append(events, fmt.Sprintf("%s x%d %s", e.Reason, e.Count, e.Message))
+				}
+			}
+		}
+		t.Fatalf("pod %s not bound after %v; claims allocated per device: %v; its events: %q", name, timeout, per, events)
 	}
 }

@@ -1,0 +1,132 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/seatview"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
+)
+
+// objects are n nodes of dgx-h100 slices and, on each, claims holding
+// every one-GPU group's seat but the last.
+func objects(tb testing.TB, n int) []runtime.Object {
+	sn := simnodetest.New(tb, "dgx-h100", "")
+	var objs []runtime.Object
+	for i := range n {
+		node := fmt.Sprintf("node-%03d", i)
+		for j, s := range draresources.ResourceSlices(draresources.Resources(sn.Plan, sn.Inv, node, draresources.LayoutShared), node) {
+			s.Name = fmt.Sprintf("%s-%d", node, j)
+			objs = append(objs, s)
+		}
+		for g := range 7 {
+			c := &resourceapi.ResourceClaim{}
+			c.Namespace, c.Name = fmt.Sprintf("team-%d", g%2), fmt.Sprintf("%s-c%d", node, g)
+			c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+				{Request: "gpu", Driver: "gpu.kyb.ai", Pool: node, Device: fmt.Sprintf("g%d-1x", g)},
+			}}}
+			c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: c.Name + "-pod"}}
+			objs = append(objs, c)
+		}
+	}
+	return objs
+}
+
+func TestSeatsFromTheAPI(t *testing.T) {
+	client := fake.NewClientset(objects(t, 3)...)
+	var warn bytes.Buffer
+	v, err := Seats(context.Background(), client, "node-001", "team-0", &warn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Nodes) != 1 || v.Nodes[0].Name != "node-001" || len(v.Nodes[0].Groups) != 14 {
+		t.Fatalf("--node node-001: %+v", v.Nodes)
+	}
+	// 7 of 8 one-GPU groups full: every 2x and 4x group is blocked.
+	want := []seatview.ProfileSeats{{Profile: "1x", Free: 1, Total: 8}, {Profile: "2x", Free: 0, Total: 4}, {Profile: "4x", Free: 0, Total: 2}}
+	if fmt.Sprint(v.Free) != fmt.Sprint(want) || warn.Len() != 0 {
+		t.Errorf("free %v, want %v; warnings %q", v.Free, want, warn.String())
+	}
+
+	// Not allowed to list claims cluster-wide: the namespace's alone, and
+	// a warning that says so.
+	client.PrependReactor("list", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetNamespace() == "" {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceclaims"}, "", fmt.Errorf("no"))
+		}
+		return false, nil, nil
+	})
+	v, err = Seats(context.Background(), client, "node-001", "team-0", &warn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(warn.String(), "count namespace team-0 only") || v.Free[0].Free != 4 {
+		t.Errorf("forbidden cluster-wide: warnings %q, free %v", warn.String(), v.Free)
+	}
+	if _, err := Seats(context.Background(), client, "", "", &warn); err == nil || !strings.Contains(err.Error(), "list ResourceClaims of every namespace") {
+		t.Errorf("-A without the right: %v", err)
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "config")
+	if err := os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := func(string) string { return "" }
+	for _, tt := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{}, 2, "the subcommand is seats"},
+		{[]string{"nodes"}, 2, "the subcommand is seats"},
+		{[]string{"seats", "-o", "yaml"}, 2, "must be one of table, wide, json"},
+		{[]string{"seats", "--kubeconfig", kubeconfig}, 1, "kubeconfig: "},
+		{[]string{"seats", "--kubeconfig", filepath.Join(dir, "none")}, 1, "kubeconfig: "},
+	} {
+		var out, errOut bytes.Buffer
+		code := Run(context.Background(), tt.args, env, &out, &errOut)
+		if code != tt.code || !strings.Contains(errOut.String(), tt.want) {
+			t.Errorf("%v: exit %d %q, want %d with %q", tt.args, code, errOut.String(), tt.code, tt.want)
+		}
+	}
+	var out bytes.Buffer
+	if code := Run(context.Background(), []string{"seats", "-h"}, env, &out, &out); code != 0 || !strings.Contains(out.String(), "kubectl kyb seats -A") {
+		t.Errorf("-h: %d %q", code, out.String())
+	}
+}
+
+// BenchmarkSeats500Nodes is the command's work over 500 dgx-h100 nodes of
+// slices and 3,500 claims: listing (from the fake API), building and
+// printing the table. The goal is under a second.
+func BenchmarkSeats500Nodes(b *testing.B) {
+	client := fake.NewClientset(objects(b, 500)...)
+	b.ResetTimer()
+	for b.Loop() {
+		v, err := Seats(context.Background(), client, "", "", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(v.Nodes) != 500 {
+			b.Fatalf("%d nodes", len(v.Nodes))
+		}
+		if err := seatview.WriteTable(&bytes.Buffer{}, v, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

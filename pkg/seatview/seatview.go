@@ -1,0 +1,365 @@
+// Package seatview is the cluster's seats as an operator asks about them:
+// per node, every group the node publishes, with its profile, GPUs, seats
+// and state (free, in use, full, blocked by which group, unhealthy with
+// which taint), who holds each seat, and the free seats per profile. It is
+// computed from the API alone (the driver's ResourceSlices and the
+// ResourceClaims with the seat data the plugin writes into their status),
+// so that kubectl-kyb needs no access to the nodes. It relies on slices
+// that describe every group (the default), not only the free ones.
+package seatview
+
+import (
+	"cmp"
+	"encoding/json"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+)
+
+// seatsCapacity is the capacity a seat of a shared group consumes, as the
+// plugin publishes it.
+const seatsCapacity = "seats"
+
+// The states of a group.
+const (
+	StateFree      = "free"
+	StateInUse     = "in-use"
+	StateFull      = "full"
+	StateBlocked   = "blocked"
+	StateUnhealthy = "unhealthy"
+)
+
+// View is the JSON contract of `kubectl kyb seats -o json`. Fields are
+// added, never renamed or removed.
+type View struct {
+	Nodes []Node `json:"nodes"`
+	// Free is the free seats per profile across the nodes shown. Profiles
+	// share GPUs: taking a free seat of one may block groups of another.
+	Free []ProfileSeats `json:"free"`
+}
+
+// Node is one node's groups, in the order the node publishes them (the
+// order the scheduler tries them).
+type Node struct {
+	Name   string  `json:"name"`
+	Groups []Group `json:"groups"`
+}
+
+// Group is one group of a node.
+type Group struct {
+	// Device is the published device (g01-2x), or the group's devices'
+	// common stem where the node publishes one device per seat.
+	Device       string `json:"device"`
+	Group        string `json:"group"`
+	Profile      string `json:"profile"`
+	GPUs         []int  `json:"gpus"`
+	Interconnect string `json:"interconnect,omitempty"`
+	// Seats is the group's seat count; HeldSeats how many are held.
+	Seats     int `json:"seats"`
+	HeldSeats int `json:"heldSeats"`
+	// State is free, in-use, full, blocked (BlockedBy names the groups in
+	// use that share a GPU with it) or unhealthy (Taints says why).
+	State     string   `json:"state"`
+	BlockedBy []string `json:"blockedBy,omitempty"`
+	Taints    []string `json:"taints,omitempty"`
+	// Held are the seats held, by seat.
+	Held []Seat `json:"held"`
+}
+
+// Seat is one held seat, or several held by one claim whose seat numbers
+// the plugin has not written yet.
+type Seat struct {
+	// Seat is the seat's number; null until the plugin has written the
+	// claim's status (about a second after its prepare).
+	Seat *int `json:"seat"`
+	// Generation counts how often the seat was handed out.
+	Generation int64 `json:"generation,omitempty"`
+	// Claim is "namespace/name".
+	Claim string `json:"claim"`
+	// Pods are the pods the claim is reserved for, "namespace/name".
+	Pods []string `json:"pods"`
+}
+
+// ProfileSeats counts seats of one profile.
+type ProfileSeats struct {
+	Profile string `json:"profile"`
+	Free    int    `json:"free"`
+	Total   int    `json:"total"`
+}
+
+// Options filter what is shown; the states are computed from every claim
+// given.
+type Options struct {
+	// Node, when set, shows that node alone.
+	Node string
+	// Namespace, when set, lists only the holders of that namespace; the
+	// others count in HeldSeats but are not named.
+	Namespace string
+}
+
+// perSeat matches a device of the per-seat layout, g01-2x-seat-1.
+var perSeat = regexp.MustCompile(`^(.+)-seat-([0-9]+)$`)
+
+// groupKey identifies a group on a node.
+type groupKey struct{ node, device string }
+
+// Build computes the view from the driver's ResourceSlices and every
+// ResourceClaim.
+func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.ResourceClaim, opts Options) *View {
+	devices := map[string][]string{} // node -> group devices, in published order
+	groups := map[groupKey]*Group{}
+	// counters are the shared counters each group consumes, "set/counter",
+	// to find the groups a held one blocks.
+	counters := map[groupKey][]string{}
+	seatDevices := map[groupKey]map[string]int{} // device name -> seat, per-seat layout
+	slices.SortStableFunc(resourceSlices, func(a, b resourceapi.ResourceSlice) int { return cmp.Compare(a.Name, b.Name) })
+	for _, s := range resourceSlices {
+		if s.Spec.Driver != driver.Name || s.Spec.NodeName == nil {
+			continue
+		}
+		name := *s.Spec.NodeName
+		if opts.Node != "" && name != opts.Node {
+			continue
+		}
+		if _, seen := devices[name]; !seen {
+			devices[name] = []string{}
+		}
+		for _, d := range s.Spec.Devices {
+			device, seat := d.Name, -1
+			if m := perSeat.FindStringSubmatch(d.Name); m != nil {
+				device = m[1]
+				seat, _ = strconv.Atoi(m[2])
+			}
+			key := groupKey{name, device}
+			g := groups[key]
+			if g == nil {
+				g = &Group{Device: device, Group: str(d, v1alpha1.AttrGroup), Profile: str(d, v1alpha1.AttrProfile),
+					GPUs: gpuList(str(d, v1alpha1.AttrGPUIndices)), Interconnect: str(d, v1alpha1.AttrInterconnect), Held: []Seat{}}
+				groups[key] = g
+				devices[name] = append(devices[name], device)
+				for _, c := range d.ConsumesCounters {
+					for counter := range c.Counters {
+						counters[key] = append(counters[key], c.CounterSet+"/"+counter)
+					}
+				}
+			}
+			if seat >= 0 {
+				if seatDevices[key] == nil {
+					seatDevices[key] = map[string]int{}
+				}
+				seatDevices[key][d.Name] = seat
+				g.Seats++
+			} else if c, ok := d.Capacity[seatsCapacity]; ok {
+				g.Seats = int(c.Value.Value())
+			} else {
+				g.Seats = 1
+			}
+			for _, t := range d.Taints {
+				text := t.Key + "=" + t.Value + ":" + string(t.Effect)
+				if !slices.Contains(g.Taints, text) {
+					g.Taints = append(g.Taints, text)
+				}
+			}
+		}
+	}
+	holders(groups, seatDevices, claims, opts)
+	v := &View{Nodes: []Node{}, Free: []ProfileSeats{}}
+	free := map[string]*ProfileSeats{}
+	var profiles []string
+	inUse := map[string][]groupKey{}
+	for key, g := range groups {
+		if g.HeldSeats > 0 {
+			inUse[key.node] = append(inUse[key.node], key)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(devices)) {
+		n := Node{Name: name, Groups: []Group{}}
+		for _, device := range devices[name] {
+			key := groupKey{name, device}
+			g := groups[key]
+			settle(g, key, inUse[name], counters)
+			n.Groups = append(n.Groups, *g)
+			p := free[g.Profile]
+			if p == nil {
+				p = &ProfileSeats{Profile: g.Profile}
+				free[g.Profile] = p
+				profiles = append(profiles, g.Profile)
+			}
+			p.Total += g.Seats
+			if g.State == StateFree || g.State == StateInUse {
+				p.Free += g.Seats - g.HeldSeats
+			}
+		}
+		v.Nodes = append(v.Nodes, n)
+	}
+	slices.SortFunc(profiles, compareProfiles)
+	for _, p := range profiles {
+		v.Free = append(v.Free, *free[p])
+	}
+	return v
+}
+
+// holders records every claim allocated from the groups, with its seats.
+func holders(groups map[groupKey]*Group, seatDevices map[groupKey]map[string]int, claims []resourceapi.ResourceClaim, opts Options) {
+	for _, cl := range claims {
+		if cl.Status.Allocation == nil {
+			continue
+		}
+		name := cl.Namespace + "/" + cl.Name
+		var pods []string
+		for _, r := range cl.Status.ReservedFor {
+			if r.Resource == "pods" {
+				pods = append(pods, cl.Namespace+"/"+r.Name)
+			}
+		}
+		if pods == nil {
+			pods = []string{}
+		}
+		written := seatData(cl)
+		for _, r := range cl.Status.Allocation.Devices.Results {
+			if r.Driver != driver.Name {
+				continue
+			}
+			device, perSeatIndex := r.Device, -1
+			if m := perSeat.FindStringSubmatch(r.Device); m != nil {
+				device = m[1]
+				perSeatIndex, _ = strconv.Atoi(m[2])
+			}
+			g := groups[groupKey{r.Pool, device}]
+			if g == nil {
+				continue // a node not shown, or a device it no longer publishes
+			}
+			n := 1
+			if q, ok := r.ConsumedCapacity[seatsCapacity]; ok {
+				n = int(q.Value())
+			}
+			g.HeldSeats += n
+			if opts.Namespace != "" && cl.Namespace != opts.Namespace {
+				continue
+			}
+			var share string
+			if r.ShareID != nil {
+				share = string(*r.ShareID)
+			}
+			status, ok := written[r.Device+"/"+share]
+			switch {
+			case ok && len(status.Seats) == len(status.Generations):
+				for i, s := range status.Seats {
+					g.Held = append(g.Held, Seat{Seat: &s, Generation: status.Generations[i], Claim: name, Pods: pods})
+				}
+			case perSeatIndex >= 0:
+				g.Held = append(g.Held, Seat{Seat: &perSeatIndex, Claim: name, Pods: pods})
+			default:
+				for range n {
+					g.Held = append(g.Held, Seat{Claim: name, Pods: pods})
+				}
+			}
+		}
+	}
+	for _, g := range groups {
+		slices.SortStableFunc(g.Held, func(a, b Seat) int {
+			if a.Seat == nil || b.Seat == nil {
+				return cmp.Compare(b2i(a.Seat == nil), b2i(b.Seat == nil))
+			}
+			return cmp.Compare(*a.Seat, *b.Seat)
+		})
+	}
+}
+
+// seatData is the seat data the plugin wrote into a claim's status, by
+// device and share.
+func seatData(cl resourceapi.ResourceClaim) map[string]v1alpha1.SeatStatus {
+	out := map[string]v1alpha1.SeatStatus{}
+	for _, d := range cl.Status.Devices {
+		if d.Driver != driver.Name || d.Data == nil {
+			continue
+		}
+		var s v1alpha1.SeatStatus
+		if err := json.Unmarshal(d.Data.Raw, &s); err == nil {
+			out[d.Device+"/"+shareID(d.ShareID)] = s
+		}
+	}
+	return out
+}
+
+// settle decides a group's state: unhealthy first (no new claim lands
+// there), then full, in use, blocked by a held group that shares a counter
+// (a GPU), or free.
+func settle(g *Group, key groupKey, inUse []groupKey, counters map[groupKey][]string) {
+	for _, t := range g.Taints {
+		if strings.HasSuffix(t, ":NoSchedule") || strings.HasSuffix(t, ":NoExecute") {
+			g.State = StateUnhealthy
+			return
+		}
+	}
+	switch {
+	case g.HeldSeats >= g.Seats:
+		g.State = StateFull
+		return
+	case g.HeldSeats > 0:
+		g.State = StateInUse
+		return
+	}
+	for _, other := range inUse {
+		if other != key && shares(counters[key], counters[other]) {
+			g.BlockedBy = append(g.BlockedBy, other.device)
+		}
+	}
+	g.State = StateFree
+	if len(g.BlockedBy) > 0 {
+		slices.Sort(g.BlockedBy)
+		g.State = StateBlocked
+	}
+}
+
+func shares(a, b []string) bool {
+	return slices.ContainsFunc(a, func(x string) bool { return slices.Contains(b, x) })
+}
+
+func str(d resourceapi.Device, name v1alpha1.AttributeName) string {
+	if a, ok := d.Attributes[resourceapi.QualifiedName(name)]; ok && a.StringValue != nil {
+		return *a.StringValue
+	}
+	return ""
+}
+
+func gpuList(s string) []int {
+	out := []int{}
+	for _, f := range strings.Split(s, ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(f)); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func shareID(id *string) string {
+	if id == nil {
+		return ""
+	}
+	return *id
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// compareProfiles orders profiles by their size (1x, 2x, 4x, 2x-train
+// after 2x), then by name.
+func compareProfiles(a, b string) int {
+	size := func(p string) int {
+		n, _ := strconv.Atoi(strings.TrimSuffix(strings.SplitN(p, "-", 2)[0], "x"))
+		return n
+	}
+	return cmp.Or(cmp.Compare(size(a), size(b)), cmp.Compare(a, b))
+}
