@@ -4,7 +4,9 @@
 # /usr/local/bin: kyb-dra-plugin (the DRA kubelet plugin and its `plan` and
 # `doctor` subcommands; the entrypoint), kyb-device-plugin (the
 # device-plugin shim, for clusters without DRA) and kyb-cuda-probe (what the
-# CUDA driver shows a process; `doctor --probe` runs it in a sandbox). Nothing else: no shell, no study tools (those
+# CUDA driver shows a process; `doctor --probe` runs it in a sandbox).
+# kubectl-kyb, the kubectl plugin, runs on operators' machines, not in
+# the image. Nothing else: no shell, no study tools (those
 # live in the test/ module, which the build context leaves out). `make image`
 # builds it; `make image-check` checks offline what can be checked without a
 # Docker engine (hack/image-check.sh).
@@ -31,7 +33,7 @@ COPY pkg/ pkg/
 # keep the binaries free of the build machine's paths and of .git.
 # grpcnotrace: as the Makefile's TAGS, a third off the plugin's memory.
 ARG LDFLAGS="-s -w -extldflags=-Wl,--unresolved-symbols=ignore-in-object-files"
-RUN CGO_ENABLED=1 go build -tags grpcnotrace -trimpath -buildvcs=false -ldflags "${LDFLAGS}" -o /out/ ./cmd/...
+RUN CGO_ENABLED=1 go build -tags grpcnotrace -trimpath -buildvcs=false -ldflags "${LDFLAGS}" -o /out/ ./cmd/kyb-dra-plugin ./cmd/kyb-device-plugin ./cmd/kyb-cuda-probe
 
 # The runtime is distroless "cc": glibc (the binaries use cgo, and the node's
 # libnvidia-ml.so needs glibc, libdl, libpthread, libm, librt) plus libgcc_s,

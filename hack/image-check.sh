@@ -98,6 +98,8 @@ fi
 # 3. What the binaries need at run time.
 want_bins=()
 for d in cmd/*/; do
+	# kubectl plugins run on operators' machines, not from the image.
+	[[ $(basename "$d") == kubectl-* ]] && continue
 	want_bins+=("$(basename "$d")")
 done
 for b in "${want_bins[@]}"; do
