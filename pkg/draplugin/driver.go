@@ -25,8 +25,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -82,6 +84,10 @@ type Options struct {
 	BootIDFile string
 	// Layout chooses the ResourceSlice layout (default auto).
 	Layout LayoutMode
+	// DeviceMetadata gives every prepared device's attributes, seats,
+	// generations and GPU UUIDs to its containers as a metadata file
+	// (KEP-5304, at /var/run/kubernetes.io/dra-device-attributes/<claim>/<request>/metadata.json).
+	DeviceMetadata bool
 	// HealthReportInterval is how often device health is re-sent to the
 	// kubelet (default 10s).
 	HealthReportInterval time.Duration
@@ -223,6 +229,11 @@ func (d *Driver) startHelper(ctx context.Context) error {
 	}
 	if opts.PodUID != "" {
 		helperOpts = append(helperOpts, kubeletplugin.RollingUpdate(opts.PodUID))
+	}
+	if opts.DeviceMetadata {
+		// v1beta1 is the newest version of 1.37; containers read the
+		// first version of the stream they understand.
+		helperOpts = append(helperOpts, kubeletplugin.EnableDeviceMetadata(true, []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion}))
 	}
 	helper, err := kubeletplugin.Start(ctx, d, helperOpts...)
 	if err != nil {

@@ -3,6 +3,7 @@ package draplugin
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -10,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
@@ -101,9 +103,45 @@ func (d *Driver) result(uid types.UID, c *checkpoint.Claim) kubeletplugin.Prepar
 			share := types.UID(dev.ShareID)
 			kd.ShareID = &share
 		}
+		if d.opts.DeviceMetadata {
+			kd.Metadata = d.metadata(dev)
+		}
 		r.Devices = append(r.Devices, kd)
 	}
 	return r
+}
+
+// The device metadata's own attributes, besides those the slices publish.
+const (
+	metaSeats       = "seats"
+	metaGenerations = "seatGenerations"
+	metaGPUUUIDs    = "gpuUUIDs"
+)
+
+// metadata is what a container learns of a prepared device from its
+// metadata file: the attributes its slice publishes for the group, the
+// seats it holds there with their generations (lists of integers, in the
+// order of KYB_GPU_SEAT and KYB_SEAT_GEN) and the group's GPU UUIDs (a list
+// of strings, in the order of its gpuIndices).
+func (d *Driver) metadata(dev checkpoint.Device) *kubeletplugin.DeviceMetadata {
+	attrs := map[string]resourceapi.DeviceAttribute{}
+	if ref, ok := d.node.index[dev.GroupDevice]; ok {
+		for name, v := range draresources.Attributes(ref.Group, d.node.inv, d.node.plan.Attributes) {
+			attrs[string(name)] = v
+		}
+	}
+	if len(dev.Seats) > 0 {
+		seats := make([]int64, len(dev.Seats))
+		for i, s := range dev.Seats {
+			seats[i] = int64(s)
+		}
+		attrs[metaSeats] = resourceapi.DeviceAttribute{IntValues: seats}
+		attrs[metaGenerations] = resourceapi.DeviceAttribute{IntValues: slices.Clone(dev.Generations)}
+	}
+	if len(dev.GPUUUIDs) > 0 {
+		attrs[metaGPUUUIDs] = resourceapi.DeviceAttribute{StringValues: slices.Clone(dev.GPUUUIDs)}
+	}
+	return &kubeletplugin.DeviceMetadata{Attributes: attrs}
 }
 
 // UnprepareResourceClaims releases claims: their CDI specs go, their seats

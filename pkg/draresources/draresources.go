@@ -146,13 +146,19 @@ func seatsPolicy() *resourceapi.CapacityRequestPolicy {
 }
 
 func baseDevice(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.AttributeName) resourceapi.Device {
-	d := resourceapi.Device{Name: g.DeviceName(), Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}}
+	return resourceapi.Device{Name: g.DeviceName(), Attributes: Attributes(g, inv, attrs)}
+}
+
+// Attributes are the attributes attrs of a group's device, as its slice
+// publishes them (and as the device metadata gives them to containers).
+func Attributes(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.AttributeName) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	out := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
 	for _, a := range attrs {
 		if v, ok := attribute(a, g, inv); ok {
-			d.Attributes[resourceapi.QualifiedName(a)] = v
+			out[resourceapi.QualifiedName(a)] = v
 		}
 	}
-	return d
+	return out
 }
 
 // attribute computes one attribute of a group; false where the group has

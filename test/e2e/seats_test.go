@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +14,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/dynamic-resource-allocation/api/metadata"
+	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
@@ -124,7 +129,10 @@ func TestSeats(t *testing.T) {
 			t.Fatalf("claim %s allocated %v, want node-a/g0-1x", claim, got)
 		}
 		app := ctrs["app"]
-		if len(app.CDIDevices) != 1 || !strings.HasPrefix(app.CDIDevices[0], "kyb.ai/gpu=") {
+		// Ours, and the device metadata's (KEP-5304) that the kubelet
+		// plugin helper writes.
+		ours := slices.DeleteFunc(slices.Clone(app.CDIDevices), func(id string) bool { return !strings.HasPrefix(id, "kyb.ai/gpu=") })
+		if len(ours) != 1 || len(app.CDIDevices) != 2 {
 			t.Fatalf("the kubelet got CDI devices %v", app.CDIDevices)
 		}
 		want := map[string]string{
@@ -148,6 +156,12 @@ func TestSeats(t *testing.T) {
 		var seat v1alpha1.SeatStatus
 		if err := json.Unmarshal(cl.Status.Devices[0].Data.Raw, &seat); err != nil || seat.Group != "G0" || seat.Seats[0] != 0 {
 			t.Errorf("seat status %+v %v", seat, err)
+		}
+		// The device's metadata file, mounted where KEP-5304 puts it.
+		dev := containerMetadata(t, app, metadata.ResourceClaimTemplateFilePath("gpu.kyb.ai", "gpu", "gpu"))
+		if dev.Name != "g0-1x" || *dev.Attributes["group"].StringValue != "G0" || !slices.Equal(dev.Attributes["seats"].IntValues, []int64{0}) ||
+			!slices.Equal(dev.Attributes["seatGenerations"].IntValues, []int64{1}) || !slices.Equal(dev.Attributes["gpuUUIDs"].StringValues, []string{node.GPUUUID(0)}) {
+			t.Errorf("device metadata %+v", dev)
 		}
 	})
 
@@ -271,4 +285,32 @@ func TestSeats(t *testing.T) {
 			t.Errorf("the freed seat was handed out again with generation %s, want 2", gen)
 		}
 	})
+}
+
+// containerMetadata reads the metadata file mounted into a container at
+// path and returns its one device.
+func containerMetadata(t *testing.T, ctr *harness.Container, path string) metadatav1beta1.Device {
+	t.Helper()
+	for _, m := range ctr.Mounts {
+		if m.Destination != path {
+			continue
+		}
+		data, err := os.ReadFile(m.Source)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(data))
+		for dec.More() {
+			var md metadatav1beta1.DeviceMetadata
+			if err := dec.Decode(&md); err != nil {
+				t.Fatalf("%s: %v", path, err)
+			}
+			if md.APIVersion == metadatav1beta1.SchemeGroupVersion.String() && len(md.Requests) == 1 && len(md.Requests[0].Devices) == 1 {
+				return md.Requests[0].Devices[0]
+			}
+		}
+		t.Fatalf("%s holds no %s object with one device: %s", path, metadatav1beta1.SchemeGroupVersion, data)
+	}
+	t.Fatalf("no mount at %s; mounts %+v", path, ctr.Mounts)
+	return metadatav1beta1.Device{}
 }
