@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
@@ -39,6 +43,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	defer r.Done()
 	if r.Err != nil {
 		d.metrics.prepareError("checkpoint")
+		for _, claim := range claims {
+			d.events.Claim(ctx, claim, corev1.EventTypeWarning, nodeevents.ReasonPrepareFailed, r.Err.Error())
+		}
 		return nil, r.Err
 	}
 	results := map[types.UID]kubeletplugin.PrepareResult{}
@@ -50,6 +57,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 				d.metrics.prepareError("claim")
 			}
 			results[claim.UID] = kubeletplugin.PrepareResult{Err: err}
+			d.events.Claim(ctx, claim, corev1.EventTypeWarning, nodeevents.ReasonPrepareFailed, err.Error())
 			continue
 		}
 		c := r.Entries[claim.UID]
@@ -63,12 +71,14 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			d.metrics.prepareError("cdi")
 			logger.Error(err, "Cannot write CDI spec", "claim", klog.KObj(claim))
 			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)}
+			d.events.Claim(ctx, claim, corev1.EventTypeWarning, nodeevents.ReasonPrepareFailed, "write the claim's CDI spec: "+err.Error())
 			continue
 		}
 		d.hooks.run(HookAfterCDIWrite)
 		d.statuses.queueAfterPrepare(claim.UID)
 		results[claim.UID] = d.result(claim.UID, c)
 		logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "seats", seatledger.DescribeSeats(c))
+		d.events.Claim(ctx, claim, corev1.EventTypeNormal, nodeevents.ReasonPrepared, d.describePrepared(c))
 	}
 	return results, nil
 }
@@ -109,6 +119,31 @@ func (d *Driver) result(uid types.UID, c *checkpoint.Claim) kubeletplugin.Prepar
 		r.Devices = append(r.Devices, kd)
 	}
 	return r
+}
+
+// describePrepared says where a claim's seats are, for its Prepared event:
+// "seat 2 (generation 7) of G0 (g0-1x: GPU 0) on node-1".
+func (d *Driver) describePrepared(c *checkpoint.Claim) string {
+	var parts []string
+	for _, dev := range c.Devices {
+		var seats []string
+		for i, s := range dev.Seats {
+			seats = append(seats, fmt.Sprintf("%d (generation %d)", s, dev.Generations[i]))
+		}
+		what := "seat " + strings.Join(seats, ", ")
+		if len(seats) > 1 {
+			what = "seats " + strings.Join(seats, ", ")
+		}
+		if dev.Fenced {
+			what = "every seat (fenced)"
+		}
+		gpus := make([]string, len(dev.GPUs))
+		for i, x := range dev.GPUs {
+			gpus[i] = strconv.Itoa(x)
+		}
+		parts = append(parts, fmt.Sprintf("%s of %s (%s: GPU %s)", what, dev.Group, dev.GroupDevice, strings.Join(gpus, ",")))
+	}
+	return strings.Join(parts, "; ") + " on " + d.opts.NodeName
 }
 
 // The device metadata's own attributes, besides those the slices publish.

@@ -1,5 +1,5 @@
-// Package nodeevents records Kubernetes Events on the node a plugin serves,
-// and logs each one: the one way the DRA plugin tells operators what they
+// Package nodeevents records Kubernetes Events on the node a plugin serves
+// and on the claims it prepares there, and logs each one: the one way the DRA plugin tells operators what they
 // should know (a GPU fault, a layout fallback, a lost checkpoint). An
 // event's note is written for people; the log line carries the same note
 // under a constant message, so that logs stay greppable and structured.
@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -64,6 +65,10 @@ type Recorder struct {
 
 	mu     sync.Mutex
 	warned map[string]bool
+	// claimEvents are when each claim event was last recorded, and
+	// claimLimiter bounds their rate (Claim).
+	claimEvents  map[string]time.Time
+	claimLimiter *rate.Limiter
 }
 
 // Start starts recording events on node nodeName through client until
@@ -79,7 +84,8 @@ func Start(ctx context.Context, client kubernetes.Interface, nodeName, component
 	}
 	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
 	b.StartRecordingToSink(ctx.Done())
-	return &Recorder{broadcaster: b, recorder: b.NewRecorder(scheme.Scheme, component), node: ref, warned: map[string]bool{}}
+	return &Recorder{broadcaster: b, recorder: b.NewRecorder(scheme.Scheme, component), node: ref, warned: map[string]bool{},
+		claimEvents: map[string]time.Time{}, claimLimiter: rate.NewLimiter(claimEventsPerSecond, claimEventBurst)}
 }
 
 // Shutdown stops recording; events not yet sent may be lost.
