@@ -289,14 +289,7 @@ func ociSpec() *oci.Spec { return &oci.Spec{Process: &oci.Process{}, Linux: &oci
 // container's environment and device nodes.
 func (e *env) container(ids ...string) (map[string]string, map[string]oci.LinuxDevice) {
 	e.t.Helper()
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(e.dirs.cdi), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
-	if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
-		e.t.Fatalf("inject %v: unresolved %v: %v", ids, unresolved, err)
-	}
+	spec := e.inject(ids...)
 	envs := map[string]string{}
 	for _, kv := range spec.Process.Env {
 		k, v, _ := strings.Cut(kv, "=")
@@ -307,6 +300,21 @@ func (e *env) container(ids ...string) (map[string]string, map[string]oci.LinuxD
 		devs[d.Path] = d
 	}
 	return envs, devs
+}
+
+// inject injects the CDI devices ids into an empty OCI spec, as a
+// container runtime does.
+func (e *env) inject(ids ...string) *oci.Spec {
+	e.t.Helper()
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(e.dirs.cdi), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
+		e.t.Fatalf("inject %v: unresolved %v: %v", ids, unresolved, err)
+	}
+	return spec
 }
 
 func (e *env) uuids(indices ...int) string {

@@ -10,11 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/api/metadata"
 	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
-	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 )
@@ -23,16 +21,8 @@ import (
 // files the container gets, by their path in the container.
 func (e *env) metadataMounts(ids ...string) map[string]string {
 	e.t.Helper()
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(e.dirs.cdi), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
-	if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
-		e.t.Fatalf("inject %v: unresolved %v: %v", ids, unresolved, err)
-	}
 	out := map[string]string{}
-	for _, m := range spec.Mounts {
+	for _, m := range e.inject(ids...).Mounts {
 		if strings.HasPrefix(m.Destination, "/var/run/kubernetes.io/dra-device-attributes/") {
 			out[m.Destination] = m.Source
 		}
