@@ -53,11 +53,16 @@ func TestAFullNodePublishesWhatAnIdleNodeDoes(t *testing.T) {
 
 	// 8 one-GPU groups of 4 seats: 32 pods fill every GPU.
 	createTemplate(t, c, "any-1x", class1x)
-	for i := range 32 {
-		createPod(t, c, podSpec{name: fmt.Sprintf("seat-%d", i), claims: fromTemplate("any-1x")})
-	}
-	for i := range 32 {
-		waitBound(t, c, fmt.Sprintf("seat-%d", i))
+	// In batches of 8: with all 32 at once, a pod was now and then
+	// reported unschedulable with a seat still free and not retried within
+	// a minute (docs/design.md, "A node publishes what it has").
+	for b := range 4 {
+		for i := b * 8; i < (b+1)*8; i++ {
+			createPod(t, c, podSpec{name: fmt.Sprintf("seat-%d", i), claims: fromTemplate("any-1x")})
+		}
+		for i := b * 8; i < (b+1)*8; i++ {
+			waitBound(t, c, fmt.Sprintf("seat-%d", i))
+		}
 	}
 	for i := range 32 {
 		c.WaitForPodRunning(t, "default", fmt.Sprintf("seat-%d", i), timeout)
