@@ -185,6 +185,9 @@ func (d *Driver) open(ctx context.Context) error {
 	d.events = nodeevents.Start(ctx, opts.Client, opts.NodeName, driver.Name)
 	d.publisher = newPublisher(d.node, opts.Layout, healthTaints{view: health.View{Source: opts.Health}, lostEffect: opts.GPULostEffect},
 		d.events, d.metrics, opts.Client, opts.Clock)
+	if err := d.metrics.registry.Register(seatCollector{d.publisher}); err != nil {
+		return fmt.Errorf("register the seat metrics: %w", err)
+	}
 	d.recovered = make(chan struct{}, 1)
 	d.ledger, err = seatledger.Open(ctx, seatledger.Options{
 		Pool: d.node.pool, Plan: opts.Plan, Inventory: opts.Inventory, Dir: opts.PluginDataDir,

@@ -65,3 +65,40 @@ func (e *env) metric(name string, labels map[string]string) float64 {
 	e.t.Fatalf("metric %s missing", name)
 	return 0
 }
+
+// kyb_seats tells, per group, how many seats are held, free, blocked by a
+// group in use that shares a GPU, or unhealthy; they sum to the group's
+// size.
+func TestSeatMetrics(t *testing.T) {
+	e := newEnv(t, "nvlink-2x4", seed)
+	pair := e.claim(class2x) // G01, seat 0 of 3
+	e.prepareOK(pair)
+	seats := func(group, state string) float64 {
+		return e.metric("kyb_seats", map[string]string{"group": group, "state": state})
+	}
+	for _, tt := range []struct {
+		group                          string
+		held, free, blocked, unhealthy float64
+	}{
+		{"G01", 1, 2, 0, 0},
+		{"G0", 0, 0, 4, 0}, // shares GPU 0 with the pair in use
+		{"G1", 0, 0, 4, 0},
+		{"G2", 0, 4, 0, 0},
+		{"G23", 0, 3, 0, 0},
+	} {
+		got := []float64{seats(tt.group, "held"), seats(tt.group, "free"), seats(tt.group, "blocked"), seats(tt.group, "unhealthy")}
+		want := []float64{tt.held, tt.free, tt.blocked, tt.unhealthy}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Errorf("kyb_seats of %s (held, free, blocked, unhealthy) = %v, want %v", tt.group, got, want)
+				break
+			}
+		}
+	}
+	if r := e.unprepare(pair)[string(pair.UID)]; r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	if v := seats("G0", "free"); v != 4 {
+		t.Errorf("G0 free after the pair is released: %v, want 4", v)
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -203,5 +205,32 @@ func TestIsAPIError(t *testing.T) {
 				t.Errorf("isAPIError(%v) = %v, want %v", tt.err, got, tt.want)
 			}
 		})
+	}
+}
+
+// A group with a faulty GPU counts its free seats as unhealthy.
+func TestSeatMetricsOfAnUnhealthyGroup(t *testing.T) {
+	p, _ := testPublisher(t, LayoutAuto, staticHealth{1: {Kind: health.KindLost, Reason: "gpu-lost", Message: "GPU is lost"}}, seedConfig)
+	p.setUsage(seatledger.Usage{Held: draresources.Held{"g1-1x": 1}})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(seatCollector{p})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.Metric {
+			labels := map[string]string{}
+			for _, l := range m.Label {
+				labels[l.GetName()] = l.GetValue()
+			}
+			got[labels["group"]+"/"+labels["state"]] = m.Gauge.GetValue()
+		}
+	}
+	for key, want := range map[string]float64{"G1/held": 1, "G1/unhealthy": 3, "G1/free": 0, "G01/unhealthy": 3, "G01/blocked": 0, "G0/free": 4} {
+		if got[key] != want {
+			t.Errorf("kyb_seats %s = %v, want %v", key, got[key], want)
+		}
 	}
 }
