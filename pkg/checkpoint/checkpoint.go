@@ -31,8 +31,8 @@
 // (converting on read), and writes the oldest version that holds the
 // state, so that a rollback to an older plugin keeps working unless the
 // state uses what only a newer plugin understands (fenced devices need
-// v2); it refuses to overwrite a file of a newer version, so a rollback
-// never silently drops state it cannot read.
+// v2, admin-access devices v3); it refuses to overwrite a file of a newer
+// version, so a rollback never silently drops state it cannot read.
 package checkpoint
 
 import (
@@ -45,12 +45,14 @@ import (
 )
 
 // The versions of the format. A file is written in the oldest that holds
-// its state: V2 only where a device is fenced.
+// its state: V2 where a device is fenced, V3 where one has admin access.
 const (
 	V1 = "v1"
 	V2 = "v2"
+	// V3 holds devices allocated with admin access (no seats).
+	V3 = "v3"
 	// Version is the newest format this plugin reads and writes.
-	Version = V2
+	Version = V3
 )
 
 // FileName is the checkpoint's file name in the plugin data directory.

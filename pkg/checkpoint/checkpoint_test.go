@@ -211,7 +211,12 @@ func TestContradictoryStateIsCorrupt(t *testing.T) {
 		{"generation zero", func(st *State) {
 			st.Claims["uid-1"].Devices[0].Generations = []int64{0}
 		}, "generations [0]"},
-		{"fenced device with seats", func(st *State) { st.Claims["uid-1"].Devices[0].Fenced = true }, "a fenced device records no seats"},
+		{"fenced device with seats", func(st *State) { st.Claims["uid-1"].Devices[0].Fenced = true }, "a fenced device or one with admin access records no seats"},
+		{"admin access with seats", func(st *State) { st.Claims["uid-1"].Devices[0].AdminAccess = true }, "a fenced device or one with admin access records no seats"},
+		{"admin access, fenced", func(st *State) {
+			d := &st.Claims["uid-1"].Devices[0]
+			d.AdminAccess, d.Fenced, d.Seats, d.Generations = true, true, nil, nil
+		}, "cannot be fenced"},
 		{"a CDI device name no runtime accepts", func(st *State) { st.Claims["uid-1"].Devices[0].CDIDevice = "../etc" }, `CDI device "../etc" is not a CDI device name`},
 		{"unknown phase", func(st *State) { st.Claims["uid-1"].Phase = "Prepared?" }, `unknown phase "Prepared?"`},
 		{"a claim without a name", func(st *State) { st.Claims["uid-1"].Name = "" }, "has no namespace or name"},
@@ -403,5 +408,32 @@ func TestReadsTheV1Fixture(t *testing.T) {
 	// One changed byte in the data is caught.
 	if _, err := Decode(bytes.Replace(raw, []byte(`"generations": [3]`), []byte(`"generations": [4]`), 1), "edited"); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("an edited checkpoint must fail its checksum: %v", err)
+	}
+}
+
+// Admin access needs version 3: the file is written so, and a v2 file
+// claiming admin access is corrupt (a v2 plugin could not read it right).
+func TestAdminAccessIsVersion3(t *testing.T) {
+	st := sample()
+	d := &st.Claims["uid-1"].Devices[0]
+	d.AdminAccess, d.Seats, d.Generations = true, nil, nil
+	raw, err := Encode(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(raw, []byte(`"version":"v3"`)) {
+		t.Fatalf("admin access encoded as %.40s", raw)
+	}
+	back, err := Decode(raw, "x")
+	if err != nil || !back.Claims["uid-1"].Devices[0].AdminAccess {
+		t.Fatalf("decode: %v", err)
+	}
+	data, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2 := `{"version":"v2","checksum":"` + checksum(data) + `","sum":"` + sum("v2", data) + `","data":` + string(data) + `}`
+	if _, err := Decode([]byte(v2), "x"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "cannot hold devices with admin access") {
+		t.Errorf("v2 with admin access: %v", err)
 	}
 }

@@ -84,7 +84,7 @@ func open(raw []byte) (*envelope, []byte, error) {
 // validates it.
 func convert(version string, data []byte) (*State, error) {
 	switch version {
-	case V1, V2:
+	case V1, V2, V3:
 		st := New()
 		if err := json.Unmarshal(data, st); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
@@ -97,6 +97,9 @@ func convert(version string, data []byte) (*State, error) {
 		}
 		if version == V1 && st.fenced() {
 			return nil, fmt.Errorf("%w: a %s file cannot hold fenced devices", ErrCorrupt, V1)
+		}
+		if version != V3 && st.adminAccess() {
+			return nil, fmt.Errorf("%w: a %s file cannot hold devices with admin access", ErrCorrupt, version)
 		}
 		if err := st.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
@@ -137,6 +140,21 @@ func (st *State) fenced() bool {
 	return false
 }
 
+// adminAccess reports whether any device has admin access.
+func (st *State) adminAccess() bool {
+	for _, c := range st.Claims {
+		if c == nil {
+			continue
+		}
+		for _, d := range c.Devices {
+			if d.AdminAccess {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Encode serialises a state into checkpoint bytes: one line, the data as
 // it was checksummed, in the oldest version that holds it. (Indenting it
 // for people cost more than the rest of a save; jq shows it as well.)
@@ -147,7 +165,10 @@ func Encode(st *State) ([]byte, error) {
 		return nil, fmt.Errorf("encode checkpoint: %w", err)
 	}
 	version := V1
-	if st.fenced() {
+	switch {
+	case st.adminAccess():
+		version = V3
+	case st.fenced():
 		version = V2
 	}
 	head, err := json.Marshal(struct {

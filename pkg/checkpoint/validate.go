@@ -88,9 +88,11 @@ func (d *Device) validate() error {
 		return fmt.Errorf("%d GPUs and %d GPU UUIDs: want as many of each, at least one", len(d.GPUs), len(d.GPUUUIDs))
 	case !unique(d.GPUs):
 		return fmt.Errorf("GPUs %v: want distinct indices that are not negative", d.GPUs)
-	case d.Fenced && (len(d.Seats) > 0 || len(d.Generations) > 0):
-		return fmt.Errorf("a fenced device records no seats, not %v", d.Seats)
-	case !d.Fenced && (len(d.Seats) == 0 || len(d.Seats) != len(d.Generations)):
+	case d.Fenced && d.AdminAccess:
+		return fmt.Errorf("a device with admin access holds no seat and cannot be fenced")
+	case (d.Fenced || d.AdminAccess) && (len(d.Seats) > 0 || len(d.Generations) > 0):
+		return fmt.Errorf("a fenced device or one with admin access records no seats, not %v", d.Seats)
+	case !d.Fenced && !d.AdminAccess && (len(d.Seats) == 0 || len(d.Seats) != len(d.Generations)):
 		return fmt.Errorf("%d seats and %d generations: want as many of each, at least one", len(d.Seats), len(d.Generations))
 	case !unique(d.Seats):
 		return fmt.Errorf("seats %v: want distinct seats that are not negative", d.Seats)

@@ -24,6 +24,10 @@ const (
 	EnvGroup                = "KYB_GPU_GROUP"
 	EnvSeat                 = "KYB_GPU_SEAT"
 	EnvGeneration           = "KYB_SEAT_GEN"
+	// EnvAdminAccess is "true" in a container whose claim has admin
+	// access (monitoring): it sees its groups' GPUs but holds no seat, so
+	// KYB_GPU_SEAT and KYB_SEAT_GEN are not set.
+	EnvAdminAccess = "KYB_ADMIN_ACCESS"
 )
 
 // ControlDevices are the device nodes every CUDA process needs besides its
@@ -41,6 +45,9 @@ type Seat struct {
 	Generations []int64
 	// GPUs are the group's GPUs.
 	GPUs []inventory.GPU
+	// AdminAccess: the group's GPUs for monitoring, no seat (Seats and
+	// Generations empty).
+	AdminAccess bool
 }
 
 // DeviceNode is a character device to create in the container.
@@ -82,9 +89,17 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 	}
 	var gpus []inventory.GPU
 	var groups, seatIDs, gens []string
+	admin := seats[0].AdminAccess
 	for _, s := range seats {
 		if len(s.Seats) != len(s.Generations) {
 			return nil, fmt.Errorf("group %s: %d seats but %d generations", s.Group, len(s.Seats), len(s.Generations))
+		}
+		if s.AdminAccess != admin {
+			return nil, fmt.Errorf("group %s: seats with and without admin access in one request", s.Group)
+		}
+		if s.AdminAccess {
+			// One entry per group: there is no seat to list.
+			groups = append(groups, s.Group)
 		}
 		for i := range s.Seats {
 			groups = append(groups, s.Group)
@@ -110,6 +125,11 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 		EnvGroup:                strings.Join(groups, ","),
 		EnvSeat:                 strings.Join(seatIDs, ","),
 		EnvGeneration:           strings.Join(gens, ","),
+	}
+	if admin {
+		delete(env, EnvSeat)
+		delete(env, EnvGeneration)
+		env[EnvAdminAccess] = "true"
 	}
 	switch opts.VisibleDevices {
 	case v1alpha1.VisibleDevicesIndex:

@@ -221,6 +221,8 @@ func TestLostGPUTaintsWithTheConfiguredEffect(t *testing.T) {
 		"g5-1x gpu.kyb.ai/unhealthy=gpu-lost:NoExecute",
 	}
 	waitFor(t, "the NoExecute taints of GPU 5's groups", func() bool { return slices.Equal(taints(t, e), want) })
+	// Events are sent in the background: the taint may land first.
+	waitFor(t, "the GPUUnhealthy event", func() bool { return nodeEvent(t, e, "GPUUnhealthy") != "" })
 	if note := nodeEvent(t, e, "GPUUnhealthy"); !strings.Contains(note, "stays unhealthy until it is reset and the plugin restarted") {
 		t.Errorf("event %q", note)
 	}

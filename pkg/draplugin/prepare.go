@@ -134,8 +134,11 @@ func (d *Driver) describePrepared(c *checkpoint.Claim) string {
 		if len(seats) > 1 {
 			what = "seats " + strings.Join(seats, ", ")
 		}
-		if dev.Fenced {
+		switch {
+		case dev.Fenced:
 			what = "every seat (fenced)"
+		case dev.AdminAccess:
+			what = "admin access, no seat,"
 		}
 		gpus := make([]string, len(dev.GPUs))
 		for i, x := range dev.GPUs {
@@ -151,6 +154,7 @@ const (
 	metaSeats       = "seats"
 	metaGenerations = "seatGenerations"
 	metaGPUUUIDs    = "gpuUUIDs"
+	metaAdminAccess = "adminAccess"
 )
 
 // metadata is what a container learns of a prepared device from its
@@ -175,6 +179,10 @@ func (d *Driver) metadata(dev checkpoint.Device) *kubeletplugin.DeviceMetadata {
 	}
 	if len(dev.GPUUUIDs) > 0 {
 		attrs[metaGPUUUIDs] = resourceapi.DeviceAttribute{StringValues: slices.Clone(dev.GPUUUIDs)}
+	}
+	if dev.AdminAccess {
+		admin := true
+		attrs[metaAdminAccess] = resourceapi.DeviceAttribute{BoolValue: &admin}
 	}
 	return &kubeletplugin.DeviceMetadata{Attributes: attrs}
 }

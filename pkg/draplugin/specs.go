@@ -60,7 +60,7 @@ func (s *claimSpecs) devices(c *checkpoint.Claim) ([]cdi.Device, error) {
 	visible := map[string]v1alpha1.VisibleDevices{}
 	var order []string
 	for _, dev := range c.Devices {
-		seat := containeredits.Seat{Group: dev.Group, Seats: dev.Seats, Generations: dev.Generations}
+		seat := containeredits.Seat{Group: dev.Group, Seats: dev.Seats, Generations: dev.Generations, AdminAccess: dev.AdminAccess}
 		for i, x := range dev.GPUs {
 			gpu, err := s.gpu(x, dev.GPUUUIDs[i])
 			if err != nil {

@@ -79,6 +79,11 @@ func (l *Ledger) assignResult(st *checkpoint.State, uid types.UID, configs []res
 	}
 	group := ref.Group
 	groupDevice := group.DeviceName()
+	if isAdmin(result) {
+		// Monitoring: the group's GPUs, no seat; nothing held keeps it
+		// off, and it keeps nothing off.
+		return adminDevice(result, group, cfg, l.gpuUUIDs(group.GPUs)), nil
+	}
 	if err := checkExclusive(l.opts.Plan, st, uid, group); err != nil {
 		return checkpoint.Device{}, err
 	}
@@ -102,14 +107,33 @@ func (l *Ledger) assignResult(st *checkpoint.State, uid types.UID, configs []res
 			return checkpoint.Device{}, fmt.Errorf("group %s: %w; the scheduler counts seats, so another claim holds more than it should", group.Name, err)
 		}
 	}
-	status := v1alpha1.SeatStatus{Profile: group.Profile.Name, Group: group.Name, GPUs: slices.Clone(group.GPUs), Seats: seats}
-	for _, x := range group.GPUs {
-		status.GPUUUIDs = append(status.GPUUUIDs, l.opts.Inventory.GPUs[x].UUID)
-	}
+	status := v1alpha1.SeatStatus{Profile: group.Profile.Name, Group: group.Name, GPUs: slices.Clone(group.GPUs), GPUUUIDs: l.gpuUUIDs(group.GPUs), Seats: seats}
 	for _, s := range seats {
 		status.Generations = append(status.Generations, st.NextGeneration(groupDevice, s))
 	}
 	return newDevice(result, group, cfg, status), nil
+}
+
+// gpuUUIDs are the UUIDs of GPUs (indices).
+func (l *Ledger) gpuUUIDs(gpus []int) []string {
+	out := make([]string, len(gpus))
+	for i, x := range gpus {
+		out[i] = l.opts.Inventory.GPUs[x].UUID
+	}
+	return out
+}
+
+// isAdmin reports whether a result was allocated with admin access.
+func isAdmin(result resourceapi.DeviceRequestAllocationResult) bool {
+	return result.AdminAccess != nil && *result.AdminAccess
+}
+
+// adminDevice is the entry of a result allocated with admin access: the
+// group and its GPUs, no seat.
+func adminDevice(result resourceapi.DeviceRequestAllocationResult, group *planner.Group, cfg *v1alpha1.SeatConfig, uuids []string) checkpoint.Device {
+	return newDevice(result, group, cfg, v1alpha1.SeatStatus{
+		Profile: group.Profile.Name, Group: group.Name, GPUs: slices.Clone(group.GPUs), GPUUUIDs: uuids, AdminAccess: true,
+	})
 }
 
 // newDevice is the entry of one allocation result on group holding the
@@ -148,6 +172,9 @@ func checkExclusive(plan *planner.Plan, st *checkpoint.State, self types.UID, gr
 			continue
 		}
 		for _, dev := range c.Devices {
+			if dev.AdminAccess {
+				continue // monitoring holds no seat and excludes nothing
+			}
 			sameGroup := dev.GroupDevice == group.DeviceName() && slices.Equal(dev.GPUs, group.GPUs)
 			if sameGroup || !slices.ContainsFunc(dev.GPUs, func(x int) bool { return slices.Contains(group.GPUs, x) }) {
 				continue

@@ -90,6 +90,10 @@ func (rc *recoverer) fromStatus(claim *resourceapi.ResourceClaim, results []reso
 		return nil, present, bad
 	}
 	for _, r := range results {
+		if dev, ok := rc.adminDevice(claim, r); ok {
+			devs = append(devs, dev)
+			continue
+		}
 		s, ok := recorded[r.Device+"/"+shareOf(r)]
 		if !ok {
 			return nil, true, fmt.Errorf("the status records no seats for device %s", r.Device)
@@ -136,6 +140,15 @@ func (rc *recoverer) fromSpec(claim *resourceapi.ResourceClaim, results []resour
 			lists[req] = &list{groups: split(vars[containeredits.EnvGroup]), seats: split(vars[containeredits.EnvSeat]), gens: split(vars[containeredits.EnvGeneration])}
 		}
 		ls := lists[req]
+		if dev, ok := rc.adminDevice(claim, r); ok {
+			// One group entry, no seat.
+			if len(ls.groups) == 0 || ls.groups[0] != ref.Group.Name || vars[containeredits.EnvAdminAccess] != "true" {
+				return nil, true, fmt.Errorf("the CDI spec of device %s does not give admin access to group %s", cdiDevice, ref.Group.Name)
+			}
+			ls.groups = ls.groups[1:]
+			devs = append(devs, dev)
+			continue
+		}
 		n, err := rc.seatCount(r, ref)
 		if err != nil {
 			return nil, true, err
@@ -223,6 +236,10 @@ func (rc *recoverer) fencedDevices(claim *resourceapi.ResourceClaim, results []r
 	}
 	var devs []checkpoint.Device
 	for _, r := range results {
+		if dev, ok := rc.adminDevice(claim, r); ok {
+			devs = append(devs, dev) // no seats to lose
+			continue
+		}
 		ref, known := rc.index[r.Device]
 		if !known || anyGPU {
 			dev := checkpoint.Device{
@@ -319,6 +336,9 @@ func (rc *recoverer) specAgrees(uid types.UID, c *checkpoint.Claim) error {
 				want[r] = &lists{}
 			}
 			ls := want[r]
+			if dev.AdminAccess {
+				ls.groups = append(ls.groups, dev.Group)
+			}
 			for i, seat := range dev.Seats {
 				ls.groups = append(ls.groups, dev.Group)
 				ls.seats = append(ls.seats, strconv.Itoa(seat))
@@ -342,6 +362,21 @@ func (rc *recoverer) specAgrees(uid types.UID, c *checkpoint.Claim) error {
 		}
 	}
 	return nil
+}
+
+// adminDevice is the entry of a result allocated with admin access on a
+// device this node publishes: it needs no record, holding no seat.
+func (rc *recoverer) adminDevice(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) (checkpoint.Device, bool) {
+	ref, known := rc.index[r.Device]
+	if !isAdmin(r) || !known {
+		return checkpoint.Device{}, false
+	}
+	cfg, err := seatConfig(claim.Status.Allocation.Devices.Config, r)
+	if err != nil {
+		cfg = &v1alpha1.SeatConfig{}
+		cfg.SetDefaults()
+	}
+	return adminDevice(r, ref.Group, cfg, rc.uuids(ref.Group.GPUs)), true
 }
 
 // seatCount is how many seats the result holds: one of a per-seat device,

@@ -56,6 +56,9 @@ func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fen
 	for _, uid := range slices.Sorted(maps.Keys(st.Claims)) {
 		c := st.Claims[uid]
 		for _, dev := range c.Devices {
+			if dev.AdminAccess {
+				continue // no seat, no fence: monitoring keeps nobody off
+			}
 			today := plan.GroupByDevice(dev.GroupDevice)
 			switch {
 			case dev.Fenced:

@@ -224,8 +224,8 @@ func holders(groups map[groupKey]*Group, seatDevices map[groupKey]map[string]int
 		}
 		written := seatData(cl)
 		for _, r := range cl.Status.Allocation.Devices.Results {
-			if r.Driver != driver.Name {
-				continue
+			if r.Driver != driver.Name || (r.AdminAccess != nil && *r.AdminAccess) {
+				continue // admin access (monitoring) holds no seat
 			}
 			device, perSeatIndex := r.Device, -1
 			if m := perSeat.FindStringSubmatch(r.Device); m != nil {

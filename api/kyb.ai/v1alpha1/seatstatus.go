@@ -21,4 +21,8 @@ type SeatStatus struct {
 	// with generation Generations[i].
 	Seats       []int   `json:"seats"`
 	Generations []int64 `json:"generations"`
+	// AdminAccess marks a device allocated with admin access (monitoring):
+	// it has the group's GPUs but holds no seat, so Seats and Generations
+	// are empty, and it keeps no ordinary claim off the group.
+	AdminAccess bool `json:"adminAccess,omitempty"`
 }
