@@ -30,7 +30,7 @@ func monitorPod(t *testing.T, c *harness.Cluster, ns, name, node, gpu string) {
 	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: v1.PodSpec{
 		NodeSelector:   map[string]string{"kubernetes.io/hostname": node},
 		ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
-		Containers: []v1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}},
+		Containers:     []v1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}},
 	}}
 	if _, err := c.Client.CoreV1().Pods(ns).Create(c.Ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
