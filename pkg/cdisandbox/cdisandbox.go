@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -153,20 +154,11 @@ func deviceEdits(specs []string, id string) ([]cdispec.ContainerEdits, error) {
 // of the same key, as runtimes apply CDI environment edits.
 func mergeEnv(env, add []string) []string {
 	for _, kv := range add {
-		key, _, _ := cutEnv(kv)
-		env = slices.DeleteFunc(env, func(x string) bool { k, _, _ := cutEnv(x); return k == key })
+		key, _, _ := strings.Cut(kv, "=")
+		env = slices.DeleteFunc(env, func(x string) bool { k, _, _ := strings.Cut(x, "="); return k == key })
 		env = append(env, kv)
 	}
 	return env
-}
-
-func cutEnv(kv string) (string, string, bool) {
-	for i := range len(kv) {
-		if kv[i] == '=' {
-			return kv[:i], kv[i+1:], true
-		}
-	}
-	return kv, "", false
 }
 
 // libraryDirs are where the image's libraries are looked for, as the

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -126,30 +127,18 @@ func versionNumber(v string) (int, bool) {
 }
 
 // fenced reports whether any device is fenced.
-func (st *State) fenced() bool {
-	for _, c := range st.Claims {
-		if c == nil {
-			continue
-		}
-		for _, d := range c.Devices {
-			if d.Fenced {
-				return true
-			}
-		}
-	}
-	return false
-}
+func (st *State) fenced() bool { return st.anyDevice(func(d Device) bool { return d.Fenced }) }
 
 // adminAccess reports whether any device has admin access.
 func (st *State) adminAccess() bool {
+	return st.anyDevice(func(d Device) bool { return d.AdminAccess })
+}
+
+// anyDevice reports whether a device of any claim satisfies f.
+func (st *State) anyDevice(f func(Device) bool) bool {
 	for _, c := range st.Claims {
-		if c == nil {
-			continue
-		}
-		for _, d := range c.Devices {
-			if d.AdminAccess {
-				return true
-			}
+		if c != nil && slices.ContainsFunc(c.Devices, f) {
+			return true
 		}
 	}
 	return false

@@ -60,6 +60,13 @@ func (f *FlagSet) IntVar(p *int, name, env string, value int, usage string) {
 	f.bind(name, env)
 }
 
+// BoolVar defines a bool flag that environment variable env may set
+// ("true", "false", "1", "0").
+func (f *FlagSet) BoolVar(p *bool, name, env string, value bool, usage string) {
+	f.FlagSet.BoolVar(p, name, value, usage)
+	f.bind(name, env)
+}
+
 // Float64Var defines a float64 flag that environment variable env may set.
 func (f *FlagSet) Float64Var(p *float64, name, env string, value float64, usage string) {
 	f.FlagSet.Float64Var(p, name, value, usage)

@@ -17,6 +17,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdisandbox"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cudaprobe"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/sandbox"
 )
@@ -52,16 +53,17 @@ var cudaImageEnv = []string{
 // each.
 func (e *examination) checkProbe(ctx context.Context) {
 	c := Check{Name: "probe", Status: Fail}
-	specs, devices, want, what, cleanup, err := e.probeTarget()
-	if cleanup != nil {
-		defer cleanup()
+	target, err := e.probeTarget()
+	if target.cleanup != nil {
+		defer target.cleanup()
 	}
 	if err != nil {
 		c.Summary, c.Fix = err.Error(), "fix the checks above, or name a prepared claim with --probe-claim"
 		e.add(c)
 		return
 	}
-	out, cfg, err := cdisandbox.Run(ctx, cdisandbox.Options{Specs: specs, Devices: devices, Program: e.opts.Probe.Program, BaseEnv: cudaImageEnv, HostPath: e.seenPath})
+	want, what := target.want, target.what
+	out, cfg, err := cdisandbox.Run(ctx, cdisandbox.Options{Specs: target.specs, Devices: target.devices, Program: e.opts.Probe.Program, BaseEnv: cudaImageEnv, HostPath: e.seenPath})
 	if err != nil {
 		c.Summary, c.Fix = "the sandbox did not run: "+err.Error(), "run the doctor as root with kyb-cuda-probe beside it (--probe-binary)"
 		e.add(c)
@@ -99,72 +101,84 @@ func (e *examination) checkProbe(ctx context.Context) {
 	e.add(c)
 }
 
+// probeTarget is what the probe runs with: the spec files and CDI
+// devices, the GPU UUIDs it must see, a description for the report, and
+// what removes the files the doctor wrote.
+type probeTarget struct {
+	specs, devices, want []string
+	what                 string
+	cleanup              func()
+}
+
 // probeTarget chooses the spec and devices to probe and the GPUs the probe
-// must see. cleanup removes what it wrote.
-func (e *examination) probeTarget() (specs, devices, want []string, what string, cleanup func(), err error) {
+// must see.
+func (e *examination) probeTarget() (probeTarget, error) {
+	var t probeTarget
 	if uid := e.opts.Probe.Claim; uid != "" {
 		if err := cdi.CheckClaimUID(uid); err != nil {
-			return nil, nil, nil, "", nil, err
+			return t, err
 		}
 		path := filepath.Join(e.opts.CDIRoot, cdi.SpecName(uid)+".json")
 		spec, err := cdiapi.ReadSpec(path, 0)
 		if err != nil {
-			return nil, nil, nil, "", nil, fmt.Errorf("claim %s: %w", uid, err)
+			return t, fmt.Errorf("claim %s: %w", uid, err)
 		}
 		for _, d := range spec.Devices {
-			devices = append(devices, cdi.Vendor+"/"+cdi.Class+"="+d.Name)
+			t.devices = append(t.devices, cdi.Vendor+"/"+cdi.Class+"="+d.Name)
 			for _, kv := range d.ContainerEdits.Env {
 				if v, ok := strings.CutPrefix(kv, containeredits.EnvNVIDIAVisibleDevices+"="); ok {
 					for _, u := range strings.Split(v, ",") {
-						if !slices.Contains(want, u) {
-							want = append(want, u)
+						if !slices.Contains(t.want, u) {
+							t.want = append(t.want, u)
 						}
 					}
 				}
 			}
 		}
-		return []string{path}, devices, want, "claim " + string(uid), nil, nil
+		t.specs, t.what = []string{path}, "claim "+string(uid)
+		return t, nil
 	}
 	if e.node == nil || e.files == nil {
-		return nil, nil, nil, "", nil, fmt.Errorf("no seat to probe: the node or its driver files could not be examined")
+		return t, fmt.Errorf("no seat to probe: the node or its driver files could not be examined")
 	}
 	group, err := e.probeGroup()
 	if err != nil {
-		return nil, nil, nil, "", nil, err
+		return t, err
 	}
 	seat := containeredits.Seat{Group: group.Name, Seats: []int{0}, Generations: []int64{0}}
 	for _, x := range group.GPUs {
 		g, _ := e.node.Inv.GPUByIndex(x)
 		seat.GPUs = append(seat.GPUs, *g)
-		want = append(want, g.UUID)
+		t.want = append(t.want, g.UUID)
 	}
 	edits, err := containeredits.Build([]containeredits.Seat{seat}, containeredits.Options{DeviceNumbers: e.node.Host.DeviceNumbers, Driver: e.files.Files})
 	if err != nil {
-		return nil, nil, nil, "", nil, fmt.Errorf("seat 0 of %s: %w", group.Name, err)
+		return t, fmt.Errorf("seat 0 of %s: %w", group.Name, err)
 	}
 	dir, err := os.MkdirTemp("", "kyb-doctor-cdi-")
 	if err != nil {
-		return nil, nil, nil, "", nil, err
+		return t, err
 	}
-	cleanup = func() { _ = os.RemoveAll(dir) }
+	t.cleanup = func() { _ = os.RemoveAll(dir) }
 	w, err := cdi.NewWriter(dir)
 	if err == nil {
 		err = w.Write(probeClaimUID, []cdi.Device{{Name: "seat", Edits: edits}})
 	}
 	if err != nil {
-		return nil, nil, nil, "", cleanup, fmt.Errorf("write the seat's spec: %w", err)
+		return t, fmt.Errorf("write the seat's spec: %w", err)
 	}
-	specs = []string{filepath.Join(dir, cdi.SpecName(probeClaimUID)+".json")}
-	devices = []string{cdi.DeviceID(probeClaimUID, "seat")}
+	t.specs = []string{filepath.Join(dir, cdi.SpecName(probeClaimUID)+".json")}
+	t.devices = []string{cdi.DeviceID(probeClaimUID, "seat")}
 	if e.files.NVIDIACDI != nil {
 		// NVIDIA's entries bring the driver files: the kubelet passes them
 		// with ours.
-		specs = append(specs, nvidiaSpecFiles(e.opts.CDIRoot)...)
+		t.specs = append(t.specs, nvidiaSpecFiles(e.opts.CDIRoot)...)
 		for _, g := range seat.GPUs {
-			devices = append(devices, e.files.NVIDIACDI(g.Index, g.UUID))
+			t.devices = append(t.devices, e.files.NVIDIACDI(g.Index, g.UUID))
 		}
 	}
-	return specs, devices, want, fmt.Sprintf("seat 0 of %s (%s)", group.Name, group.Profile.Resource), cleanup, nil
+	t.what = fmt.Sprintf("seat 0 of %s (%s)", group.Name, group.Profile.Resource)
+	return t, nil
 }
 
 func (e *examination) probeGroup() (*planner.Group, error) {
@@ -182,10 +196,11 @@ func (e *examination) probeGroup() (*planner.Group, error) {
 	return nil, fmt.Errorf("--probe-group %s: no such group; the plan has %s", e.opts.Probe.Group, strings.Join(names, ", "))
 }
 
-// nvidiaSpecFiles are the spec files NVIDIA's toolkit may have written.
+// nvidiaSpecFiles are the spec files NVIDIA's toolkit may have written,
+// where the plugin looks for them.
 func nvidiaSpecFiles(cdiRoot string) []string {
 	var out []string
-	for _, dir := range []string{"/etc/cdi", "/var/run/cdi", cdiRoot} {
+	for _, dir := range nodesetup.NVIDIACDIDirs(cdiRoot) {
 		for _, pattern := range []string{"*.json", "*.yaml"} {
 			m, _ := filepath.Glob(filepath.Join(dir, pattern))
 			out = append(out, m...)

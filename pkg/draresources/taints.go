@@ -40,16 +40,22 @@ func Taint(res resourceslice.DriverResources, plan *planner.Plan, faults Faults)
 	if len(faults) == 0 {
 		return
 	}
+	eachGroupDevice(res, plan, func(d *resourceapi.Device, g *planner.Group) {
+		if t, ok := GroupTaint(g.GPUs, faults); ok {
+			d.Taints = append(d.Taints, t)
+		}
+	})
+}
+
+// eachGroupDevice calls f with every device of res that is a group of
+// plan's (or a seat of one) and its group.
+func eachGroupDevice(res resourceslice.DriverResources, plan *planner.Plan, f func(*resourceapi.Device, *planner.Group)) {
 	idx := Index(plan)
 	for _, pool := range res.Pools {
 		for _, s := range pool.Slices {
 			for i := range s.Devices {
-				ref, ok := idx[s.Devices[i].Name]
-				if !ok {
-					continue
-				}
-				if t, ok := GroupTaint(ref.Group.GPUs, faults); ok {
-					s.Devices[i].Taints = append(s.Devices[i].Taints, t)
+				if ref, ok := idx[s.Devices[i].Name]; ok {
+					f(&s.Devices[i], ref.Group)
 				}
 			}
 		}
@@ -70,23 +76,15 @@ func Fence(res resourceslice.DriverResources, plan *planner.Plan, fenced map[int
 	if len(fenced) == 0 {
 		return
 	}
-	idx := Index(plan)
-	for _, pool := range res.Pools {
-		for _, s := range pool.Slices {
-			for i := range s.Devices {
-				ref, ok := idx[s.Devices[i].Name]
-				if !ok {
-					continue
-				}
-				for _, x := range slices.Sorted(slices.Values(ref.Group.GPUs)) {
-					if why, ok := fenced[x]; ok {
-						s.Devices[i].Taints = append(s.Devices[i].Taints, resourceapi.DeviceTaint{Key: FencedTaintKey, Value: labelValue(why), Effect: resourceapi.DeviceTaintEffectNoSchedule})
-						break
-					}
-				}
+	eachGroupDevice(res, plan, func(d *resourceapi.Device, g *planner.Group) {
+		// The first fenced GPU (group GPUs are ascending) names the cause.
+		for _, x := range g.GPUs {
+			if why, ok := fenced[x]; ok {
+				d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: FencedTaintKey, Value: labelValue(why), Effect: resourceapi.DeviceTaintEffectNoSchedule})
+				return
 			}
 		}
-	}
+	})
 }
 
 // GroupTaint is the taint of a group of GPUs: the strongest effect of its

@@ -118,8 +118,7 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	f.StringVar(&o.podUID, "pod-uid", "POD_UID", "", "UID of the plugin's pod; enables seamless rolling updates (kubelet 1.33 or newer)")
 	o.layout = cli.NewOneOf(string(draplugin.LayoutAuto), string(draplugin.LayoutAuto), string(draplugin.LayoutShared), string(draplugin.LayoutPerSeat))
 	f.Var(o.layout, "device-layout", "KYB_DEVICE_LAYOUT", "ResourceSlice layout: auto (shared groups, one device per seat where the API server lacks consumable capacity), shared or per-seat")
-	o.deviceMetadata = true
-	f.Var(boolFlag{&o.deviceMetadata}, "device-metadata", "KYB_DEVICE_METADATA", "give containers each prepared device's attributes, seats, seat generations and GPU UUIDs in a metadata file (KEP-5304) under /var/run/kubernetes.io/dra-device-attributes/")
+	f.BoolVar(&o.deviceMetadata, "device-metadata", "KYB_DEVICE_METADATA", true, "give containers each prepared device's attributes, seats, seat generations and GPU UUIDs in a metadata file (KEP-5304) under /var/run/kubernetes.io/dra-device-attributes/")
 	f.StringVar(&o.bootIDFile, "boot-id-file", "KYB_BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id", "file holding the node's boot ID")
 }
 

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -54,7 +53,7 @@ func Doctor(ctx context.Context, args []string, getenv func(string) string, stdo
 	f.Var(output, "o", "", "output format: table or json")
 	f.Var(output, "output", "", "same as -o")
 	var reportOnly bool
-	f.Var(boolFlag{&reportOnly}, "report-only", "KYB_DOCTOR_REPORT_ONLY", "print the report and exit 0 even when a check fails (an init container that must not block the plugin)")
+	f.BoolVar(&reportOnly, "report-only", "KYB_DOCTOR_REPORT_ONLY", false, "print the report and exit 0 even when a check fails (an init container that must not block the plugin)")
 	var probe probeFlags
 	probe.addFlags(f)
 	if code, ok := f.ParseOrExit(args, getenv, doctorUsage); !ok {
@@ -90,28 +89,6 @@ func Doctor(ctx context.Context, args []string, getenv func(string) string, stdo
 	return cli.ExitOK
 }
 
-// boolFlag is a boolean flag that an environment variable may set too.
-type boolFlag struct{ v *bool }
-
-func (b boolFlag) String() string {
-	if b.v == nil {
-		return "false"
-	}
-	return strconv.FormatBool(*b.v)
-}
-
-func (b boolFlag) Set(s string) error {
-	v, err := strconv.ParseBool(s)
-	if err != nil {
-		return errors.New("must be true or false")
-	}
-	*b.v = v
-	return nil
-}
-
-// IsBoolFlag lets --report-only stand without a value.
-func (b boolFlag) IsBoolFlag() bool { return true }
-
 // probeFlags are the doctor's --probe flags.
 type probeFlags struct {
 	probe   bool
@@ -121,7 +98,7 @@ type probeFlags struct {
 }
 
 func (p *probeFlags) addFlags(f *cli.FlagSet) {
-	f.BoolVar(&p.probe, "probe", false, "also run the CUDA probe in a sandbox built only from a seat's CDI spec (needs root)")
+	f.BoolVar(&p.probe, "probe", "", false, "also run the CUDA probe in a sandbox built only from a seat's CDI spec (needs root)")
 	f.StringVar(&p.program, "probe-binary", "", "", "the probe program; default: kyb-cuda-probe beside this binary")
 	f.StringVar(&p.claim, "probe-claim", "", "", "probe this prepared claim's spec (its UID) instead of seat 0 of --probe-group")
 	f.StringVar(&p.group, "probe-group", "", "", "the group whose seat 0 is probed, by name (G01) or device (g01-1x); default: the plan's first")
