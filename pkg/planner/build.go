@@ -183,6 +183,8 @@ func fromConfig(p v1alpha1.Profile) *Profile {
 		Size:               p.Size(),
 		SeatsPerGroup:      p.Seats(),
 		AllowOverprovision: p.AllowOverprovision,
+		Sharing:            p.SharingStrategy(),
+		TimeSlice:          p.TimeSliceInterval(),
 	}
 }
 

@@ -49,6 +49,11 @@ type Profile struct {
 	Size               int
 	SeatsPerGroup      int
 	AllowOverprovision bool
+	// Sharing is how a group's seats share its GPUs.
+	Sharing v1alpha1.SharingStrategy
+	// TimeSlice, for timeSlicing, is the interval applied to a group's
+	// GPUs when it goes into use ("" leaves them as they are).
+	TimeSlice v1alpha1.TimeSliceInterval
 	// Groups in canonical order: by their lowest GPU index.
 	Groups []*Group
 }

@@ -102,6 +102,10 @@ type Profile struct {
 	// shim) profiles that must not overlap are laid out on disjoint GPUs;
 	// disjoint GPU lists here decide that layout.
 	GPUs []int `json:"gpus,omitempty"`
+
+	// Sharing says how the seats of a group share its GPUs: time-slicing
+	// (the default) or MPS with each seat's share of SMs and memory.
+	Sharing *Sharing `json:"sharing,omitempty"`
 }
 
 // Group is a set of GPUs named by hand.

@@ -148,6 +148,43 @@ kind: NodeTopology
 			"health.recoveryPeriod: must be at least 1s, not 10ms",
 			`health.gpuLostEffect: must be NoSchedule or NoExecute, not "Evict"`,
 		}},
+		{"sharing strategy unknown", `profiles:
+- resource: kyb.ai/gpu-1x-seat
+  seatsPerGroup: 4
+  sharing:
+    strategy: mig
+`, []string{`c.yaml:5: profiles[0].sharing.strategy: must be "timeSlicing" or "mps", not "mig"`}},
+		{"mps needs seats, refuses overprovisioning and time slices", `profiles:
+- resource: kyb.ai/gpu-1x-seat
+  allowOverprovision: true
+  sharing:
+    strategy: mps
+    timeSlicing: {interval: Long}
+`, []string{
+			"c.yaml:5: profiles[0].sharing.strategy: \"mps\" shares a group between seats: set seatsPerGroup to 2 or more",
+			"profiles[0].sharing.strategy: \"mps\" cannot be combined with allowOverprovision",
+			"c.yaml:6: profiles[0].sharing.timeSlicing: applies to strategy \"timeSlicing\" only",
+		}},
+		{"bad interval", `profiles:
+- resource: kyb.ai/gpu-1x-seat
+  sharing:
+    timeSlicing: {interval: Forever}
+`, []string{`c.yaml:4: profiles[0].sharing.timeSlicing.interval: must be Default, Short, Medium or Long, not "Forever"`}},
+		{"mps beside an overprovisioning profile on the same GPUs", `profiles:
+- resource: kyb.ai/gpu-1x-seat
+  seatsPerGroup: 4
+  sharing: {strategy: mps}
+- resource: kyb.ai/gpu-2x-seat
+  allowOverprovision: true
+  gpus: [0, 1]
+`, []string{"c.yaml:5: profiles[1].sharing: profiles[0] and profiles[1] may be in use on the same GPU at once"}},
+		{"two intervals on GPUs in use at once", `profiles:
+- resource: kyb.ai/gpu-1x-seat
+  allowOverprovision: true
+  sharing: {timeSlicing: {interval: Short}}
+- resource: kyb.ai/gpu-2x-seat
+  sharing: {timeSlicing: {interval: Long}}
+`, []string{"profiles[1].sharing.timeSlicing.interval: Long contradicts profiles[0]'s Short"}},
 		{"two documents", "profiles: []\n---\ngroups: []\n", []string{"c.yaml: line 2: a second document starts here"}},
 		{"not YAML", "profiles: [\n", []string{"c.yaml: "}},
 	}
@@ -163,6 +200,33 @@ kind: NodeTopology
 				}
 			}
 		})
+	}
+}
+
+func TestSharingThatHasAMeaningIsAccepted(t *testing.T) {
+	cfg, _, err := LoadNodeConfig([]byte(`profiles:
+- resource: kyb.ai/gpu-1x-seat
+  seatsPerGroup: 4
+  gpus: [0, 1, 2, 3]
+  sharing: {strategy: mps}
+- resource: kyb.ai/gpu-2x-seat
+  seatsPerGroup: 2
+  allowOverprovision: true
+  gpus: [4, 5, 6, 7]
+  sharing: {timeSlicing: {interval: Long}}
+- resource: kyb.ai/gpu-4x-seat
+`), "c.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Profiles[0].SharingStrategy(); got != SharingMPS {
+		t.Errorf("profiles[0] strategy %q, want mps", got)
+	}
+	if got := cfg.Profiles[1].TimeSliceInterval(); got != TimeSliceLong {
+		t.Errorf("profiles[1] interval %q, want Long", got)
+	}
+	if got := cfg.Profiles[2].SharingStrategy(); got != SharingTimeSlicing {
+		t.Errorf("profiles[2] strategy %q, want the default timeSlicing", got)
 	}
 }
 

@@ -64,6 +64,8 @@ func (c *NodeConfig) Validate() error {
 		}
 	}
 
+	validateSharingTogether(c.Profiles, &errs)
+
 	groupNames := map[string]int{}
 	for i, g := range c.Groups {
 		path := field.NewPath("groups").Index(i)
@@ -161,6 +163,7 @@ func validateProfile(p *Profile, path *field.Path, errs *FieldErrors) {
 		}
 	}
 	validateIndices(p.GPUs, path.Child("gpus"), errs)
+	validateSharing(p, path, errs)
 }
 
 func validateIndices(indices []int, path *field.Path, errs *FieldErrors) {

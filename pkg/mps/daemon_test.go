@@ -1,0 +1,178 @@
+package mps_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
+)
+
+// modes records compute modes as a simulated GPU would.
+type modes struct {
+	mu        sync.Mutex
+	exclusive map[string]bool
+	fail      string
+}
+
+func (m *modes) set(_ context.Context, uuid string, exclusive bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if uuid == m.fail {
+		return os.ErrPermission
+	}
+	m.exclusive[uuid] = exclusive
+	return nil
+}
+
+func (m *modes) get(uuid string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.exclusive[uuid]
+}
+
+func newManager(t *testing.T, control string) (*mps.Manager, *modes, string) {
+	t.Helper()
+	root := t.TempDir()
+	md := &modes{exclusive: map[string]bool{}}
+	m, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, md, root
+}
+
+// joinAs runs a client the way a container holding the seat does: with
+// the pipe directory and the limits of its environment.
+func joinAs(t *testing.T, control, pipe string, env ...string) string {
+	t.Helper()
+	cmd := exec.Command(control, "--client")
+	cmd.Env = append([]string{"CUDA_MPS_PIPE_DIRECTORY=" + pipe}, env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("client: %v: %s", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func TestDaemonHoldsTheLargestShareAndTheEnvironmentOnlyLowersIt(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	control := mpstest.Build(t)
+	m, md, root := newManager(t, control)
+	g := mps.Group{Name: "g01-2x", UUIDs: []string{"GPU-a", "GPU-b"}}
+	t.Cleanup(func() { _ = m.Stop(context.Background(), g) })
+
+	one := mps.Share(1, 4, []int64{81559, 81559})
+	if err := m.Ensure(ctx, g, one); err != nil {
+		t.Fatal(err)
+	}
+	if !md.get("GPU-a") || !md.get("GPU-b") {
+		t.Errorf("GPUs not in EXCLUSIVE_PROCESS while the daemon runs: %v", md.exclusive)
+	}
+	pipe := filepath.Join(root, g.Name, mps.PipeDir)
+	if got := joinAs(t, control, pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+one.MemLimitEnv()); got != "thread=25 mem=0=20389M,1=20389M" {
+		t.Errorf("a one-seat client got %q", got)
+	}
+	// A tenant that raises its own environment keeps the daemon's limit.
+	if got := joinAs(t, control, pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=80G,1=80G"); got != "thread=25 mem=0=20389M,1=20389M" {
+		t.Errorf("a client raising its environment got %q, want the daemon's one-seat share", got)
+	}
+	// A two-seat claim joins: the daemon and its running server now hold
+	// two seats' share, which a one-seat client's environment lowers.
+	two := mps.Share(2, 4, []int64{81559, 81559})
+	if err := m.Ensure(ctx, g, mps.Max(one, two)); err != nil {
+		t.Fatal(err)
+	}
+	if got := joinAs(t, control, pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+two.MemLimitEnv()); got != "thread=50 mem=0=40779M,1=40779M" {
+		t.Errorf("a two-seat client got %q", got)
+	}
+	if got := joinAs(t, control, pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+one.MemLimitEnv()); got != "thread=25 mem=0=20389M,1=20389M" {
+		t.Errorf("a one-seat client beside a two-seat one got %q", got)
+	}
+	cmds := mpstest.Commands(t, filepath.Join(root, g.Name, mps.LogDir))
+	for _, want := range []string{
+		"set_default_active_thread_percentage 25", "set_default_device_pinned_mem_limit 1 20389M",
+		"set_default_active_thread_percentage 50", "set_active_thread_percentage 4001 50", "set_device_pinned_mem_limit 4001 0 40779M",
+	} {
+		if !slices.Contains(cmds, want) {
+			t.Errorf("the daemon never got %q; it got %q", want, cmds)
+		}
+	}
+
+	if err := m.Stop(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	if md.get("GPU-a") || md.get("GPU-b") {
+		t.Errorf("GPUs still EXCLUSIVE_PROCESS after the daemon stopped")
+	}
+	if _, err := os.Stat(filepath.Join(root, g.Name)); !os.IsNotExist(err) {
+		t.Errorf("the daemon's directory is left: %v", err)
+	}
+}
+
+func TestASecondManagerAdoptsTheRunningDaemon(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	control := mpstest.Build(t)
+	m, md, root := newManager(t, control)
+	g := mps.Group{Name: "g0-1x", UUIDs: []string{"GPU-a"}}
+	t.Cleanup(func() { _ = m.Stop(context.Background(), g) })
+	limits := mps.Share(1, 2, []int64{40960})
+	if err := m.Ensure(ctx, g, limits); err != nil {
+		t.Fatal(err)
+	}
+	// A restarted plugin: a new manager over the same directory.
+	again, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if known, err := again.Known(); err != nil || !slices.Equal(known, []string{g.Name}) {
+		t.Errorf("Known = %v, %v", known, err)
+	}
+	if err := again.Ensure(ctx, g, limits); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, g.Name, mps.LogDir, "control.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(data), "Control daemon started"); n != 1 {
+		t.Errorf("the daemon was started %d times, want once (adopted after the restart):\n%s", n, data)
+	}
+}
+
+func TestADaemonThatWillNotStartFailsWithItsOutput(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	script := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho 'An MPS control daemon could not be started: no GPU' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m, md, _ := newManager(t, script)
+	err := m.Ensure(ctx, mps.Group{Name: "g0-1x", UUIDs: []string{"GPU-a"}}, mps.Share(1, 2, []int64{1024}))
+	if err == nil || !strings.Contains(err.Error(), "could not be started: no GPU") || !strings.Contains(err.Error(), "start MPS daemon g0-1x") {
+		t.Fatalf("Ensure = %v, want the daemon's own words", err)
+	}
+	if md.get("GPU-a") {
+		t.Errorf("a GPU stays EXCLUSIVE_PROCESS after a failed start")
+	}
+}
+
+func TestAGPUThatRefusesItsComputeModeFailsTheStart(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	m, md, _ := newManager(t, mpstest.Build(t))
+	md.fail = "GPU-b"
+	err := m.Ensure(ctx, mps.Group{Name: "g01-2x", UUIDs: []string{"GPU-a", "GPU-b"}}, mps.Share(1, 2, []int64{1024, 1024}))
+	if err == nil || !strings.Contains(err.Error(), "set GPU GPU-b to EXCLUSIVE_PROCESS") {
+		t.Fatalf("Ensure = %v", err)
+	}
+	if md.get("GPU-a") {
+		t.Errorf("GPU-a stays EXCLUSIVE_PROCESS after its pair refused")
+	}
+}

@@ -1,0 +1,61 @@
+package mpstest
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+var built struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// Build builds the simulated nvidia-cuda-mps-control once per test binary
+// and returns its path.
+func Build(t testing.TB) string {
+	t.Helper()
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "mpstest-")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.path = filepath.Join(dir, "nvidia-cuda-mps-control")
+		cmd := exec.Command("go", "build", "-o", built.path, "github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest/nvidia-cuda-mps-control")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			built.err = &buildError{out: string(out), err: err}
+		}
+	})
+	if built.err != nil {
+		t.Fatalf("build the simulated nvidia-cuda-mps-control: %v", built.err)
+	}
+	return built.path
+}
+
+type buildError struct {
+	out string
+	err error
+}
+
+func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
+
+// Commands returns the commands a daemon logged, in order.
+func Commands(t testing.TB, logDir string) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(logDir, "control.log"))
+	if err != nil {
+		t.Fatalf("read the MPS daemon's log: %v", err)
+	}
+	var cmds []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if _, rest, ok := strings.Cut(line, "] cmd: "); ok {
+			cmds = append(cmds, rest)
+		}
+	}
+	return cmds
+}
