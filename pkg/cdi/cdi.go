@@ -228,9 +228,13 @@ func toCDI(e *containeredits.Edits) cdispec.ContainerEdits {
 		ce.DeviceNodes = append(ce.DeviceNodes, dn)
 	}
 	for _, m := range e.Mounts {
+		mode := "ro"
+		if m.Writable {
+			mode = "rw"
+		}
 		ce.Mounts = append(ce.Mounts, &cdispec.Mount{
 			HostPath: m.HostPath, ContainerPath: m.ContainerPath, Type: "bind",
-			Options: []string{"ro", "nosuid", "nodev", "rbind", "rprivate"},
+			Options: []string{mode, "nosuid", "nodev", "rbind", "rprivate"},
 		})
 	}
 	return ce

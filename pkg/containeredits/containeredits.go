@@ -58,10 +58,12 @@ type DeviceNode struct {
 	Minor    int64
 }
 
-// Mount is a read-only bind mount of a driver file.
+// Mount is a bind mount: read-only (driver files) unless Writable (the
+// MPS daemon's pipe and shm directories, which clients write to).
 type Mount struct {
 	HostPath      string
 	ContainerPath string
+	Writable      bool
 }
 
 // Edits is what a container gets.
@@ -80,6 +82,32 @@ type Options struct {
 	DeviceNumbers func(path string) (major, minor int64, err error)
 	// Driver, when set, is carried into the container as bind mounts.
 	Driver *DriverFiles
+	// MPS, when set, makes the container a client of its group's MPS
+	// daemon.
+	MPS *MPS
+}
+
+// The environment an MPS client gets.
+const (
+	EnvMPSPipeDirectory       = "CUDA_MPS_PIPE_DIRECTORY"
+	EnvMPSActiveThreadPercent = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+	EnvMPSPinnedMemLimit      = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+)
+
+// MPS is what makes a container a client of its group's MPS daemon: the
+// daemon's pipe directory, at the path CUDA_MPS_PIPE_DIRECTORY names, and
+// its shm directory as /dev/shm (MPS clients and server exchange shared
+// memory there), and the claim's share as its client limits. The limits in
+// the environment are the claim's own; the daemon holds them too (see
+// package mps), so raising them in the container gains nothing.
+type MPS struct {
+	HostPipeDir      string
+	ContainerPipeDir string
+	HostShmDir       string
+	// ActiveThreadPercentage and PinnedMemLimit are the values of
+	// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.
+	ActiveThreadPercentage int
+	PinnedMemLimit         string
 }
 
 // Build computes the edits for a container holding seats.
@@ -131,6 +159,11 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 		delete(env, EnvGeneration)
 		env[EnvAdminAccess] = "true"
 	}
+	if m := opts.MPS; m != nil {
+		env[EnvMPSPipeDirectory] = m.ContainerPipeDir
+		env[EnvMPSActiveThreadPercent] = strconv.Itoa(m.ActiveThreadPercentage)
+		env[EnvMPSPinnedMemLimit] = m.PinnedMemLimit
+	}
 	switch opts.VisibleDevices {
 	case v1alpha1.VisibleDevicesIndex:
 		// Inside the container CUDA numbers the devices it can open from
@@ -164,6 +197,11 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 	}
 	if opts.Driver != nil {
 		e.Mounts = opts.Driver.Mounts()
+	}
+	if m := opts.MPS; m != nil {
+		e.Mounts = append(e.Mounts,
+			Mount{HostPath: m.HostPipeDir, ContainerPath: m.ContainerPipeDir, Writable: true},
+			Mount{HostPath: m.HostShmDir, ContainerPath: "/dev/shm", Writable: true})
 	}
 	return e, nil
 }

@@ -137,7 +137,7 @@ func envResponse(e *containeredits.Edits) *pluginapi.ContainerAllocateResponse {
 		cresp.Devices = append(cresp.Devices, &pluginapi.DeviceSpec{ContainerPath: d.Path, HostPath: d.HostPath, Permissions: "rw"})
 	}
 	for _, m := range e.Mounts {
-		cresp.Mounts = append(cresp.Mounts, &pluginapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: true})
+		cresp.Mounts = append(cresp.Mounts, &pluginapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: !m.Writable})
 	}
 	return cresp
 }

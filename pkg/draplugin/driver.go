@@ -98,6 +98,9 @@ type Options struct {
 	// GPULostEffect is the taint effect for a lost GPU: NoSchedule
 	// (default) or NoExecute. Other faults taint NoSchedule.
 	GPULostEffect resourceapi.DeviceTaintEffect
+	// Sharing applies the profiles' sharing strategies (MPS daemons, time
+	// slices); see sharing.go.
+	Sharing Sharing
 	// Collectors are further metrics to serve with the plugin's, such as
 	// the health monitor's.
 	Collectors []prometheus.Collector
@@ -118,6 +121,7 @@ type Driver struct {
 
 	ledger    *seatledger.Ledger
 	specs     *claimSpecs
+	sharing   *sharing
 	publisher *publisher
 	statuses  *statusWriter
 	helper    *kubeletplugin.Helper
@@ -181,7 +185,8 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.specs = &claimSpecs{writer: w, inv: opts.Inventory, edits: opts.Edits, nvidiaCDI: opts.NVIDIACDIDevice}
+	d.sharing = newSharing(opts.Sharing, d.node)
+	d.specs = &claimSpecs{writer: w, inv: opts.Inventory, edits: opts.Edits, nvidiaCDI: opts.NVIDIACDIDevice, sharing: d.sharing}
 	d.events = nodeevents.Start(ctx, opts.Client, opts.NodeName, driver.Name)
 	d.publisher = newPublisher(d.node, opts.Layout, healthTaints{view: health.View{Source: opts.Health}, lostEffect: opts.GPULostEffect},
 		d.events, d.metrics, opts.Client, opts.Clock)
@@ -192,7 +197,7 @@ func (d *Driver) open(ctx context.Context) error {
 	d.ledger, err = seatledger.Open(ctx, seatledger.Options{
 		Pool: d.node.pool, Plan: opts.Plan, Inventory: opts.Inventory, Dir: opts.PluginDataDir,
 		SharedWithPeer: opts.PodUID != "", BootIDFile: opts.BootIDFile, Specs: d.specs, Claims: opts.Client.ResourceV1(),
-		Events: d.events, Clock: opts.Clock, UsageChanged: d.publisher.setUsage,
+		Events: d.events, Clock: opts.Clock, UsageChanged: d.usageChanged,
 		Hooks: seatledger.Hooks{
 			BeforeSave:       func() { d.hooks.run(HookBeforeSave) },
 			AfterSave:        func() { d.hooks.run(HookAfterSave) },
@@ -211,7 +216,16 @@ func (d *Driver) open(ctx context.Context) error {
 		return err
 	}
 	d.statuses = newStatusWriter(opts.Client.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
+	// Before the kubelet can call: adopt the MPS daemons of groups in use,
+	// start those that went away, stop those no claim uses.
+	d.sharing.settle(ctx, true)
 	return nil
+}
+
+// usageChanged is the ledger's UsageChanged (called with its lock held).
+func (d *Driver) usageChanged(u seatledger.Usage) {
+	d.publisher.setUsage(u)
+	d.sharing.setUsage(u)
 }
 
 // startHelper registers with the kubelet through the upstream helper.
@@ -269,7 +283,10 @@ func (d *Driver) runBackground(ctx context.Context) {
 		d.publisher.watchChanges(ctx, healthChanged)
 	})
 	d.background.Go(func() { d.statuses.run(ctx) })
-	d.background.Go(func() { d.ledger.ReleaseStale(ctx) })
+	d.background.Go(func() {
+		d.ledger.ReleaseStale(ctx)
+		d.sharing.settle(ctx, false)
+	})
 	d.background.Go(func() {
 		for {
 			select {
@@ -277,6 +294,7 @@ func (d *Driver) runBackground(ctx context.Context) {
 				return
 			case <-d.recovered:
 				d.statuses.queueOwed()
+				d.sharing.settle(ctx, true)
 			}
 		}
 	})

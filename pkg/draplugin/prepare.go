@@ -65,6 +65,15 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			results[claim.UID] = d.completedResult(ctx, r, claim.UID, c)
 			continue
 		}
+		if err := d.sharing.prepare(ctx, c); err != nil {
+			// As for a spec that cannot be written: the seats stay
+			// recorded for the kubelet's retry or its unprepare.
+			d.metrics.prepareError("sharing")
+			logger.Error(err, "Cannot share the claim's GPUs as its profile says", "claim", klog.KObj(claim))
+			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)}
+			d.events.Claim(ctx, claim, corev1.EventTypeWarning, nodeevents.ReasonPrepareFailed, err.Error())
+			continue
+		}
 		if err := d.writeSpec(ctx, r, claim.UID, c); err != nil {
 			// The seats stay recorded: the kubelet retries the prepare,
 			// which writes the spec, or unprepares the claim.
@@ -88,6 +97,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // tmpfs that a reboot empties).
 func (d *Driver) completedResult(ctx context.Context, r *seatledger.Reservation, uid types.UID, c *checkpoint.Claim) kubeletplugin.PrepareResult {
 	if !d.specs.Exists(uid) {
+		if err := d.sharing.prepare(ctx, c); err != nil {
+			return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)}
+		}
 		if err := d.writeSpec(ctx, r, uid, c); err != nil {
 			return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): restore CDI spec: %w", c.Namespace, c.Name, uid, err)}
 		}
@@ -201,6 +213,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		d.metrics.unprepareError("checkpoint")
 		return nil, err
 	}
+	d.sharing.settle(ctx, false)
 	results := map[types.UID]error{}
 	for _, claim := range claims {
 		if err := released[claim.UID]; err != nil {

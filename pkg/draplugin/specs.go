@@ -22,6 +22,8 @@ type claimSpecs struct {
 	// nvidiaCDI names NVIDIA's own CDI device for a GPU, when the plugin
 	// takes the driver files from NVIDIA's spec.
 	nvidiaCDI func(index int, uuid string) string
+	// sharing gives the MPS clients' edits.
+	sharing *sharing
 }
 
 // Exists reports whether the claim's spec is on disk.
@@ -57,6 +59,7 @@ func (s *claimSpecs) Write(uid types.UID, c *checkpoint.Claim) error {
 // whichever device the runtime applies last.
 func (s *claimSpecs) devices(c *checkpoint.Claim) ([]cdi.Device, error) {
 	byRequest := map[string][]containeredits.Seat{}
+	devsOf := map[string][]checkpoint.Device{}
 	visible := map[string]v1alpha1.VisibleDevices{}
 	var order []string
 	for _, dev := range c.Devices {
@@ -73,6 +76,7 @@ func (s *claimSpecs) devices(c *checkpoint.Claim) ([]cdi.Device, error) {
 				order = append(order, r)
 			}
 			byRequest[r] = append(byRequest[r], seat)
+			devsOf[r] = append(devsOf[r], dev)
 			visible[r] = v1alpha1.VisibleDevices(dev.VisibleDevices)
 		}
 	}
@@ -80,6 +84,11 @@ func (s *claimSpecs) devices(c *checkpoint.Claim) ([]cdi.Device, error) {
 	for _, r := range order {
 		opts := s.edits
 		opts.VisibleDevices = visible[r]
+		m, err := s.sharing.mpsEdits(devsOf[r])
+		if err != nil {
+			return nil, fmt.Errorf("request %s: %w", r, err)
+		}
+		opts.MPS = m
 		e, err := containeredits.Build(byRequest[r], opts)
 		if err != nil {
 			return nil, fmt.Errorf("request %s: %w", r, err)

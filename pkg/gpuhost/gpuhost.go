@@ -48,7 +48,8 @@ type Host struct {
 	// Description says what was opened, for logs and output.
 	Description string
 
-	devRoot string
+	devRoot    string
+	driverRoot string
 }
 
 // Open opens the node and initialises NVML. Close releases it.
@@ -85,7 +86,7 @@ func Open(ctx context.Context, opts Options) (*Host, error) {
 	if devRoot == "" {
 		devRoot = "/"
 	}
-	return &Host{NVML: lib, PCIe: inventory.SysfsPCIe{Root: root}, Description: "NVML " + libPath, devRoot: devRoot}, nil
+	return &Host{NVML: lib, PCIe: inventory.SysfsPCIe{Root: root}, Description: "NVML " + libPath, devRoot: devRoot, driverRoot: opts.DriverRoot}, nil
 }
 
 // Close shuts NVML down.

@@ -115,10 +115,48 @@ func (m *Manager) lock(name string) func() {
 	return l.Unlock
 }
 
-// Ensure makes the group's daemon run with the given limits: adopted if it
-// answers, started if not. It returns when the daemon answers.
-func (m *Manager) Ensure(ctx context.Context, g Group, limits Limits) error {
+// Want says what a group's daemon must do now: the largest share a claim
+// holds on the group, and whether any does. The Manager asks it under the
+// group's lock, so that a release that stops a daemon and a prepare that
+// needs it never interleave.
+type Want func() (limits Limits, inUse bool)
+
+// Fixed wants the daemon running with limits.
+func Fixed(limits Limits) Want { return func() (Limits, bool) { return limits, true } }
+
+// Unused wants no daemon.
+func Unused() Want { return func() (Limits, bool) { return Limits{}, false } }
+
+// Ensure is for a prepare: it returns once the group's daemon answers with
+// the limits wanted, adopting a daemon that answers and starting one that
+// does not. A group no claim uses has its daemon stopped.
+func (m *Manager) Ensure(ctx context.Context, g Group, want Want) error {
 	defer m.lock(g.Name)()
+	limits, inUse := want()
+	if !inUse {
+		return m.stop(ctx, g)
+	}
+	return m.ensure(ctx, g, limits)
+}
+
+// Settle is for a release: it stops the daemon of a group no claim uses
+// any more and sets new limits on one whose largest share changed,
+// without asking a daemon whose limits stand.
+func (m *Manager) Settle(ctx context.Context, g Group, want Want) error {
+	defer m.lock(g.Name)()
+	limits, inUse := want()
+	if !inUse {
+		return m.stop(ctx, g)
+	}
+	if m.applied[g.Name] == limitsKey(limits) {
+		return nil
+	}
+	return m.ensure(ctx, g, limits)
+}
+
+func limitsKey(l Limits) string { return fmt.Sprintf("%d %v", l.ActiveThreadPercentage, l.PinnedMemMiB) }
+
+func (m *Manager) ensure(ctx context.Context, g Group, limits Limits) error {
 	logger := klog.FromContext(ctx).WithValues("mpsDaemon", g.Name)
 	servers, err := m.servers(ctx, g.Name)
 	if err != nil {
@@ -129,7 +167,9 @@ func (m *Manager) Ensure(ctx context.Context, g Group, limits Limits) error {
 		delete(m.applied, g.Name)
 		servers = nil
 	}
-	want := fmt.Sprintf("%d %v %v", limits.ActiveThreadPercentage, limits.PinnedMemMiB, servers)
+	// Servers that start later get the daemon's defaults, which are the
+	// same limits.
+	want := limitsKey(limits)
 	if m.applied[g.Name] == want {
 		return nil
 	}
@@ -224,10 +264,12 @@ func (m *Manager) start(ctx context.Context, g Group) (err error) {
 	}
 }
 
-// Stop quits the group's daemon, if one answers, and sets its GPUs back to
-// compute mode DEFAULT.
-func (m *Manager) Stop(ctx context.Context, g Group) error {
-	defer m.lock(g.Name)()
+// stop quits the group's daemon, if one answers, and sets its GPUs back to
+// compute mode DEFAULT. A group without a directory has no daemon.
+func (m *Manager) stop(ctx context.Context, g Group) error {
+	if _, err := os.Stat(m.Dir(g.Name)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	delete(m.applied, g.Name)
 	if _, err := m.servers(ctx, g.Name); err == nil {
 		if _, err := m.control(ctx, g.Name, "quit"); err != nil {

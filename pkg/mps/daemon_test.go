@@ -68,10 +68,10 @@ func TestDaemonHoldsTheLargestShareAndTheEnvironmentOnlyLowersIt(t *testing.T) {
 	control := mpstest.Build(t)
 	m, md, root := newManager(t, control)
 	g := mps.Group{Name: "g01-2x", UUIDs: []string{"GPU-a", "GPU-b"}}
-	t.Cleanup(func() { _ = m.Stop(context.Background(), g) })
+	t.Cleanup(func() { _ = m.Settle(context.Background(), g, mps.Unused()) })
 
 	one := mps.Share(1, 4, []int64{81559, 81559})
-	if err := m.Ensure(ctx, g, one); err != nil {
+	if err := m.Ensure(ctx, g, mps.Fixed(one)); err != nil {
 		t.Fatal(err)
 	}
 	if !md.get("GPU-a") || !md.get("GPU-b") {
@@ -88,7 +88,7 @@ func TestDaemonHoldsTheLargestShareAndTheEnvironmentOnlyLowersIt(t *testing.T) {
 	// A two-seat claim joins: the daemon and its running server now hold
 	// two seats' share, which a one-seat client's environment lowers.
 	two := mps.Share(2, 4, []int64{81559, 81559})
-	if err := m.Ensure(ctx, g, mps.Max(one, two)); err != nil {
+	if err := m.Ensure(ctx, g, mps.Fixed(mps.Max(one, two))); err != nil {
 		t.Fatal(err)
 	}
 	if got := joinAs(t, control, pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+two.MemLimitEnv()); got != "thread=50 mem=0=40779M,1=40779M" {
@@ -107,7 +107,7 @@ func TestDaemonHoldsTheLargestShareAndTheEnvironmentOnlyLowersIt(t *testing.T) {
 		}
 	}
 
-	if err := m.Stop(ctx, g); err != nil {
+	if err := m.Settle(ctx, g, mps.Unused()); err != nil {
 		t.Fatal(err)
 	}
 	if md.get("GPU-a") || md.get("GPU-b") {
@@ -123,9 +123,9 @@ func TestASecondManagerAdoptsTheRunningDaemon(t *testing.T) {
 	control := mpstest.Build(t)
 	m, md, root := newManager(t, control)
 	g := mps.Group{Name: "g0-1x", UUIDs: []string{"GPU-a"}}
-	t.Cleanup(func() { _ = m.Stop(context.Background(), g) })
+	t.Cleanup(func() { _ = m.Settle(context.Background(), g, mps.Unused()) })
 	limits := mps.Share(1, 2, []int64{40960})
-	if err := m.Ensure(ctx, g, limits); err != nil {
+	if err := m.Ensure(ctx, g, mps.Fixed(limits)); err != nil {
 		t.Fatal(err)
 	}
 	// A restarted plugin: a new manager over the same directory.
@@ -136,7 +136,7 @@ func TestASecondManagerAdoptsTheRunningDaemon(t *testing.T) {
 	if known, err := again.Known(); err != nil || !slices.Equal(known, []string{g.Name}) {
 		t.Errorf("Known = %v, %v", known, err)
 	}
-	if err := again.Ensure(ctx, g, limits); err != nil {
+	if err := again.Ensure(ctx, g, mps.Fixed(limits)); err != nil {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile(filepath.Join(root, g.Name, mps.LogDir, "control.log"))
@@ -155,7 +155,7 @@ func TestADaemonThatWillNotStartFailsWithItsOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	m, md, _ := newManager(t, script)
-	err := m.Ensure(ctx, mps.Group{Name: "g0-1x", UUIDs: []string{"GPU-a"}}, mps.Share(1, 2, []int64{1024}))
+	err := m.Ensure(ctx, mps.Group{Name: "g0-1x", UUIDs: []string{"GPU-a"}}, mps.Fixed(mps.Share(1, 2, []int64{1024})))
 	if err == nil || !strings.Contains(err.Error(), "could not be started: no GPU") || !strings.Contains(err.Error(), "start MPS daemon g0-1x") {
 		t.Fatalf("Ensure = %v, want the daemon's own words", err)
 	}
@@ -168,7 +168,7 @@ func TestAGPUThatRefusesItsComputeModeFailsTheStart(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	m, md, _ := newManager(t, mpstest.Build(t))
 	md.fail = "GPU-b"
-	err := m.Ensure(ctx, mps.Group{Name: "g01-2x", UUIDs: []string{"GPU-a", "GPU-b"}}, mps.Share(1, 2, []int64{1024, 1024}))
+	err := m.Ensure(ctx, mps.Group{Name: "g01-2x", UUIDs: []string{"GPU-a", "GPU-b"}}, mps.Fixed(mps.Share(1, 2, []int64{1024, 1024})))
 	if err == nil || !strings.Contains(err.Error(), "set GPU GPU-b to EXCLUSIVE_PROCESS") {
 		t.Fatalf("Ensure = %v", err)
 	}

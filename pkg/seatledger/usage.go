@@ -33,10 +33,14 @@ type Usage struct {
 	// Fenced are GPUs that must not be handed out through any group until
 	// the claims holding them are released, with why (Fence*).
 	Fenced map[int]string
+	// Largest is, per group device, the most seats one claim holds there
+	// (all of them for a fenced device): the share an MPS daemon of the
+	// group must allow.
+	Largest map[string]int
 }
 
 func (u Usage) equal(o Usage) bool {
-	return maps.Equal(u.Held, o.Held) && maps.Equal(u.Fenced, o.Fenced)
+	return maps.Equal(u.Held, o.Held) && maps.Equal(u.Fenced, o.Fenced) && maps.Equal(u.Largest, o.Largest)
 }
 
 // fence is why a held device fences its GPUs, and the note an operator
@@ -51,10 +55,11 @@ type fence struct {
 // configuration changed under a held claim: exclusivity is judged by the
 // GPUs recorded for the claim), or when its seats are not known.
 func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fence) {
-	u := Usage{Held: draresources.Held{}, Fenced: map[int]string{}}
+	u := Usage{Held: draresources.Held{}, Fenced: map[int]string{}, Largest: map[string]int{}}
 	fences := map[types.UID]fence{}
 	for _, uid := range slices.Sorted(maps.Keys(st.Claims)) {
 		c := st.Claims[uid]
+		own := map[string]int{}
 		for _, dev := range c.Devices {
 			if dev.AdminAccess {
 				continue // no seat, no fence: monitoring keeps nobody off
@@ -67,10 +72,12 @@ func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fen
 					seats = today.Seats()
 				}
 				u.Held[dev.GroupDevice] += seats
+				own[dev.GroupDevice] += seats
 				fences[uid] = fence{FenceSeatsUnknown, fmt.Sprintf("the seats claim %s/%s (%s) holds on group %s (GPUs %s) could not be recovered after the plugin's checkpoint was lost; no seat of the group, and no group sharing its GPUs, is handed out until the claim is released (delete its pods)",
 					c.Namespace, c.Name, uid, dev.Group, gpuList(dev.GPUs))}
 			case earlierConfiguration(plan, dev):
 				u.Held[dev.GroupDevice] += max(len(dev.Seats), 1)
+				own[dev.GroupDevice] += max(len(dev.Seats), 1)
 				now := "no longer defines it"
 				if today != nil {
 					now = "defines it on GPUs " + gpuList(today.GPUs)
@@ -79,6 +86,7 @@ func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fen
 					c.Namespace, c.Name, uid, dev.Group, gpuList(dev.GPUs), now, gpuList(dev.GPUs))}
 			default:
 				u.Held[dev.GroupDevice] += max(len(dev.Seats), 1)
+				own[dev.GroupDevice] += max(len(dev.Seats), 1)
 				continue
 			}
 			for _, x := range dev.GPUs {
@@ -87,11 +95,15 @@ func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fen
 				}
 			}
 		}
+		for gd, n := range own {
+			u.Largest[gd] = max(u.Largest[gd], n)
+		}
 	}
 	// A fenced device holds its whole group, whatever else does.
 	for gd, n := range u.Held {
 		if g := plan.GroupByDevice(gd); g != nil && n > g.Seats() {
 			u.Held[gd] = g.Seats()
+			u.Largest[gd] = min(u.Largest[gd], g.Seats())
 		}
 	}
 	return u, fences
@@ -120,6 +132,6 @@ func (l *Ledger) noteUsage(ctx context.Context, st *checkpoint.State) {
 	}
 	l.told.usage, l.told.known = u, true
 	if l.opts.UsageChanged != nil {
-		l.opts.UsageChanged(Usage{Held: maps.Clone(u.Held), Fenced: maps.Clone(u.Fenced)})
+		l.opts.UsageChanged(Usage{Held: maps.Clone(u.Held), Fenced: maps.Clone(u.Fenced), Largest: maps.Clone(u.Largest)})
 	}
 }

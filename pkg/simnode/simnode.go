@@ -84,13 +84,16 @@ type Node struct {
 	sets []*eventSet
 	// errs are the errors GPUs answer device calls with (lost, failing).
 	errs map[int]nvml.Return
+	// computeModes and sharing: see sharing.go.
+	computeModes map[int]nvml.ComputeMode
+	sharing      []SharingChange
 }
 
 // New builds a simulated node. nodeName seeds the GPU UUIDs the
 // description leaves out, so that nodes of one simulated cluster have
 // distinct GPUs.
 func New(topo *v1alpha1.NodeTopology, nodeName string) *Node {
-	n := &Node{topo: topo, nodeName: nodeName, errs: map[int]nvml.Return{}}
+	n := &Node{topo: topo, nodeName: nodeName, errs: map[int]nvml.Return{}, computeModes: map[int]nvml.ComputeMode{}}
 	gpus := slices.Clone(topo.GPUs)
 	slices.SortFunc(gpus, func(a, b v1alpha1.SimulatedGPU) int { return a.Index - b.Index })
 	for _, g := range gpus {
@@ -203,6 +206,8 @@ func (n *Node) newDevice(gpus []v1alpha1.SimulatedGPU, i int) *mock.Device {
 		}
 		return commonAncestor(g, gpus[j]), nvml.SUCCESS
 	}
+	d.SetComputeModeFunc = func(mode nvml.ComputeMode) nvml.Return { return n.setComputeMode(g.Index, mode) }
+	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) { return n.computeMode(g.Index) }
 	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
 		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError | nvml.EventTypeGpuUnavailableError, nvml.SUCCESS
 	}

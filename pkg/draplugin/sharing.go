@@ -1,0 +1,248 @@
+package draplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"k8s.io/klog/v2"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
+)
+
+// Sharing applies the profiles' sharing strategies to the hardware.
+type Sharing struct {
+	// MPS runs the daemons of groups whose profile uses mps; nil refuses
+	// their claims.
+	MPS *mps.Manager
+	// SetTimeSlice sets the time slice of GPUs (by index), for
+	// timeSlicing profiles that name an interval; nil refuses their claims.
+	SetTimeSlice func(ctx context.Context, gpus []int, interval v1alpha1.TimeSliceInterval) error
+}
+
+// sharing keeps each group in use sharing its GPUs as its profile says:
+// the MPS daemon of a group runs from the prepare of its first seat to the
+// release of its last, holding the largest share a claim has there; a
+// timeSlicing profile's interval is applied to a group's GPUs before its
+// seats are used.
+type sharing struct {
+	Sharing
+	node nodePlan
+
+	mu sync.Mutex
+	// largest is the ledger's Usage.Largest, kept as it changes; changed
+	// are the MPS groups whose share changed since they were settled.
+	largest map[string]int
+	changed map[string]bool
+	// known: the ledger told its usage; until then (a lost checkpoint
+	// not yet rebuilt) no daemon is stopped, since which groups are in
+	// use is not known.
+	known bool
+	// slices are the intervals this process applied, per GPU index.
+	slices map[int]v1alpha1.TimeSliceInterval
+}
+
+func newSharing(s Sharing, node nodePlan) *sharing {
+	return &sharing{Sharing: s, node: node, largest: map[string]int{}, changed: map[string]bool{}, slices: map[int]v1alpha1.TimeSliceInterval{}}
+}
+
+// setUsage is the ledger's UsageChanged (with the ledger's lock held).
+func (s *sharing) setUsage(u seatledger.Usage) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for gd := range s.largest {
+		if _, held := u.Largest[gd]; !held {
+			s.changed[gd] = true
+		}
+	}
+	for gd, n := range u.Largest {
+		if s.largest[gd] != n {
+			s.changed[gd] = true
+		}
+	}
+	s.largest = maps.Clone(u.Largest)
+	s.known = true
+}
+
+func (s *sharing) want(g *planner.Group) mps.Want {
+	return func() (mps.Limits, bool) {
+		s.mu.Lock()
+		k := s.largest[g.DeviceName()]
+		delete(s.changed, g.DeviceName())
+		s.mu.Unlock()
+		return mps.Share(k, g.Seats(), s.memory(g)), k > 0
+	}
+}
+
+func (s *sharing) memory(g *planner.Group) []int64 {
+	mem := make([]int64, len(g.GPUs))
+	for i, x := range g.GPUs {
+		if gpu, ok := s.node.inv.GPUByIndex(x); ok {
+			mem[i] = gpu.MemoryMiB
+		}
+	}
+	return mem
+}
+
+func (s *sharing) mpsGroup(g *planner.Group) mps.Group {
+	out := mps.Group{Name: g.DeviceName()}
+	for _, x := range g.GPUs {
+		if gpu, ok := s.node.inv.GPUByIndex(x); ok {
+			out.UUIDs = append(out.UUIDs, gpu.UUID)
+		}
+	}
+	return out
+}
+
+// prepare readies the groups of a claim before its spec is written: their
+// MPS daemons answer with the claim's share, their time slices are set. A
+// failure fails this claim only.
+func (s *sharing) prepare(ctx context.Context, c *checkpoint.Claim) error {
+	for _, dev := range c.Devices {
+		if dev.AdminAccess {
+			continue // monitoring: NVML, not an MPS client
+		}
+		g := s.node.plan.GroupByDevice(dev.GroupDevice)
+		if g == nil {
+			continue
+		}
+		switch {
+		case g.Profile.Sharing == v1alpha1.SharingMPS:
+			if s.MPS == nil {
+				return fmt.Errorf("group %s: profile %s shares its groups with MPS, but the plugin runs without MPS (--mps-root is empty)", g.Name, g.Profile.Name)
+			}
+			if err := s.MPS.Ensure(ctx, s.mpsGroup(g), s.want(g)); err != nil {
+				return fmt.Errorf("group %s: %w", g.Name, err)
+			}
+		case g.Profile.TimeSlice != "":
+			if err := s.applyTimeSlice(ctx, g); err != nil {
+				return fmt.Errorf("group %s: %w", g.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (s *sharing) applyTimeSlice(ctx context.Context, g *planner.Group) error {
+	if s.SetTimeSlice == nil {
+		return errors.New("the plugin cannot set time slices on this node")
+	}
+	s.mu.Lock()
+	var todo []int
+	for _, x := range g.GPUs {
+		if s.slices[x] != g.Profile.TimeSlice {
+			todo = append(todo, x)
+		}
+	}
+	s.mu.Unlock()
+	if len(todo) == 0 {
+		return nil
+	}
+	if err := s.SetTimeSlice(ctx, todo, g.Profile.TimeSlice); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	for _, x := range todo {
+		s.slices[x] = g.Profile.TimeSlice
+	}
+	s.mu.Unlock()
+	klog.FromContext(ctx).V(2).Info("Set time slice", "group", g.Name, "gpus", todo, "interval", g.Profile.TimeSlice)
+	return nil
+}
+
+// settle stops the daemons of MPS groups no claim uses any more and sets
+// new limits where the largest share changed; after releases, and at
+// start for every daemon found (adopting those in use, stopping those a
+// plugin that went away left behind). Failures are logged: a release has
+// already succeeded.
+func (s *sharing) settle(ctx context.Context, all bool) {
+	if s.MPS == nil {
+		return
+	}
+	s.mu.Lock()
+	names := slices.Sorted(maps.Keys(s.changed))
+	known := s.known
+	s.mu.Unlock()
+	if !known {
+		klog.FromContext(ctx).Info("Which groups are in use is not known yet (the checkpoint is being rebuilt); MPS daemons are left as they are")
+		return
+	}
+	if all {
+		known, err := s.MPS.Known()
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "Cannot list MPS daemons")
+		}
+		s.mu.Lock()
+		names = append(append(names, known...), slices.Collect(maps.Keys(s.largest))...)
+		s.mu.Unlock()
+		slices.Sort(names)
+		names = slices.Compact(names)
+	}
+	for _, name := range names {
+		g := s.node.plan.GroupByDevice(name)
+		if g == nil || g.Profile.Sharing != v1alpha1.SharingMPS {
+			if all && g == nil {
+				// A daemon of a group today's plan lacks: stop it by its
+				// directory alone (its GPUs are unknown now).
+				if err := s.MPS.Settle(ctx, mps.Group{Name: name}, mps.Unused()); err != nil {
+					klog.FromContext(ctx).Error(err, "Cannot stop MPS daemon", "mpsDaemon", name)
+				}
+			}
+			continue
+		}
+		settle := s.MPS.Settle
+		if all {
+			settle = s.MPS.Ensure // at start: check that it still runs
+		}
+		if err := settle(ctx, s.mpsGroup(g), s.want(g)); err != nil {
+			klog.FromContext(ctx).Error(err, "Cannot settle MPS daemon", "mpsDaemon", name)
+		}
+	}
+}
+
+// mpsEdits are the container edits that make a request's container a
+// client of its group's daemon, or nil where its groups do not use MPS.
+// A container reaches one daemon only (one CUDA_MPS_PIPE_DIRECTORY), so a
+// request holding seats of an MPS group holds seats of that group only.
+func (s *sharing) mpsEdits(devs []checkpoint.Device) (*containeredits.MPS, error) {
+	var g *planner.Group
+	k := 0
+	usesMPS := false
+	for _, dev := range devs {
+		dg := s.node.plan.GroupByDevice(dev.GroupDevice)
+		if dg == nil || dev.AdminAccess {
+			continue
+		}
+		if dg.Profile.Sharing == v1alpha1.SharingMPS {
+			usesMPS = true
+		}
+		if g != nil && dg != g {
+			if usesMPS {
+				return nil, fmt.Errorf("the request holds seats of groups %s and %s, and a container reaches one MPS daemon only: request seats of one MPS group per request", g.Name, dg.Name)
+			}
+		}
+		g = dg
+		k += len(dev.Seats)
+	}
+	if !usesMPS || k == 0 {
+		return nil, nil
+	}
+	if s.MPS == nil {
+		return nil, fmt.Errorf("group %s: profile %s shares its groups with MPS, but the plugin runs without MPS", g.Name, g.Profile.Name)
+	}
+	l := mps.Share(k, g.Seats(), s.memory(g))
+	dir := s.MPS.Dir(g.DeviceName())
+	return &containeredits.MPS{
+		HostPipeDir: filepath.Join(dir, mps.PipeDir), ContainerPipeDir: mps.ContainerPipeDir, HostShmDir: filepath.Join(dir, mps.ShmDir),
+		ActiveThreadPercentage: l.ActiveThreadPercentage, PinnedMemLimit: l.MemLimitEnv(),
+	}, nil
+}

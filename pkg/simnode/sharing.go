@@ -1,0 +1,88 @@
+package simnode
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// A simulated GPU keeps its compute mode (NVML's SetComputeMode and
+// GetComputeMode) and its time slice, and records every change, so that a
+// test can tell what the plugin did to the hardware and in what order.
+
+// SharingChange is one change of a GPU's sharing settings.
+type SharingChange struct {
+	GPU int
+	// What is "computeMode" or "timeSlice".
+	What  string
+	Value string
+}
+
+func (n *Node) setComputeMode(i int, mode nvml.ComputeMode) nvml.Return {
+	if ret := n.failure(i); ret != nvml.SUCCESS {
+		return ret
+	}
+	if mode != nvml.COMPUTEMODE_DEFAULT && mode != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS && mode != nvml.COMPUTEMODE_PROHIBITED {
+		return nvml.ERROR_INVALID_ARGUMENT
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.computeModes[i] = mode
+	n.sharing = append(n.sharing, SharingChange{GPU: i, What: "computeMode", Value: ComputeModeName(mode)})
+	return nvml.SUCCESS
+}
+
+func (n *Node) computeMode(i int) (nvml.ComputeMode, nvml.Return) {
+	if ret := n.failure(i); ret != nvml.SUCCESS {
+		return 0, ret
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.computeModes[i], nvml.SUCCESS
+}
+
+// SetTimeSlice sets GPU i's time slice, as nvidia-smi compute-policy
+// --set-timeslice does on a real GPU (interval 0 Default … 3 Long).
+func (n *Node) SetTimeSlice(i, interval int) error {
+	if i < 0 || i >= len(n.devices) {
+		return fmt.Errorf("no GPU %d", i)
+	}
+	if ret := n.failure(i); ret != nvml.SUCCESS {
+		return fmt.Errorf("GPU %d: %s", i, nvmlErrorString(ret))
+	}
+	if interval < 0 || interval > 3 {
+		return fmt.Errorf("time slice %d is not 0-3", interval)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.sharing = append(n.sharing, SharingChange{GPU: i, What: "timeSlice", Value: fmt.Sprint(interval)})
+	return nil
+}
+
+// SharingChanges returns the changes made so far, in order.
+func (n *Node) SharingChanges() []SharingChange {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.sharing)
+}
+
+// ComputeMode is GPU i's compute mode now.
+func (n *Node) ComputeMode(i int) nvml.ComputeMode {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.computeModes[i]
+}
+
+// ComputeModeName names a compute mode as nvidia-smi does.
+func ComputeModeName(m nvml.ComputeMode) string {
+	switch m {
+	case nvml.COMPUTEMODE_DEFAULT:
+		return "Default"
+	case nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
+		return "Exclusive_Process"
+	case nvml.COMPUTEMODE_PROHIBITED:
+		return "Prohibited"
+	}
+	return fmt.Sprintf("ComputeMode(%d)", m)
+}
