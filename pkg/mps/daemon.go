@@ -154,7 +154,9 @@ func (m *Manager) Settle(ctx context.Context, g Group, want Want) error {
 	return m.ensure(ctx, g, limits)
 }
 
-func limitsKey(l Limits) string { return fmt.Sprintf("%d %v", l.ActiveThreadPercentage, l.PinnedMemMiB) }
+func limitsKey(l Limits) string {
+	return fmt.Sprintf("%d %v", l.ActiveThreadPercentage, l.PinnedMemMiB)
+}
 
 func (m *Manager) ensure(ctx context.Context, g Group, limits Limits) error {
 	logger := klog.FromContext(ctx).WithValues("mpsDaemon", g.Name)

@@ -58,6 +58,7 @@ type options struct {
 	node        nodesetup.Flags
 	health      nodesetup.HealthFlags
 	driverFiles nodesetup.DriverFilesFlags
+	sharing     nodesetup.SharingFlags
 
 	dirs dirs
 
@@ -112,6 +113,7 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	f.Float64Var(&o.kubeAPIQPS, "kube-api-qps", "KUBE_API_QPS", 5, "queries per second to the API server")
 	f.IntVar(&o.kubeAPIBurst, "kube-api-burst", "KUBE_API_BURST", 10, "burst of queries to the API server")
 	o.dirs.addFlags(f)
+	o.sharing.AddFlags(f)
 	f.IntVar(&o.healthPort, "healthcheck-port", "HEALTHCHECK_PORT", -1, "port of the gRPC health service (liveness probe); -1: off")
 	f.StringVar(&o.healthAddress, "healthcheck-address", "HEALTHCHECK_ADDRESS", "127.0.0.1", "IP address the gRPC health service listens on; the kubelet's gRPC probes dial the pod IP, so a chart sets it from status.podIP")
 	f.StringVar(&o.metricsAddress, "metrics-address", "METRICS_ADDRESS", "", "address of the Prometheus metrics endpoint (/metrics), such as :8080; empty: off")
@@ -198,7 +200,12 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	mpsManager, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.dirs.pluginsDir))
+	if err != nil {
+		return err
+	}
 	opts := draplugin.Options{
+		Sharing:         draplugin.Sharing{MPS: mpsManager, SetTimeSlice: node.Host.SetTimeSlice},
 		NodeName:        o.node.NodeName,
 		Client:          client,
 		Inventory:       node.Inv,
