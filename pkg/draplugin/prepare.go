@@ -13,8 +13,10 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
@@ -167,6 +169,11 @@ const (
 	metaGenerations = "seatGenerations"
 	metaGPUUUIDs    = "gpuUUIDs"
 	metaAdminAccess = "adminAccess"
+	// The sharing of the device's group: its strategy and, for MPS, the
+	// device's own share (its seats of the group's).
+	metaSharing      = "sharing"
+	metaMPSThreadPct = "mpsActiveThreadPercentage"
+	metaMPSMemMiB    = "mpsPinnedDeviceMemLimitMiB"
 )
 
 // metadata is what a container learns of a prepared device from its
@@ -195,6 +202,16 @@ func (d *Driver) metadata(dev checkpoint.Device) *kubeletplugin.DeviceMetadata {
 	if dev.AdminAccess {
 		admin := true
 		attrs[metaAdminAccess] = resourceapi.DeviceAttribute{BoolValue: &admin}
+	}
+	if g := d.node.plan.GroupByDevice(dev.GroupDevice); g != nil {
+		strategy := string(g.Profile.Sharing)
+		attrs[metaSharing] = resourceapi.DeviceAttribute{StringValue: &strategy}
+		if g.Profile.Sharing == v1alpha1.SharingMPS && len(dev.Seats) > 0 {
+			l := mps.Share(len(dev.Seats), g.Seats(), d.sharing.memory(g))
+			pct := int64(l.ActiveThreadPercentage)
+			attrs[metaMPSThreadPct] = resourceapi.DeviceAttribute{IntValue: &pct}
+			attrs[metaMPSMemMiB] = resourceapi.DeviceAttribute{IntValues: l.PinnedMemMiB}
+		}
 	}
 	return &kubeletplugin.DeviceMetadata{Attributes: attrs}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/api/metadata"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
@@ -43,6 +44,7 @@ func withSharing(root, control string) envOption {
 		}
 		e.opts = func(o *draplugin.Options) {
 			o.Sharing = draplugin.Sharing{MPS: mgr, SetTimeSlice: host.SetTimeSlice}
+			o.DeviceMetadata = true
 		}
 		e.t.Cleanup(func() {
 			// A daemon a test leaves running is stopped with its directory.
@@ -118,6 +120,18 @@ func TestMPSSeatsHoldTheirSharesOverSockets(t *testing.T) {
 	}
 	if got := joinMPS(t, control, pipe, env); got != "thread=25 mem=0=20480M" {
 		t.Errorf("the seat's container got %q from the daemon", got)
+	}
+	// Its metadata file says the same.
+	meta := readMetadata(t, e.metadataMounts(ids...)[metadata.ResourceClaimFilePath("gpu.kyb.ai", one.Name, "gpu")])
+	attrs := meta.Requests[0].Devices[0].Attributes
+	if v := attrs["sharing"].StringValue; v == nil || *v != "mps" {
+		t.Errorf("metadata sharing %v, want mps", v)
+	}
+	if v := attrs["mpsActiveThreadPercentage"].IntValue; v == nil || *v != 25 {
+		t.Errorf("metadata mpsActiveThreadPercentage %v, want 25", v)
+	}
+	if v := attrs["mpsPinnedDeviceMemLimitMiB"].IntValues; !slices.Equal(v, []int64{20480}) {
+		t.Errorf("metadata mpsPinnedDeviceMemLimitMiB %v, want [20480]", v)
 	}
 	raised := map[string]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}
 	if got := joinMPS(t, control, pipe, raised); got != "thread=25 mem=0=20480M" {

@@ -35,6 +35,8 @@ type ProfileView struct {
 	GPUsPerGroup       int         `json:"gpusPerGroup"`
 	SeatsPerGroup      int         `json:"seatsPerGroup"`
 	AllowOverprovision bool        `json:"allowOverprovision"`
+	Sharing            string      `json:"sharing"`
+	TimeSlice          string      `json:"timeSlice,omitempty"`
 	Seats              int         `json:"seats"`
 	Groups             []GroupView `json:"groups"`
 }
@@ -62,6 +64,7 @@ func NewView(node, source string, inv *inventory.Inventory, plan *planner.Plan) 
 		pv := ProfileView{
 			Name: prof.Name, Resource: prof.Resource, GPUsPerGroup: prof.Size,
 			SeatsPerGroup: prof.SeatsPerGroup, AllowOverprovision: prof.AllowOverprovision,
+			Sharing: string(prof.Sharing), TimeSlice: string(prof.TimeSlice),
 			Seats: prof.Seats(), Groups: []GroupView{},
 		}
 		for _, g := range prof.Groups {
@@ -145,9 +148,13 @@ func WriteTable(w io.Writer, node, source string, inv *inventory.Inventory, plan
 
 	fmt.Fprintln(out, "\nProfiles")
 	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROFILE\tRESOURCE\tGPUS/GROUP\tSEATS/GROUP\tGROUPS\tSEATS\tOVERPROVISION")
+	fmt.Fprintln(tw, "PROFILE\tRESOURCE\tGPUS/GROUP\tSEATS/GROUP\tGROUPS\tSEATS\tOVERPROVISION\tSHARING")
 	for _, p := range plan.Profiles {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", p.Name, p.Resource, p.Size, p.SeatsPerGroup, len(p.Groups), p.Seats(), yesNo(p.AllowOverprovision))
+		sharing := string(p.Sharing)
+		if p.TimeSlice != "" {
+			sharing += " (" + string(p.TimeSlice) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.Resource, p.Size, p.SeatsPerGroup, len(p.Groups), p.Seats(), yesNo(p.AllowOverprovision), sharing)
 	}
 	tw.Flush()
 

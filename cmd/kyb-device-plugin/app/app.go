@@ -14,10 +14,12 @@ import (
 
 	"k8s.io/klog/v2"
 
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/deviceplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
 const name = "kyb-device-plugin"
@@ -95,6 +97,9 @@ func (o *options) run(ctx context.Context) error {
 	}
 	defer node.Close(ctx)
 	node.LogPlan(ctx)
+	if err := shimServesSharing(node.Plan); err != nil {
+		return err
+	}
 	injection := deviceplugin.Injection(o.injection.Value())
 	files, err := o.driverFiles.ChooseDriverFiles(ctx, node, &o.node, o.cdiRoot, injection == deviceplugin.InjectionCDI)
 	if err != nil {
@@ -125,5 +130,21 @@ func (o *options) run(ctx context.Context) error {
 	defer p.Stop()
 	<-ctx.Done()
 	logger.Info("Shutting down; removing the shim's sockets")
+	return nil
+}
+
+// shimServesSharing refuses profiles whose sharing the shim cannot keep:
+// without a release call from the kubelet it cannot tell when a group's
+// last seat goes, so it runs no MPS daemon, and a container of an mps
+// profile would share its GPU with no limit at all.
+func shimServesSharing(plan *planner.Plan) error {
+	for _, p := range plan.Profiles {
+		switch {
+		case p.Sharing == v1alpha1.SharingMPS:
+			return fmt.Errorf("profile %s: sharing strategy mps is served by the DRA plugin only; the device-plugin shim would give its seats no limits. Use timeSlicing for this node, or the DRA plugin", p.Name)
+		case p.TimeSlice != "":
+			return fmt.Errorf("profile %s: a time-slice interval is applied by the DRA plugin only; leave sharing.timeSlicing.interval out for the device-plugin shim", p.Name)
+		}
+	}
 	return nil
 }

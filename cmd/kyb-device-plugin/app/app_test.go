@@ -125,3 +125,25 @@ func TestDevicePluginServesUntilSignalledAndRemovesItsSocketsOverRealSockets(t *
 		t.Errorf("DRA plugin's check after the shim stopped: %v", err)
 	}
 }
+
+// The shim cannot keep MPS limits (it learns of no release), so it refuses
+// an mps profile rather than hand out seats with no limit at all.
+func TestDevicePluginRefusesSharingItCannotKeep(t *testing.T) {
+	dir := sockettest.Dir(t)
+	for name, tc := range map[string]struct{ sharing, want string }{
+		"mps":        {"{strategy: mps}", "profile 1x: sharing strategy mps is served by the DRA plugin only"},
+		"time slice": {"{timeSlicing: {interval: Long}}", "profile 1x: a time-slice interval is applied by the DRA plugin only"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := filepath.Join(t.TempDir(), "config.yaml")
+			if err := os.WriteFile(cfg, []byte("profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 4, sharing: "+tc.sharing+"}\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			code, errOut := runShimCommand(context.Background(), nil, "--simulate", "dgx-h100", "--config", cfg,
+				"--device-plugin-directory-path", filepath.Join(dir, "dp"), "--kubelet-plugins-directory-path", filepath.Join(dir, "plugins"))
+			if code != 1 || !strings.Contains(errOut, tc.want) {
+				t.Errorf("exit %d, stderr:\n%s\nwant it to say %q", code, errOut, tc.want)
+			}
+		})
+	}
+}
