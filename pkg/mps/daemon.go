@@ -159,7 +159,7 @@ func limitsKey(l Limits) string {
 }
 
 func (m *Manager) ensure(ctx context.Context, g Group, limits Limits) error {
-	logger := klog.FromContext(ctx).WithValues("mpsDaemon", g.Name)
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "mpsDaemon", g.Name)
 	servers, err := m.servers(ctx, g.Name)
 	if err != nil {
 		if err := m.start(ctx, g); err != nil {
