@@ -3,7 +3,6 @@ package draplugin_test
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -69,20 +68,12 @@ func (e *env) mounts(ids ...string) map[string]string {
 	return out
 }
 
-// joinMPS runs a simulated CUDA client with a container's MPS environment,
-// the pipe directory being the host's (the container's is a bind mount of
-// it), and returns the limits the daemon gives it.
+// joinMPS joins the daemon as a container's CUDA process would, with the
+// container's MPS environment; the pipe directory is the host's (the
+// container's is a bind mount of it).
 func joinMPS(t *testing.T, control, hostPipe string, env map[string]string) string {
 	t.Helper()
-	cmd := exec.Command(control, "--client")
-	cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=" + hostPipe,
-		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"],
-		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("MPS client: %v: %s", err, out)
-	}
-	return strings.TrimSpace(string(out))
+	return mpstest.Join(t, control, hostPipe, env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
 }
 
 func TestMPSSeatsHoldTheirSharesOverSockets(t *testing.T) {

@@ -3,7 +3,6 @@ package mps_test
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -50,19 +49,6 @@ func newManager(t *testing.T, control string) (*mps.Manager, *modes, string) {
 	return m, md, root
 }
 
-// joinAs runs a client the way a container holding the seat does: with
-// the pipe directory and the limits of its environment.
-func joinAs(t *testing.T, control, pipe string, env ...string) string {
-	t.Helper()
-	cmd := exec.Command(control, "--client")
-	cmd.Env = append([]string{"CUDA_MPS_PIPE_DIRECTORY=" + pipe}, env...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("client: %v: %s", err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 func TestDaemonHoldsTheLargestShareAndTheEnvironmentOnlyLowersIt(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	control := mpstest.Build(t)
@@ -78,11 +64,11 @@ func TestDaemonHoldsTheLargestShareAndTheEnvironmentOnlyLowersIt(t *testing.T) {
 		t.Errorf("GPUs not in EXCLUSIVE_PROCESS while the daemon runs: %v", md.exclusive)
 	}
 	pipe := filepath.Join(root, g.Name, mps.PipeDir)
-	if got := joinAs(t, control, pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+one.MemLimitEnv()); got != "thread=25 mem=0=20389M,1=20389M" {
+	if got := mpstest.Join(t, control, pipe, "25", one.MemLimitEnv()); got != "thread=25 mem=0=20389M,1=20389M" {
 		t.Errorf("a one-seat client got %q", got)
 	}
 	// A tenant that raises its own environment keeps the daemon's limit.
-	if got := joinAs(t, control, pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=80G,1=80G"); got != "thread=25 mem=0=20389M,1=20389M" {
+	if got := mpstest.Join(t, control, pipe, "100", "0=80G,1=80G"); got != "thread=25 mem=0=20389M,1=20389M" {
 		t.Errorf("a client raising its environment got %q, want the daemon's one-seat share", got)
 	}
 	// A two-seat claim joins: the daemon and its running server now hold
@@ -91,10 +77,10 @@ func TestDaemonHoldsTheLargestShareAndTheEnvironmentOnlyLowersIt(t *testing.T) {
 	if err := m.Ensure(ctx, g, mps.Fixed(mps.Max(one, two))); err != nil {
 		t.Fatal(err)
 	}
-	if got := joinAs(t, control, pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+two.MemLimitEnv()); got != "thread=50 mem=0=40779M,1=40779M" {
+	if got := mpstest.Join(t, control, pipe, "50", two.MemLimitEnv()); got != "thread=50 mem=0=40779M,1=40779M" {
 		t.Errorf("a two-seat client got %q", got)
 	}
-	if got := joinAs(t, control, pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+one.MemLimitEnv()); got != "thread=25 mem=0=20389M,1=20389M" {
+	if got := mpstest.Join(t, control, pipe, "25", one.MemLimitEnv()); got != "thread=25 mem=0=20389M,1=20389M" {
 		t.Errorf("a one-seat client beside a two-seat one got %q", got)
 	}
 	cmds := mpstest.Commands(t, filepath.Join(root, g.Name, mps.LogDir))

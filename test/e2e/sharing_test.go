@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -63,17 +62,7 @@ func TestMPSSeatsEndToEnd(t *testing.T) {
 	if mounts["/tmp/nvidia-mps"] != pipe || mounts["/dev/shm"] != filepath.Join(root, "g0-1x", "shm") {
 		t.Errorf("pod a's mounts %v: want the daemon's pipe directory and its shm as /dev/shm", mounts)
 	}
-	join := func(thread, mem string) string {
-		t.Helper()
-		cmd := exec.Command(control, "--client")
-		cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + thread, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + mem}
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("MPS client: %v: %s", err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	if got := join("100", "0=80G"); got != "thread=25 mem=0=20389M" {
+	if got := mpstest.Join(t, control, pipe, "100", "0=80G"); got != "thread=25 mem=0=20389M" {
 		t.Errorf("a client raising its limits got %q from the daemon, want a quarter", got)
 	}
 

@@ -59,3 +59,17 @@ func Commands(t testing.TB, logDir string) []string {
 	}
 	return cmds
 }
+
+// Join runs a simulated CUDA process joining the daemon whose pipe
+// directory is pipe, with the MPS limits of its environment (empty: none),
+// and returns what the daemon gives it: "thread=<pct> mem=<limits>".
+func Join(t testing.TB, control, pipe, threadPct, memLimit string) string {
+	t.Helper()
+	cmd := exec.Command(control, "--client")
+	cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + threadPct, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + memLimit}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("MPS client: %v: %s", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
