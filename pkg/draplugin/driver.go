@@ -283,6 +283,11 @@ func (d *Driver) runBackground(ctx context.Context) {
 		d.publisher.watchChanges(ctx, healthChanged)
 	})
 	d.background.Go(func() { d.statuses.run(ctx) })
+	mpsHealth, unsubscribeMPS := d.publisher.health.view.Subscribe()
+	d.background.Go(func() {
+		defer unsubscribeMPS()
+		d.sharing.watchHealth(ctx, d.publisher.health.view, mpsHealth)
+	})
 	d.background.Go(func() {
 		d.ledger.ReleaseStale(ctx)
 		d.sharing.settle(ctx, false)

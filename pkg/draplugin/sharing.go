@@ -14,6 +14,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
@@ -245,4 +246,44 @@ func (s *sharing) mpsEdits(devs []checkpoint.Device) (*containeredits.MPS, error
 		HostPipeDir: filepath.Join(dir, mps.PipeDir), ContainerPipeDir: mps.ContainerPipeDir, HostShmDir: filepath.Join(dir, mps.ShmDir),
 		ActiveThreadPercentage: l.ActiveThreadPercentage, PinnedMemLimit: l.MemLimitEnv(),
 	}, nil
+}
+
+// watchHealth stops the MPS daemon of a group one of whose GPUs is lost
+// (its clients are gone with the GPU, and a daemon on a lost GPU answers
+// nothing useful), and starts it again when the GPU comes back while the
+// group is in use.
+func (s *sharing) watchHealth(ctx context.Context, view health.View, changed <-chan struct{}) {
+	if s.MPS == nil || changed == nil {
+		return
+	}
+	down := map[string]bool{}
+	for {
+		faults := view.Faults()
+		for _, g := range s.node.plan.Groups() {
+			if g.Profile.Sharing != v1alpha1.SharingMPS {
+				continue
+			}
+			lost := slices.ContainsFunc(g.GPUs, func(x int) bool { f, ok := faults[x]; return ok && f.Kind == health.KindLost })
+			name := g.DeviceName()
+			switch {
+			case lost && !down[name]:
+				down[name] = true
+				if err := s.MPS.Settle(ctx, s.mpsGroup(g), mps.Unused()); err != nil {
+					klog.FromContext(ctx).Error(err, "Cannot stop the MPS daemon of a group with a lost GPU", "mpsDaemon", name)
+				} else {
+					klog.FromContext(ctx).Info("Stopped the MPS daemon of a group with a lost GPU", "mpsDaemon", name)
+				}
+			case !lost && down[name]:
+				delete(down, name)
+				if err := s.MPS.Ensure(ctx, s.mpsGroup(g), s.want(g)); err != nil {
+					klog.FromContext(ctx).Error(err, "Cannot start the MPS daemon again after its GPU came back", "mpsDaemon", name)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+	}
 }
