@@ -56,22 +56,35 @@ func newSharing(s Sharing, node nodePlan) *sharing {
 	return &sharing{Sharing: s, node: node, largest: map[string]int{}, changed: map[string]bool{}, slices: map[int]v1alpha1.TimeSliceInterval{}}
 }
 
-// setUsage is the ledger's UsageChanged (with the ledger's lock held).
+// setUsage is the ledger's UsageChanged (with the ledger's lock held). It
+// notes the MPS groups whose largest share changed, for settle.
 func (s *sharing) setUsage(u seatledger.Usage) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for gd := range s.largest {
-		if _, held := u.Largest[gd]; !held {
-			s.changed[gd] = true
-		}
-	}
-	for gd, n := range u.Largest {
-		if s.largest[gd] != n {
+	for _, gd := range slices.Concat(slices.Collect(maps.Keys(s.largest)), slices.Collect(maps.Keys(u.Largest))) {
+		if s.largest[gd] != u.Largest[gd] && s.usesMPS(gd) {
 			s.changed[gd] = true
 		}
 	}
 	s.largest = maps.Clone(u.Largest)
 	s.known = true
+}
+
+func (s *sharing) held(groupDevice string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.largest[groupDevice] > 0
+}
+
+func (s *sharing) usesMPS(groupDevice string) bool {
+	g := s.node.plan.GroupByDevice(groupDevice)
+	return g != nil && g.Profile.Sharing == v1alpha1.SharingMPS
+}
+
+// errNoMPS is the error of an MPS claim on a plugin started without the
+// MPS manager.
+func errNoMPS(g *planner.Group) error {
+	return fmt.Errorf("group %s: profile %s shares its groups with MPS, but this plugin was started without MPS daemons", g.Name, g.Profile.Name)
 }
 
 func (s *sharing) want(g *planner.Group) mps.Want {
@@ -119,7 +132,7 @@ func (s *sharing) prepare(ctx context.Context, c *checkpoint.Claim) error {
 		switch {
 		case g.Profile.Sharing == v1alpha1.SharingMPS:
 			if s.MPS == nil {
-				return fmt.Errorf("group %s: profile %s shares its groups with MPS, but the plugin runs without MPS (--mps-root is empty)", g.Name, g.Profile.Name)
+				return errNoMPS(g)
 			}
 			if err := s.MPS.Ensure(ctx, s.mpsGroup(g), s.want(g)); err != nil {
 				return fmt.Errorf("group %s: %w", g.Name, err)
@@ -178,33 +191,37 @@ func (s *sharing) settle(ctx context.Context, all bool) {
 		return
 	}
 	if all {
-		known, err := s.MPS.Known()
+		dirs, err := s.MPS.Known()
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Cannot list MPS daemons")
 		}
 		s.mu.Lock()
-		names = append(append(names, known...), slices.Collect(maps.Keys(s.largest))...)
+		names = append(append(names, dirs...), slices.Collect(maps.Keys(s.largest))...)
 		s.mu.Unlock()
 		slices.Sort(names)
 		names = slices.Compact(names)
 	}
 	for _, name := range names {
 		g := s.node.plan.GroupByDevice(name)
-		if g == nil || g.Profile.Sharing != v1alpha1.SharingMPS {
-			if all && g == nil {
-				// A daemon of a group today's plan lacks: stop it by its
-				// directory alone (its GPUs are unknown now).
-				if err := s.MPS.Settle(ctx, mps.Group{Name: name}, mps.Unused()); err != nil {
-					klog.FromContext(ctx).Error(err, "Cannot stop MPS daemon", "mpsDaemon", name)
-				}
-			}
+		var err error
+		switch {
+		case g == nil && s.held(name):
+			// A claim still holds a group an earlier configuration
+			// defined: its containers keep their daemon until it goes.
 			continue
+		case g == nil:
+			// A daemon of a group today's plan lacks (found at start):
+			// stopped by its directory alone, its GPUs unknown now.
+			err = s.MPS.Settle(ctx, mps.Group{Name: name}, mps.Unused())
+		case g.Profile.Sharing != v1alpha1.SharingMPS:
+			continue
+		case all:
+			// At start: check that a daemon of a group in use still runs.
+			err = s.MPS.Ensure(ctx, s.mpsGroup(g), s.want(g))
+		default:
+			err = s.MPS.Settle(ctx, s.mpsGroup(g), s.want(g))
 		}
-		settle := s.MPS.Settle
-		if all {
-			settle = s.MPS.Ensure // at start: check that it still runs
-		}
-		if err := settle(ctx, s.mpsGroup(g), s.want(g)); err != nil {
+		if err != nil {
 			klog.FromContext(ctx).Error(err, "Cannot settle MPS daemon", "mpsDaemon", name)
 		}
 	}
@@ -238,7 +255,7 @@ func (s *sharing) mpsEdits(devs []checkpoint.Device) (*containeredits.MPS, error
 		return nil, nil
 	}
 	if s.MPS == nil {
-		return nil, fmt.Errorf("group %s: profile %s shares its groups with MPS, but the plugin runs without MPS", g.Name, g.Profile.Name)
+		return nil, errNoMPS(g)
 	}
 	l := mps.Share(k, g.Seats(), s.memory(g))
 	dir := s.MPS.Dir(g.DeviceName())
