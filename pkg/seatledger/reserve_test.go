@@ -72,11 +72,11 @@ func TestReleaseDuringAPrepareWaitsForIt(t *testing.T) {
 	}
 }
 
-// The other pod of a rolling update may release a claim between this
-// pod's choice of seats and its spec write: Confirm finds out and takes
-// the spec back.
-func TestReleaseByTheOtherPodDuringAPrepareIsFound(t *testing.T) {
-	r := newRig(t, "dgx-h100", fourSeats)
+// openWithPeer opens the rig's ledger and that of the other pod of a
+// rolling update, on the same directory; the peer is closed at the end of
+// the test.
+func (r *rig) openWithPeer(t *testing.T) (*Ledger, *Ledger) {
+	t.Helper()
 	r.opts.SharedWithPeer = true
 	l := r.open()
 	peerOpts := r.opts
@@ -85,7 +85,16 @@ func TestReleaseByTheOtherPodDuringAPrepareIsFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer peer.Close(r.ctx)
+	t.Cleanup(func() { peer.Close(r.ctx) })
+	return l, peer
+}
+
+// The other pod of a rolling update may release a claim between this
+// pod's choice of seats and its spec write: Confirm finds out and takes
+// the spec back.
+func TestReleaseByTheOtherPodDuringAPrepareIsFound(t *testing.T) {
+	r := newRig(t, "dgx-h100", fourSeats)
+	l, peer := r.openWithPeer(t)
 	c := claim("c", "g0-1x")
 	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{c})
 	if res.Errs[c.UID] != nil {
@@ -97,7 +106,7 @@ func TestReleaseByTheOtherPodDuringAPrepareIsFound(t *testing.T) {
 	if err := r.specs.Write(c.UID, res.Entries[c.UID]); err != nil {
 		t.Fatal(err)
 	}
-	err = res.Confirm(r.ctx, c.UID)
+	err := res.Confirm(r.ctx, c.UID)
 	res.Done()
 	if err == nil || !strings.Contains(err.Error(), "released the claim while this one prepared it") {
 		t.Errorf("Confirm: %v", err)
@@ -191,15 +200,7 @@ func TestStartedEntryOfAnEarlierAllocationIsReplaced(t *testing.T) {
 // then the other pod's entry's, and Confirm puts it back.
 func TestPrepareAnewByTheOtherPodKeepsItsSpec(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
-	r.opts.SharedWithPeer = true
-	l := r.open()
-	peerOpts := r.opts
-	peerOpts.UsageChanged = nil
-	peer, err := Open(r.ctx, peerOpts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close(r.ctx)
+	l, peer := r.openWithPeer(t)
 	c := claim("c", "g0-1x")
 	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{c})
 	defer res.Done()
