@@ -203,7 +203,7 @@ func (d *Driver) metadata(dev checkpoint.Device) *kubeletplugin.DeviceMetadata {
 		admin := true
 		attrs[metaAdminAccess] = resourceapi.DeviceAttribute{BoolValue: &admin}
 	}
-	if g := d.node.plan.GroupByDevice(dev.GroupDevice); g != nil {
+	if g := d.node.group(dev.GroupDevice); g != nil {
 		strategy := string(g.Profile.Sharing)
 		attrs[metaSharing] = resourceapi.DeviceAttribute{StringValue: &strategy}
 		if g.Profile.Sharing == v1alpha1.SharingMPS && len(dev.Seats) > 0 {

@@ -31,6 +31,16 @@ type nodePlan struct {
 	index map[string]draresources.DeviceRef
 }
 
+// group is the group of a group device (g01-2x), nil where today's plan
+// has none: the index's lookup, not the plan's walk over every group, on
+// the prepare path.
+func (n nodePlan) group(groupDevice string) *planner.Group {
+	if ref, ok := n.index[groupDevice]; ok && ref.Seat < 0 {
+		return ref.Group
+	}
+	return nil
+}
+
 // slicePublisher publishes a pool's slices: the kubeletplugin helper.
 type slicePublisher interface {
 	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error

@@ -77,7 +77,7 @@ func (s *sharing) held(groupDevice string) bool {
 }
 
 func (s *sharing) usesMPS(groupDevice string) bool {
-	g := s.node.plan.GroupByDevice(groupDevice)
+	g := s.node.group(groupDevice)
 	return g != nil && g.Profile.Sharing == v1alpha1.SharingMPS
 }
 
@@ -125,7 +125,7 @@ func (s *sharing) prepare(ctx context.Context, c *checkpoint.Claim) error {
 		if dev.AdminAccess {
 			continue // monitoring: NVML, not an MPS client
 		}
-		g := s.node.plan.GroupByDevice(dev.GroupDevice)
+		g := s.node.group(dev.GroupDevice)
 		if g == nil {
 			continue
 		}
@@ -202,7 +202,7 @@ func (s *sharing) settle(ctx context.Context, all bool) {
 		names = slices.Compact(names)
 	}
 	for _, name := range names {
-		g := s.node.plan.GroupByDevice(name)
+		g := s.node.group(name)
 		var err error
 		switch {
 		case g == nil && s.held(name):
@@ -236,7 +236,7 @@ func (s *sharing) mpsEdits(devs []checkpoint.Device) (*containeredits.MPS, error
 	k := 0
 	usesMPS := false
 	for _, dev := range devs {
-		dg := s.node.plan.GroupByDevice(dev.GroupDevice)
+		dg := s.node.group(dev.GroupDevice)
 		if dg == nil || dev.AdminAccess {
 			continue
 		}
