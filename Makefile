@@ -30,7 +30,7 @@ GOLANGCI_LINT ?= $(CURDIR)/_output/bin/golangci-lint
 LOGCHECK_VERSION ?= v0.11.0
 LOGCHECK  ?= $(CURDIR)/_output/bin/logcheck
 
-.PHONY: help build test unit fuzz soak bench e2e lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check
+.PHONY: help build test unit fuzz soak bench e2e e2e-node node-tools lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,7 +48,7 @@ plan: build ## print the plan of a simulated node (PRESET=dgx-h100)
 # report v0.0.0-master and version checks fail.
 E2E_LDFLAGS := -X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37
 
-test: unit fuzz chart-test e2e ## run every test: unit (-race), fuzz (briefly), chart, end-to-end
+test: unit fuzz chart-test e2e e2e-node ## run every test: unit (-race), fuzz (briefly), chart, end-to-end, real node
 
 # Empty: each target's own number of executions (about 10 s each); a
 # duration (FUZZTIME=1m) or a count (FUZZTIME=100000x) applies to every target.
@@ -63,7 +63,17 @@ bench: ## every benchmark of docs/performance.md in one run (ROUNDS=3); tables i
 	ROUNDS=$(or $(ROUNDS),3) hack/bench.sh
 
 e2e: helm ## end-to-end tests against etcd, kube-apiserver, kube-scheduler and the kubelet's DRA manager, in-process
-	cd test && HELM=$(HELM) $(GO) test -count=1 -timeout 25m -ldflags '$(E2E_LDFLAGS)' ./...
+	cd test && HELM=$(HELM) $(GO) test -count=1 -timeout 25m -ldflags '$(E2E_LDFLAGS)' $$($(GO) list ./... | grep -v /e2enode)
+
+# containerd, the kubelet, runc and podman, built or installed once into
+# $(NODE_TOOLS) (hack/node-tools.sh); the tests run real pods (as root).
+NODE_TOOLS ?= $(CURDIR)/_output/node
+CONTAINERD_VERSION ?= v2.2.9
+node-tools: ## build containerd (CONTAINERD_VERSION) and the kubelet, install runc and podman: what e2e-node needs
+	GO=$(GO) CONTAINERD_VERSION=$(CONTAINERD_VERSION) E2E_LDFLAGS='$(E2E_LDFLAGS)' hack/node-tools.sh $(NODE_TOOLS)
+
+e2e-node: build node-tools ## real pods on real nodes: kubelet + containerd + runc (and podman), the driver's binaries (root)
+	cd test && KYB_NODE_TOOLS=$(NODE_TOOLS) KYB_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 20m -ldflags '$(E2E_LDFLAGS)' ./e2enode
 
 unit: ## unit tests of the product module, with the race detector
 	$(GO) test -race -count=1 ./...

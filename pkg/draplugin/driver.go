@@ -178,8 +178,14 @@ func (d *Driver) open(ctx context.Context) error {
 			return fmt.Errorf("register metrics: %w", err)
 		}
 	}
-	if err := os.MkdirAll(opts.PluginDataDir, 0o750); err != nil {
-		return fmt.Errorf("create plugin data directory: %w", err)
+	// The registration directory too: a plugin that starts before the
+	// kubelet (a node booting, a kubelet being upgraded) would fail to
+	// listen in a directory the kubelet has not made yet. The kubelet
+	// finds a socket already there when it starts watching.
+	for _, dir := range []string{opts.PluginDataDir, opts.RegistrarDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("create the kubelet plugin directory: %w", err)
+		}
 	}
 	w, err := cdi.NewWriter(opts.CDIRoot)
 	if err != nil {

@@ -1,0 +1,190 @@
+package e2enode
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kyb-ai/kyb-dra-driver/test/harness"
+	"github.com/kyb-ai/kyb-dra-driver/test/realnode"
+)
+
+// probe prints what a container got: its environment, the GPU device
+// nodes and its mounts, between markers the tests split on; then it stays
+// up, so that a test can restart things under a running pod.
+const probe = `env | sort; echo '--- devices'; ls -l /dev/nvidia* 2>&1 | sort; echo '--- mounts'; cat /proc/mounts; echo '--- end'; sleep 3600`
+
+type podSpec struct {
+	name string
+	node string
+	// containers maps a container's name to the claim entries it uses;
+	// one container "app" using every claim when empty.
+	containers map[string][]string
+	claims     []v1.PodResourceClaim
+	limits     v1.ResourceList
+}
+
+func createPod(t *testing.T, c *harness.Cluster, p podSpec) *v1.Pod {
+	t.Helper()
+	if p.containers == nil {
+		var all []string
+		for _, rc := range p.claims {
+			all = append(all, rc.Name)
+		}
+		p.containers = map[string][]string{"app": all}
+	}
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: "default"},
+		Spec: v1.PodSpec{
+			NodeSelector:                  map[string]string{"kubernetes.io/hostname": p.node},
+			HostNetwork:                   true,
+			RestartPolicy:                 v1.RestartPolicyNever,
+			ResourceClaims:                p.claims,
+			TerminationGracePeriodSeconds: new(int64),
+		},
+	}
+	for name, claims := range p.containers {
+		ctr := v1.Container{
+			Name: name, Image: realnode.BusyboxImage, ImagePullPolicy: v1.PullNever,
+			Command: []string{"/bin/sh", "-c", probe},
+		}
+		for _, rc := range claims {
+			ctr.Resources.Claims = append(ctr.Resources.Claims, v1.ResourceClaim{Name: rc})
+		}
+		ctr.Resources.Limits = p.limits
+		pod.Spec.Containers = append(pod.Spec.Containers, ctr)
+	}
+	out, err := c.Client.CoreV1().Pods("default").Create(c.Ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create pod %s: %v", p.name, err)
+	}
+	return out
+}
+
+// claimTemplate creates a template asking for count devices of a class.
+func claimTemplate(t *testing.T, c *harness.Cluster, name, class string, count int64) {
+	t.Helper()
+	tmpl := &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class, Count: count}}},
+		}}},
+	}
+	if _, err := c.Client.ResourceV1().ResourceClaimTemplates("default").Create(c.Ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create claim template %s: %v", name, err)
+	}
+}
+
+func fromTemplate(entry, tmpl string) v1.PodResourceClaim {
+	return v1.PodResourceClaim{Name: entry, ResourceClaimTemplateName: &tmpl}
+}
+
+func byName(entry, claim string) v1.PodResourceClaim {
+	return v1.PodResourceClaim{Name: entry, ResourceClaimName: &claim}
+}
+
+// output is what one container printed, split by the probe's markers.
+type output struct {
+	env     map[string]string
+	devices []string // lines of ls -l /dev/nvidia*
+	mounts  []string // lines of /proc/mounts
+	raw     string
+}
+
+func (o output) device(name string) bool {
+	for _, l := range o.devices {
+		if strings.HasSuffix(l, " /dev/"+name) {
+			return true
+		}
+	}
+	return false
+}
+
+func (o output) mountedAt(path string) bool {
+	for _, l := range o.mounts {
+		if f := strings.Fields(l); len(f) > 1 && f[1] == path {
+			return true
+		}
+	}
+	return false
+}
+
+// waitForOutput waits until a container of a running pod has printed all
+// of the probe, reading its log through the API server as kubectl logs
+// does (API server → kubelet → containerd's log file).
+func waitForOutput(t *testing.T, c *harness.Cluster, pod, container string) output {
+	t.Helper()
+	var raw string
+	var lastErr error
+	err := wait.PollUntilContextTimeout(c.Ctx, 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		b, err := c.Client.CoreV1().Pods("default").GetLogs(pod, &v1.PodLogOptions{Container: container}).DoRaw(ctx)
+		if err != nil {
+			lastErr = err
+			return false, nil
+		}
+		raw = string(b)
+		return strings.Contains(raw, "--- end"), nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s container %s printed no complete probe in 90s (log %q, last error %v): %s", pod, container, raw, lastErr, describe(c, pod))
+	}
+	return parseOutput(raw)
+}
+
+func parseOutput(raw string) output {
+	o := output{env: map[string]string{}, raw: raw}
+	section := "env"
+	for _, l := range strings.Split(raw, "\n") {
+		switch l {
+		case "--- devices":
+			section = "devices"
+			continue
+		case "--- mounts":
+			section = "mounts"
+			continue
+		case "--- end":
+			return o
+		}
+		switch section {
+		case "env":
+			if k, v, ok := strings.Cut(l, "="); ok {
+				o.env[k] = v
+			}
+		case "devices":
+			if l != "" {
+				o.devices = append(o.devices, l)
+			}
+		case "mounts":
+			o.mounts = append(o.mounts, l)
+		}
+	}
+	return o
+}
+
+// describe summarises a pod for failure messages, with its events.
+func describe(c *harness.Cluster, pod string) string {
+	var b strings.Builder
+	b.WriteString(c.DescribePod("default", pod))
+	evs, err := c.Client.CoreV1().Events("default").List(c.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
+	if err == nil {
+		for _, e := range evs.Items {
+			fmt.Fprintf(&b, "\n  event %s %s: %s", e.Type, e.Reason, e.Message)
+		}
+	}
+	return b.String()
+}
+
+// deletePod deletes a pod and waits until the kubelet has removed it.
+func deletePod(t *testing.T, c *harness.Cluster, name string) {
+	t.Helper()
+	c.DeletePod(t, "default", name)
+}

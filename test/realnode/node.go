@@ -1,0 +1,261 @@
+package realnode
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/kubernetes/test/utils/ktesting"
+
+	"github.com/kyb-ai/kyb-dra-driver/test/harness"
+)
+
+// Tools are the programs a node runs: the node's own (hack/node-tools.sh)
+// and the driver's binaries (make build).
+type Tools struct {
+	// Dir holds containerd, ctr, containerd-shim-runc-v2, kubelet, pause
+	// and busybox.
+	Dir string
+	// Bin holds kyb-dra-plugin and kyb-device-plugin.
+	Bin string
+}
+
+// ToolsFromEnv reads the tools' directories from KYB_NODE_TOOLS and
+// KYB_BIN, as make e2e-node sets them, and checks that they are there.
+func ToolsFromEnv() (Tools, error) {
+	t := Tools{Dir: os.Getenv("KYB_NODE_TOOLS"), Bin: os.Getenv("KYB_BIN")}
+	if t.Dir == "" || t.Bin == "" {
+		return t, fmt.Errorf("KYB_NODE_TOOLS and KYB_BIN are not set: run these tests with make e2e-node")
+	}
+	if err := lookTools(t.Dir, "containerd", "ctr", "containerd-shim-runc-v2", "kubelet", "pause", "busybox"); err != nil {
+		return t, fmt.Errorf("node tools (make e2e-node builds them): %w", err)
+	}
+	if err := lookTools(t.Bin, "kyb-dra-plugin", "kyb-device-plugin"); err != nil {
+		return t, fmt.Errorf("driver binaries (make build): %w", err)
+	}
+	return t, nil
+}
+
+// Options describe a real node.
+type Options struct {
+	Name string
+	// Preset the plugin simulates.
+	Preset string
+	// Config is the node configuration (NodeConfig YAML); empty: defaults.
+	Config string
+	// PluginArgs are extra arguments of the plugin.
+	PluginArgs []string
+}
+
+// Node is a real node: containerd, the kubelet and the driver's plugin,
+// each its own process, all under Dir.
+type Node struct {
+	Name    string
+	Options Options
+	// Dir holds everything of the node; RootDir is the kubelet's.
+	Dir, RootDir, CDIDir, ContainerdSocket string
+
+	c                           *harness.Cluster
+	tools                       Tools
+	cgroupRoot                  string
+	kubeletPort                 int
+	containerd, kubelet, plugin *process
+}
+
+// Start starts a real node joined to the cluster: containerd with the
+// node's images, the driver's DRA plugin, and the kubelet; it returns once
+// the node is Ready and the plugin has published its slices. Everything
+// stops and goes when tb cleans up.
+func Start(tb ktesting.TB, c *harness.Cluster, tools Tools, opts Options) *Node {
+	tb.Helper()
+	started := time.Now()
+	// Short: unix socket paths are limited to 107 bytes.
+	dir, err := os.MkdirTemp("", "kyb-node-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n := &Node{
+		Name: opts.Name, Options: opts, Dir: dir, c: c, tools: tools,
+		RootDir:    filepath.Join(dir, "kubelet"),
+		CDIDir:     filepath.Join(dir, "cdi"),
+		cgroupRoot: "/" + filepath.Base(dir),
+	}
+	tb.Cleanup(func() {
+		if !tb.Failed() {
+			_ = os.RemoveAll(dir)
+			return
+		}
+		// Keep the logs of a failed test; the rest goes.
+		keep := filepath.Join(os.TempDir(), "kyb-node-logs-"+opts.Name)
+		_ = os.RemoveAll(keep)
+		_ = os.MkdirAll(keep, 0o755)
+		for _, f := range []string{"containerd.log", "kubelet.log", "plugin.log"} {
+			_ = os.Rename(filepath.Join(dir, f), filepath.Join(keep, f))
+		}
+		tb.Logf("logs of node %s kept in %s", opts.Name, keep)
+		_ = os.RemoveAll(dir)
+	})
+	for _, d := range []string{n.RootDir, n.CDIDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := makeCgroupRoot(n.cgroupRoot); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { removeCgroupRoot(n.cgroupRoot) })
+	if opts.Config != "" {
+		if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(opts.Config), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	n.startContainerd(tb)
+	// Registered after containerd's cleanup, so it runs before it: the
+	// pods go first, through the kubelet and the plugin, as a drained
+	// node's do.
+	tb.Cleanup(func() {
+		n.drain(tb)
+		n.StopKubelet()
+		n.plugin.stop(10 * time.Second)
+	})
+	n.StartPlugin(tb)
+	n.startKubelet(tb)
+	n.waitForSlices(tb)
+	tb.Logf("real node %s up in %v (dir %s)", n.Name, time.Since(started).Round(time.Millisecond), dir)
+	return n
+}
+
+// drain deletes every pod bound to the node and waits until the kubelet
+// has stopped them, so that their claims are unprepared by the plugin.
+func (n *Node) drain(tb ktesting.TB) {
+	pods, err := n.c.Client.CoreV1().Pods("").List(n.c.Ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
+	if err != nil {
+		return
+	}
+	for _, p := range pods.Items {
+		_ = n.c.Client.CoreV1().Pods(p.Namespace).Delete(n.c.Ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		pods, err := n.c.Client.CoreV1().Pods("").List(n.c.Ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
+		if err != nil || len(pods.Items) == 0 {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	tb.Logf("node %s: pods still there after 60s", n.Name)
+}
+
+// pluginArgs point the plugin at the kubelet's directories on this node.
+func (n *Node) pluginArgs() []string {
+	args := []string{
+		"--node-name", n.Name,
+		"--kubeconfig", n.c.Kubeconfig,
+		"--simulate", n.Options.Preset,
+		"--cdi-root", n.CDIDir,
+		"--kubelet-registrar-directory-path", filepath.Join(n.RootDir, "plugins_registry"),
+		"--kubelet-plugins-directory-path", filepath.Join(n.RootDir, "plugins"),
+		"--device-plugin-directory-path", filepath.Join(n.RootDir, "device-plugins"),
+		"--boot-id-file", filepath.Join(n.Dir, "boot_id"),
+	}
+	if n.Options.Config != "" {
+		args = append(args, "--config", filepath.Join(n.Dir, "config.yaml"))
+	}
+	return append(args, n.Options.PluginArgs...)
+}
+
+// StartPlugin starts the driver's DRA plugin on the node.
+func (n *Node) StartPlugin(tb ktesting.TB) {
+	tb.Helper()
+	if _, err := os.Stat(filepath.Join(n.Dir, "boot_id")); err != nil {
+		if err := os.WriteFile(filepath.Join(n.Dir, "boot_id"), []byte("boot-1\n"), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	p, err := startProcess("kyb-dra-plugin", filepath.Join(n.Dir, "plugin.log"), nil,
+		filepath.Join(n.tools.Bin, "kyb-dra-plugin"), n.pluginArgs()...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n.plugin = p
+}
+
+// StopPlugin stops the plugin as a rolling update does (SIGTERM).
+func (n *Node) StopPlugin() { n.plugin.stop(30 * time.Second) }
+
+// KillPlugin ends the plugin at once, as a crash does.
+func (n *Node) KillPlugin() { n.plugin.kill() }
+
+// PluginLog returns the plugin's output so far.
+func (n *Node) PluginLog() string { return tail(filepath.Join(n.Dir, "plugin.log"), 1<<20) }
+
+// waitForSlices waits until the plugin has published slices for the node.
+func (n *Node) waitForSlices(tb ktesting.TB) {
+	tb.Helper()
+	waitFor(tb, "ResourceSlices of node "+n.Name, n.plugin, 60*time.Second, func() bool {
+		l, err := n.c.Client.ResourceV1().ResourceSlices().List(n.c.Ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
+		return err == nil && len(l.Items) > 0
+	})
+}
+
+// cgroupMounts returns the mount points of the machine's cgroup
+// hierarchies (v1: one per controller set; v2: one).
+func cgroupMounts() ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	var out []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		// The filesystem type follows the " - " separator.
+		line := s.Text()
+		i := strings.Index(line, " - ")
+		if i < 0 {
+			continue
+		}
+		fields, tail := strings.Fields(line[:i]), strings.Fields(line[i+3:])
+		if len(fields) > 4 && len(tail) > 0 && (tail[0] == "cgroup" || tail[0] == "cgroup2") {
+			out = append(out, fields[4])
+		}
+	}
+	return out, s.Err()
+}
+
+// makeCgroupRoot creates the node's cgroup root in every hierarchy: the
+// kubelet refuses a root that does not exist.
+func makeCgroupRoot(root string) error {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return fmt.Errorf("cgroup mounts: %w", err)
+	}
+	for _, m := range mounts {
+		if err := os.MkdirAll(filepath.Join(m, root), 0o755); err != nil {
+			return fmt.Errorf("cgroup root: %w", err)
+		}
+	}
+	return nil
+}
+
+// removeCgroupRoot removes the node's cgroups, deepest first; a cgroup
+// with a process left in it stays (and says so in the test's log only).
+func removeCgroupRoot(root string) {
+	mounts, _ := cgroupMounts()
+	for _, m := range mounts {
+		var dirs []string
+		_ = filepath.WalkDir(filepath.Join(m, root), func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = os.Remove(dirs[i])
+		}
+	}
+}
