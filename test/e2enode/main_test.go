@@ -26,7 +26,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "FAIL: a real node runs containers: run make e2e-node as root")
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	// A node takes its processes, mounts, cgroups and files away; a test
+	// that left any behind fails the run.
+	if left := realnode.Leftovers(); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: the tests left behind: %v\n", left)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 // repoRoot is the repository's top directory.

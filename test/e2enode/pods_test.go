@@ -19,7 +19,9 @@ import (
 // probe prints what a container got: its environment, the GPU device
 // nodes and its mounts, between markers the tests split on; then it stays
 // up, so that a test can restart things under a running pod.
-const probe = `env | sort; echo '--- devices'; ls -l /dev/nvidia* 2>&1 | sort; echo '--- mounts'; cat /proc/mounts; echo '--- end'; sleep 3600`
+const probe = `env | sort; echo '--- devices'; ls -l /dev/nvidia* 2>&1 | sort; echo '--- mounts'; cat /proc/mounts; ` +
+	`echo '--- metadata'; for f in $(find /var/run/kubernetes.io/dra-device-attributes -name '*.json' | sort); do echo "FILE $f"; cat "$f"; echo; done; ` +
+	`echo '--- end'; sleep 3600`
 
 type podSpec struct {
 	name string
@@ -68,13 +70,18 @@ func createPod(t *testing.T, c *harness.Cluster, p podSpec) *v1.Pod {
 	return out
 }
 
-// claimTemplate creates a template asking for count devices of a class.
-func claimTemplate(t *testing.T, c *harness.Cluster, name, class string, count int64) {
+// claimTemplate creates a template asking for count devices of a class
+// that match a CEL selector, if one is given.
+func claimTemplate(t *testing.T, c *harness.Cluster, name, class string, count int64, selector string) {
 	t.Helper()
+	var sel []resourceapi.DeviceSelector
+	if selector != "" {
+		sel = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: selector}}}
+	}
 	tmpl := &resourceapi.ResourceClaimTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class, Count: count}}},
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class, Count: count, Selectors: sel}}},
 		}}},
 	}
 	if _, err := c.Client.ResourceV1().ResourceClaimTemplates("default").Create(c.Ctx, tmpl, metav1.CreateOptions{}); err != nil {
@@ -95,7 +102,9 @@ type output struct {
 	env     map[string]string
 	devices []string // lines of ls -l /dev/nvidia*
 	mounts  []string // lines of /proc/mounts
-	raw     string
+	// metadata maps a device metadata file's path to its content.
+	metadata map[string]string
+	raw      string
 }
 
 func (o output) device(name string) bool {
@@ -141,8 +150,8 @@ func waitForOutput(t *testing.T, c *harness.Cluster, pod, container string) outp
 }
 
 func parseOutput(raw string) output {
-	o := output{env: map[string]string{}, raw: raw}
-	section := "env"
+	o := output{env: map[string]string{}, metadata: map[string]string{}, raw: raw}
+	section, file := "env", ""
 	for _, l := range strings.Split(raw, "\n") {
 		switch l {
 		case "--- devices":
@@ -150,6 +159,9 @@ func parseOutput(raw string) output {
 			continue
 		case "--- mounts":
 			section = "mounts"
+			continue
+		case "--- metadata":
+			section = "metadata"
 			continue
 		case "--- end":
 			return o
@@ -165,6 +177,12 @@ func parseOutput(raw string) output {
 			}
 		case "mounts":
 			o.mounts = append(o.mounts, l)
+		case "metadata":
+			if f, ok := strings.CutPrefix(l, "FILE "); ok {
+				file = f
+			} else if file != "" {
+				o.metadata[file] += l
+			}
 		}
 	}
 	return o

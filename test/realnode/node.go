@@ -161,6 +161,7 @@ func (n *Node) pluginArgs() []string {
 		"--kubelet-plugins-directory-path", filepath.Join(n.RootDir, "plugins"),
 		"--device-plugin-directory-path", filepath.Join(n.RootDir, "device-plugins"),
 		"--boot-id-file", filepath.Join(n.Dir, "boot_id"),
+		"-v", "2",
 	}
 	if n.Options.Config != "" {
 		args = append(args, "--config", filepath.Join(n.Dir, "config.yaml"))
@@ -258,4 +259,32 @@ func removeCgroupRoot(root string) {
 			_ = os.Remove(dirs[i])
 		}
 	}
+}
+
+// Leftovers lists what nodes left on the machine: their directories,
+// mounts, cgroups and processes. Empty after every node's cleanup.
+func Leftovers() []string {
+	pattern := filepath.Join(os.TempDir(), "kyb-node-[0-9]*")
+	out, _ := filepath.Glob(pattern)
+	if mounts, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, l := range strings.Split(string(mounts), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], filepath.Join(os.TempDir(), "kyb-node-")) {
+				out = append(out, "mount "+f[4])
+			}
+		}
+	}
+	if cgroups, err := cgroupMounts(); err == nil {
+		for _, m := range cgroups {
+			left, _ := filepath.Glob(filepath.Join(m, "kyb-node-[0-9]*"))
+			out = append(out, left...)
+		}
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), filepath.Join(os.TempDir(), "kyb-node-")) && e.Name() != fmt.Sprint(os.Getpid()) {
+			out = append(out, "process "+e.Name()+": "+strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	return out
 }
