@@ -18,8 +18,18 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
 )
 
+// TestMain removes the probe built once for every test of the package.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if probeDir != "" {
+		_ = os.RemoveAll(probeDir)
+	}
+	os.Exit(code)
+}
+
 // The probe and the fake libcuda are built once for every test.
 var (
+	probeDir  string
 	buildOnce sync.Once
 	probeBin  string
 	fakeCUDA  string
@@ -37,6 +47,7 @@ func buildProbe(t *testing.T) (probe, libcuda string) {
 			buildErr = err
 			return
 		}
+		probeDir = dir
 		probeBin, fakeCUDA = filepath.Join(dir, "kyb-cuda-probe"), filepath.Join(dir, "libcuda.so.580.95.05")
 		if out, err := exec.Command("go", "build", "-o", probeBin, "../../cmd/kyb-cuda-probe").CombinedOutput(); err != nil {
 			buildErr = err

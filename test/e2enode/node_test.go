@@ -244,4 +244,3 @@ func waitUntil(t *testing.T, what string, timeout time.Duration, cond func() boo
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-
