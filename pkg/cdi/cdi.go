@@ -317,3 +317,13 @@ func MissingHostPaths(dirs []string, kind string) ([]string, error) {
 	slices.Sort(missing)
 	return missing, nil
 }
+
+// InjectionOrder orders the CDI device IDs of one of our devices for the
+// runtime: NVIDIA's own entries first, ours last. A runtime applies the
+// devices in order, each spec's spec-level edits when it first meets the
+// spec, and the last value of a variable wins; NVIDIA's spec sets
+// NVIDIA_VISIBLE_DEVICES=void at spec level, which would otherwise
+// replace the GPUs our device names.
+func InjectionOrder(ours string, nvidia []string) []string {
+	return append(slices.Clone(nvidia), ours)
+}

@@ -7,7 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	ocispec "github.com/opencontainers/runtime-spec/specs-go"
 	"k8s.io/apimachinery/pkg/types"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
@@ -136,5 +138,48 @@ func TestReadEnv(t *testing.T) {
 		if _, ok, err := w.ReadEnv(uid); !ok || err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: ok %v, %v; want ok and an error saying %q", uid, ok, err, want)
 		}
+	}
+}
+
+// Injected as the plugins order them, our device's GPUs survive NVIDIA's
+// spec-level NVIDIA_VISIBLE_DEVICES=void; in the other order they would
+// not (checked too, so the test can tell the difference).
+func TestInjectionOrderKeepsOurVisibleDevices(t *testing.T) {
+	dir := t.TempDir()
+	w, err := NewWriter(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edits := &containeredits.Edits{Env: []string{"NVIDIA_VISIBLE_DEVICES=GPU-aaaa"}, DeviceNodes: []containeredits.DeviceNode{{Path: "/dev/nvidia0", HostPath: "/dev/nvidia0", Major: 195}}}
+	if err := w.Write("uid-a", []Device{{Name: "g0", Edits: edits}}); err != nil {
+		t.Fatal(err)
+	}
+	nvidia := "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits: {deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}]}\ncontainerEdits:\n  env: [NVIDIA_VISIBLE_DEVICES=void]\n"
+	if err := os.WriteFile(filepath.Join(dir, "nvidia.yaml"), []byte(nvidia), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	visible := func(ids []string) string {
+		spec := &ocispec.Spec{Process: &ocispec.Process{}}
+		if _, err := cache.InjectDevices(spec, ids...); err != nil {
+			t.Fatalf("inject %v: %v", ids, err)
+		}
+		var v string
+		for _, e := range spec.Process.Env {
+			if val, ok := strings.CutPrefix(e, "NVIDIA_VISIBLE_DEVICES="); ok {
+				v = val
+			}
+		}
+		return v
+	}
+	ours := DeviceID("uid-a", "g0")
+	if got := visible(InjectionOrder(ours, []string{"nvidia.com/gpu=0"})); got != "GPU-aaaa" {
+		t.Errorf("NVIDIA_VISIBLE_DEVICES=%q in the plugins' order, want GPU-aaaa", got)
+	}
+	if got := visible([]string{ours, "nvidia.com/gpu=0"}); got != "void" {
+		t.Errorf("NVIDIA_VISIBLE_DEVICES=%q with ours first; the runtime's order is not as assumed", got)
 	}
 }

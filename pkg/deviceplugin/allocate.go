@@ -156,13 +156,17 @@ func (r *resource) cdiResponse(first seatRef, gen int64, edits *containeredits.E
 	if err := r.delivery.cdi.Write(uid, []cdi.Device{{Name: name, Edits: edits}}); err != nil {
 		return nil, err
 	}
-	cresp := &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: cdi.DeviceID(uid, name)}}}
+	var nvidia []string
 	if r.delivery.nvidiaCDI != nil {
 		for _, g := range gpus {
 			if id := r.delivery.nvidiaCDI(g.Index, g.UUID); id != "" {
-				cresp.CdiDevices = append(cresp.CdiDevices, &pluginapi.CDIDevice{Name: id})
+				nvidia = append(nvidia, id)
 			}
 		}
+	}
+	cresp := &pluginapi.ContainerAllocateResponse{}
+	for _, id := range cdi.InjectionOrder(cdi.DeviceID(uid, name), nvidia) {
+		cresp.CdiDevices = append(cresp.CdiDevices, &pluginapi.CDIDevice{Name: id})
 	}
 	return cresp, nil
 }

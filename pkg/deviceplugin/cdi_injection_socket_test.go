@@ -51,17 +51,19 @@ func TestCDIInjectionWritesSpecTheRuntimeResolvesOverRealSockets(t *testing.T) {
 	for _, d := range c.CdiDevices {
 		names = append(names, d.Name)
 	}
-	// Ours, then NVIDIA's entries of the group's GPUs for the driver files.
-	if want := []string{"kyb.ai/gpu=dp-g45-2x-seat-1-gen-1", "nvidia.com/gpu=4", "nvidia.com/gpu=5"}; !slices.Equal(names, want) {
+	// NVIDIA's entries of the group's GPUs for the driver files, then ours
+	// (cdi.InjectionOrder: our variables win over NVIDIA's spec-level ones).
+	if want := []string{"nvidia.com/gpu=4", "nvidia.com/gpu=5", "kyb.ai/gpu=dp-g45-2x-seat-1-gen-1"}; !slices.Equal(names, want) {
 		t.Errorf("CDI devices %v, want %v", names, want)
 	}
 	if len(c.Envs) != 0 || len(c.Devices) != 0 || len(c.Mounts) != 0 {
 		t.Errorf("CDI injection also returned envs %v, devices %v, mounts %v", c.Envs, c.Devices, c.Mounts)
 	}
 
-	env, devs, err := inject(t, e.cdiDir, names[0])
+	ours := names[len(names)-1]
+	env, devs, err := inject(t, e.cdiDir, ours)
 	if err != nil {
-		t.Fatalf("the runtime cannot resolve %s: %v", names[0], err)
+		t.Fatalf("the runtime cannot resolve %s: %v", ours, err)
 	}
 	wantEnv := map[string]string{
 		"CUDA_VISIBLE_DEVICES":   uuid4 + "," + uuid5,
@@ -87,7 +89,8 @@ func TestCDIInjectionWritesSpecTheRuntimeResolvesOverRealSockets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := resp.ContainerResponses[0].CdiDevices[0].Name; got != "kyb.ai/gpu=dp-g45-2x-seat-1-gen-2" {
+	cds := resp.ContainerResponses[0].CdiDevices
+	if got := cds[len(cds)-1].Name; got != "kyb.ai/gpu=dp-g45-2x-seat-1-gen-2" {
 		t.Errorf("second hand-out: %s", got)
 	}
 	if env, _, err = inject(t, e.cdiDir, "kyb.ai/gpu=dp-g45-2x-seat-1-gen-2"); err != nil || env["KYB_GPU_SEAT"] != "1,2" || env["KYB_SEAT_GEN"] != "2,1" {

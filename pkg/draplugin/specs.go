@@ -120,13 +120,13 @@ func (s *claimSpecs) gpu(x int, uuid string) (inventory.GPU, error) {
 // where the node has NVIDIA's CDI spec and the plugin uses it for the
 // driver's files.
 func (s *claimSpecs) ids(uid types.UID, dev checkpoint.Device) []string {
-	ids := []string{cdi.DeviceID(uid, dev.CDIDevice)}
+	var nvidia []string
 	if s.nvidiaCDI != nil {
 		for i, x := range dev.GPUs {
 			if id := s.nvidiaCDI(x, dev.GPUUUIDs[i]); id != "" {
-				ids = append(ids, id)
+				nvidia = append(nvidia, id)
 			}
 		}
 	}
-	return ids
+	return cdi.InjectionOrder(cdi.DeviceID(uid, dev.CDIDevice), nvidia)
 }
