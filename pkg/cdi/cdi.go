@@ -29,7 +29,10 @@ const (
 	Vendor = "kyb.ai"
 	Class  = "gpu"
 	// specExt is the encoding of the spec files.
-	specExt = ".json"
+	specExt  = ".json"
+	specMode = 0o644
+	// SpecVersion is the CDI version of every spec the driver writes.
+	SpecVersion = "0.5.0"
 )
 
 // Device is one CDI device of a claim's spec.
@@ -83,11 +86,15 @@ func Spec(claimUID types.UID, devices []Device) (*cdispec.Spec, error) {
 	for _, d := range devices {
 		spec.Devices = append(spec.Devices, cdispec.Device{Name: deviceName(claimUID, d.Name), ContainerEdits: toCDI(d.Edits)})
 	}
-	v, err := cdispec.MinimumRequiredVersion(spec)
-	if err != nil {
-		return nil, fmt.Errorf("CDI version for claim %s: %w", claimUID, err)
+	// One version for every spec, not the least each one needs: the least
+	// depends on the claim's UID (a device name that starts with a digit
+	// needs 0.5.0), so a node's specs would differ for no reason a reader
+	// could see. 0.5.0 covers every edit we write and every runtime with
+	// CDI support in use (containerd 1.7+, CRI-O 1.28+, podman 4.3+).
+	spec.Version = SpecVersion
+	if err := cdispec.ValidateVersion(spec); err != nil {
+		return nil, fmt.Errorf("CDI spec of claim %s: %w", claimUID, err)
 	}
-	spec.Version = v
 	return spec, nil
 }
 
@@ -116,6 +123,12 @@ func (w *Writer) Write(claimUID types.UID, devices []Device) error {
 		return err
 	}
 	if err := w.cache.WriteSpec(spec, SpecName(claimUID)+specExt); err != nil {
+		return fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
+	}
+	// Readable by all, as the runtimes' own spec directories are: a spec
+	// holds device nodes, GPU UUIDs and paths, nothing secret, and
+	// rootless tools (podman, cdi validators) read it as their user.
+	if err := os.Chmod(filepath.Join(w.dir, SpecName(claimUID)+specExt), specMode); err != nil {
 		return fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
 	}
 	return nil

@@ -53,9 +53,16 @@ func TestWriteListRemove(t *testing.T) {
 	if got := DeviceID("uid-b-uid", "g0-1x"); got != "kyb.ai/gpu=uid-b-uid-g0-1x" {
 		t.Errorf("device ID %s", got)
 	}
-	spec, err := Spec("u", []Device{{Name: "d", Edits: edits}})
-	if err != nil || spec.Version != "0.3.0" {
-		t.Errorf("spec version %q (want the minimum a runtime needs, 0.3.0): %v", spec.Version, err)
+	// One version whatever the claim's UID: a device name that starts
+	// with a digit alone would need 0.5.0.
+	for _, uid := range []types.UID{"u", "0u"} {
+		spec, err := Spec(uid, []Device{{Name: "d", Edits: edits}})
+		if err != nil || spec.Version != SpecVersion {
+			t.Errorf("claim %s: spec version %q, want %s: %v", uid, spec.Version, SpecVersion, err)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(dir, SpecName("uid-b-uid")+specExt)); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("spec file mode %v (%v), want -rw-r--r--", fi.Mode(), err)
 	}
 	if err := w.Write("bad", []Device{{Name: "d", Edits: &containeredits.Edits{}}}); err == nil {
 		t.Error("a device with no edits must be refused")

@@ -84,7 +84,7 @@ func TestPrepareWritesSpecEnvAndStatusOverSockets(t *testing.T) {
 		t.Errorf("seat status %+v", seat)
 	}
 	for path, most := range map[string]os.FileMode{
-		filepath.Join(e.dirs.cdi, cdi.SpecName(claim.UID)+".json"): 0o600,
+		filepath.Join(e.dirs.cdi, cdi.SpecName(claim.UID)+".json"): 0o644,
 		filepath.Join(e.dirs.plugin, checkpoint.FileName):          0o600,
 		filepath.Join(e.dirs.plugin, "dra.sock"):                   0o755,
 		e.dirs.plugin:                                              0o750,
