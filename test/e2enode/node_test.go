@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -74,6 +75,38 @@ func metadataUUIDs(t *testing.T, o output) []string {
 		}
 	}
 	return uuids
+}
+
+// cdiDevices returns the CDI device names of a pod's claim, read from
+// the claim's spec on the node (the names the kubelet passes on).
+func cdiDevices(t *testing.T, c *harness.Cluster, n *realnode.Node, pod, entry string) []string {
+	t.Helper()
+	p, err := c.Client.CoreV1().Pods("default").Get(c.Ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := c.Client.ResourceV1().ResourceClaims("default").Get(c.Ctx, harness.PodClaim(p, entry), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(n.CDIDir, "kyb.ai-gpu_"+string(claim.UID)+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec struct {
+		Kind    string `json:"kind"`
+		Devices []struct {
+			Name string `json:"name"`
+		} `json:"devices"`
+	}
+	if err := json.Unmarshal(data, &spec); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, d := range spec.Devices {
+		ids = append(ids, spec.Kind+"="+d.Name)
+	}
+	return ids
 }
 
 // specFiles lists the claims' CDI spec files on the node (the plugin's;
@@ -157,6 +190,22 @@ func TestRealPods(t *testing.T) {
 		}
 		if o.env["KYB_GPU_GROUP"] != "G23" || !o.device("nvidia2") || !o.device("nvidia3") || o.device("nvidia0") {
 			t.Errorf("group %s, devices %v: want G23 with /dev/nvidia2 and /dev/nvidia3 only", o.env["KYB_GPU_GROUP"], o.devices)
+		}
+	})
+
+	t.Run("podman consumes the same spec", func(t *testing.T) {
+		// The pair's claim, as the kubelet handed it to containerd, given
+		// to a second runtime by its CDI name.
+		ids := cdiDevices(t, c, n, "pair", "gpu")
+		got := parseOutput(n.Podman(t, ids, probe[:strings.Index(probe, "sleep")]))
+		viaKubelet := waitForOutput(t, c, "pair", "app")
+		for _, k := range []string{"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "KYB_GPU_GROUP", "KYB_GPU_SEAT", "KYB_SEAT_GEN"} {
+			if got.env[k] == "" || got.env[k] != viaKubelet.env[k] {
+				t.Errorf("podman: %s=%q, containerd: %q", k, got.env[k], viaKubelet.env[k])
+			}
+		}
+		if !got.device("nvidia2") || !got.device("nvidia3") || !got.device("nvidiactl") || got.device("nvidia0") {
+			t.Errorf("podman's container has device nodes %v, want the pair's", got.devices)
 		}
 	})
 
