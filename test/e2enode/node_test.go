@@ -151,6 +151,9 @@ func TestRealPods(t *testing.T) {
 		if o.device("nvidia1") {
 			t.Errorf("the container has another GPU's device node: %v", o.devices)
 		}
+		if !o.mountedUnder("/var/run/kubernetes.io/dra-device-attributes") {
+			t.Errorf("no device metadata mounted: %v", o.mounts)
+		}
 		if len(o.metadata) != 1 {
 			t.Errorf("device metadata files %v, want one", slices.Sorted(maps.Keys(o.metadata)))
 		}
@@ -197,7 +200,7 @@ func TestRealPods(t *testing.T) {
 		// The pair's claim, as the kubelet handed it to containerd, given
 		// to a second runtime by its CDI name.
 		ids := cdiDevices(t, c, n, "pair", "gpu")
-		got := parseOutput(n.Podman(t, ids, probe[:strings.Index(probe, "sleep")]))
+		got := parseOutput(n.Podman(t, ids, probeReport))
 		viaKubelet := waitForOutput(t, c, "pair", "app")
 		for _, k := range []string{"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "KYB_GPU_GROUP", "KYB_GPU_SEAT", "KYB_SEAT_GEN"} {
 			if got.env[k] == "" || got.env[k] != viaKubelet.env[k] {

@@ -19,9 +19,11 @@ import (
 // probe prints what a container got: its environment, the GPU device
 // nodes and its mounts, between markers the tests split on; then it stays
 // up, so that a test can restart things under a running pod.
-const probe = `env | sort; echo '--- devices'; ls -l /dev/nvidia* 2>&1 | sort; echo '--- mounts'; cat /proc/mounts; ` +
+const probeReport = `env | sort; echo '--- devices'; ls -l /dev/nvidia* 2>&1 | sort; echo '--- mounts'; cat /proc/mounts; ` +
 	`echo '--- metadata'; for f in $(find /var/run/kubernetes.io/dra-device-attributes -name '*.json' | sort); do echo "FILE $f"; cat "$f"; echo; done; ` +
-	`echo '--- end'; sleep 3600`
+	`echo '--- end'; `
+
+const probe = probeReport + `sleep 3600`
 
 type podSpec struct {
 	name string
@@ -116,9 +118,9 @@ func (o output) device(name string) bool {
 	return false
 }
 
-func (o output) mountedAt(path string) bool {
+func (o output) mountedUnder(dir string) bool {
 	for _, l := range o.mounts {
-		if f := strings.Fields(l); len(f) > 1 && f[1] == path {
+		if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
 			return true
 		}
 	}
