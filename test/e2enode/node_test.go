@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 	"github.com/kyb-ai/kyb-dra-driver/test/realnode"
 )
@@ -89,7 +90,7 @@ func cdiDevices(t *testing.T, c *harness.Cluster, n *realnode.Node, pod, entry s
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(filepath.Join(n.CDIDir, "kyb.ai-gpu_"+string(claim.UID)+".json"))
+	data, err := os.ReadFile(filepath.Join(n.CDIDir, cdi.SpecName(claim.UID)+".json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +114,7 @@ func cdiDevices(t *testing.T, c *harness.Cluster, n *realnode.Node, pod, entry s
 // the kubelet's device metadata specs lie beside them).
 func specFiles(t *testing.T, n *realnode.Node) []string {
 	t.Helper()
-	m, err := filepath.Glob(filepath.Join(n.CDIDir, "kyb.ai-gpu_*.json"))
+	m, err := filepath.Glob(filepath.Join(n.CDIDir, cdi.SpecName("*")+".json"))
 	if err != nil {
 		t.Fatal(err)
 	}

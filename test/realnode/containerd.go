@@ -1,7 +1,6 @@
 package realnode
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -132,39 +131,15 @@ func (n *Node) cleanContainerd() {
 // killUnder kills every process whose command line names dir: the shims
 // (started with the node's containerd address) and anything they left.
 func killUnder(dir string) {
-	entries, _ := os.ReadDir("/proc")
-	self := os.Getpid()
-	for _, e := range entries {
-		var pid int
-		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil || pid == self {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		if strings.Contains(string(cmdline), dir) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+	for _, p := range processesUnder(dir) {
+		_ = syscall.Kill(p.pid, syscall.SIGKILL)
 	}
 	time.Sleep(200 * time.Millisecond)
 }
 
 // unmountUnder lazily unmounts every mount point under dir, deepest first.
 func unmountUnder(dir string) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var points []string
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
-			points = append(points, fields[4])
-		}
-	}
-	_ = f.Close()
+	points := mountsUnder(dir)
 	sort.Sort(sort.Reverse(sort.StringSlice(points)))
 	for _, p := range points {
 		_ = syscall.Unmount(p, syscall.MNT_DETACH)

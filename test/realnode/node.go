@@ -1,10 +1,10 @@
 package realnode
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -203,29 +203,75 @@ func (n *Node) waitForSlices(tb ktesting.TB) {
 	})
 }
 
-// cgroupMounts returns the mount points of the machine's cgroup
-// hierarchies (v1: one per controller set; v2: one).
-func cgroupMounts() ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+// mount is one line of /proc/self/mountinfo.
+type mount struct{ point, fsType string }
+
+func mounts() ([]mount, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = f.Close() }()
-	var out []string
-	s := bufio.NewScanner(f)
-	for s.Scan() {
+	var out []mount
+	for _, line := range strings.Split(string(data), "\n") {
 		// The filesystem type follows the " - " separator.
-		line := s.Text()
-		i := strings.Index(line, " - ")
-		if i < 0 {
-			continue
-		}
-		fields, tail := strings.Fields(line[:i]), strings.Fields(line[i+3:])
-		if len(fields) > 4 && len(tail) > 0 && (tail[0] == "cgroup" || tail[0] == "cgroup2") {
-			out = append(out, fields[4])
+		head, tail, ok := strings.Cut(line, " - ")
+		fields, rest := strings.Fields(head), strings.Fields(tail)
+		if ok && len(fields) > 4 && len(rest) > 0 {
+			out = append(out, mount{point: fields[4], fsType: rest[0]})
 		}
 	}
-	return out, s.Err()
+	return out, nil
+}
+
+// mountsUnder returns the mount points at or under dir.
+func mountsUnder(dir string) []string {
+	all, _ := mounts()
+	var out []string
+	for _, m := range all {
+		if m.point == dir || strings.HasPrefix(m.point, dir+"/") {
+			out = append(out, m.point)
+		}
+	}
+	return out
+}
+
+// cgroupMounts returns the mount points of the machine's cgroup
+// hierarchies (v1: one per controller set; v2: one).
+func cgroupMounts() ([]string, error) {
+	all, err := mounts()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range all {
+		if m.fsType == "cgroup" || m.fsType == "cgroup2" {
+			out = append(out, m.point)
+		}
+	}
+	return out, nil
+}
+
+type proc struct {
+	pid     int
+	cmdline string
+}
+
+// processesUnder returns the processes, other than this one, whose
+// command line names dir.
+func processesUnder(dir string) []proc {
+	entries, _ := os.ReadDir("/proc")
+	var out []proc
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), dir) {
+			out = append(out, proc{pid: pid, cmdline: strings.ReplaceAll(string(cmdline), "\x00", " ")})
+		}
+	}
+	return out
 }
 
 // makeCgroupRoot creates the node's cgroup root in every hierarchy: the
@@ -264,13 +310,11 @@ func removeCgroupRoot(root string) {
 // Leftovers lists what nodes left on the machine: their directories,
 // mounts, cgroups and processes. Empty after every node's cleanup.
 func Leftovers() []string {
-	pattern := filepath.Join(os.TempDir(), "kyb-node-[0-9]*")
-	out, _ := filepath.Glob(pattern)
-	if mounts, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		for _, l := range strings.Split(string(mounts), "\n") {
-			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], filepath.Join(os.TempDir(), "kyb-node-")) {
-				out = append(out, "mount "+f[4])
-			}
+	prefix := filepath.Join(os.TempDir(), "kyb-node-")
+	out, _ := filepath.Glob(prefix + "[0-9]*")
+	for _, m := range mountsUnder(filepath.Dir(prefix)) {
+		if strings.HasPrefix(m, prefix) {
+			out = append(out, "mount "+m)
 		}
 	}
 	if cgroups, err := cgroupMounts(); err == nil {
@@ -279,12 +323,8 @@ func Leftovers() []string {
 			out = append(out, left...)
 		}
 	}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(cmdline), filepath.Join(os.TempDir(), "kyb-node-")) && e.Name() != fmt.Sprint(os.Getpid()) {
-			out = append(out, "process "+e.Name()+": "+strings.ReplaceAll(string(cmdline), "\x00", " "))
-		}
+	for _, p := range processesUnder(prefix) {
+		out = append(out, fmt.Sprintf("process %d: %s", p.pid, p.cmdline))
 	}
 	return out
 }
