@@ -80,8 +80,9 @@ type Options struct {
 	VisibleDevices v1alpha1.VisibleDevices
 	// DeviceNumbers returns a device node's major and minor.
 	DeviceNumbers func(path string) (major, minor int64, err error)
-	// Driver, when set, is carried into the container as bind mounts.
-	Driver *DriverFiles
+	// Driver, when set, gives the driver's files, carried into the
+	// container as bind mounts.
+	Driver DriverSource
 	// MPS, when set, makes the container a client of its group's MPS
 	// daemon.
 	MPS *MPS
@@ -196,7 +197,13 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 		e.DeviceNodes = append(e.DeviceNodes, DeviceNode{Path: p, HostPath: p, Major: major, Minor: minor})
 	}
 	if opts.Driver != nil {
-		e.Mounts = opts.Driver.Mounts()
+		files, err := opts.Driver.Files()
+		if err != nil {
+			return nil, fmt.Errorf("driver files: %w", err)
+		}
+		if !files.Empty() {
+			e.Mounts = files.Mounts()
+		}
 	}
 	if m := opts.MPS; m != nil {
 		e.Mounts = append(e.Mounts,

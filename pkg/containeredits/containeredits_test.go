@@ -141,19 +141,25 @@ func TestFindDriverFiles(t *testing.T) {
 	for _, m := range df.Mounts() {
 		mounts = append(mounts, m.HostPath+" -> "+m.ContainerPath)
 	}
+	// Libraries by their soname links (relative, as ldconfig makes
+	// them), so the mounts survive a driver upgrade.
 	want := []string{
-		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05 -> /usr/local/nvidia/lib64/libcuda.so.1",
-		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05 -> /usr/local/nvidia/lib64/libnvidia-ml.so.1",
-		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-nvvm.so.580.95.05 -> /usr/local/nvidia/lib64/libnvidia-nvvm.so.4",
-		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.580.95.05 -> /usr/local/nvidia/lib64/libnvidia-ptxjitcompiler.so.1",
-		"/run/nvidia/driver/usr/bin/nvidia-debugdump -> /usr/local/nvidia/bin/nvidia-debugdump",
-		"/run/nvidia/driver/usr/bin/nvidia-smi -> /usr/local/nvidia/bin/nvidia-smi",
+		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1 -> /usr/lib/x86_64-linux-gnu/libcuda.so.1",
+		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1 -> /usr/lib64/libcuda.so.1",
+		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 -> /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 -> /usr/lib64/libnvidia-ml.so.1",
+		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-nvvm.so.4 -> /usr/lib/x86_64-linux-gnu/libnvidia-nvvm.so.4",
+		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-nvvm.so.4 -> /usr/lib64/libnvidia-nvvm.so.4",
+		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1 -> /usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1",
+		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1 -> /usr/lib64/libnvidia-ptxjitcompiler.so.1",
+		"/run/nvidia/driver/usr/bin/nvidia-debugdump -> /usr/bin/nvidia-debugdump",
+		"/run/nvidia/driver/usr/bin/nvidia-smi -> /usr/bin/nvidia-smi",
 	}
 	if !slices.Equal(mounts, want) {
 		t.Errorf("mounts:\n%s\nwant:\n%s", strings.Join(mounts, "\n"), strings.Join(want, "\n"))
 	}
 	e, err := Build([]Seat{{Group: "G0", Seats: []int{0}, Generations: []int64{1}, GPUs: gpus[:1]}}, Options{DeviceNumbers: numbers, Driver: df})
-	if err != nil || len(e.Mounts) != 6 {
+	if err != nil || len(e.Mounts) != len(want) {
 		t.Errorf("edits carry %d mounts, %v", len(e.Mounts), err)
 	}
 }
@@ -162,5 +168,106 @@ func TestFindDriverFilesEmpty(t *testing.T) {
 	df, err := FindDriverFiles(t.TempDir(), "")
 	if err != nil || !df.Empty() {
 		t.Errorf("an empty root: %+v, %v", df, err)
+	}
+}
+
+func TestContainerLibDirs(t *testing.T) {
+	for arch, want := range map[string][]string{
+		"amd64": {"/usr/lib/x86_64-linux-gnu", "/usr/lib64"},
+		"arm64": {"/usr/lib/aarch64-linux-gnu", "/usr/lib64"},
+		"s390x": {"/usr/lib64"},
+	} {
+		if got := containerLibDirs(arch); !slices.Equal(got, want) {
+			t.Errorf("%s: %v, want %v", arch, got, want)
+		}
+	}
+}
+
+// A library whose soname link is absolute means something else on the
+// host when the driver root is elsewhere there: the file itself is
+// mounted.
+func TestFindDriverFilesAbsoluteLink(t *testing.T) {
+	root := t.TempDir()
+	lib := filepath.Join(root, "usr/lib64")
+	if err := os.MkdirAll(lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(lib, "libcuda.so.580.95.05"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(lib, "libcuda.so.580.95.05"), filepath.Join(lib, "libcuda.so.1")); err != nil {
+		t.Fatal(err)
+	}
+	df, err := FindDriverFiles(root, "/run/nvidia/driver")
+	if err != nil || len(df.Libraries) != 1 {
+		t.Fatalf("%+v, %v", df, err)
+	}
+	if m := df.Mounts()[0]; m.HostPath != "/run/nvidia/driver/usr/lib64/libcuda.so.580.95.05" {
+		t.Errorf("mount source %s, want the versioned file", m.HostPath)
+	}
+}
+
+// The driver root is looked at again when it changes: a driver installed
+// after the plugin started (a driver container not ready yet) and a
+// driver upgraded under it are what the next container gets.
+func TestDriverRootFollowsChanges(t *testing.T) {
+	root := t.TempDir()
+	required := NewDriverRoot(root, "", true)
+	optional := NewDriverRoot(root, "", false)
+	if _, err := required.Files(); err == nil || !strings.Contains(err.Error(), "no NVIDIA driver libraries under the driver root "+root) {
+		t.Fatalf("an empty root that must hold the driver: %v", err)
+	}
+	if files, err := optional.Files(); err != nil || !files.Empty() {
+		t.Fatalf("an empty optional root: %+v, %v", files, err)
+	}
+	lib := filepath.Join(root, "usr/lib/x86_64-linux-gnu")
+	install := func(version string) {
+		t.Helper()
+		if err := os.MkdirAll(lib, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(lib, "libcuda.so."+version), []byte(version), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// As ldconfig does: a new link renamed over the old one.
+		tmp := filepath.Join(lib, ".libcuda.so.1.tmp")
+		if err := os.Symlink("libcuda.so."+version, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(lib, "libcuda.so.1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resolved := func(d *DriverRoot) string {
+		t.Helper()
+		files, err := d.Files()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(files.Libraries) != 1 {
+			t.Fatalf("libraries %+v", files.Libraries)
+		}
+		return filepath.Base(files.Libraries[0].Resolved)
+	}
+	install("580.95.05")
+	if got := resolved(required); got != "libcuda.so.580.95.05" {
+		t.Errorf("after the driver appeared: %s", got)
+	}
+	if got := resolved(optional); got != "libcuda.so.580.95.05" {
+		t.Errorf("after the driver appeared (optional root): %s", got)
+	}
+	before, _ := required.Files()
+	mount := before.Mounts()[0].HostPath
+	install("590.10.01")
+	if err := os.Remove(filepath.Join(lib, "libcuda.so.580.95.05")); err != nil {
+		t.Fatal(err)
+	}
+	if got := resolved(required); got != "libcuda.so.590.10.01" {
+		t.Errorf("after an upgrade: %s", got)
+	}
+	// A spec written before the upgrade mounts the link, which leads to
+	// the new driver now.
+	if now, err := filepath.EvalSymlinks(mount); err != nil || filepath.Base(now) != "libcuda.so.590.10.01" {
+		t.Errorf("the earlier mount source %s leads to %s, %v", mount, now, err)
 	}
 }

@@ -5,17 +5,22 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 )
 
 // DriverFiles are the NVIDIA driver's user-space libraries and tools, found
 // under a driver root, to be bind-mounted into containers so that CUDA runs
 // without the NVIDIA container runtime hook.
 //
-// Libraries go to /usr/local/nvidia/lib64 under their soname, tools to
-// /usr/local/nvidia/bin: the CUDA base images put both on their
-// LD_LIBRARY_PATH and PATH, so no symlink or ldconfig hook is needed. The
+// Libraries go, under their sonames, into the directories the dynamic
+// loader searches without a cache: /usr/lib/<multiarch> (Debian, Ubuntu)
+// and /usr/lib64 (RHEL, Fedora, SUSE). So any glibc image finds
+// libcuda.so.1 with no ldconfig hook and no LD_LIBRARY_PATH; the CUDA
+// images find them the same way. Tools go to /usr/bin, on every PATH. The
 // set is the driver's compute and utility libraries, the same set the
 // NVIDIA container toolkit injects for those capabilities.
 type DriverFiles struct {
@@ -29,17 +34,47 @@ type DriverFiles struct {
 	Binaries  []DriverFile
 }
 
-// DriverFile is one file: where it is and what it is called in the container.
+// DriverFile is one file: where it is and what it is called in the
+// container.
 type DriverFile struct {
+	// Path is the mount's source as the plugin sees it: a library's
+	// soname link where the driver has one that stays inside its
+	// directory, so that a driver upgrade, which moves the link to the
+	// new version, does not break containers whose spec was written
+	// before it; else the file itself.
 	Path string
+	// Resolved is the file Path leads to now (libcuda.so.580.95.05).
+	Resolved string
+	// Name is the file's name in the container (a library's soname).
 	Name string
+	// Library tells a library from a tool.
+	Library bool
 }
 
-const (
-	// ContainerLibDir and ContainerBinDir are where driver files appear.
-	ContainerLibDir = "/usr/local/nvidia/lib64"
-	ContainerBinDir = "/usr/local/nvidia/bin"
-)
+// ContainerPaths are where the file appears in a container.
+func (f DriverFile) ContainerPaths() []string {
+	if !f.Library {
+		return []string{"/usr/bin/" + f.Name}
+	}
+	out := make([]string, 0, len(ContainerLibDirs))
+	for _, d := range ContainerLibDirs {
+		out = append(out, d+"/"+f.Name)
+	}
+	return out
+}
+
+// ContainerLibDirs are the directories a container's dynamic loader
+// searches for a library that its cache does not name, for the node's
+// architecture, in both families of glibc layouts.
+var ContainerLibDirs = containerLibDirs(runtime.GOARCH)
+
+func containerLibDirs(goarch string) []string {
+	triplet := map[string]string{"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu", "ppc64le": "powerpc64le-linux-gnu"}[goarch]
+	if triplet == "" {
+		return []string{"/usr/lib64"}
+	}
+	return []string{"/usr/lib/" + triplet, "/usr/lib64"}
+}
 
 // driverLibraries are the sonames' stems of the compute and utility libraries.
 var driverLibraries = []string{
@@ -96,7 +131,7 @@ func FindDriverFiles(root, hostRoot string) (*DriverFiles, error) {
 				soname = name
 			}
 			seen[stem] = true
-			df.Libraries = append(df.Libraries, DriverFile{Path: real, Name: soname})
+			df.Libraries = append(df.Libraries, DriverFile{Path: stablePath(filepath.Join(root, dir), soname, real), Resolved: real, Name: soname, Library: true})
 		}
 	}
 	for _, dir := range binaryDirs {
@@ -110,7 +145,7 @@ func FindDriverFiles(root, hostRoot string) (*DriverFiles, error) {
 				if err != nil {
 					return nil, fmt.Errorf("resolve %s: %w", p, err)
 				}
-				df.Binaries = append(df.Binaries, DriverFile{Path: real, Name: b})
+				df.Binaries = append(df.Binaries, DriverFile{Path: real, Resolved: real, Name: b})
 			}
 		}
 	}
@@ -119,17 +154,36 @@ func FindDriverFiles(root, hostRoot string) (*DriverFiles, error) {
 	return df, nil
 }
 
+// stablePath is the path to mount a library from: its soname link in dir
+// when the link leads to real and stays inside dir (as ldconfig makes
+// them), so that it means the same on the host whatever the driver root is
+// called there; else real.
+func stablePath(dir, soname, real string) string {
+	link := filepath.Join(dir, soname)
+	target, err := os.Readlink(link)
+	if err != nil || strings.Contains(target, "/") {
+		return real
+	}
+	if now, err := filepath.EvalSymlinks(link); err != nil || now != real {
+		return real
+	}
+	return link
+}
+
+// Files returns d itself: a fixed set of files, as tests and one-off
+// checks use.
+func (d *DriverFiles) Files() (*DriverFiles, error) { return d, nil }
+
 // Empty reports whether nothing was found.
 func (d *DriverFiles) Empty() bool { return d == nil || len(d.Libraries) == 0 }
 
 // Mounts returns the bind mounts, host paths on the host's side.
 func (d *DriverFiles) Mounts() []Mount {
 	var out []Mount
-	for _, l := range d.Libraries {
-		out = append(out, Mount{HostPath: d.toHost(l.Path), ContainerPath: ContainerLibDir + "/" + l.Name})
-	}
-	for _, b := range d.Binaries {
-		out = append(out, Mount{HostPath: d.toHost(b.Path), ContainerPath: ContainerBinDir + "/" + b.Name})
+	for _, f := range slices.Concat(d.Libraries, d.Binaries) {
+		for _, p := range f.ContainerPaths() {
+			out = append(out, Mount{HostPath: d.toHost(f.Path), ContainerPath: p})
+		}
 	}
 	return out
 }
@@ -164,4 +218,65 @@ func readSoname(path string) string {
 		return ""
 	}
 	return names[0]
+}
+
+// DriverSource gives the driver files for a container about to be
+// prepared.
+type DriverSource interface {
+	Files() (*DriverFiles, error)
+}
+
+// DriverRoot is a driver root looked at again whenever it changed: a
+// driver upgraded or installed under a running plugin (a driver container
+// that was not ready when the plugin started) is what the next container
+// gets. Looking costs a stat of each of the few directories searched
+// while nothing changed.
+type DriverRoot struct {
+	root, hostRoot string
+	// required makes a root without libraries an error: the plugin was
+	// told that containers get the driver's files from it.
+	required bool
+
+	mu    sync.Mutex
+	stamp string
+	files *DriverFiles
+}
+
+// NewDriverRoot watches root (hostRoot on the host's side, "" if the same).
+func NewDriverRoot(root, hostRoot string, required bool) *DriverRoot {
+	return &DriverRoot{root: root, hostRoot: hostRoot, required: required}
+}
+
+// Files returns the driver's files as they are now.
+func (d *DriverRoot) Files() (*DriverFiles, error) {
+	stamp := d.stampNow()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.files == nil || stamp != d.stamp {
+		files, err := FindDriverFiles(d.root, d.hostRoot)
+		if err != nil {
+			return nil, err
+		}
+		d.files, d.stamp = files, stamp
+	}
+	if d.required && d.files.Empty() {
+		return nil, fmt.Errorf("no NVIDIA driver libraries under the driver root %s (looked in %v): the driver is not installed there or not ready yet", d.root, libraryDirs)
+	}
+	return d.files, nil
+}
+
+// stampNow sums up the searched directories' modification times: adding,
+// removing or renaming an entry changes its directory's.
+func (d *DriverRoot) stampNow() string {
+	var b strings.Builder
+	for _, dir := range slices.Concat(libraryDirs, binaryDirs) {
+		st, err := os.Stat(filepath.Join(d.root, dir))
+		if err != nil {
+			b.WriteString("-;")
+			continue
+		}
+		b.WriteString(st.ModTime().Format(time.RFC3339Nano))
+		b.WriteByte(';')
+	}
+	return b.String()
 }

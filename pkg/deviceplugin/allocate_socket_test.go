@@ -55,7 +55,7 @@ const controlDevices = "/dev/nvidiactl->/dev/nvidiactl:rw /dev/nvidia-uvm->/dev/
 func TestAllocateGivesEachContainerItsEnvAndDeviceSpecsOverRealSockets(t *testing.T) {
 	e := newEnv(t, "dgx-h100", seatsConfig)
 	e.start(func(o *Options) {
-		o.Edits.Driver = &containeredits.DriverFiles{Root: "/", HostRoot: "/", Libraries: []containeredits.DriverFile{{Path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05", Name: "libcuda.so.1"}}}
+		o.Edits.Driver = &containeredits.DriverFiles{Root: "/", HostRoot: "/", Libraries: []containeredits.DriverFile{{Path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1", Name: "libcuda.so.1", Library: true}}}
 	})
 
 	resp, err := allocate(e, "kyb.ai/gpu-1x-seat",
@@ -88,7 +88,7 @@ func TestAllocateGivesEachContainerItsEnvAndDeviceSpecsOverRealSockets(t *testin
 		if got := renderDevices(c.Devices); got != w.devices {
 			t.Errorf("container %d devices:\n %s\nwant %s", i, got, w.devices)
 		}
-		if len(c.Mounts) != 1 || c.Mounts[0].ContainerPath != "/usr/local/nvidia/lib64/libcuda.so.1" || c.Mounts[0].HostPath != "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05" || !c.Mounts[0].ReadOnly {
+		if len(c.Mounts) != 2 || c.Mounts[0].ContainerPath != "/usr/lib/x86_64-linux-gnu/libcuda.so.1" || c.Mounts[1].ContainerPath != "/usr/lib64/libcuda.so.1" || c.Mounts[0].HostPath != "/usr/lib/x86_64-linux-gnu/libcuda.so.1" || !c.Mounts[0].ReadOnly {
 			t.Errorf("container %d mounts: %v", i, c.Mounts)
 		}
 		if len(c.CdiDevices) != 0 {

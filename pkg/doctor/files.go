@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -40,15 +41,16 @@ func (e *examination) checkDriverFiles(ctx context.Context) {
 			c.Status, c.Fix = Warn, "install NVIDIA's container toolkit and runtime, or generate NVIDIA's CDI spec (nvidia-ctk cdi generate), or set --driver-root to where the driver's libraries are"
 		}
 	case nodesetup.DriverFilesDriverRoot:
+		found, err := files.Files.Files()
+		if err != nil {
+			c.Status, c.Summary, c.Fix = Fail, err.Error(), "install the driver under --driver-root, or wait for the driver container to be ready; prepares fail until then"
+			break
+		}
 		var stale []string
-		for _, f := range driverFiles(files.Files) {
+		for _, f := range driverFiles(found) {
 			c.Details = append(c.Details, f.container+" <- "+f.path)
-			if _, err := os.Stat(f.path); err != nil {
-				c.Status, c.Fix = Fail, "the driver's files changed under the running node: restart the plugin"
-				c.Details = append(c.Details, "missing now: "+f.path)
-			}
-			if v := libraryVersion(f.path); v != "" && v != e.node.Inv.DriverVersion {
-				stale = append(stale, filepath.Base(f.path))
+			if v := libraryVersion(f.resolved); v != "" && v != e.node.Inv.DriverVersion {
+				stale = append(stale, filepath.Base(f.resolved))
 			}
 		}
 		if len(stale) > 0 && c.Status == OK {
@@ -62,17 +64,16 @@ func (e *examination) checkDriverFiles(ctx context.Context) {
 	e.add(c)
 }
 
-type driverFile struct{ path, container string }
+type driverFile struct{ path, resolved, container string }
 
 // driverFiles are the files the plugin would bind-mount, as it sees them
 // and where the container gets them.
 func driverFiles(f *containeredits.DriverFiles) []driverFile {
 	var out []driverFile
-	for _, l := range f.Libraries {
-		out = append(out, driverFile{path: l.Path, container: containeredits.ContainerLibDir + "/" + l.Name})
-	}
-	for _, b := range f.Binaries {
-		out = append(out, driverFile{path: b.Path, container: containeredits.ContainerBinDir + "/" + b.Name})
+	for _, l := range slices.Concat(f.Libraries, f.Binaries) {
+		for _, p := range l.ContainerPaths() {
+			out = append(out, driverFile{path: l.Path, resolved: l.Resolved, container: p})
+		}
 	}
 	return out
 }

@@ -38,14 +38,11 @@ type ProbeOptions struct {
 // server hands out a UID of this shape.
 const probeClaimUID = types.UID("kyb-doctor-probe")
 
-// cudaImageEnv is the environment of NVIDIA's CUDA base images, which the
-// sandbox's image stands for: the driver files our specs mount under
-// /usr/local/nvidia are on its paths.
-var cudaImageEnv = []string{
-	"PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-	"LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
-	"NVIDIA_VISIBLE_DEVICES=all",
-	"NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+// imageEnv is the environment of a plain image, which the sandbox's image
+// stands for: no LD_LIBRARY_PATH, so the probe finds libcuda.so.1 only
+// where our specs put it for any glibc image.
+var imageEnv = []string{
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 }
 
 // checkProbe runs the CUDA probe in a sandbox built only from a seat's CDI
@@ -63,7 +60,7 @@ func (e *examination) checkProbe(ctx context.Context) {
 		return
 	}
 	want, what := target.want, target.what
-	out, cfg, err := cdisandbox.Run(ctx, cdisandbox.Options{Specs: target.specs, Devices: target.devices, Program: e.opts.Probe.Program, BaseEnv: cudaImageEnv, HostPath: e.seenPath})
+	out, cfg, err := cdisandbox.Run(ctx, cdisandbox.Options{Specs: target.specs, Devices: target.devices, Program: e.opts.Probe.Program, BaseEnv: imageEnv, HostPath: e.seenPath})
 	if err != nil {
 		c.Summary, c.Fix = "the sandbox did not run: "+err.Error(), "run the doctor as root with kyb-cuda-probe beside it (--probe-binary)"
 		e.add(c)
@@ -151,7 +148,7 @@ func (e *examination) probeTarget() (probeTarget, error) {
 		seat.GPUs = append(seat.GPUs, *g)
 		t.want = append(t.want, g.UUID)
 	}
-	edits, err := containeredits.Build([]containeredits.Seat{seat}, containeredits.Options{DeviceNumbers: e.node.Host.DeviceNumbers, Driver: e.files.Files})
+	edits, err := containeredits.Build([]containeredits.Seat{seat}, containeredits.Options{DeviceNumbers: e.node.Host.DeviceNumbers, Driver: e.files.Source()})
 	if err != nil {
 		return t, fmt.Errorf("seat 0 of %s: %w", group.Name, err)
 	}

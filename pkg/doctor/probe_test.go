@@ -116,7 +116,7 @@ func TestProbeSeesExactlyTheSeatsGPUs(t *testing.T) {
 		"CUDA device 0: Simulated GPU (/dev/nvidia2) " + inv.GPUs[2].UUID + ", 81559 MiB, cuMemAlloc ok",
 		"CUDA device 1: Simulated GPU (/dev/nvidia3) " + inv.GPUs[3].UUID,
 		"env KYB_GPU_GROUP=G23",
-		"libcuda: /usr/local/nvidia/lib64/libcuda.so.1 (CUDA driver API 13000)",
+		"libcuda: /usr/lib/x86_64-linux-gnu/libcuda.so.1 (CUDA driver API 13000)",
 		// The sandbox holds the seat's device nodes and nothing else of
 		// the host's /dev.
 		"device nodes: /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia2 /dev/nvidia3 /dev/nvidiactl\n",
@@ -176,7 +176,7 @@ func TestProbeFailsForRealReasons(t *testing.T) {
 			n.write(filepath.Join(n.opts.CDIRoot, cdi.SpecName(types.UID(uid))+".json"), `{"cdiVersion":"0.6.0","kind":"kyb.ai/gpu","devices":[{"name":"`+uid+`-g0-1x-0","containerEdits":{
 				"env":["NVIDIA_VISIBLE_DEVICES=`+inv.GPUs[0].UUID+`"],
 				"deviceNodes":[{"path":"/dev/nvidia0"},{"path":"/dev/nvidia1"},{"path":"/dev/nvidiactl"}],
-				"mounts":[{"hostPath":"`+filepath.Join(n.opts.Node.DriverRoot, "usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05")+`","containerPath":"/usr/local/nvidia/lib64/libcuda.so.1","options":["ro","bind"]}]}}]}`)
+				"mounts":[{"hostPath":"`+filepath.Join(n.opts.Node.DriverRoot, "usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05")+`","containerPath":"/usr/lib/x86_64-linux-gnu/libcuda.so.1","options":["ro","bind"]}]}}]}`)
 			n.opts.Probe.Claim = types.UID(uid)
 		}, want: "the probe saw [" + "GPU-"},
 	}

@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -344,13 +347,14 @@ func TestDriverFilesAndSeatConfigReachTheContainer(t *testing.T) {
 	if _, err := cache.InjectDevices(spec, ids...); err != nil {
 		t.Fatal(err)
 	}
-	var mounted bool
+	// The soname link, where any glibc image's loader looks.
+	mounted := 0
 	for _, m := range spec.Mounts {
-		if m.Destination == "/usr/local/nvidia/lib64/libcuda.so.1" && m.Source == "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05" {
-			mounted = true
+		if (m.Destination == "/usr/lib/x86_64-linux-gnu/libcuda.so.1" || m.Destination == "/usr/lib64/libcuda.so.1") && m.Source == "/usr/lib/x86_64-linux-gnu/libcuda.so.1" {
+			mounted++
 		}
 	}
-	if !mounted {
+	if mounted != 2 {
 		t.Errorf("libcuda is not mounted: %+v", spec.Mounts)
 	}
 	env, _ := e.container(ids...)
@@ -382,5 +386,38 @@ func TestRequestForTwoSeatsSeesBoth(t *testing.T) {
 	_, devs := e.container(ids...)
 	if _, ok := devs["/dev/nvidia1"]; !ok || len(devs) != 5 {
 		t.Errorf("device nodes %v", devs)
+	}
+}
+
+// A driver root that must hold the driver's files but does not yet (a
+// driver container still starting) fails the claim's prepare, saying why,
+// and the kubelet's retry succeeds once the files are there; the node and
+// other claims are not affected.
+func TestDriverRootNotReadyFailsOnlyThePrepare(t *testing.T) {
+	root := t.TempDir()
+	e := newEnv(t, "nvlink-2x4", seed, withOptions(func(o *draplugin.Options) {
+		o.Edits.Driver = containeredits.NewDriverRoot(root, "", true)
+	}))
+	c := e.claim(class1x)
+	res := e.prepare(c)[string(c.UID)]
+	if res.GetError() == "" || !strings.Contains(res.GetError(), "no NVIDIA driver libraries under the driver root "+root) {
+		t.Fatalf("prepare with no driver yet: %q", res.GetError())
+	}
+	lib := filepath.Join(root, "usr/lib64")
+	if err := os.MkdirAll(lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(lib, "libcuda.so.580.95.05"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("libcuda.so.580.95.05", filepath.Join(lib, "libcuda.so.1")); err != nil {
+		t.Fatal(err)
+	}
+	ids := e.prepareOK(c)
+	spec := e.inject(ids...)
+	if !slices.ContainsFunc(spec.Mounts, func(m oci.Mount) bool {
+		return m.Destination == "/usr/lib64/libcuda.so.1" && m.Source == filepath.Join(lib, "libcuda.so.1")
+	}) {
+		t.Errorf("the retried prepare mounts no libcuda: %+v", spec.Mounts)
 	}
 }

@@ -56,8 +56,9 @@ type DriverFiles struct {
 	// NVIDIACDI names NVIDIA's own CDI device for a GPU; its entry brings
 	// the driver files.
 	NVIDIACDI func(index int, uuid string) string
-	// Files are bind-mounted from the driver root.
-	Files *containeredits.DriverFiles
+	// Files are bind-mounted from the driver root, looked at again
+	// whenever it changes; nil when containers get none.
+	Files *containeredits.DriverRoot
 	// Mode is the way chosen (nvidia-cdi, driver-root or none) and Reason
 	// says why, for logs and the doctor.
 	Mode   string
@@ -90,16 +91,29 @@ func (d *DriverFilesFlags) ChooseDriverFiles(ctx context.Context, node *Node, sr
 		}
 	}
 	if mode == DriverFilesAuto || mode == DriverFilesDriverRoot {
+		// The root is looked at again before each container is prepared:
+		// a driver upgraded, or a driver container that was not ready at
+		// start, is what the next container gets.
+		root := containeredits.NewDriverRoot(src.DriverRoot, d.HostDriverRoot, mode == DriverFilesDriverRoot)
 		files, err := containeredits.FindDriverFiles(src.DriverRoot, d.HostDriverRoot)
 		if err != nil {
 			return DriverFiles{}, fmt.Errorf("find the driver's files under %s: %w", src.DriverRoot, err)
 		}
 		if !files.Empty() {
 			logger.Info("Driver files", "mode", DriverFilesDriverRoot, "root", src.DriverRoot, "libraries", len(files.Libraries), "binaries", len(files.Binaries))
-			return DriverFiles{Files: files, Mode: DriverFilesDriverRoot, Reason: "the driver's libraries are under " + src.DriverRoot + "; containers get them as bind mounts"}, nil
+			return DriverFiles{Files: root, Mode: DriverFilesDriverRoot, Reason: "the driver's libraries are under " + src.DriverRoot + "; containers get them as bind mounts"}, nil
 		}
 		if mode == DriverFilesDriverRoot {
-			return DriverFiles{}, fmt.Errorf("--driver-files=driver-root: no NVIDIA driver libraries under %s; set --driver-root to where the driver is installed", src.DriverRoot)
+			// Not ready yet, perhaps: each prepare fails, saying so, until
+			// the libraries are there.
+			df := DriverFiles{Files: root, Mode: DriverFilesDriverRoot, Reason: "no NVIDIA driver libraries under " + src.DriverRoot + " yet; prepares fail until they are there"}
+			logger.Info("Driver files", "mode", df.Mode, "root", src.DriverRoot, "warning", df.Reason)
+			return df, nil
+		}
+		if node.Host.Simulated == nil {
+			df := DriverFiles{Files: root, Mode: DriverFilesNone, Reason: "no NVIDIA CDI spec and no driver libraries under " + src.DriverRoot + " now; containers get their GPUs' device nodes, and the driver's libraries once they appear there (else the NVIDIA container runtime must bring them)"}
+			logger.Info("Driver files", "mode", df.Mode, "driverRoot", src.DriverRoot, "warning", df.Reason)
+			return df, nil
 		}
 	}
 	df := DriverFiles{Mode: DriverFilesNone, Reason: "--driver-files=none"}
@@ -108,4 +122,13 @@ func (d *DriverFilesFlags) ChooseDriverFiles(ctx context.Context, node *Node, sr
 		logger.Info("Driver files", "mode", df.Mode, "driverRoot", src.DriverRoot, "warning", df.Reason)
 	}
 	return df, nil
+}
+
+// Source is where containers' driver files come from; nil when they get
+// none from the plugin.
+func (d DriverFiles) Source() containeredits.DriverSource {
+	if d.Files == nil {
+		return nil
+	}
+	return d.Files
 }

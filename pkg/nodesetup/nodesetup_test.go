@@ -126,6 +126,8 @@ func TestChooseDriverFiles(t *testing.T) {
 		usable      bool
 		want        string // "nvidia-cdi", "driver-root" or "none"
 		wantErr     string
+		// wantFilesErr is what looking at the driver's files says.
+		wantFilesErr string
 		wantWarning bool
 	}{
 		{name: "auto on a simulated node without a driver root", mode: "auto", driverRoot: "/", cdiRoot: withSpec, usable: true, want: "none"},
@@ -134,7 +136,7 @@ func TestChooseDriverFiles(t *testing.T) {
 		{name: "auto with a spec for some GPUs only takes the driver root", mode: "auto", driverRoot: root, cdiRoot: partSpec, usable: true, want: "driver-root"},
 		{name: "auto with neither warns", mode: "auto", driverRoot: t.TempDir(), cdiRoot: t.TempDir(), usable: true, want: "none", wantWarning: true},
 		{name: "nvidia-cdi without a spec", mode: "nvidia-cdi", driverRoot: root, cdiRoot: partSpec, usable: true, wantErr: "--driver-files=nvidia-cdi: NVIDIA's CDI spec (nvidia.com/gpu) covers 3 of 8 GPUs"},
-		{name: "driver-root without libraries", mode: "driver-root", driverRoot: t.TempDir(), cdiRoot: withSpec, usable: true, wantErr: "--driver-files=driver-root: no NVIDIA driver libraries under"},
+		{name: "driver-root without libraries yet", mode: "driver-root", driverRoot: t.TempDir(), cdiRoot: withSpec, usable: true, want: "driver-root", wantFilesErr: "no NVIDIA driver libraries under the driver root"},
 		{name: "driver-root", mode: "driver-root", driverRoot: root, cdiRoot: withSpec, usable: true, want: "driver-root"},
 		{name: "none", mode: "none", driverRoot: root, cdiRoot: withSpec, usable: true, want: "none"},
 	}
@@ -159,21 +161,28 @@ func TestChooseDriverFiles(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			chose := "none"
-			switch {
-			case got.NVIDIACDI != nil:
-				chose = "nvidia-cdi"
+			if got.Mode != tt.want {
+				t.Errorf("chose %s, want %s", got.Mode, tt.want)
+			}
+			switch got.Mode {
+			case DriverFilesNVIDIACDI:
 				if id := got.NVIDIACDI(5, node.Inv.GPUs[5].UUID); id != "nvidia.com/gpu=5" {
 					t.Errorf("NVIDIA's device of GPU 5: %q", id)
 				}
-			case got.Files != nil:
-				chose = "driver-root"
-				if len(got.Files.Libraries) == 0 {
-					t.Error("driver files without libraries")
+			case DriverFilesDriverRoot:
+				files, err := got.Source().Files()
+				switch {
+				case tt.wantFilesErr != "":
+					if err == nil || !strings.Contains(err.Error(), tt.wantFilesErr) {
+						t.Errorf("driver files: %v, want %q", err, tt.wantFilesErr)
+					}
+				case err != nil || files.Empty():
+					t.Errorf("driver files without libraries: %v", err)
 				}
-			}
-			if chose != tt.want {
-				t.Errorf("chose %s, want %s", chose, tt.want)
+			case DriverFilesNone:
+				if got.Source() != nil {
+					t.Error("no driver files, yet a source of them")
+				}
 			}
 			logs := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
 			if warned := strings.Contains(logs, `warning="no NVIDIA CDI spec and no driver libraries found`); warned != tt.wantWarning {
