@@ -7,6 +7,7 @@ package containeredits
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,6 +81,10 @@ type Options struct {
 	VisibleDevices v1alpha1.VisibleDevices
 	// DeviceNumbers returns a device node's major and minor.
 	DeviceNumbers func(path string) (major, minor int64, err error)
+	// DeviceHostRoot is where the device nodes are on the host ("" or
+	// "/": the host's /dev; a driver container's root where it makes
+	// them).
+	DeviceHostRoot string
 	// Driver, when set, gives the driver's files, carried into the
 	// container as bind mounts.
 	Driver DriverSource
@@ -194,7 +199,7 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 		if err != nil {
 			return nil, fmt.Errorf("device node %s: %w", p, err)
 		}
-		e.DeviceNodes = append(e.DeviceNodes, DeviceNode{Path: p, HostPath: p, Major: major, Minor: minor})
+		e.DeviceNodes = append(e.DeviceNodes, DeviceNode{Path: p, HostPath: filepath.Join("/", opts.DeviceHostRoot, p), Major: major, Minor: minor})
 	}
 	if opts.Driver != nil {
 		files, err := opts.Driver.Files()

@@ -271,3 +271,16 @@ func TestDriverRootFollowsChanges(t *testing.T) {
 		t.Errorf("the earlier mount source %s leads to %s, %v", mount, now, err)
 	}
 }
+
+func TestDeviceHostRoot(t *testing.T) {
+	seat := []Seat{{Group: "G0", Seats: []int{0}, Generations: []int64{1}, GPUs: gpus[:1]}}
+	for root, want := range map[string]string{"": "/dev/nvidia0", "/": "/dev/nvidia0", "/run/nvidia/driver": "/run/nvidia/driver/dev/nvidia0"} {
+		e, err := Build(seat, Options{DeviceNumbers: numbers, DeviceHostRoot: root})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := e.DeviceNodes[0]; n.Path != "/dev/nvidia0" || n.HostPath != want {
+			t.Errorf("root %q: %s from %s, want from %s", root, n.Path, n.HostPath, want)
+		}
+	}
+}

@@ -148,7 +148,7 @@ func (e *examination) probeTarget() (probeTarget, error) {
 		seat.GPUs = append(seat.GPUs, *g)
 		t.want = append(t.want, g.UUID)
 	}
-	edits, err := containeredits.Build([]containeredits.Seat{seat}, containeredits.Options{DeviceNumbers: e.node.Host.DeviceNumbers, Driver: e.files.Source()})
+	edits, err := containeredits.Build([]containeredits.Seat{seat}, containeredits.Options{DeviceNumbers: e.node.Host.DeviceNumbers, DeviceHostRoot: e.opts.Node.DeviceHostRoot(e.opts.DriverFiles.HostDriverRoot), Driver: e.files.Source()})
 	if err != nil {
 		return t, fmt.Errorf("seat 0 of %s: %w", group.Name, err)
 	}

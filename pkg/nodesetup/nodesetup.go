@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"k8s.io/klog/v2"
 
@@ -87,7 +88,41 @@ func (s *Flags) Open(ctx context.Context) (*Node, error) {
 
 // OpenHost opens the node's GPUs: NVML, or the simulated node.
 func (s *Flags) OpenHost(ctx context.Context) (*gpuhost.Host, error) {
-	return gpuhost.Open(ctx, gpuhost.Options{Simulate: s.Simulate, NodeName: s.NodeName, DriverRoot: s.DriverRoot, DevRoot: s.DevRoot, SysfsRoot: s.SysfsRoot})
+	return gpuhost.Open(ctx, gpuhost.Options{Simulate: s.Simulate, NodeName: s.NodeName, DriverRoot: s.DriverRoot, DevRoot: s.devRoot(), SysfsRoot: s.SysfsRoot})
+}
+
+// devicesInDriverRoot reports whether the driver root holds the GPUs'
+// device nodes, as a driver container makes them under its root.
+func (s *Flags) devicesInDriverRoot() bool {
+	if s.DriverRoot == "" || s.DriverRoot == "/" {
+		return false
+	}
+	st, err := os.Stat(filepath.Join(s.DriverRoot, "dev/nvidiactl"))
+	return err == nil && !st.IsDir()
+}
+
+// devRoot is where the plugin finds the device nodes: --dev-root when
+// set, else the driver root when it holds them.
+func (s *Flags) devRoot() string {
+	if (s.DevRoot == "" || s.DevRoot == "/") && s.devicesInDriverRoot() {
+		return s.DriverRoot
+	}
+	return s.DevRoot
+}
+
+// DeviceHostRoot is what device nodes' host paths in CDI specs start
+// with: the driver root as the host sees it (hostDriverRoot, else the
+// driver root) when the device nodes are there, else the host's root. The
+// runtime creates the node from its numbers either way; the host path is
+// where tools that look at the host find it.
+func (s *Flags) DeviceHostRoot(hostDriverRoot string) string {
+	if s.devRoot() != s.DriverRoot || !s.devicesInDriverRoot() {
+		return "/"
+	}
+	if hostDriverRoot != "" {
+		return hostDriverRoot
+	}
+	return s.DriverRoot
 }
 
 // Discover finds the host's GPUs and their links.

@@ -191,3 +191,37 @@ func TestChooseDriverFiles(t *testing.T) {
 		})
 	}
 }
+
+// A driver container makes the device nodes under its root: the plugin
+// reads their numbers there, and specs name them there on the host.
+func TestDeviceNodesUnderTheDriverRoot(t *testing.T) {
+	withDev := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(withDev, "dev"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(withDev, "dev/nvidiactl"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name                         string
+		driverRoot, devRoot, hostDrv string
+		wantDevRoot, wantHostRoot    string
+	}{
+		{name: "host driver", driverRoot: "/", devRoot: "/", wantDevRoot: "/", wantHostRoot: "/"},
+		{name: "driver root without device nodes", driverRoot: t.TempDir(), devRoot: "/", wantDevRoot: "/", wantHostRoot: "/"},
+		{name: "driver container's device nodes", driverRoot: withDev, devRoot: "/", wantDevRoot: withDev, wantHostRoot: withDev},
+		{name: "driver root elsewhere on the host", driverRoot: withDev, devRoot: "/", hostDrv: "/run/nvidia/driver", wantDevRoot: withDev, wantHostRoot: "/run/nvidia/driver"},
+		{name: "--dev-root wins", driverRoot: withDev, devRoot: "/host", hostDrv: "/run/nvidia/driver", wantDevRoot: "/host", wantHostRoot: "/"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := Flags{DriverRoot: tt.driverRoot, DevRoot: tt.devRoot}
+			if got := f.devRoot(); got != tt.wantDevRoot {
+				t.Errorf("dev root %s, want %s", got, tt.wantDevRoot)
+			}
+			if got := f.DeviceHostRoot(tt.hostDrv); got != tt.wantHostRoot {
+				t.Errorf("device host root %s, want %s", got, tt.wantHostRoot)
+			}
+		})
+	}
+}

@@ -116,7 +116,7 @@ func (o *options) run(ctx context.Context) error {
 		NodeName:          o.node.NodeName,
 		Inventory:         node.Inv,
 		Plan:              node.Plan,
-		Edits:             containeredits.Options{DeviceNumbers: node.Host.DeviceNumbers, Driver: files.Source()},
+		Edits:             containeredits.Options{DeviceNumbers: node.Host.DeviceNumbers, DeviceHostRoot: o.node.DeviceHostRoot(o.driverFiles.HostDriverRoot), Driver: files.Source()},
 		NVIDIACDIDevice:   files.NVIDIACDI,
 		Injection:         injection,
 		CDIRoot:           o.cdiRoot,

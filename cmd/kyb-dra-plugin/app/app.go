@@ -210,7 +210,7 @@ func (o *options) run(ctx context.Context) error {
 		Client:          client,
 		Inventory:       node.Inv,
 		Plan:            node.Plan,
-		Edits:           containeredits.Options{DeviceNumbers: node.Host.DeviceNumbers, Driver: files.Source()},
+		Edits:           containeredits.Options{DeviceNumbers: node.Host.DeviceNumbers, DeviceHostRoot: o.node.DeviceHostRoot(o.driverFiles.HostDriverRoot), Driver: files.Source()},
 		NVIDIACDIDevice: files.NVIDIACDI,
 		CDIRoot:         o.dirs.cdiRoot,
 		PluginDataDir:   driver.PluginDir(o.dirs.pluginsDir),
