@@ -119,16 +119,16 @@ func TestChooseDriverFiles(t *testing.T) {
 	nvidiaSpec(t, partSpec, 3)
 	root := driverRoot(t)
 	tests := []struct {
-		name        string
-		mode        string
-		driverRoot  string
-		cdiRoot     string
-		usable      bool
-		want        string // "nvidia-cdi", "driver-root" or "none"
-		wantErr     string
+		name       string
+		mode       string
+		driverRoot string
+		cdiRoot    string
+		usable     bool
+		want       string // "nvidia-cdi", "driver-root" or "none"
+		wantErr    string
 		// wantFilesErr is what looking at the driver's files says.
 		wantFilesErr string
-		wantWarning bool
+		wantWarning  bool
 	}{
 		{name: "auto on a simulated node without a driver root", mode: "auto", driverRoot: "/", cdiRoot: withSpec, usable: true, want: "none"},
 		{name: "auto takes NVIDIA's spec", mode: "auto", driverRoot: root, cdiRoot: withSpec, usable: true, want: "nvidia-cdi"},
