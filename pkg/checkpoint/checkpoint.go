@@ -100,6 +100,11 @@ type Claim struct {
 	// with the next save after the write, so a restart may write a status
 	// again, never miss one.
 	StatusWritten bool `json:"statusWritten,omitempty"`
+	// Combined says the claim was prepared together with another of this
+	// driver's claims for one pod, so one of its containers may hold
+	// both: its spec then names the container's GPUs in a way that does
+	// not depend on which claim's spec the runtime applies last.
+	Combined bool `json:"combined,omitempty"`
 }
 
 // Device is one allocation result of a claim and the seats it holds.

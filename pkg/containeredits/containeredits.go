@@ -91,6 +91,16 @@ type Options struct {
 	// MPS, when set, makes the container a client of its group's MPS
 	// daemon.
 	MPS *MPS
+	// CombinedOf, when not 0, is the node's GPU count, for seats that may
+	// share a container with others (two claims, or two requests of one
+	// claim, in one container). Each claim's CDI device sets the
+	// variables, and the runtime keeps the last value it applies: a
+	// claim's own UUIDs would hide the other claims' GPUs from CUDA.
+	// CUDA_VISIBLE_DEVICES then lists indices 0..CombinedOf-1 in PCI
+	// order, the same in every such spec: CUDA stops at the first index
+	// past the GPUs whose device nodes the container has, so it sees
+	// exactly those, whichever spec came last.
+	CombinedOf int
 }
 
 // The environment an MPS client gets.
@@ -170,15 +180,14 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 		env[EnvMPSActiveThreadPercent] = strconv.Itoa(m.ActiveThreadPercentage)
 		env[EnvMPSPinnedMemLimit] = m.PinnedMemLimit
 	}
-	switch opts.VisibleDevices {
-	case v1alpha1.VisibleDevicesIndex:
+	switch {
+	case opts.CombinedOf > 0:
+		env[EnvCUDAVisibleDevices] = indices(opts.CombinedOf)
+		env[EnvCUDADeviceOrder] = "PCI_BUS_ID"
+	case opts.VisibleDevices == v1alpha1.VisibleDevicesIndex:
 		// Inside the container CUDA numbers the devices it can open from
 		// 0, in PCI order when told so.
-		idx := make([]string, len(gpus))
-		for i := range gpus {
-			idx[i] = strconv.Itoa(i)
-		}
-		env[EnvCUDAVisibleDevices] = strings.Join(idx, ",")
+		env[EnvCUDAVisibleDevices] = indices(len(gpus))
 		env[EnvCUDADeviceOrder] = "PCI_BUS_ID"
 	default:
 		env[EnvCUDAVisibleDevices] = strings.Join(uuids, ",")
@@ -216,4 +225,13 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 			Mount{HostPath: m.HostShmDir, ContainerPath: "/dev/shm", Writable: true})
 	}
 	return e, nil
+}
+
+// indices lists 0..n-1, as CUDA_VISIBLE_DEVICES names devices by index.
+func indices(n int) string {
+	idx := make([]string, n)
+	for i := range idx {
+		idx[i] = strconv.Itoa(i)
+	}
+	return strings.Join(idx, ",")
 }

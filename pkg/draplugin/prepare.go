@@ -96,8 +96,16 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 
 // completedResult answers a repeated prepare: the recorded seats and CDI
 // IDs. The spec is written again if it is gone (the CDI directory is a
-// tmpfs that a reboot empties).
+// tmpfs that a reboot empties) or the claim is combined with another now.
 func (d *Driver) completedResult(ctx context.Context, r *seatledger.Reservation, uid types.UID, c *checkpoint.Claim) kubeletplugin.PrepareResult {
+	if r.Rewrite[uid] {
+		// Prepared before for another pod, combined with another claim
+		// in this one: the spec names GPUs as combined claims' do.
+		if err := d.writeSpec(ctx, r, uid, c); err != nil {
+			return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): rewrite CDI spec for a combined claim: %w", c.Namespace, c.Name, uid, err)}
+		}
+		return d.result(uid, c)
+	}
 	if !d.specs.Exists(uid) {
 		if err := d.sharing.prepare(ctx, c); err != nil {
 			return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)}

@@ -81,9 +81,15 @@ func (s *claimSpecs) devices(c *checkpoint.Claim) ([]cdi.Device, error) {
 		}
 	}
 	edits := map[string]*containeredits.Edits{}
+	// A container that takes the whole claim gets every request's
+	// device; one of a pod's containers may hold several claims.
+	combined := c.Combined || len(order) > 1
 	for _, r := range order {
 		opts := s.edits
 		opts.VisibleDevices = visible[r]
+		if combined {
+			opts.CombinedOf = len(s.inv.GPUs)
+		}
 		m, err := s.sharing.mpsEdits(devsOf[r])
 		if err != nil {
 			return nil, fmt.Errorf("request %s: %w", r, err)

@@ -29,6 +29,9 @@ type Reservation struct {
 	// before.
 	Entries map[types.UID]*checkpoint.Claim
 	Fresh   map[types.UID]bool
+	// Rewrite marks entries recorded before whose spec must be written
+	// again: the claim is now combined with another in one pod.
+	Rewrite map[types.UID]bool
 	// Errs fail single claims; Err fails the call (the checkpoint could not
 	// be read or written). Lost says every claim was refused because the
 	// checkpoint is lost and not rebuilt yet.
@@ -73,6 +76,29 @@ func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClai
 	return r
 }
 
+// combine marks the claims of a call that prepares several of this
+// driver's claims for one pod (the kubelet prepares a pod's claims in one
+// call per driver) as combined: a container of the pod may hold more than
+// one of them, and every spec it gets must then agree on the GPUs it
+// names. Claims recorded before get their spec written again, also when
+// they were combined before (a crash may have come between the save and
+// the write). It reports whether an entry changed.
+func (r *Reservation) combine() bool {
+	if len(r.Entries) < 2 {
+		return false
+	}
+	changed := false
+	for uid, c := range r.Entries {
+		if !c.Combined {
+			c.Combined, changed = true, true
+		}
+		if !r.Fresh[uid] {
+			r.Rewrite[uid] = true
+		}
+	}
+	return changed
+}
+
 // refuseLost refuses every claim of the reservation: the checkpoint is
 // lost.
 func (r *Reservation) refuseLost() {
@@ -111,7 +137,7 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 	changed := false
 	for _, r := range batch {
 		r.done = true
-		r.Entries, r.Fresh, r.Errs = map[types.UID]*checkpoint.Claim{}, map[types.UID]bool{}, map[types.UID]error{}
+		r.Entries, r.Fresh, r.Rewrite, r.Errs = map[types.UID]*checkpoint.Claim{}, map[types.UID]bool{}, map[types.UID]bool{}, map[types.UID]error{}
 		for _, claim := range r.claims {
 			if c, ok := st.Claims[claim.UID]; ok {
 				same := sameAllocation(c, claim)
@@ -151,6 +177,9 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 			r.Entries[claim.UID], r.Fresh[claim.UID] = c, true
 			changed = true
 		}
+		if r.combine() {
+			changed = true
+		}
 	}
 	for _, r := range batch {
 		r.reloads = l.reloads.Load()
@@ -163,7 +192,7 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 		// The file is the truth: read it again on the next call.
 		l.st = nil
 		for _, r := range batch {
-			if len(r.Fresh) > 0 {
+			if len(r.Fresh) > 0 || len(r.Rewrite) > 0 {
 				r.Err = fmt.Errorf("record seats in the checkpoint: %w", err)
 			}
 		}
