@@ -125,7 +125,15 @@ func specFiles(t *testing.T, n *realnode.Node) []string {
 // node and checks, from what each container printed, what it got.
 func TestRealPods(t *testing.T) {
 	c := startCluster(t)
-	n := realnode.Start(t, c, tools, realnode.Options{Name: "node-a", Preset: "dgx-h100", Config: nodeConfig})
+	// A stand-in NVIDIA driver root: containers get its libcuda.so.1.
+	driver, err := realnode.NewFakeDriver(t.TempDir(), "node-a", "dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := driver.Install(c.Ctx, "580.95.05", 13000); err != nil {
+		t.Fatal(err)
+	}
+	n := realnode.Start(t, c, tools, realnode.Options{Name: "node-a", Preset: "dgx-h100", Config: nodeConfig, DriverRoot: driver.Root})
 
 	var gpu0 string
 	t.Run("a 1x seat", func(t *testing.T) {
@@ -157,6 +165,12 @@ func TestRealPods(t *testing.T) {
 		}
 		if len(o.metadata) != 1 {
 			t.Errorf("device metadata files %v, want one", slices.Sorted(maps.Keys(o.metadata)))
+		}
+		// A plain image (no LD_LIBRARY_PATH, no loader cache) finds the
+		// driver's libcuda.so.1 where the spec mounts it.
+		r, sees := o.cudaSees(t)
+		if r.Library != "/usr/lib/x86_64-linux-gnu/libcuda.so.1" || r.DriverVersion != 13000 || !slices.Equal(sees, []string{gpu0}) {
+			t.Errorf("CUDA loaded %q (API %d) and sees %v, want libcuda.so.1 of the driver root (13000) seeing %s: %s", r.Library, r.DriverVersion, sees, gpu0, o.cuda)
 		}
 	})
 
@@ -194,6 +208,27 @@ func TestRealPods(t *testing.T) {
 		}
 		if o.env["KYB_GPU_GROUP"] != "G23" || !o.device("nvidia2") || !o.device("nvidia3") || o.device("nvidia0") {
 			t.Errorf("group %s, devices %v: want G23 with /dev/nvidia2 and /dev/nvidia3 only", o.env["KYB_GPU_GROUP"], o.devices)
+		}
+	})
+
+	t.Run("two claims in one container", func(t *testing.T) {
+		on(t, c, "gpu1", class1x, "1")
+		on(t, c, "gpu4", class1x, "4")
+		createPod(t, c, podSpec{name: "two", node: n.Name,
+			claims:     []v1.PodResourceClaim{fromTemplate("a", "gpu1"), fromTemplate("b", "gpu4")},
+			containers: map[string][]string{"both": {"a", "b"}, "solo": {"a"}}})
+		both, solo := waitForOutput(t, c, "two", "both"), waitForOutput(t, c, "two", "solo")
+		t.Logf("pod two's container both printed:\n%s", both.raw)
+		held := metadataUUIDs(t, both)
+		slices.Sort(held)
+		if _, sees := both.cudaSees(t); len(held) != 2 || !slices.Equal(sees, held) {
+			t.Errorf("CUDA_VISIBLE_DEVICES=%q: CUDA sees %v, want both claims' GPUs %v", both.env["CUDA_VISIBLE_DEVICES"], sees, held)
+		}
+		if !both.device("nvidia1") || !both.device("nvidia4") {
+			t.Errorf("devices %v, want /dev/nvidia1 and /dev/nvidia4", both.devices)
+		}
+		if _, sees := solo.cudaSees(t); !slices.Equal(sees, metadataUUIDs(t, solo)) || len(sees) != 1 || solo.device("nvidia4") {
+			t.Errorf("the container with one of the claims: CUDA sees %v, devices %v", sees, solo.devices)
 		}
 	})
 
@@ -242,6 +277,17 @@ func TestRealPods(t *testing.T) {
 		}
 	})
 
+	t.Run("the driver upgraded under the running plugin", func(t *testing.T) {
+		if err := driver.Install(c.Ctx, "590.10.01", 13010); err != nil {
+			t.Fatal(err)
+		}
+		createPod(t, c, podSpec{name: "upgraded", node: n.Name, claims: []v1.PodResourceClaim{fromTemplate("gpu", "gpu4")}})
+		o := waitForOutput(t, c, "upgraded", "app")
+		if r, sees := o.cudaSees(t); r.DriverVersion != 13010 || len(sees) != 1 {
+			t.Errorf("after the upgrade CUDA loaded %q (API %d) and sees %v, want the new driver's (13010): %s", r.Library, r.DriverVersion, sees, o.cuda)
+		}
+	})
+
 	t.Run("the plugin restarted under running pods", func(t *testing.T) {
 		n.StopPlugin()
 		n.StartPlugin(t)
@@ -256,7 +302,7 @@ func TestRealPods(t *testing.T) {
 		before := len(specFiles(t, n))
 		deletePod(t, c, "pair")
 		waitUntil(t, "pod pair's CDI spec removed by the restarted plugin", 30*time.Second, func() bool { return len(specFiles(t, n)) == before-1 })
-		assertRunning(t, c, "again", "shared-1", "shared-2", "legacy")
+		assertRunning(t, c, "again", "shared-1", "shared-2", "legacy", "two", "upgraded")
 	})
 
 	t.Run("the kubelet restarted under running pods", func(t *testing.T) {

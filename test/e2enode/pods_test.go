@@ -2,7 +2,9 @@ package e2enode
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,16 +14,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cudaprobe"
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 	"github.com/kyb-ai/kyb-dra-driver/test/realnode"
 )
 
 // probe prints what a container got: its environment, the GPU device
-// nodes and its mounts, between markers the tests split on; then it stays
-// up, so that a test can restart things under a running pod.
+// nodes, its mounts, its device metadata and what CUDA (the node's fake
+// driver) shows it, between markers the tests split on; then it stays up,
+// so that a test can restart things under a running pod.
 const probeReport = `env | sort; echo '--- devices'; ls -l /dev/nvidia* 2>&1 | sort; echo '--- mounts'; cat /proc/mounts; ` +
 	`echo '--- metadata'; for f in $(find /var/run/kubernetes.io/dra-device-attributes -name '*.json' | sort); do echo "FILE $f"; cat "$f"; echo; done; ` +
-	`echo '--- end'; `
+	`echo '--- cuda'; kyb-cuda-probe 2>&1; echo '--- end'; `
 
 const probe = probeReport + `sleep 3600`
 
@@ -106,7 +110,25 @@ type output struct {
 	mounts  []string // lines of /proc/mounts
 	// metadata maps a device metadata file's path to its content.
 	metadata map[string]string
-	raw      string
+	// cuda is the CUDA probe's JSON.
+	cuda string
+	raw  string
+}
+
+// cudaSees is what the CUDA probe saw: the library it loaded, the driver's
+// API version and the devices' UUIDs, sorted.
+func (o output) cudaSees(t *testing.T) (cudaprobe.Result, []string) {
+	t.Helper()
+	var r cudaprobe.Result
+	if err := json.Unmarshal([]byte(o.cuda), &r); err != nil {
+		t.Fatalf("the CUDA probe's output %q: %v", o.cuda, err)
+	}
+	var uuids []string
+	for _, d := range r.Devices {
+		uuids = append(uuids, d.UUID)
+	}
+	slices.Sort(uuids)
+	return r, uuids
 }
 
 func (o output) device(name string) bool {
@@ -165,6 +187,9 @@ func parseOutput(raw string) output {
 		case "--- metadata":
 			section = "metadata"
 			continue
+		case "--- cuda":
+			section = "cuda"
+			continue
 		case "--- end":
 			return o
 		}
@@ -179,6 +204,8 @@ func parseOutput(raw string) output {
 			}
 		case "mounts":
 			o.mounts = append(o.mounts, l)
+		case "cuda":
+			o.cuda += l + "\n"
 		case "metadata":
 			if f, ok := strings.CutPrefix(l, "FILE "); ok {
 				file = f

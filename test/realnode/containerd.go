@@ -89,10 +89,11 @@ func (n *Node) startContainerd(tb ktesting.TB) {
 		_, err := os.Stat(n.ContainerdSocket)
 		return err == nil
 	})
-	for _, img := range []image{
-		busyboxImage(BusyboxImage, filepath.Join(n.tools.Dir, "busybox")),
-		pauseImage(PauseImage, filepath.Join(n.tools.Dir, "pause")),
-	} {
+	busybox, err := n.busyboxImage()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, img := range []image{busybox, pauseImage(PauseImage, filepath.Join(n.tools.Dir, "pause"))} {
 		archive := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(img.name)+".tar")
 		if err := img.writeArchive(archive); err != nil {
 			tb.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -29,17 +30,33 @@ type imageFile struct {
 }
 
 // busyboxImage is the workload image: Debian's static busybox with the
-// applets the pods use.
-func busyboxImage(name, busybox string) image {
+// applets the pods use, and the CUDA probe with the host's glibc. It is a
+// plain image, not NVIDIA's: no LD_LIBRARY_PATH, no /usr/local/nvidia, no
+// loader cache; the probe finds libcuda.so.1 only where our specs put it.
+func busyboxImage(name, busybox, probe string) (image, error) {
 	img := image{name: name, entrypoint: []string{"/bin/sh"}}
-	for _, d := range []string{"bin", "dev", "etc", "proc", "sys", "tmp", "usr", "usr/lib", "var", "var/run"} {
+	for _, d := range []string{"bin", "dev", "etc", "lib", "lib/x86_64-linux-gnu", "lib64", "proc", "sys", "tmp", "usr", "usr/lib", "var", "var/run"} {
 		img.files = append(img.files, imageFile{path: d, isDir: true, mode: 0o755})
 	}
 	img.files = append(img.files, imageFile{path: "bin/busybox", src: busybox, mode: 0o755})
+	img.files = append(img.files, imageFile{path: "bin/kyb-cuda-probe", src: probe, mode: 0o755})
+	// What the probe links: the loader and libc (dlopen is in libc).
+	for _, f := range []string{"lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libc.so.6"} {
+		src, err := filepath.EvalSymlinks("/" + f)
+		if err != nil {
+			return image{}, fmt.Errorf("the probe's glibc: %w", err)
+		}
+		img.files = append(img.files, imageFile{path: f, src: src, mode: 0o755})
+	}
 	for _, applet := range []string{"sh", "env", "ls", "cat", "sleep", "grep", "sort", "echo", "test", "mount", "head", "find", "readlink", "true", "wc"} {
 		img.files = append(img.files, imageFile{path: "bin/" + applet, link: "busybox"})
 	}
-	return img
+	return img, nil
+}
+
+// busyboxImage is the node's workload image.
+func (n *Node) busyboxImage() (image, error) {
+	return busyboxImage(BusyboxImage, filepath.Join(n.tools.Dir, "busybox"), filepath.Join(n.tools.Bin, "kyb-cuda-probe"))
 }
 
 // pauseImage is the sandbox image: the kubelet's own pause program.

@@ -20,7 +20,7 @@ type Tools struct {
 	// Dir holds containerd, ctr, containerd-shim-runc-v2, kubelet, pause
 	// and busybox.
 	Dir string
-	// Bin holds kyb-dra-plugin and kyb-device-plugin.
+	// Bin holds kyb-dra-plugin, kyb-device-plugin and kyb-cuda-probe.
 	Bin string
 }
 
@@ -34,7 +34,7 @@ func ToolsFromEnv() (Tools, error) {
 	if err := lookTools(t.Dir, "containerd", "ctr", "containerd-shim-runc-v2", "kubelet", "pause", "busybox"); err != nil {
 		return t, fmt.Errorf("node tools (make e2e-node builds them): %w", err)
 	}
-	if err := lookTools(t.Bin, "kyb-dra-plugin", "kyb-device-plugin"); err != nil {
+	if err := lookTools(t.Bin, "kyb-dra-plugin", "kyb-device-plugin", "kyb-cuda-probe"); err != nil {
 		return t, fmt.Errorf("driver binaries (make build): %w", err)
 	}
 	return t, nil
@@ -49,6 +49,9 @@ type Options struct {
 	Config string
 	// PluginArgs are extra arguments of the plugin.
 	PluginArgs []string
+	// DriverRoot, when set, is the NVIDIA driver's root for the plugin
+	// (--driver-files=driver-root): containers get its libraries.
+	DriverRoot string
 }
 
 // Node is a real node: containerd, the kubelet and the driver's plugin,
@@ -165,6 +168,9 @@ func (n *Node) pluginArgs() []string {
 	}
 	if n.Options.Config != "" {
 		args = append(args, "--config", filepath.Join(n.Dir, "config.yaml"))
+	}
+	if n.Options.DriverRoot != "" {
+		args = append(args, "--driver-root", n.Options.DriverRoot, "--driver-files", "driver-root")
 	}
 	return append(args, n.Options.PluginArgs...)
 }

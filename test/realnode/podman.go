@@ -23,7 +23,11 @@ func (n *Node) Podman(tb ktesting.TB, cdiDevices []string, command string) strin
 		"--cgroup-manager", "cgroupfs", "--events-backend", "file", "--storage-driver", "vfs"}
 	if _, err := os.Stat(dir); err != nil {
 		archive := filepath.Join(n.Dir, "busybox-podman.tar")
-		if err := busyboxImage(BusyboxImage, filepath.Join(n.tools.Dir, "busybox")).writeArchive(archive); err != nil {
+		img, err := n.busyboxImage()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := img.writeArchive(archive); err != nil {
 			tb.Fatal(err)
 		}
 		if out, err := exec.Command("podman", append(global, "load", "-i", archive)...).CombinedOutput(); err != nil {

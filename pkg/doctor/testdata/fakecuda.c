@@ -1,11 +1,14 @@
 /*
  * A stand-in for the CUDA driver library (libcuda.so.1) on simulated
- * nodes, built by the doctor's tests. Like the real one it learns its GPUs
- * from the device nodes the process can open: every /dev/nvidia<N> holds,
- * on a simulated node, the GPU's UUID. It needs /dev/nvidiactl, orders the
- * GPUs by minor number and honours CUDA_VISIBLE_DEVICES (indices or UUIDs,
- * up to the first entry that names no device), so a probe over it fails
- * for the reasons a container over the real one would.
+ * nodes, built by the doctor's tests and the real-node tests. Like the
+ * real one it sees the GPUs whose device nodes the process has: in the
+ * doctor's sandbox every /dev/nvidia<N> is a file holding the GPU's UUID;
+ * in a real container it is a character device, whose UUID the library
+ * knows by minor as the driver does (FAKE_GPUS, "minor=uuid,...", given
+ * when it is built). It needs /dev/nvidiactl, orders the GPUs by minor
+ * number and honours CUDA_VISIBLE_DEVICES (indices or UUIDs, up to the
+ * first entry that names no device), so a probe over it fails for the
+ * reasons a container over the real one would.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -13,7 +16,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#ifndef FAKE_GPUS
+#define FAKE_GPUS ""
+#endif
+#ifndef FAKE_DRIVER_API
+#define FAKE_DRIVER_API 13000
+#endif
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_NOT_INITIALIZED 3
@@ -38,6 +49,25 @@ static int read_uuid(const char *path, char *out, size_t len) {
 	return strncmp(out, "GPU-", 4) == 0 ? 0 : -1;
 }
 
+/* driver_uuid finds the UUID the driver gives the GPU of a minor. */
+static int driver_uuid(int minor, char *out, size_t len) {
+	char buf[4096];
+	snprintf(buf, sizeof buf, "%s", FAKE_GPUS);
+	for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ",")) {
+		char *eq = strchr(tok, '=');
+		if (eq != NULL && atoi(tok) == minor) {
+			snprintf(out, len, "%s", eq + 1);
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static int is_chardev(const char *path) {
+	struct stat st;
+	return stat(path, &st) == 0 && S_ISCHR(st.st_mode);
+}
+
 int cuInit(unsigned int flags) {
 	(void)flags;
 	if (access("/dev/nvidiactl", R_OK) != 0) return CUDA_ERROR_NO_DEVICE;
@@ -50,7 +80,8 @@ int cuInit(unsigned int flags) {
 		if (strncmp(n, "nvidia", 6) != 0 || !isdigit((unsigned char)n[6])) continue;
 		struct gpu g = {.minor = atoi(n + 6)};
 		snprintf(g.node, sizeof g.node, "/dev/%s", n);
-		if (read_uuid(g.node, g.uuid, sizeof g.uuid) != 0) continue;
+		if (read_uuid(g.node, g.uuid, sizeof g.uuid) != 0 &&
+		    !(is_chardev(g.node) && driver_uuid(g.minor, g.uuid, sizeof g.uuid) == 0)) continue;
 		found[nfound++] = g;
 	}
 	closedir(d);
@@ -78,7 +109,7 @@ int cuInit(unsigned int flags) {
 	return nvisible > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
 
-int cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
+int cuDriverGetVersion(int *v) { *v = FAKE_DRIVER_API; return CUDA_SUCCESS; }
 
 int cuDeviceGetCount(int *n) {
 	if (nvisible < 0) return CUDA_ERROR_NOT_INITIALIZED;
@@ -112,6 +143,11 @@ int cuDeviceGetUuid(unsigned char *out, int dev) {
 int cuDeviceTotalMem_v2(size_t *bytes, int dev) { (void)dev; *bytes = (size_t)81559 << 20; return CUDA_SUCCESS; }
 
 int cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+	/* A simulated node's kernel has no driver behind the numbers. */
+	if (is_chardev(visible[dev].node)) {
+		*ctx = (void *)(long)(dev + 1);
+		return CUDA_SUCCESS;
+	}
 	int fd = open(visible[dev].node, O_RDWR);
 	if (fd < 0) return CUDA_ERROR_UNKNOWN;
 	close(fd);
