@@ -24,7 +24,7 @@ import (
 // driver) shows it, between markers the tests split on; then it stays up,
 // so that a test can restart things under a running pod.
 const probeReport = `env | sort; echo '--- devices'; ls -l /dev/nvidia* 2>&1 | sort; echo '--- mounts'; cat /proc/mounts; ` +
-	`echo '--- metadata'; for f in $(find /var/run/kubernetes.io/dra-device-attributes -name '*.json' | sort); do echo "FILE $f"; cat "$f"; echo; done; ` +
+	`echo '--- metadata'; for f in $(find /var/run/kubernetes.io/dra-device-attributes -name '*.json' 2>/dev/null | sort); do echo "FILE $f"; cat "$f"; echo; done; ` +
 	`echo '--- cuda'; kyb-cuda-probe 2>&1; echo '--- end'; `
 
 const probe = probeReport + `sleep 3600`

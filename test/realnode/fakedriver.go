@@ -10,12 +10,16 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
 )
 
 // FakeDriver is a stand-in NVIDIA driver root for a simulated node:
 // libcuda.so.<version>, built from the doctor's fake CUDA library, and the
-// soname link libcuda.so.1 to it, laid out as the driver installs them.
+// soname link libcuda.so.1 to it, laid out as the driver installs them,
+// and the device nodes under its dev/, as a driver container makes them.
 // The library knows the node's GPUs by device minor, as the real driver
 // does, and sees those whose device nodes the container has; so a CUDA
 // probe in a container fails for the reasons it would over the real one.
@@ -29,6 +33,30 @@ type FakeDriver struct {
 func fakeCUDASource() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..", "pkg", "doctor", "testdata", "fakecuda.c")
+}
+
+// makeDeviceNodes makes the GPUs' device nodes under the driver root, as
+// a driver container does, with the simulated kernel's numbers: the
+// kubelet's device manager has a runtime stat a device's host path, so
+// the shim's envvar injection needs them on the host.
+func (d *FakeDriver) makeDeviceNodes(numbers func(string) (int64, int64, error), paths []string) error {
+	if err := os.MkdirAll(filepath.Join(d.Root, "dev"), 0o755); err != nil {
+		return err
+	}
+	for _, p := range paths {
+		major, minor, err := numbers(p)
+		if err != nil {
+			return err
+		}
+		node := filepath.Join(d.Root, p)
+		if _, err := os.Lstat(node); err == nil {
+			continue
+		}
+		if err := unix.Mknod(node, unix.S_IFCHR|0o666, int(unix.Mkdev(uint32(major), uint32(minor)))); err != nil {
+			return fmt.Errorf("make %s: %w", node, err)
+		}
+	}
+	return nil
 }
 
 // NewFakeDriver makes an empty driver root in dir for the node.
@@ -55,9 +83,13 @@ func (d *FakeDriver) Install(ctx context.Context, version string, api int) error
 	if err != nil {
 		return err
 	}
-	var gpus []string
+	var gpus, nodes []string
 	for _, g := range inv.GPUs {
 		gpus = append(gpus, strconv.Itoa(g.Minor)+"="+g.UUID)
+		nodes = append(nodes, "/dev/nvidia"+strconv.Itoa(g.Minor))
+	}
+	if err := d.makeDeviceNodes(host.DeviceNumbers, append(nodes, containeredits.ControlDevices...)); err != nil {
+		return err
 	}
 	lib := filepath.Join(d.Root, "usr/lib/x86_64-linux-gnu")
 	file := "libcuda.so." + version

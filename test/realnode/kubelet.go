@@ -66,6 +66,8 @@ func (n *Node) startKubelet(tb ktesting.TB) {
 		"--config", filepath.Join(n.Dir, "kubelet.yaml"),
 		"--kubeconfig", n.c.Kubeconfig,
 		"--root-dir", n.RootDir,
+		// Its serving certificate, which it would put in /var/lib/kubelet.
+		"--cert-dir", filepath.Join(n.Dir, "pki"),
 		"--hostname-override", n.Name,
 		"--v", "2",
 	)

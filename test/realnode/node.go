@@ -52,7 +52,15 @@ type Options struct {
 	// DriverRoot, when set, is the NVIDIA driver's root for the plugin
 	// (--driver-files=driver-root): containers get its libraries.
 	DriverRoot string
+	// Shim runs kyb-device-plugin instead of the DRA plugin: the kubelet's
+	// device manager serves the seats as extended resources.
+	Shim bool
 }
+
+// KubeletDevicePluginDir is where the kubelet's device manager listens
+// and device plugins put their sockets: fixed in the kubelet, whatever
+// its root directory. So one real node at a time runs on a machine.
+const KubeletDevicePluginDir = "/var/lib/kubelet/device-plugins"
 
 // Node is a real node: containerd, the kubelet and the driver's plugin,
 // each its own process, all under Dir.
@@ -116,6 +124,8 @@ func Start(tb ktesting.TB, c *harness.Cluster, tools Tools, opts Options) *Node 
 			tb.Fatal(err)
 		}
 	}
+	// Its cleanup runs after the kubelet's and the shim's.
+	n.claimDevicePluginDir(tb)
 	n.startContainerd(tb)
 	// Registered after containerd's cleanup, so it runs before it: the
 	// pods go first, through the kubelet and the plugin, as a drained
@@ -127,7 +137,11 @@ func Start(tb ktesting.TB, c *harness.Cluster, tools Tools, opts Options) *Node 
 	})
 	n.StartPlugin(tb)
 	n.startKubelet(tb)
-	n.waitForSlices(tb)
+	if opts.Shim {
+		n.WaitForResources(tb)
+	} else {
+		n.waitForSlices(tb)
+	}
 	tb.Logf("real node %s up in %v (dir %s)", n.Name, time.Since(started).Round(time.Millisecond), dir)
 	return n
 }
@@ -153,18 +167,22 @@ func (n *Node) drain(tb ktesting.TB) {
 	tb.Logf("node %s: pods still there after 60s", n.Name)
 }
 
-// pluginArgs point the plugin at the kubelet's directories on this node.
+// pluginArgs point the plugin (or the shim) at the kubelet's directories
+// on this node.
 func (n *Node) pluginArgs() []string {
 	args := []string{
 		"--node-name", n.Name,
-		"--kubeconfig", n.c.Kubeconfig,
 		"--simulate", n.Options.Preset,
 		"--cdi-root", n.CDIDir,
-		"--kubelet-registrar-directory-path", filepath.Join(n.RootDir, "plugins_registry"),
 		"--kubelet-plugins-directory-path", filepath.Join(n.RootDir, "plugins"),
-		"--device-plugin-directory-path", filepath.Join(n.RootDir, "device-plugins"),
-		"--boot-id-file", filepath.Join(n.Dir, "boot_id"),
+		"--device-plugin-directory-path", KubeletDevicePluginDir,
 		"-v", "2",
+	}
+	if !n.Options.Shim {
+		args = append(args,
+			"--kubeconfig", n.c.Kubeconfig,
+			"--kubelet-registrar-directory-path", filepath.Join(n.RootDir, "plugins_registry"),
+			"--boot-id-file", filepath.Join(n.Dir, "boot_id"))
 	}
 	if n.Options.Config != "" {
 		args = append(args, "--config", filepath.Join(n.Dir, "config.yaml"))
@@ -175,7 +193,8 @@ func (n *Node) pluginArgs() []string {
 	return append(args, n.Options.PluginArgs...)
 }
 
-// StartPlugin starts the driver's DRA plugin on the node.
+// StartPlugin starts the driver's DRA plugin on the node, or the
+// device-plugin shim on a shim node.
 func (n *Node) StartPlugin(tb ktesting.TB) {
 	tb.Helper()
 	if _, err := os.Stat(filepath.Join(n.Dir, "boot_id")); err != nil {
@@ -183,8 +202,12 @@ func (n *Node) StartPlugin(tb ktesting.TB) {
 			tb.Fatal(err)
 		}
 	}
-	p, err := startProcess("kyb-dra-plugin", filepath.Join(n.Dir, "plugin.log"), nil,
-		filepath.Join(n.tools.Bin, "kyb-dra-plugin"), n.pluginArgs()...)
+	name := "kyb-dra-plugin"
+	if n.Options.Shim {
+		name = "kyb-device-plugin"
+	}
+	p, err := startProcess(name, filepath.Join(n.Dir, "plugin.log"), nil,
+		filepath.Join(n.tools.Bin, name), n.pluginArgs()...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -332,5 +355,5 @@ func Leftovers() []string {
 	for _, p := range processesUnder(prefix) {
 		out = append(out, fmt.Sprintf("process %d: %s", p.pid, p.cmdline))
 	}
-	return out
+	return append(out, devicePluginFiles()...)
 }
