@@ -60,8 +60,12 @@ func TestSliceWritesUnderChurn(t *testing.T) {
 	var hiding atomic.Int64
 	h := newEnv(t, "nvlink-2x4", seed+"unavailableGroups: hideBlocked\n", sliceWrites(&hiding))
 	n := churn(t, h, &hiding, cycles)
-	if n != 2*cycles {
-		t.Errorf("hideBlocked: %d slice writes over %d cycles, want %d (one to hide, one to publish again)", n, cycles, 2*cycles)
+	// One write to hide, one to publish again; upstream's slice
+	// controller may repeat one from a cache that lags its own write (on a
+	// loaded machine: a real API server answers it with a conflict, this
+	// fake accepts it), never more than once a change.
+	if n < 2*cycles || n > 3*cycles {
+		t.Errorf("hideBlocked: %d slice writes over %d cycles, want %d (one to hide, one to publish again) to %d", n, cycles, 2*cycles, 3*cycles)
 	}
 	t.Logf("slice writes per prepare/unprepare cycle: default %.1f, hideBlocked %.1f", float64(0)/cycles, float64(n)/cycles)
 }
