@@ -1,6 +1,7 @@
 package e2enode
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -37,6 +38,8 @@ type podSpec struct {
 	containers map[string][]string
 	claims     []v1.PodResourceClaim
 	limits     v1.ResourceList
+	// command is the containers' shell command; default: probe.
+	command string
 }
 
 func createPod(t *testing.T, c *harness.Cluster, p podSpec) *v1.Pod {
@@ -61,7 +64,7 @@ func createPod(t *testing.T, c *harness.Cluster, p podSpec) *v1.Pod {
 	for name, claims := range p.containers {
 		ctr := v1.Container{
 			Name: name, Image: realnode.BusyboxImage, ImagePullPolicy: v1.PullNever,
-			Command: []string{"/bin/sh", "-c", probe},
+			Command: []string{"/bin/sh", "-c", cmp.Or(p.command, probe)},
 		}
 		for _, rc := range claims {
 			ctr.Resources.Claims = append(ctr.Resources.Claims, v1.ResourceClaim{Name: rc})
@@ -134,6 +137,15 @@ func (o output) cudaSees(t *testing.T) (cudaprobe.Result, []string) {
 func (o output) device(name string) bool {
 	for _, l := range o.devices {
 		if strings.HasSuffix(l, " /dev/"+name) {
+			return true
+		}
+	}
+	return false
+}
+
+func (o output) mountedAt(path string) bool {
+	for _, l := range o.mounts {
+		if f := strings.Fields(l); len(f) > 1 && f[1] == path {
 			return true
 		}
 	}

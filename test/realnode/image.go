@@ -7,8 +7,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -54,9 +56,16 @@ func busyboxImage(name, busybox, probe string) (image, error) {
 	return img, nil
 }
 
-// busyboxImage is the node's workload image.
+// busyboxImage is the node's workload image, with the node's extra files.
 func (n *Node) busyboxImage() (image, error) {
-	return busyboxImage(BusyboxImage, filepath.Join(n.tools.Dir, "busybox"), filepath.Join(n.tools.Bin, "kyb-cuda-probe"))
+	img, err := busyboxImage(BusyboxImage, filepath.Join(n.tools.Dir, "busybox"), filepath.Join(n.tools.Bin, "kyb-cuda-probe"))
+	if err != nil {
+		return image{}, err
+	}
+	for _, p := range slices.Sorted(maps.Keys(n.Options.ImageFiles)) {
+		img.files = append(img.files, imageFile{path: p, src: n.Options.ImageFiles[p], mode: 0o755})
+	}
+	return img, nil
 }
 
 // pauseImage is the sandbox image: the kubelet's own pause program.

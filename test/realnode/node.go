@@ -55,6 +55,9 @@ type Options struct {
 	// Shim runs kyb-device-plugin instead of the DRA plugin: the kubelet's
 	// device manager serves the seats as extended resources.
 	Shim bool
+	// ImageFiles are more files of the workload image: its path (no
+	// leading slash) to the host file.
+	ImageFiles map[string]string
 }
 
 // KubeletDevicePluginDir is where the kubelet's device manager listens

@@ -1,0 +1,77 @@
+package e2enode
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
+	"github.com/kyb-ai/kyb-dra-driver/test/realnode"
+)
+
+// mpsConfig shares each GPU of the 1x profile between four seats with MPS.
+const mpsConfig = `
+profiles:
+- resource: kyb.ai/gpu-1x-seat
+  seatsPerGroup: 4
+  sharing: {strategy: mps}
+`
+
+// An MPS seat in a real container: the client's limits in its
+// environment, the daemon's pipe directory mounted where
+// CUDA_MPS_PIPE_DIRECTORY says and its shm as /dev/shm; a client in the
+// container that asks the daemon for the whole GPU gets its quarter; the
+// daemon goes with the last pod. The daemon is the simulated
+// nvidia-cuda-mps-control (package mpstest), which keeps the limits it is
+// told as MPS does; the image carries its client side.
+func TestMPSOnARealNode(t *testing.T) {
+	control := mpstest.Build(t)
+	root, err := os.MkdirTemp("", "kyb-mps-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	c := startCluster(t)
+	driver, err := realnode.NewFakeDriver(t.TempDir(), "node-m", "dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := driver.Install(c.Ctx, "580.95.05", 13000); err != nil {
+		t.Fatal(err)
+	}
+	n := realnode.Start(t, c, tools, realnode.Options{Name: "node-m", Preset: "dgx-h100", Config: mpsConfig, DriverRoot: driver.Root,
+		PluginArgs: []string{"--mps-root", root, "--mps-control", control},
+		ImageFiles: map[string]string{"bin/nvidia-cuda-mps-control": control}})
+
+	on(t, c, "mps0", class1x, "0")
+	createPod(t, c, podSpec{name: "mps", node: n.Name, claims: []v1.PodResourceClaim{fromTemplate("gpu", "mps0")},
+		// A client raising its own limits before joining.
+		command: `echo "MPS_CLIENT=$(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=80G nvidia-cuda-mps-control --client 2>&1)"; ` + probe})
+	o := waitForOutput(t, c, "mps", "app")
+	t.Logf("pod mps's container printed:\n%s", o.raw)
+	// dgx-h100: 81559 MiB per GPU; a quarter, rounded down.
+	for k, want := range map[string]string{
+		"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20389M",
+		"MPS_CLIENT": "thread=25 mem=0=20389M",
+	} {
+		if o.env[k] != want {
+			t.Errorf("%s=%q, want %q", k, o.env[k], want)
+		}
+	}
+	if !o.mountedAt("/tmp/nvidia-mps") || !o.mountedAt("/dev/shm") {
+		t.Errorf("the daemon's pipe directory and shm are not mounted: %v", o.mounts)
+	}
+	if _, sees := o.cudaSees(t); len(sees) != 1 || !slices.Equal(sees, metadataUUIDs(t, o)) {
+		t.Errorf("CUDA sees %v, want the seat's GPU", sees)
+	}
+
+	deletePod(t, c, "mps")
+	waitUntil(t, "the daemon of GPU 0 gone with its last pod", 30*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(root, "g0-1x"))
+		return os.IsNotExist(err)
+	})
+}
