@@ -100,11 +100,14 @@ type Claim struct {
 	// with the next save after the write, so a restart may write a status
 	// again, never miss one.
 	StatusWritten bool `json:"statusWritten,omitempty"`
-	// Combined says the claim was prepared together with another of this
-	// driver's claims for one pod, so one of its containers may hold
-	// both: its spec then names the container's GPUs in a way that does
-	// not depend on which claim's spec the runtime applies last.
+	// Combined says a container may hold this claim and another of this
+	// driver's: its spec then names the container's GPUs in a way that
+	// does not depend on which claim's spec the runtime applies last.
 	Combined bool `json:"combined,omitempty"`
+	// Standalone says no pod owns the claim (it was not made from a
+	// template for one pod): any pod may reference it, beside claims
+	// prepared later.
+	Standalone bool `json:"standalone,omitempty"`
 }
 
 // Device is one allocation result of a claim and the seats it holds.

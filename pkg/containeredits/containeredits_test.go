@@ -270,6 +270,17 @@ func TestDriverRootFollowsChanges(t *testing.T) {
 	if now, err := filepath.EvalSymlinks(mount); err != nil || filepath.Base(now) != "libcuda.so.590.10.01" {
 		t.Errorf("the earlier mount source %s leads to %s, %v", mount, now, err)
 	}
+	// In an upgrade's window the libraries are gone: even a root that
+	// need not hold the driver fails, once it did, rather than give a
+	// container none.
+	for _, f := range []string{"libcuda.so.1", "libcuda.so.590.10.01"} {
+		if err := os.Remove(filepath.Join(lib, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := optional.Files(); err == nil {
+		t.Error("an optional root that lost its driver gives containers none")
+	}
 }
 
 func TestDeviceHostRoot(t *testing.T) {

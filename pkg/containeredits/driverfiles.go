@@ -240,6 +240,8 @@ type DriverRoot struct {
 	mu    sync.Mutex
 	stamp string
 	files *DriverFiles
+	// found: the root held the driver's libraries once.
+	found bool
 }
 
 // NewDriverRoot watches root (hostRoot on the host's side, "" if the same).
@@ -249,34 +251,47 @@ func NewDriverRoot(root, hostRoot string, required bool) *DriverRoot {
 
 // Files returns the driver's files as they are now.
 func (d *DriverRoot) Files() (*DriverFiles, error) {
-	stamp := d.stampNow()
+	stamp, recent := d.stampNow()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.files == nil || stamp != d.stamp {
+	if d.files == nil || stamp != d.stamp || recent {
 		files, err := FindDriverFiles(d.root, d.hostRoot)
 		if err != nil {
 			return nil, err
 		}
 		d.files, d.stamp = files, stamp
+		if !files.Empty() {
+			d.found = true
+		}
 	}
-	if d.required && d.files.Empty() {
+	// Once the driver was there, a root without it is being changed
+	// under the plugin (an upgrade's window): the prepare fails and is
+	// retried, rather than give a container no driver for good.
+	if (d.required || d.found) && d.files.Empty() {
 		return nil, fmt.Errorf("no NVIDIA driver libraries under the driver root %s (looked in %v): the driver is not installed there or not ready yet", d.root, libraryDirs)
 	}
 	return d.files, nil
 }
 
 // stampNow sums up the searched directories' modification times: adding,
-// removing or renaming an entry changes its directory's.
-func (d *DriverRoot) stampNow() string {
+// removing or renaming an entry changes its directory's. recent says one
+// changed within the last moments: a kernel's file times may be as coarse
+// as its clock tick, so a change right after a look may leave the same
+// time, and a stamp that recent is not trusted.
+func (d *DriverRoot) stampNow() (stamp string, recent bool) {
 	var b strings.Builder
+	now := time.Now()
 	for _, dir := range slices.Concat(libraryDirs, binaryDirs) {
 		st, err := os.Stat(filepath.Join(d.root, dir))
 		if err != nil {
 			b.WriteString("-;")
 			continue
 		}
+		if now.Sub(st.ModTime()) < 2*time.Second {
+			recent = true
+		}
 		b.WriteString(st.ModTime().Format(time.RFC3339Nano))
 		b.WriteByte(';')
 	}
-	return b.String()
+	return b.String(), recent
 }

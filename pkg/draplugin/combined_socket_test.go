@@ -1,6 +1,8 @@
 package draplugin_test
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -8,6 +10,8 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 )
@@ -79,9 +83,9 @@ func (e *env) prepareAll(claims ...*resourceapi.ResourceClaim) [][]string {
 }
 
 // Two claims in one container: each claim's spec sets
-// CUDA_VISIBLE_DEVICES and the runtime keeps the last. Claims prepared
-// together for a pod name GPUs by index over the node's, the same in
-// every spec, so CUDA sees every GPU the container holds in either order.
+// CUDA_VISIBLE_DEVICES and the runtime keeps the last. Claims that may
+// share a container name GPUs by index over the node's, the same in every
+// spec, so CUDA sees every GPU the container holds in either order.
 func TestTwoClaimsInOneContainer(t *testing.T) {
 	e := newEnv(t, "nvlink-2x4", seed)
 	alone := e.claim(class1x)
@@ -116,22 +120,53 @@ func TestTwoClaimsInOneContainer(t *testing.T) {
 		}
 	}
 
-	// A claim prepared alone before (shared with another pod) and now
-	// combined in a second pod: its spec is written again, and stays so
-	// across a restart.
-	other := e.claim(class1x)
-	ids = e.prepareAll(alone, other)
-	combined := slices.Concat(ids[0], ids[1])
-	env, devs = e.container(combined...)
-	if env["CUDA_VISIBLE_DEVICES"] != "0,1,2,3,4,5,6,7" {
-		t.Errorf("a shared claim combined later keeps CUDA_VISIBLE_DEVICES=%s", env["CUDA_VISIBLE_DEVICES"])
+	// A standalone claim (any pod may reference it) names GPUs by index
+	// from its first prepare. A pod that references it beside a claim of
+	// its own gets that one prepared alone (the kubelet prepared the
+	// standalone one before): the plugin finds the pod in the standalone
+	// claim's reservations and names GPUs by index there too. A pod that
+	// does not reference it keeps UUIDs.
+	reserveFor := func(c *resourceapi.ResourceClaim, pods ...string) *resourceapi.ResourceClaim {
+		for _, p := range pods {
+			c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p, UID: types.UID(p + "-uid")})
+		}
+		return e.update(c)
 	}
-	if sees := e.cudaSees(env, devs); len(sees) != len(e.gpusOf(devs)) {
-		t.Errorf("a shared claim combined later: CUDA_VISIBLE_DEVICES=%s, CUDA sees %v", env["CUDA_VISIBLE_DEVICES"], sees)
+	shared := reserveFor(e.standaloneClaim(class1x), "pod-a")
+	sharedIDs := e.prepareOK(shared)
+	if env, _ := e.container(sharedIDs...); env["CUDA_VISIBLE_DEVICES"] != "0,1,2,3,4,5,6,7" {
+		t.Errorf("a standalone claim: CUDA_VISIBLE_DEVICES=%s", env["CUDA_VISIBLE_DEVICES"])
 	}
+	unrelated := reserveFor(e.claim(class1x), "pod-b")
+	env, devs = e.container(e.prepareOK(unrelated)...)
+	if got, want := env["CUDA_VISIBLE_DEVICES"], strings.Join(e.gpusOf(devs), ","); got != want {
+		t.Errorf("a pod that does not reference the standalone claim: CUDA_VISIBLE_DEVICES=%s, want %s", got, want)
+	}
+	shared, err := e.client.ResourceV1().ResourceClaims(shared.Namespace).Get(e.ctx, shared.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared = reserveFor(shared, "pod-c")
+	later := reserveFor(e.claim(class2x), "pod-c")
+	laterIDs := e.prepareOK(later)
+	for _, order := range [][]string{slices.Concat(sharedIDs, laterIDs), slices.Concat(laterIDs, sharedIDs)} {
+		env, devs := e.container(order...)
+		if sees := e.cudaSees(env, devs); env["CUDA_VISIBLE_DEVICES"] != "0,1,2,3,4,5,6,7" || len(sees) != len(e.gpusOf(devs)) {
+			t.Errorf("a standalone claim and the pod's own, injected as %v: CUDA_VISIBLE_DEVICES=%s, CUDA sees %v of %v", order, env["CUDA_VISIBLE_DEVICES"], sees, e.gpusOf(devs))
+		}
+	}
+	// The spec lost (a reboot empties a tmpfs CDI directory) is written
+	// again from the checkpoint, combined.
 	e.restart()
-	e.prepareOK(alone)
-	env, devs = e.container(ids[0]...)
+	lost, _ := filepath.Glob(filepath.Join(e.dirs.cdi, "*"+string(later.UID)+"*"))
+	if len(lost) != 1 {
+		t.Fatalf("spec files of the later claim: %v", lost)
+	}
+	if err := os.Remove(lost[0]); err != nil {
+		t.Fatal(err)
+	}
+	e.prepareOK(later)
+	env, devs = e.container(laterIDs...)
 	if sees := e.cudaSees(env, devs); env["CUDA_VISIBLE_DEVICES"] != "0,1,2,3,4,5,6,7" || len(sees) != len(e.gpusOf(devs)) {
 		t.Errorf("after a restart: CUDA_VISIBLE_DEVICES=%s, CUDA sees %v", env["CUDA_VISIBLE_DEVICES"], sees)
 	}

@@ -203,10 +203,24 @@ func (e *env) claim(class string, mutate ...func(*resourceapi.DeviceRequest)) *r
 }
 
 func (e *env) claimOn(node, class string, mutate ...func(*resourceapi.DeviceRequest)) *resourceapi.ResourceClaim {
+	return e.allocate(node, class, true, mutate...)
+}
+
+// standaloneClaim is a claim no pod owns, which any pod may reference.
+func (e *env) standaloneClaim(class string) *resourceapi.ResourceClaim {
+	return e.allocate(nodeName, class, false)
+}
+
+// allocate makes a claim, owned by a pod as one made from the pod's
+// template is unless standalone, and allocates it.
+func (e *env) allocate(node, class string, podOwned bool, mutate ...func(*resourceapi.DeviceRequest)) *resourceapi.ResourceClaim {
 	e.t.Helper()
 	e.claimN++
 	c := schedulertest.Claim(fmt.Sprintf("claim-%d", e.claimN), class, 1, mutate...)
 	c.UID = types.UID(fmt.Sprintf("0000000%d-1111-2222-3333-444444444444", e.claimN))
+	if podOwned {
+		c.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: fmt.Sprintf("pod-%d", e.claimN), UID: types.UID(fmt.Sprintf("p%d", e.claimN)), Controller: new(true)}}
+	}
 	alloc, err := e.cluster.Allocate(e.ctx, c, node)
 	if err != nil || alloc == nil {
 		e.t.Fatalf("allocate %s on %s: %v %v", class, node, alloc, err)

@@ -41,7 +41,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	d.metrics.observePrepareStart()
 	start := d.clock.Now()
 	defer func() { d.metrics.observePrepare(d.clock.Since(start), len(claims)) }()
-	r := d.ledger.Reserve(ctx, claims)
+	r := d.ledger.ReserveBeside(ctx, claims, d.besideStandalone(ctx, claims))
 	defer r.Done()
 	if r.Err != nil {
 		d.metrics.prepareError("checkpoint")
@@ -99,8 +99,12 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // tmpfs that a reboot empties) or the claim is combined with another now.
 func (d *Driver) completedResult(ctx context.Context, r *seatledger.Reservation, uid types.UID, c *checkpoint.Claim) kubeletplugin.PrepareResult {
 	if r.Rewrite[uid] {
-		// Prepared before for another pod, combined with another claim
-		// in this one: the spec names GPUs as combined claims' do.
+		// Prepared before, combined with another claim now: the spec
+		// names GPUs as combined claims' do. Its sharing may not have
+		// been set up yet (a first prepare that failed there).
+		if err := d.sharing.prepare(ctx, c); err != nil {
+			return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)}
+		}
 		if err := d.writeSpec(ctx, r, uid, c); err != nil {
 			return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): rewrite CDI spec for a combined claim: %w", c.Namespace, c.Name, uid, err)}
 		}

@@ -87,14 +87,18 @@ func (s *claimSpecs) devices(c *checkpoint.Claim) ([]cdi.Device, error) {
 	for _, r := range order {
 		opts := s.edits
 		opts.VisibleDevices = visible[r]
-		if combined {
-			opts.CombinedOf = len(s.inv.GPUs)
-		}
 		m, err := s.sharing.mpsEdits(devsOf[r])
 		if err != nil {
 			return nil, fmt.Errorf("request %s: %w", r, err)
 		}
 		opts.MPS = m
+		// An MPS client's indices count its daemon's GPUs, and one past
+		// them is an error there: it keeps its own GPUs' names. (A
+		// container joins one daemon only; MPS seats beside other claims
+		// in one container are not supported.)
+		if combined && m == nil {
+			opts.CombinedOf = len(s.inv.GPUs)
+		}
 		e, err := containeredits.Build(byRequest[r], opts)
 		if err != nil {
 			return nil, fmt.Errorf("request %s: %w", r, err)

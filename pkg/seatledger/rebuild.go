@@ -6,6 +6,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -71,7 +72,7 @@ func (rc *recoverer) rebuild(ctx context.Context) (*rebuilt, error) {
 			// claim's spec. The kubelet prepares it again.
 			continue
 		}
-		st.Claims[claim.UID] = &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted}
+		st.Claims[claim.UID] = &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Standalone: !ownedByPod(claim)}
 		switch {
 		case inSpec && specErr != nil:
 			fence(claim, "its CDI spec cannot be read back: "+specErr.Error())
@@ -152,6 +153,11 @@ func (l *Ledger) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.St
 		}
 		if l.opts.Specs.Exists(uid) {
 			fromSpecs++
+			// Containers may hold it beside another claim: the spec keeps
+			// naming GPUs the way that allows.
+			if env, ok, err := l.opts.Specs.ReadEnv(uid); err == nil && ok && wasCombined(c, env) {
+				c.Combined = true
+			}
 		}
 		if err := l.opts.Specs.Write(uid, c); err != nil {
 			logger.Error(err, "Cannot write the CDI spec of a rebuilt claim", "claim", klog.KRef(c.Namespace, c.Name))
@@ -181,4 +187,22 @@ func (l *Ledger) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.St
 	summary := fmt.Sprintf("rebuilt %d prepared claims from the API server and the CDI specs on the node (%d with a spec on disk); %d could not be trusted and are fenced", len(st.Claims), fromSpecs, fenced)
 	logger.Info("Rebuilt the checkpoint", "claims", len(st.Claims), "withSpecs", fromSpecs, "fenced", fenced)
 	return summary, nil
+}
+
+// wasCombined reports whether a claim's spec on disk names GPUs as a
+// combined claim's does: by index, more of them than the claim holds.
+func wasCombined(c *checkpoint.Claim, env map[string]map[string]string) bool {
+	gpus := map[string]bool{}
+	for _, dev := range c.Devices {
+		for _, u := range dev.GPUUUIDs {
+			gpus[u] = true
+		}
+	}
+	for _, e := range env {
+		v := e["CUDA_VISIBLE_DEVICES"]
+		if v != "" && !strings.HasPrefix(v, "GPU-") && len(strings.Split(v, ",")) > len(gpus) {
+			return true
+		}
+	}
+	return false
 }

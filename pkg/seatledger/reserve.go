@@ -39,6 +39,9 @@ type Reservation struct {
 	Err  error
 	Lost bool
 	done bool
+	// beside marks claims whose pod references a standalone claim the
+	// node holds.
+	beside map[types.UID]bool
 }
 
 // Reserve records seats for those of claims that hold none yet, in one
@@ -49,11 +52,18 @@ type Reservation struct {
 // The reservation holds the claims' locks: the caller writes their specs,
 // Confirms each, and calls Done.
 func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClaim) *Reservation {
+	return l.ReserveBeside(ctx, claims, nil)
+}
+
+// ReserveBeside is Reserve where beside marks the claims whose pod also
+// references a standalone claim the node holds (see StandaloneClaims):
+// one container may hold both, so they are combined.
+func (l *Ledger) ReserveBeside(ctx context.Context, claims []*resourceapi.ResourceClaim, beside map[types.UID]bool) *Reservation {
 	uids := make([]types.UID, len(claims))
 	for i, c := range claims {
 		uids[i] = c.UID
 	}
-	r := &Reservation{l: l, claims: claims, unlock: l.claims.lock(uids)}
+	r := &Reservation{l: l, claims: claims, unlock: l.claims.lock(uids), beside: beside}
 	if l.lost.Load() {
 		r.refuseLost()
 		return r
@@ -76,27 +86,63 @@ func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClai
 	return r
 }
 
-// combine marks the claims of a call that prepares several of this
-// driver's claims for one pod (the kubelet prepares a pod's claims in one
-// call per driver) as combined: a container of the pod may hold more than
-// one of them, and every spec it gets must then agree on the GPUs it
-// names. Claims recorded before get their spec written again, also when
+// combine marks the claims a container may hold beside another of this
+// driver's claims, so that every spec such a container gets agrees on
+// the GPUs it names. The kubelet prepares a pod's claims for a driver in
+// one call, leaving out those it prepared before for another pod; only a
+// standalone claim (not made for one pod) can be such a claim. So a claim
+// is combined when its call has several claims, when it is standalone,
+// and when its pod also references a standalone claim the node holds
+// (beside). A pod's own claims, prepared one per call with no standalone
+// claim of its pod on the node, keep naming their own GPUs. Claims
+// recorded before and sent again get their spec written again, also when
 // they were combined before (a crash may have come between the save and
 // the write). It reports whether an entry changed.
 func (r *Reservation) combine() bool {
-	if len(r.Entries) < 2 {
-		return false
-	}
+	several := len(r.Entries) >= 2
 	changed := false
 	for uid, c := range r.Entries {
-		if !c.Combined {
+		flip := (several || c.Standalone || r.beside[uid]) && !c.Combined
+		if flip {
 			c.Combined, changed = true, true
 		}
-		if !r.Fresh[uid] {
+		if !r.Fresh[uid] && (several || flip) {
 			r.Rewrite[uid] = true
 		}
 	}
 	return changed
+}
+
+// StandaloneClaims lists the standalone claims the node holds.
+func (l *Ledger) StandaloneClaims(ctx context.Context) ([]types.NamespacedName, error) {
+	unlock, err := l.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	st, err := l.state(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []types.NamespacedName
+	for _, c := range st.Claims {
+		if c.Standalone {
+			out = append(out, types.NamespacedName{Namespace: c.Namespace, Name: c.Name})
+		}
+	}
+	return out, nil
+}
+
+// ownedByPod reports whether a pod controls the claim: one made from the
+// pod's template, or by the scheduler for its extended resources. No
+// other pod references it.
+func ownedByPod(claim *resourceapi.ResourceClaim) bool {
+	for _, o := range claim.OwnerReferences {
+		if o.Kind == "Pod" && o.APIVersion == "v1" && o.Controller != nil && *o.Controller {
+			return true
+		}
+	}
+	return false
 }
 
 // refuseLost refuses every claim of the reservation: the checkpoint is

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
@@ -224,5 +225,38 @@ func TestPrepareAnewByTheOtherPodKeepsItsSpec(t *testing.T) {
 	r.specs.mu.Unlock()
 	if got == nil || len(got.Devices) != 1 || got.Devices[0].Device != "g1-1x" {
 		t.Errorf("the claim's spec is %+v, want the other pod's (g1-1x)", got)
+	}
+}
+
+// A rebuilt checkpoint learns from the spec on disk that a claim was
+// combined: its containers keep getting the form every spec agreed on.
+func TestWasCombined(t *testing.T) {
+	c := &checkpoint.Claim{Devices: []checkpoint.Device{{}}}
+	c.Devices[0].GPUUUIDs = []string{"GPU-a"}
+	for v, want := range map[string]bool{
+		"GPU-a": false, "0": false, "0,1,2,3,4,5,6,7": true, "": false,
+	} {
+		env := map[string]map[string]string{"dev": {"CUDA_VISIBLE_DEVICES": v}}
+		if got := wasCombined(c, env); got != want {
+			t.Errorf("CUDA_VISIBLE_DEVICES=%q: combined %v, want %v", v, got, want)
+		}
+	}
+}
+
+func TestOwnedByPod(t *testing.T) {
+	yes, no := true, false
+	for _, tt := range []struct {
+		refs []metav1.OwnerReference
+		want bool
+	}{
+		{nil, false},
+		{[]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "p", Controller: &yes}}, true},
+		{[]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "p", Controller: &no}}, false},
+		{[]metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "r", Controller: &yes}}, false},
+	} {
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{OwnerReferences: tt.refs}}
+		if got := ownedByPod(c); got != tt.want {
+			t.Errorf("owners %+v: owned by a pod %v, want %v", tt.refs, got, tt.want)
+		}
 	}
 }

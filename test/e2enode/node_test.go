@@ -232,6 +232,20 @@ func TestRealPods(t *testing.T) {
 		}
 	})
 
+	t.Run("a standalone claim prepared before, beside the pod's own in one container", func(t *testing.T) {
+		// The kubelet prepares only the pod's own claim: the shared one
+		// was prepared for shared-1.
+		createPod(t, c, podSpec{name: "shared-3", node: n.Name,
+			claims:     []v1.PodResourceClaim{byName("s", "shared"), fromTemplate("own", "gpu4")},
+			containers: map[string][]string{"app": {"s", "own"}}})
+		o := waitForOutput(t, c, "shared-3", "app")
+		held := metadataUUIDs(t, o)
+		slices.Sort(held)
+		if _, sees := o.cudaSees(t); len(held) != 2 || !slices.Equal(sees, held) {
+			t.Errorf("CUDA_VISIBLE_DEVICES=%q: CUDA sees %v, want both claims' GPUs %v", o.env["CUDA_VISIBLE_DEVICES"], sees, held)
+		}
+	})
+
 	t.Run("podman consumes the same spec", func(t *testing.T) {
 		// The pair's claim, as the kubelet handed it to containerd, given
 		// to a second runtime by its CDI name.
@@ -302,7 +316,7 @@ func TestRealPods(t *testing.T) {
 		before := len(specFiles(t, n))
 		deletePod(t, c, "pair")
 		waitUntil(t, "pod pair's CDI spec removed by the restarted plugin", 30*time.Second, func() bool { return len(specFiles(t, n)) == before-1 })
-		assertRunning(t, c, "again", "shared-1", "shared-2", "legacy", "two", "upgraded")
+		assertRunning(t, c, "again", "shared-1", "shared-2", "shared-3", "legacy", "two", "upgraded")
 	})
 
 	t.Run("the kubelet restarted under running pods", func(t *testing.T) {

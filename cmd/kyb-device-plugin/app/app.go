@@ -105,6 +105,15 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A failed Allocate fails its pod for good (the kubelet does not
+	// retry it, unlike a DRA prepare): a driver root that must hold the
+	// driver and does not is refused here, while the seats are not
+	// offered yet.
+	if src := files.Source(); src != nil && files.Mode == nodesetup.DriverFilesDriverRoot {
+		if _, err := src.Files(); err != nil {
+			return fmt.Errorf("--driver-files=driver-root: %w", err)
+		}
+	}
 	// The shim has no API client: health changes show in ListAndWatch and
 	// in the monitor's log.
 	mon, stopHealth, err := nodesetup.StartHealth(ctx, node, o.health)

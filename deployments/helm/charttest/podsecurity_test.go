@@ -4,6 +4,7 @@ package charttest
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -86,8 +87,12 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 			t.Errorf("host path %s is not mounted", v.HostPath.Path)
 			continue
 		}
-		if vm.MountPropagation != nil && *vm.MountPropagation != corev1.MountPropagationNone {
-			t.Errorf("host path %s has mount propagation %s", v.HostPath.Path, *vm.MountPropagation)
+		// Only the driver root's mounts follow the host (a driver
+		// container mounting its root after the plugin started); nothing
+		// propagates from the plugin to the host.
+		if p := vm.MountPropagation; p != nil && *p != corev1.MountPropagationNone &&
+			(*p != corev1.MountPropagationHostToContainer || !strings.HasPrefix(v.Name, "driver-root-")) {
+			t.Errorf("host path %s has mount propagation %s", v.HostPath.Path, *p)
 		}
 		got[v.HostPath.Path] = hostMount{container: vm.MountPath, readOnly: vm.ReadOnly}
 	}

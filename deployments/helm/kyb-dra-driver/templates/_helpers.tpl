@@ -293,6 +293,9 @@ kyb.containerEnv.
 - name: driver-root-{{ $i }}
   mountPath: {{ include "kyb.driverMountPath" $sub }}
   readOnly: true
+  # A driver container that starts (or restarts) after the plugin mounts
+  # its root anew: the plugin sees it, and looks again at each prepare.
+  mountPropagation: HostToContainer
 {{- end }}
 {{- end }}
 {{- end }}
