@@ -146,7 +146,7 @@ func TestTwoClaimsInOneContainer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shared = reserveFor(shared, "pod-c")
+	reserveFor(shared, "pod-c")
 	later := reserveFor(e.claim(class2x), "pod-c")
 	laterIDs := e.prepareOK(later)
 	for _, order := range [][]string{slices.Concat(sharedIDs, laterIDs), slices.Concat(laterIDs, sharedIDs)} {

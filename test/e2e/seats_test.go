@@ -223,8 +223,18 @@ func TestSeats(t *testing.T) {
 		if len(alloc) != 2 || alloc[0] != alloc[1] {
 			t.Errorf("matchAttribute on group: allocated %v, want two seats of one group", alloc)
 		}
-		if env := ctrs["app"].Env; strings.Count(env["CUDA_VISIBLE_DEVICES"], "GPU-") != 1 {
-			t.Errorf("two seats of one GPU: %v", env)
+		// A claim with two requests (and standalone) names GPUs by index
+		// over the node's, so that a container taking both requests sees
+		// every GPU whose device node it has: here one.
+		app := ctrs["app"]
+		var gpus []string
+		for _, p := range app.DeviceNodePaths() {
+			if strings.TrimLeft(strings.TrimPrefix(p, "/dev/nvidia"), "0123456789") == "" {
+				gpus = append(gpus, p)
+			}
+		}
+		if len(gpus) != 1 || app.Env["CUDA_VISIBLE_DEVICES"] != "0,1,2,3,4,5,6,7" || app.Env["CUDA_DEVICE_ORDER"] != "PCI_BUS_ID" {
+			t.Errorf("two seats of one GPU: GPU device nodes %v, env %v", gpus, app.Env)
 		}
 	})
 

@@ -55,6 +55,11 @@ func (d *FakeDriver) makeDeviceNodes(numbers func(string) (int64, int64, error),
 		if err := unix.Mknod(node, unix.S_IFCHR|0o666, int(unix.Mkdev(uint32(major), uint32(minor)))); err != nil {
 			return fmt.Errorf("make %s: %w", node, err)
 		}
+		// As the driver makes them, whatever the umask: the runtime gives
+		// the container the host node's mode.
+		if err := os.Chmod(node, 0o666); err != nil {
+			return err
+		}
 	}
 	return nil
 }
