@@ -287,7 +287,9 @@ func (d *DriverRoot) stampNow() (stamp string, recent bool) {
 			b.WriteString("-;")
 			continue
 		}
-		if now.Sub(st.ModTime()) < 2*time.Second {
+		// Within two seconds either side: a time in the future (skewed
+		// clocks, unpacked archives) is not recent for ever.
+		if d := now.Sub(st.ModTime()); d < 2*time.Second && d > -2*time.Second {
 			recent = true
 		}
 		b.WriteString(st.ModTime().Format(time.RFC3339Nano))

@@ -9,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
 // besideStandalone finds the claims of a prepare call whose pod also
@@ -24,6 +26,10 @@ func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.Res
 		return nil
 	}
 	claim := claims[0]
+	// A claim any pod may hold is combined anyway.
+	if seatledger.Standalone(claim) {
+		return nil
+	}
 	var pods []types.UID
 	for _, ref := range claim.Status.ReservedFor {
 		if ref.Resource == "pods" && ref.APIGroup == "" {
@@ -40,7 +46,8 @@ func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.Res
 	}
 	logger := klog.FromContext(ctx)
 	for _, h := range held {
-		if h.Namespace == claim.Namespace && h.Name == claim.Name {
+		// A pod references claims of its own namespace only.
+		if h.Namespace != claim.Namespace || h.Name == claim.Name {
 			continue
 		}
 		s, err := d.opts.Client.ResourceV1().ResourceClaims(h.Namespace).Get(ctx, h.Name, metav1.GetOptions{})

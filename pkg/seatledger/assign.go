@@ -40,7 +40,7 @@ func (l *Ledger) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceCl
 		return prev, nil
 	}
 	alloc := claim.Status.Allocation
-	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Standalone: !ownedByPod(claim)}
+	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Standalone: Standalone(claim)}
 	// Record the entry while deciding, so that a claim with several
 	// shares of one group gets distinct seats.
 	st.Claims[claim.UID] = entry

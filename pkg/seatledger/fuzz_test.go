@@ -1,6 +1,7 @@
 package seatledger
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -43,6 +44,12 @@ func FuzzRebuildFromStatus(f *testing.F) {
 			raw := []byte(strings.ReplaceAll(data, `"X"`, `"`+uuid+`"`))
 			if !json.Valid(raw) {
 				raw, _ = json.Marshal(data)
+			}
+			// Compact, as the API server stores it (the fake client's
+			// field tracking panics on a top-level value after spaces).
+			var compact bytes.Buffer
+			if err := json.Compact(&compact, raw); err == nil {
+				raw = compact.Bytes()
 			}
 			c.Status.Devices = []resourceapi.AllocatedDeviceStatus{{
 				Driver: driver.Name, Pool: res.Pool, Device: res.Device, ShareID: &share, Data: &runtime.RawExtension{Raw: raw},

@@ -72,7 +72,7 @@ func (rc *recoverer) rebuild(ctx context.Context) (*rebuilt, error) {
 			// claim's spec. The kubelet prepares it again.
 			continue
 		}
-		st.Claims[claim.UID] = &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Standalone: !ownedByPod(claim)}
+		st.Claims[claim.UID] = &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Standalone: Standalone(claim)}
 		switch {
 		case inSpec && specErr != nil:
 			fence(claim, "its CDI spec cannot be read back: "+specErr.Error())
@@ -158,6 +158,9 @@ func (l *Ledger) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.St
 			if env, ok, err := l.opts.Specs.ReadEnv(uid); err == nil && ok && wasCombined(c, env) {
 				c.Combined = true
 			}
+		}
+		if c.Standalone {
+			c.Combined = true
 		}
 		if err := l.opts.Specs.Write(uid, c); err != nil {
 			logger.Error(err, "Cannot write the CDI spec of a rebuilt claim", "claim", klog.KRef(c.Namespace, c.Name))

@@ -99,18 +99,45 @@ func (l *Ledger) ReserveBeside(ctx context.Context, claims []*resourceapi.Resour
 // they were combined before (a crash may have come between the save and
 // the write). It reports whether an entry changed.
 func (r *Reservation) combine() bool {
-	several := len(r.Entries) >= 2
+	claims := make(map[types.UID]*resourceapi.ResourceClaim, len(r.claims))
+	for _, c := range r.claims {
+		claims[c.UID] = c
+	}
+	// Counted over the call's claims, not its entries: a claim that
+	// failed here is prepared again alone, and its partner must already
+	// agree with it.
+	several := len(claims) >= 2
 	changed := false
 	for uid, c := range r.Entries {
-		flip := (several || c.Standalone || r.beside[uid]) && !c.Combined
-		if flip {
+		if s := Standalone(claims[uid]); c.Standalone != s {
+			c.Standalone, changed = s, true
+		}
+		if (several || c.Standalone || r.beside[uid]) && !c.Combined {
 			c.Combined, changed = true, true
 		}
-		if !r.Fresh[uid] && (several || flip) {
+		// Written again whenever combined and sent again: a rewrite that
+		// failed (or a crash after the save) is not left behind.
+		if !r.Fresh[uid] && c.Combined {
 			r.Rewrite[uid] = true
 		}
 	}
 	return changed
+}
+
+// Standalone reports whether pods other than one may hold a claim: no pod
+// controls it, or several pods reserve it.
+func Standalone(c *resourceapi.ResourceClaim) bool {
+	return c != nil && (!ownedByPod(c) || reservingPods(c) > 1)
+}
+
+func reservingPods(c *resourceapi.ResourceClaim) int {
+	n := 0
+	for _, ref := range c.Status.ReservedFor {
+		if ref.Resource == "pods" && ref.APIGroup == "" {
+			n++
+		}
+	}
+	return n
 }
 
 // StandaloneClaims lists the standalone claims the node holds.

@@ -260,3 +260,41 @@ func TestOwnedByPod(t *testing.T) {
 		}
 	}
 }
+
+// podClaim is a claim made for one pod from its template.
+func podClaim(name string, devices ...string) *resourceapi.ResourceClaim {
+	c := claim(name, devices...)
+	yes := true
+	c.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "pod-" + name, UID: types.UID("pod-" + name), Controller: &yes}}
+	return c
+}
+
+// The claims of one call are combined even when one of them fails there:
+// it is prepared again alone, and its partner must already agree with it.
+// A pod's own claim alone is not combined; sent again once combined, an
+// entry's spec is written again.
+func TestCombine(t *testing.T) {
+	r := newRig(t, "dgx-h100", fourSeats)
+	l := r.open()
+	defer l.Close(r.ctx)
+	alone := reserve(r.ctx, l, []*resourceapi.ResourceClaim{podClaim("alone", "g1-1x")})
+	if c := alone.Entries["uid-alone"]; c == nil || c.Combined || c.Standalone {
+		t.Errorf("a pod's own claim alone: %+v", c)
+	}
+	pair := reserve(r.ctx, l, []*resourceapi.ResourceClaim{podClaim("a", "g0-1x"), podClaim("b", "no-such-device")})
+	if pair.Errs["uid-b"] == nil {
+		t.Fatal("a claim on no device was prepared")
+	}
+	if c := pair.Entries["uid-a"]; c == nil || !c.Combined {
+		t.Errorf("the partner of a failed claim: %+v", c)
+	}
+	again := reserve(r.ctx, l, []*resourceapi.ResourceClaim{podClaim("a", "g0-1x")})
+	if !again.Rewrite["uid-a"] || again.Fresh["uid-a"] {
+		t.Errorf("a combined claim sent again: rewrite %v, fresh %v", again.Rewrite["uid-a"], again.Fresh["uid-a"])
+	}
+	shared := podClaim("shared", "g2-1x")
+	shared.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p1", UID: "p1"}, {Resource: "pods", Name: "p2", UID: "p2"}}
+	if c := reserve(r.ctx, l, []*resourceapi.ResourceClaim{shared}).Entries["uid-shared"]; c == nil || !c.Standalone || !c.Combined {
+		t.Errorf("a pod's claim that two pods reserve: %+v", c)
+	}
+}

@@ -36,14 +36,7 @@ func TestMPSOnARealNode(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
 	c := startCluster(t)
-	driver, err := realnode.NewFakeDriver(t.TempDir(), "node-m", "dgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := driver.Install(c.Ctx, "580.95.05", 13000); err != nil {
-		t.Fatal(err)
-	}
-	n := realnode.Start(t, c, tools, realnode.Options{Name: "node-m", Preset: "dgx-h100", Config: mpsConfig, DriverRoot: driver.Root,
+	n, _ := startNode(t, c, realnode.Options{Name: "node-m", Preset: "dgx-h100", Config: mpsConfig,
 		PluginArgs: []string{"--mps-root", root, "--mps-control", control},
 		ImageFiles: map[string]string{"bin/nvidia-cuda-mps-control": control}})
 

@@ -46,6 +46,21 @@ func startCluster(t *testing.T) *harness.Cluster {
 	return c
 }
 
+// startNode starts a real node with a stand-in NVIDIA driver root of
+// driver 580.95.05 (CUDA API 13000): containers get its libcuda.so.1.
+func startNode(t *testing.T, c *harness.Cluster, opts realnode.Options) (*realnode.Node, *realnode.FakeDriver) {
+	t.Helper()
+	driver, err := realnode.NewFakeDriver(t.TempDir(), opts.Name, opts.Preset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := driver.Install(c.Ctx, "580.95.05", 13000); err != nil {
+		t.Fatal(err)
+	}
+	opts.DriverRoot = driver.Root
+	return realnode.Start(t, c, tools, opts), driver
+}
+
 // on selects a group by its GPUs ("0", "0,1") in a claim template.
 func on(t *testing.T, c *harness.Cluster, name, class, gpus string) {
 	t.Helper()
@@ -125,15 +140,7 @@ func specFiles(t *testing.T, n *realnode.Node) []string {
 // node and checks, from what each container printed, what it got.
 func TestRealPods(t *testing.T) {
 	c := startCluster(t)
-	// A stand-in NVIDIA driver root: containers get its libcuda.so.1.
-	driver, err := realnode.NewFakeDriver(t.TempDir(), "node-a", "dgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := driver.Install(c.Ctx, "580.95.05", 13000); err != nil {
-		t.Fatal(err)
-	}
-	n := realnode.Start(t, c, tools, realnode.Options{Name: "node-a", Preset: "dgx-h100", Config: nodeConfig, DriverRoot: driver.Root})
+	n, driver := startNode(t, c, realnode.Options{Name: "node-a", Preset: "dgx-h100", Config: nodeConfig})
 
 	var gpu0 string
 	t.Run("a 1x seat", func(t *testing.T) {

@@ -57,14 +57,7 @@ func seesItsSeats(t *testing.T, name string, o output, seats, gpus int) {
 // devices it names (CDI injection).
 func TestShimOnARealKubelet(t *testing.T) {
 	c := startCluster(t)
-	driver, err := realnode.NewFakeDriver(t.TempDir(), "node-s", "dgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := driver.Install(c.Ctx, "580.95.05", 13000); err != nil {
-		t.Fatal(err)
-	}
-	n := realnode.Start(t, c, tools, realnode.Options{Name: "node-s", Preset: "dgx-h100", Config: nodeConfig, DriverRoot: driver.Root, Shim: true,
+	n, _ := startNode(t, c, realnode.Options{Name: "node-s", Preset: "dgx-h100", Config: nodeConfig, Shim: true,
 		PluginArgs: []string{"--injection", "envvar"}})
 	// nodeConfig has 1x and 2x profiles.
 	served := []v1.ResourceName{"kyb.ai/gpu-1x-seat", "kyb.ai/gpu-2x-seat"}
