@@ -5,36 +5,20 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 )
 
-var built struct {
-	once sync.Once
-	path string
-	err  error
-}
-
-// Build builds the simulated nvidia-cuda-mps-control once per test binary
-// and returns its path.
+// Build builds the simulated nvidia-cuda-mps-control into the test's
+// temporary directory (the build cache makes it quick) and returns its
+// path; the directory goes with the test.
 func Build(t testing.TB) string {
 	t.Helper()
-	built.once.Do(func() {
-		dir, err := os.MkdirTemp("", "mpstest-")
-		if err != nil {
-			built.err = err
-			return
-		}
-		built.path = filepath.Join(dir, "nvidia-cuda-mps-control")
-		cmd := exec.Command("go", "build", "-o", built.path, "github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest/nvidia-cuda-mps-control")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			built.err = &buildError{out: string(out), err: err}
-		}
-	})
-	if built.err != nil {
-		t.Fatalf("build the simulated nvidia-cuda-mps-control: %v", built.err)
+	path := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
+	cmd := exec.Command("go", "build", "-o", path, "github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest/nvidia-cuda-mps-control")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the simulated nvidia-cuda-mps-control: %v", &buildError{out: string(out), err: err})
 	}
-	return built.path
+	return path
 }
 
 type buildError struct {
