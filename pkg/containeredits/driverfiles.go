@@ -249,28 +249,43 @@ func NewDriverRoot(root, hostRoot string, required bool) *DriverRoot {
 	return &DriverRoot{root: root, hostRoot: hostRoot, required: required}
 }
 
-// Files returns the driver's files as they are now.
+// Files returns the driver's files as they are now, for a container.
 func (d *DriverRoot) Files() (*DriverFiles, error) {
+	files, found, err := d.look()
+	if err != nil {
+		return nil, err
+	}
+	// Once the driver was there, a root without it is being changed
+	// under the plugin (an upgrade's window): the prepare fails and is
+	// retried, rather than give a container no driver for good.
+	if (d.required || found) && files.Empty() {
+		return nil, fmt.Errorf("no NVIDIA driver libraries under the driver root %s (looked in %v): the driver is not installed there or not ready yet", d.root, libraryDirs)
+	}
+	return files, nil
+}
+
+// Look returns what the root holds now, empty or not: the plugin's first
+// look at start, which the next prepare's reuses while nothing changed.
+func (d *DriverRoot) Look() (*DriverFiles, error) {
+	files, _, err := d.look()
+	return files, err
+}
+
+// look scans the root again when it changed, and reports whether it ever
+// held the driver's libraries.
+func (d *DriverRoot) look() (*DriverFiles, bool, error) {
 	stamp, recent := d.stampNow()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.files == nil || stamp != d.stamp || recent {
 		files, err := FindDriverFiles(d.root, d.hostRoot)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		d.files, d.stamp = files, stamp
-		if !files.Empty() {
-			d.found = true
-		}
+		d.found = d.found || !files.Empty()
 	}
-	// Once the driver was there, a root without it is being changed
-	// under the plugin (an upgrade's window): the prepare fails and is
-	// retried, rather than give a container no driver for good.
-	if (d.required || d.found) && d.files.Empty() {
-		return nil, fmt.Errorf("no NVIDIA driver libraries under the driver root %s (looked in %v): the driver is not installed there or not ready yet", d.root, libraryDirs)
-	}
-	return d.files, nil
+	return d.files, d.found, nil
 }
 
 // stampNow sums up the searched directories' modification times: adding,

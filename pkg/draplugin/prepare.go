@@ -98,27 +98,23 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // IDs. The spec is written again if it is gone (the CDI directory is a
 // tmpfs that a reboot empties) or the claim is combined with another now.
 func (d *Driver) completedResult(ctx context.Context, r *seatledger.Reservation, uid types.UID, c *checkpoint.Claim) kubeletplugin.PrepareResult {
-	if r.Rewrite[uid] {
-		// Prepared before, combined with another claim now: the spec
-		// names GPUs as combined claims' do. Its sharing may not have
-		// been set up yet (a first prepare that failed there).
-		if err := d.sharing.prepare(ctx, c); err != nil {
-			return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)}
+	// A combined claim's spec names GPUs as every spec of its containers
+	// does; a missing one is written back. Sharing first: a first prepare
+	// may have failed there.
+	why := "rewrite CDI spec for a combined claim"
+	if !r.Rewrite[uid] {
+		if d.specs.Exists(uid) {
+			return d.result(uid, c)
 		}
-		if err := d.writeSpec(ctx, r, uid, c); err != nil {
-			return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): rewrite CDI spec for a combined claim: %w", c.Namespace, c.Name, uid, err)}
-		}
-		return d.result(uid, c)
+		why = "restore CDI spec"
 	}
-	if !d.specs.Exists(uid) {
-		if err := d.sharing.prepare(ctx, c); err != nil {
-			return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)}
-		}
-		if err := d.writeSpec(ctx, r, uid, c); err != nil {
-			return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): restore CDI spec: %w", c.Namespace, c.Name, uid, err)}
-		}
-		klog.FromContext(ctx).Info("Restored missing CDI spec of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
+	if err := d.sharing.prepare(ctx, c); err != nil {
+		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)}
 	}
+	if err := d.writeSpec(ctx, r, uid, c); err != nil {
+		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %s: %w", c.Namespace, c.Name, uid, why, err)}
+	}
+	klog.FromContext(ctx).Info("Wrote the CDI spec of a prepared claim again", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid, "why", why)
 	return d.result(uid, c)
 }
 

@@ -317,9 +317,10 @@ func TestLivenessCheckUsesTheRealSockets(t *testing.T) {
 	}
 }
 
-func TestDriverFilesAndSeatConfigReachTheContainer(t *testing.T) {
-	root := t.TempDir()
-	lib := filepath.Join(root, "usr/lib/x86_64-linux-gnu")
+// installLibcuda installs a stand-in libcuda.so.580.95.05 in lib with its
+// soname link, as the driver's installer and ldconfig leave them.
+func installLibcuda(t *testing.T, lib string) {
+	t.Helper()
 	if err := os.MkdirAll(lib, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -329,6 +330,12 @@ func TestDriverFilesAndSeatConfigReachTheContainer(t *testing.T) {
 	if err := os.Symlink("libcuda.so.580.95.05", filepath.Join(lib, "libcuda.so.1")); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestDriverFilesAndSeatConfigReachTheContainer(t *testing.T) {
+	root := t.TempDir()
+	lib := filepath.Join(root, "usr/lib/x86_64-linux-gnu")
+	installLibcuda(t, lib)
 	files, err := containeredits.FindDriverFiles(root, "/")
 	if err != nil {
 		t.Fatal(err)
@@ -404,15 +411,7 @@ func TestDriverRootNotReadyFailsOnlyThePrepare(t *testing.T) {
 		t.Fatalf("prepare with no driver yet: %q", res.GetError())
 	}
 	lib := filepath.Join(root, "usr/lib64")
-	if err := os.MkdirAll(lib, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(lib, "libcuda.so.580.95.05"), []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink("libcuda.so.580.95.05", filepath.Join(lib, "libcuda.so.1")); err != nil {
-		t.Fatal(err)
-	}
+	installLibcuda(t, lib)
 	ids := e.prepareOK(c)
 	spec := e.inject(ids...)
 	if !slices.ContainsFunc(spec.Mounts, func(m oci.Mount) bool {

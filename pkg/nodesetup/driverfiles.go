@@ -95,7 +95,7 @@ func (d *DriverFilesFlags) ChooseDriverFiles(ctx context.Context, node *Node, sr
 		// a driver upgraded, or a driver container that was not ready at
 		// start, is what the next container gets.
 		root := containeredits.NewDriverRoot(src.DriverRoot, d.HostDriverRoot, mode == DriverFilesDriverRoot)
-		files, err := containeredits.FindDriverFiles(src.DriverRoot, d.HostDriverRoot)
+		files, err := root.Look()
 		if err != nil {
 			return DriverFiles{}, fmt.Errorf("find the driver's files under %s: %w", src.DriverRoot, err)
 		}
