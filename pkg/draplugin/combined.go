@@ -30,12 +30,7 @@ func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.Res
 	if seatledger.Standalone(claim) {
 		return nil
 	}
-	var pods []types.UID
-	for _, ref := range claim.Status.ReservedFor {
-		if ref.Resource == "pods" && ref.APIGroup == "" {
-			pods = append(pods, ref.UID)
-		}
-	}
+	pods := seatledger.ReservingPods(claim)
 	if len(pods) == 0 {
 		return nil
 	}
@@ -58,9 +53,7 @@ func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.Res
 			logger.Info("Cannot read a standalone claim the node holds; preparing the claim as if its pod referenced it", "standalone", klog.KRef(h.Namespace, h.Name), "claim", klog.KObj(claim), "err", err)
 			return map[types.UID]bool{claim.UID: true}
 		}
-		if slices.ContainsFunc(s.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool {
-			return r.Resource == "pods" && slices.Contains(pods, r.UID)
-		}) {
+		if slices.ContainsFunc(seatledger.ReservingPods(s), func(uid types.UID) bool { return slices.Contains(pods, uid) }) {
 			logger.V(2).Info("The claim's pod also references a standalone claim the node holds: its containers may hold both", "claim", klog.KObj(claim), "standalone", klog.KObj(s))
 			return map[types.UID]bool{claim.UID: true}
 		}

@@ -127,17 +127,18 @@ func (r *Reservation) combine() bool {
 // Standalone reports whether pods other than one may hold a claim: no pod
 // controls it, or several pods reserve it.
 func Standalone(c *resourceapi.ResourceClaim) bool {
-	return c != nil && (!ownedByPod(c) || reservingPods(c) > 1)
+	return c != nil && (!ownedByPod(c) || len(ReservingPods(c)) > 1)
 }
 
-func reservingPods(c *resourceapi.ResourceClaim) int {
-	n := 0
+// ReservingPods are the UIDs of the pods the claim is reserved for.
+func ReservingPods(c *resourceapi.ResourceClaim) []types.UID {
+	var out []types.UID
 	for _, ref := range c.Status.ReservedFor {
 		if ref.Resource == "pods" && ref.APIGroup == "" {
-			n++
+			out = append(out, ref.UID)
 		}
 	}
-	return n
+	return out
 }
 
 // StandaloneClaims lists the standalone claims the node holds.
