@@ -110,13 +110,13 @@ func (s *Flags) devRoot() string {
 	return s.DevRoot
 }
 
-// DeviceHostRoot is what device nodes' host paths in CDI specs start
-// with: the driver root as the host sees it (hostDriverRoot, else the
-// driver root) when the device nodes are there, else the host's root. The
-// runtime creates the node from its numbers either way; the host path is
-// where tools that look at the host find it.
+// DeviceHostRoot is what device nodes' host paths start with: the driver
+// root as the host sees it (hostDriverRoot, else the driver root) when the
+// plugin finds the device nodes there, else the host's root. A CDI spec
+// gives the numbers too; the device-plugin API gives only the host path,
+// which the runtime stats.
 func (s *Flags) DeviceHostRoot(hostDriverRoot string) string {
-	if s.devRoot() != s.DriverRoot || !s.devicesInDriverRoot() {
+	if s.DriverRoot == "" || s.DriverRoot == "/" || s.devRoot() != s.DriverRoot {
 		return "/"
 	}
 	if hostDriverRoot != "" {
