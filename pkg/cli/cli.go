@@ -13,6 +13,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"k8s.io/klog/v2"
 )
@@ -64,6 +65,13 @@ func (f *FlagSet) IntVar(p *int, name, env string, value int, usage string) {
 // ("true", "false", "1", "0").
 func (f *FlagSet) BoolVar(p *bool, name, env string, value bool, usage string) {
 	f.FlagSet.BoolVar(p, name, value, usage)
+	f.bind(name, env)
+}
+
+// DurationVar defines a duration flag ("10s", "1m") that environment
+// variable env may set.
+func (f *FlagSet) DurationVar(p *time.Duration, name, env string, value time.Duration, usage string) {
+	f.FlagSet.DurationVar(p, name, value, usage)
 	f.bind(name, env)
 }
 

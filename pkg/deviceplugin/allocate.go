@@ -43,7 +43,7 @@ func (r *resource) Allocate(ctx context.Context, req *pluginapi.AllocateRequest)
 	}
 	resp := &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, len(perContainer))}
 	for i, refs := range perContainer {
-		cresp, err := r.allocateContainer(refs)
+		cresp, err := r.allocateContainer(ctx, refs)
 		if err != nil {
 			r.logger.Error(err, "Cannot allocate", "seats", r.idsOf(refs))
 			return nil, status.Errorf(codes.Internal, "container request %d (%s): %v", i, strings.Join(r.idsOf(refs), ","), err)
@@ -73,12 +73,15 @@ func (r *resource) lookup(ids []string) ([]seatRef, error) {
 	return refs, nil
 }
 
-// allocateContainer hands out the seats of one container request.
-func (r *resource) allocateContainer(refs []seatRef) (*pluginapi.ContainerAllocateResponse, error) {
+// allocateContainer hands out the seats of one container request. The
+// seats' groups are readied first (time slice, MPS daemon), so that a
+// group that cannot share as its profile says fails the request before a
+// generation moves.
+func (r *resource) allocateContainer(ctx context.Context, refs []seatRef) (*pluginapi.ContainerAllocateResponse, error) {
 	bad := r.health.Faults()
 	var seats []containeredits.Seat
 	var gpus []inventory.GPU
-	var gens []int64
+	var byGroup [][]seatRef
 	for _, ref := range refs {
 		g := r.groups[ref.group]
 		if ok, why := health.OfGPUs(g.GPUs, bad); !ok {
@@ -87,8 +90,6 @@ func (r *resource) allocateContainer(refs []seatRef) (*pluginapi.ContainerAlloca
 			// refusal that leaves the pod in UnexpectedAdmissionError.
 			r.logger.Info("Allocating a seat of an unhealthy group", "seat", r.ids[ref.idx], "group", g.Name, "health", why)
 		}
-		gen := r.gens[ref.idx].Add(1)
-		gens = append(gens, gen)
 		if len(seats) == 0 || seats[len(seats)-1].Group != g.Name {
 			s := containeredits.Seat{Group: g.Name}
 			for _, x := range g.GPUs {
@@ -100,12 +101,30 @@ func (r *resource) allocateContainer(refs []seatRef) (*pluginapi.ContainerAlloca
 				gpus = append(gpus, *gpu)
 			}
 			seats = append(seats, s)
+			byGroup = append(byGroup, nil)
 		}
-		last := &seats[len(seats)-1]
-		last.Seats = append(last.Seats, ref.seat)
-		last.Generations = append(last.Generations, gen)
+		byGroup[len(byGroup)-1] = append(byGroup[len(byGroup)-1], ref)
 	}
-	edits, err := containeredits.Build(seats, r.delivery.edits)
+	opts := r.delivery.edits
+	for _, group := range byGroup {
+		client, err := r.delivery.sharing.prepare(ctx, r.groups[group[0].group], r.idsOf(group), len(byGroup))
+		if err != nil {
+			return nil, err
+		}
+		if client != nil {
+			opts.MPS = client
+		}
+	}
+	var gens []int64
+	for i, group := range byGroup {
+		for _, ref := range group {
+			gen := r.gens[ref.idx].Add(1)
+			gens = append(gens, gen)
+			seats[i].Seats = append(seats[i].Seats, ref.seat)
+			seats[i].Generations = append(seats[i].Generations, gen)
+		}
+	}
+	edits, err := containeredits.Build(seats, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -41,6 +41,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
@@ -87,6 +88,9 @@ type Options struct {
 	KubeletPluginsDir string
 	// Health tells which GPUs are unhealthy; nil: all healthy.
 	Health health.Source
+	// Sharing applies the profiles' sharing strategies (MPS daemons,
+	// time slices); see sharing.go.
+	Sharing Sharing
 	// PollInterval is how often the shim checks its sockets and the
 	// kubelet's even without a file event, a safety net for missed events
 	// (default 5s; 1s where the directory cannot be watched).
@@ -138,11 +142,14 @@ type Plugin struct {
 	kubeletFile os.FileInfo
 	waitLogged  bool
 
-	cancel   context.CancelFunc
-	stopped  chan struct{} // closed by Stop: ends every ListAndWatch
-	running  bool          // the registration loop was started
-	loopDone chan struct{}
-	stopOnce sync.Once
+	sharing *shimSharing
+	// sharingDone is closed when the sharing loop has ended.
+	sharingDone chan struct{}
+	cancel      context.CancelFunc
+	stopped     chan struct{} // closed by Stop: ends every ListAndWatch
+	running     bool          // the registration loop was started
+	loopDone    chan struct{}
+	stopOnce    sync.Once
 }
 
 // Start serves every profile of the exclusive layout on its socket and
@@ -176,6 +183,12 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 			p.Stop()
 		}
 	}()
+	hw := &groupshare.Hardware{Inv: opts.Inventory, MPS: opts.Sharing.MPS, SetTimeSlice: opts.Sharing.SetTimeSlice}
+	sharing, err := newShimSharing(opts.Sharing, hw, layout)
+	if err != nil {
+		return nil, err
+	}
+	p.sharing = sharing
 	if err := p.makeEndpoints(logger); err != nil {
 		return nil, err
 	}
@@ -193,6 +206,11 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 	}
 	p.running = true
 	go p.run(ctx, w)
+	p.sharingDone = make(chan struct{})
+	go func() {
+		defer close(p.sharingDone)
+		p.sharing.run(ctx)
+	}()
 	logger.Info("Started", "node", opts.NodeName, "resources", len(p.endpoints), "devicePluginDir", opts.DevicePluginDir, "policy", layout.Policy)
 	ok = true
 	return p, nil
@@ -230,7 +248,7 @@ func (p *Plugin) makeEndpoints(logger klog.Logger) error {
 			logger.Info("Not serving a profile without groups", "resource", prof.Resource, "profile", prof.Name)
 			continue
 		}
-		e, err := newEndpoint(newResource(p.layout, prof, &p.opts, writer, p.stopped, logger), p.opts.DevicePluginDir)
+		e, err := newEndpoint(newResource(p.layout, prof, &p.opts, writer, p.sharing, p.stopped, logger), p.opts.DevicePluginDir)
 		if err != nil {
 			return err
 		}
@@ -254,6 +272,9 @@ func (p *Plugin) Stop() {
 		close(p.stopped)
 		if p.running {
 			<-p.loopDone
+		}
+		if p.sharingDone != nil {
+			<-p.sharingDone
 		}
 		for _, e := range p.endpoints {
 			e.stop()

@@ -29,7 +29,7 @@ func testResource(tb testing.TB, preset, config, name string) *resource {
 	layout, _ := plan.ExclusiveLayout()
 	for _, prof := range layout.Profiles {
 		if prof.Resource == name {
-			return newResource(layout, prof, &opts, nil, make(chan struct{}), klog.Background())
+			return newResource(layout, prof, &opts, nil, nil, make(chan struct{}), klog.Background())
 		}
 	}
 	tb.Fatalf("no resource %s in the layout", name)

@@ -58,6 +58,8 @@ type delivery struct {
 	// nvidiaCDI names NVIDIA's own CDI device for a GPU, whose entry
 	// brings the driver files (CDI injection only).
 	nvidiaCDI func(index int, uuid string) string
+	// sharing readies a group as its profile shares it.
+	sharing *shimSharing
 }
 
 // seatRef locates a seat: its group (index into resource.groups), its
@@ -68,11 +70,11 @@ type seatRef struct {
 	idx   int
 }
 
-func newResource(layout *planner.Plan, prof *planner.Profile, opts *Options, cdiWriter *cdi.Writer, stopped <-chan struct{}, logger klog.Logger) *resource {
+func newResource(layout *planner.Plan, prof *planner.Profile, opts *Options, cdiWriter *cdi.Writer, sharing *shimSharing, stopped <-chan struct{}, logger klog.Logger) *resource {
 	r := &resource{
 		name: prof.Resource, profile: prof, policy: layout.Policy,
 		groups: layout.OrderedProfile(prof), seats: map[string]seatRef{},
-		delivery: delivery{inv: opts.Inventory, edits: opts.Edits, injection: opts.Injection, cdi: cdiWriter, nvidiaCDI: opts.NVIDIACDIDevice},
+		delivery: delivery{inv: opts.Inventory, edits: opts.Edits, injection: opts.Injection, cdi: cdiWriter, nvidiaCDI: opts.NVIDIACDIDevice, sharing: sharing},
 		health:   health.View{Source: opts.Health}, stopped: stopped,
 		logger: klog.LoggerWithValues(logger, "resource", prof.Resource),
 	}

@@ -16,7 +16,6 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
@@ -215,7 +214,7 @@ func (d *Driver) metadata(dev checkpoint.Device) *kubeletplugin.DeviceMetadata {
 		strategy := string(g.Profile.Sharing)
 		attrs[metaSharing] = resourceapi.DeviceAttribute{StringValue: &strategy}
 		if g.Profile.Sharing == v1alpha1.SharingMPS && len(dev.Seats) > 0 {
-			l := mps.Share(len(dev.Seats), g.Seats(), d.sharing.memory(g))
+			l := d.sharing.hw.Share(g, len(dev.Seats))
 			pct := int64(l.ActiveThreadPercentage)
 			attrs[metaMPSThreadPct] = resourceapi.DeviceAttribute{IntValue: &pct}
 			attrs[metaMPSMemMiB] = resourceapi.DeviceAttribute{IntValues: l.PinnedMemMiB}

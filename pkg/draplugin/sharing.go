@@ -2,10 +2,8 @@ package draplugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
-	"path/filepath"
 	"slices"
 	"sync"
 
@@ -14,6 +12,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
@@ -38,6 +37,7 @@ type Sharing struct {
 type sharing struct {
 	Sharing
 	node nodePlan
+	hw   *groupshare.Hardware
 
 	mu sync.Mutex
 	// largest is the ledger's Usage.Largest, kept as it changes; changed
@@ -48,12 +48,11 @@ type sharing struct {
 	// not yet rebuilt) no daemon is stopped, since which groups are in
 	// use is not known.
 	known bool
-	// slices are the intervals this process applied, per GPU index.
-	slices map[int]v1alpha1.TimeSliceInterval
 }
 
 func newSharing(s Sharing, node nodePlan) *sharing {
-	return &sharing{Sharing: s, node: node, largest: map[string]int{}, changed: map[string]bool{}, slices: map[int]v1alpha1.TimeSliceInterval{}}
+	hw := &groupshare.Hardware{Inv: node.inv, MPS: s.MPS, SetTimeSlice: s.SetTimeSlice}
+	return &sharing{Sharing: s, node: node, hw: hw, largest: map[string]int{}, changed: map[string]bool{}}
 }
 
 // setUsage is the ledger's UsageChanged (with the ledger's lock held). It
@@ -77,14 +76,7 @@ func (s *sharing) held(groupDevice string) bool {
 }
 
 func (s *sharing) usesMPS(groupDevice string) bool {
-	g := s.node.group(groupDevice)
-	return g != nil && g.Profile.Sharing == v1alpha1.SharingMPS
-}
-
-// errNoMPS is the error of an MPS claim on a plugin started without the
-// MPS manager.
-func errNoMPS(g *planner.Group) error {
-	return fmt.Errorf("group %s: profile %s shares its groups with MPS, but this plugin was started without MPS daemons", g.Name, g.Profile.Name)
+	return groupshare.UsesMPS(s.node.group(groupDevice))
 }
 
 func (s *sharing) want(g *planner.Group) mps.Want {
@@ -93,28 +85,8 @@ func (s *sharing) want(g *planner.Group) mps.Want {
 		k := s.largest[g.DeviceName()]
 		delete(s.changed, g.DeviceName())
 		s.mu.Unlock()
-		return mps.Share(k, g.Seats(), s.memory(g)), k > 0
+		return s.hw.Want(g, k)
 	}
-}
-
-func (s *sharing) memory(g *planner.Group) []int64 {
-	mem := make([]int64, len(g.GPUs))
-	for i, x := range g.GPUs {
-		if gpu, ok := s.node.inv.GPUByIndex(x); ok {
-			mem[i] = gpu.MemoryMiB
-		}
-	}
-	return mem
-}
-
-func (s *sharing) mpsGroup(g *planner.Group) mps.Group {
-	out := mps.Group{Name: g.DeviceName()}
-	for _, x := range g.GPUs {
-		if gpu, ok := s.node.inv.GPUByIndex(x); ok {
-			out.UUIDs = append(out.UUIDs, gpu.UUID)
-		}
-	}
-	return out
 }
 
 // prepare readies the groups of a claim before its spec is written: their
@@ -132,44 +104,17 @@ func (s *sharing) prepare(ctx context.Context, c *checkpoint.Claim) error {
 		switch {
 		case g.Profile.Sharing == v1alpha1.SharingMPS:
 			if s.MPS == nil {
-				return errNoMPS(g)
+				return groupshare.ErrNoMPS(g)
 			}
-			if err := s.MPS.Ensure(ctx, s.mpsGroup(g), s.want(g)); err != nil {
+			if err := s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(g)); err != nil {
 				return fmt.Errorf("group %s: %w", g.Name, err)
 			}
 		case g.Profile.TimeSlice != "":
-			if err := s.applyTimeSlice(ctx, g); err != nil {
+			if err := s.hw.ApplyTimeSlice(ctx, g); err != nil {
 				return fmt.Errorf("group %s: %w", g.Name, err)
 			}
 		}
 	}
-	return nil
-}
-
-func (s *sharing) applyTimeSlice(ctx context.Context, g *planner.Group) error {
-	if s.SetTimeSlice == nil {
-		return errors.New("the plugin cannot set time slices on this node")
-	}
-	s.mu.Lock()
-	var todo []int
-	for _, x := range g.GPUs {
-		if s.slices[x] != g.Profile.TimeSlice {
-			todo = append(todo, x)
-		}
-	}
-	s.mu.Unlock()
-	if len(todo) == 0 {
-		return nil
-	}
-	if err := s.SetTimeSlice(ctx, todo, g.Profile.TimeSlice); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	for _, x := range todo {
-		s.slices[x] = g.Profile.TimeSlice
-	}
-	s.mu.Unlock()
-	klog.FromContext(ctx).V(2).Info("Set time slice", "group", g.Name, "gpus", todo, "interval", g.Profile.TimeSlice)
 	return nil
 }
 
@@ -217,9 +162,9 @@ func (s *sharing) settle(ctx context.Context, all bool) {
 			continue
 		case all:
 			// At start: check that a daemon of a group in use still runs.
-			err = s.MPS.Ensure(ctx, s.mpsGroup(g), s.want(g))
+			err = s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(g))
 		default:
-			err = s.MPS.Settle(ctx, s.mpsGroup(g), s.want(g))
+			err = s.MPS.Settle(ctx, s.hw.MPSGroup(g), s.want(g))
 		}
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Cannot settle MPS daemon", "mpsDaemon", name)
@@ -254,15 +199,7 @@ func (s *sharing) mpsEdits(devs []checkpoint.Device) (*containeredits.MPS, error
 	if !usesMPS || k == 0 {
 		return nil, nil
 	}
-	if s.MPS == nil {
-		return nil, errNoMPS(g)
-	}
-	l := mps.Share(k, g.Seats(), s.memory(g))
-	dir := s.MPS.Dir(g.DeviceName())
-	return &containeredits.MPS{
-		HostPipeDir: filepath.Join(dir, mps.PipeDir), ContainerPipeDir: mps.ContainerPipeDir, HostShmDir: filepath.Join(dir, mps.ShmDir),
-		ActiveThreadPercentage: l.ActiveThreadPercentage, PinnedMemLimit: l.MemLimitEnv(),
-	}, nil
+	return s.hw.Client(g, k)
 }
 
 // watchHealth stops the MPS daemon of a group one of whose GPUs is lost
@@ -285,14 +222,14 @@ func (s *sharing) watchHealth(ctx context.Context, view health.View, changed <-c
 			switch {
 			case lost && !down[name]:
 				down[name] = true
-				if err := s.MPS.Settle(ctx, s.mpsGroup(g), mps.Unused()); err != nil {
+				if err := s.MPS.Settle(ctx, s.hw.MPSGroup(g), mps.Unused()); err != nil {
 					klog.FromContext(ctx).Error(err, "Cannot stop the MPS daemon of a group with a lost GPU", "mpsDaemon", name)
 				} else {
 					klog.FromContext(ctx).Info("Stopped the MPS daemon of a group with a lost GPU", "mpsDaemon", name)
 				}
 			case !lost && down[name]:
 				delete(down, name)
-				if err := s.MPS.Ensure(ctx, s.mpsGroup(g), s.want(g)); err != nil {
+				if err := s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(g)); err != nil {
 					klog.FromContext(ctx).Error(err, "Cannot start the MPS daemon again after its GPU came back", "mpsDaemon", name)
 				}
 			}

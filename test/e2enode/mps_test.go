@@ -8,6 +8,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
 	"github.com/kyb-ai/kyb-dra-driver/test/realnode"
@@ -65,6 +66,57 @@ func TestMPSOnARealNode(t *testing.T) {
 	deletePod(t, c, "mps")
 	waitUntil(t, "the daemon of GPU 0 gone with its last pod", 30*time.Second, func() bool {
 		_, err := os.Stat(filepath.Join(root, "g0-1x"))
+		return os.IsNotExist(err)
+	})
+}
+
+// The device-plugin shim serves MPS seats as the DRA plugin does: a legacy
+// pod's container gets its share and cannot raise it, and the daemon stops
+// once the kubelet's PodResources API no longer lists a container holding
+// a seat of its group (the device-plugin API never says so itself).
+func TestShimMPSOnARealKubelet(t *testing.T) {
+	control := mpstest.Build(t)
+	root, err := os.MkdirTemp("", "kyb-mps-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	c := startCluster(t)
+	n, _ := startNode(t, c, realnode.Options{Name: "node-sm", Preset: "dgx-h100", Config: mpsConfig, Shim: true,
+		PluginArgs: []string{"--mps-root", root, "--mps-control", control, "--pod-resources-poll-interval", "1s"},
+		ImageFiles: map[string]string{"bin/nvidia-cuda-mps-control": control}})
+	n.WaitForResources(t, "kyb.ai/gpu-1x-seat")
+
+	createPod(t, c, podSpec{name: "shim-mps", node: n.Name, limits: v1.ResourceList{"kyb.ai/gpu-1x-seat": *resource.NewQuantity(2, resource.DecimalSI)},
+		command: `echo "MPS_CLIENT=$(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=80G nvidia-cuda-mps-control --client 2>&1)"; ` + probe})
+	o := waitForOutput(t, c, "shim-mps", "app")
+	t.Logf("pod shim-mps's container printed:\n%s", o.raw)
+	// Two seats of four on one 81559 MiB GPU: half, rounded down.
+	for k, want := range map[string]string{
+		"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=40779M",
+		"MPS_CLIENT": "thread=50 mem=0=40779M",
+	} {
+		if o.env[k] != want {
+			t.Errorf("%s=%q, want %q", k, o.env[k], want)
+		}
+	}
+	if !o.mountedAt("/tmp/nvidia-mps") || !o.mountedAt("/dev/shm") {
+		t.Errorf("the daemon's pipe directory and shm are not mounted: %v", o.mounts)
+	}
+	groups, err := filepath.Glob(filepath.Join(root, "g*-1x"))
+	if err != nil || len(groups) != 1 {
+		t.Fatalf("MPS daemons %v (%v), want the pod's group's", groups, err)
+	}
+	// Past the shim's 10 s grace for hand-outs the kubelet does not list
+	// yet, the kubelet's list alone keeps the daemon of a running pod.
+	time.Sleep(12 * time.Second)
+	if _, err := os.Stat(groups[0]); err != nil {
+		t.Errorf("the daemon of a running pod's group: %v", err)
+	}
+
+	deletePod(t, c, "shim-mps")
+	waitUntil(t, "the daemon gone once the kubelet no longer lists its seats", time.Minute, func() bool {
+		_, err := os.Stat(groups[0])
 		return os.IsNotExist(err)
 	})
 }

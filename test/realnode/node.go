@@ -181,7 +181,10 @@ func (n *Node) pluginArgs() []string {
 		"--device-plugin-directory-path", KubeletDevicePluginDir,
 		"-v", "2",
 	}
-	if !n.Options.Shim {
+	if n.Options.Shim {
+		// The kubelet serves it under its root directory.
+		args = append(args, "--pod-resources-socket", filepath.Join(n.RootDir, "pod-resources", "kubelet.sock"))
+	} else {
 		args = append(args,
 			"--kubeconfig", n.c.Kubeconfig,
 			"--kubelet-registrar-directory-path", filepath.Join(n.RootDir, "plugins_registry"),

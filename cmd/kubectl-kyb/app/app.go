@@ -76,7 +76,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	o.output = cli.NewOneOf("table", "table", "wide", "json")
 	f.Var(o.output, "o", "", "output format: table, wide or json")
 	f.Var(o.output, "output", "", "same as -o")
-	f.DurationVar(&o.timeout, "request-timeout", 30*time.Second, "how long to wait for the API server")
+	f.DurationVar(&o.timeout, "request-timeout", "", 30*time.Second, "how long to wait for the API server")
 	if code, ok := f.ParseOrExit(args[1:], getenv, usage); !ok {
 		return code
 	}

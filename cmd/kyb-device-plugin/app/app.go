@@ -11,15 +11,16 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"time"
 
 	"k8s.io/klog/v2"
 
-	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/deviceplugin"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 )
 
 const name = "kyb-device-plugin"
@@ -47,11 +48,14 @@ type options struct {
 	node        nodesetup.Flags
 	health      nodesetup.HealthFlags
 	driverFiles nodesetup.DriverFilesFlags
+	sharing     nodesetup.SharingFlags
 
-	devicePluginDir string
-	pluginsDir      string
-	cdiRoot         string
-	injection       *cli.OneOf
+	devicePluginDir  string
+	pluginsDir       string
+	podResources     string
+	podResourcesPoll time.Duration
+	cdiRoot          string
+	injection        *cli.OneOf
 }
 
 func (o *options) addFlags(f *cli.FlagSet) {
@@ -60,6 +64,9 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	o.driverFiles.AddFlags(f, "shim", "how containers get the driver's libraries and tools: auto (with --injection=cdi NVIDIA's CDI spec if the node has one; else the files under --driver-root), nvidia-cdi (needs --injection=cdi), driver-root or none")
 	f.StringVar(&o.devicePluginDir, "device-plugin-directory-path", "DEVICE_PLUGIN_DIRECTORY_PATH", "/var/lib/kubelet/device-plugins/", "the kubelet's device-plugin directory, holding kubelet.sock and the shim's sockets")
 	f.StringVar(&o.pluginsDir, "kubelet-plugins-directory-path", "KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins", "the kubelet's plugin directory; the shim refuses to start while the DRA plugin answers in <dir>/gpu.kyb.ai")
+	f.StringVar(&o.podResources, "pod-resources-socket", "POD_RESOURCES_SOCKET", podresources.DefaultSocket, "the kubelet's PodResources API, where the shim learns which seats are still held (profiles shared with mps only)")
+	f.DurationVar(&o.podResourcesPoll, "pod-resources-poll-interval", "POD_RESOURCES_POLL_INTERVAL", 10*time.Second, "how often the shim asks the PodResources API which seats are held; an MPS daemon stops within this interval after its group's last pod")
+	o.sharing.AddFlags(f)
 	f.StringVar(&o.cdiRoot, "cdi-root", "CDI_ROOT", "/var/run/cdi", "directory the container runtime reads CDI specs from (with --injection=cdi)")
 	o.injection = cli.NewOneOf(string(deviceplugin.InjectionEnvVar), string(deviceplugin.InjectionEnvVar), string(deviceplugin.InjectionCDI))
 	f.Var(o.injection, "injection", "KYB_INJECTION", "how containers get their seats: envvar (environment, device nodes and driver mounts in the Allocate response; any runtime) or cdi (a CDI spec per container, named in the response; runtimes with CDI)")
@@ -77,11 +84,15 @@ func (o *options) check() error {
 	for _, d := range []struct{ flag, path string }{
 		{"--device-plugin-directory-path", o.devicePluginDir},
 		{"--kubelet-plugins-directory-path", o.pluginsDir},
+		{"--pod-resources-socket", o.podResources},
 		{"--cdi-root", o.cdiRoot},
 	} {
 		if !filepath.IsAbs(d.path) {
 			return fmt.Errorf("%s %q must be an absolute path", d.flag, d.path)
 		}
+	}
+	if o.podResourcesPoll <= 0 {
+		return fmt.Errorf("--pod-resources-poll-interval %s must be positive", o.podResourcesPoll)
 	}
 	if o.driverFiles.Mode.Value() == nodesetup.DriverFilesNVIDIACDI && o.injection.Value() != string(deviceplugin.InjectionCDI) {
 		return errors.New("--driver-files=nvidia-cdi needs --injection=cdi: NVIDIA's CDI entries reach a container only as CDI devices")
@@ -97,9 +108,6 @@ func (o *options) run(ctx context.Context) error {
 	}
 	defer node.Close(ctx)
 	node.LogPlan(ctx)
-	if err := shimServesSharing(node.Plan); err != nil {
-		return err
-	}
 	injection := deviceplugin.Injection(o.injection.Value())
 	files, err := o.driverFiles.ChooseDriverFiles(ctx, node, &o.node, o.cdiRoot, injection == deviceplugin.InjectionCDI)
 	if err != nil {
@@ -121,6 +129,11 @@ func (o *options) run(ctx context.Context) error {
 		return err
 	}
 	defer stopHealth()
+	sharing, closeSharing, err := o.shimSharing(ctx, node)
+	if err != nil {
+		return err
+	}
+	defer closeSharing()
 	p, err := deviceplugin.Start(ctx, deviceplugin.Options{
 		NodeName:          o.node.NodeName,
 		Inventory:         node.Inv,
@@ -132,6 +145,7 @@ func (o *options) run(ctx context.Context) error {
 		DevicePluginDir:   o.devicePluginDir,
 		KubeletPluginsDir: o.pluginsDir,
 		Health:            mon,
+		Sharing:           sharing,
 	})
 	if err != nil {
 		return err
@@ -142,18 +156,22 @@ func (o *options) run(ctx context.Context) error {
 	return nil
 }
 
-// shimServesSharing refuses profiles whose sharing the shim cannot keep:
-// without a release call from the kubelet it cannot tell when a group's
-// last seat goes, so it runs no MPS daemon, and a container of an mps
-// profile would share its GPU with no limit at all.
-func shimServesSharing(plan *planner.Plan) error {
-	for _, p := range plan.Profiles {
-		switch {
-		case p.Sharing == v1alpha1.SharingMPS:
-			return fmt.Errorf("profile %s: sharing strategy mps is served by the DRA plugin only; the device-plugin shim would give its seats no limits. Use timeSlicing for this node, or the DRA plugin", p.Name)
-		case p.TimeSlice != "":
-			return fmt.Errorf("profile %s: a time-slice interval is applied by the DRA plugin only; leave sharing.timeSlicing.interval out for the device-plugin shim", p.Name)
-		}
+// shimSharing is how the shim applies the profiles' sharing strategies.
+// MPS daemons need the kubelet's PodResources API, where the shim learns
+// that a group's last seat was released (the device-plugin API never
+// says); it is dialled lazily, so a kubelet that starts after the shim is
+// found when it comes.
+func (o *options) shimSharing(ctx context.Context, node *nodesetup.Node) (deviceplugin.Sharing, func(), error) {
+	s := deviceplugin.Sharing{SetTimeSlice: node.Host.SetTimeSlice}
+	m, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.pluginsDir))
+	if err != nil || m == nil {
+		return s, func() {}, err
 	}
-	return nil
+	pr, err := podresources.NewClient(o.podResources)
+	if err != nil {
+		return s, nil, err
+	}
+	klog.FromContext(ctx).Info("MPS daemons stop when the kubelet no longer lists their seats", "podResourcesSocket", o.podResources)
+	s.MPS, s.Assigned, s.Poll = m, pr.Assigned, o.podResourcesPoll
+	return s, func() { _ = pr.Close() }, nil
 }

@@ -38,6 +38,8 @@ func TestDevicePluginCommandLineErrorsSayWhatToFix(t *testing.T) {
 		{"relative device-plugin dir", nil, []string{"--device-plugin-directory-path", "device-plugins"}, 2, `--device-plugin-directory-path "device-plugins" must be an absolute path`},
 		{"relative dir in env", map[string]string{"DEVICE_PLUGIN_DIRECTORY_PATH": "dp/"}, nil, 2, `--device-plugin-directory-path "dp/" must be an absolute path`},
 		{"relative CDI root", nil, []string{"--cdi-root", "cdi"}, 2, `--cdi-root "cdi" must be an absolute path`},
+		{"zero poll interval", nil, []string{"--pod-resources-poll-interval", "0s"}, 2, `--pod-resources-poll-interval 0s must be positive`},
+		{"relative pod resources socket", nil, []string{"--pod-resources-socket", "kubelet.sock"}, 2, `--pod-resources-socket "kubelet.sock" must be an absolute path`},
 		{"nvidia-cdi without CDI injection", nil, []string{"--driver-files", "nvidia-cdi"}, 2, "--driver-files=nvidia-cdi needs --injection=cdi"},
 		{"stray argument", nil, []string{"serve"}, 2, `unexpected argument "serve"`},
 		{"faults without a simulated node", nil, []string{"--simulate-faults-file", "/tmp/faults"}, 2, "--simulate-faults-file needs --simulate"},
@@ -67,6 +69,8 @@ func TestDevicePluginHelp(t *testing.T) {
 		"-config", "(env KYB_CONFIG)",
 		"-cdi-root", "(env CDI_ROOT)",
 		"-kubelet-plugins-directory-path",
+		"-pod-resources-socket", "(env POD_RESOURCES_SOCKET)",
+		"-mps-control", "(env KYB_MPS_CONTROL)",
 		"-simulate-faults-file", "(env KYB_SIMULATE_FAULTS_FILE)", "xid GPU XID",
 		"-v value",
 	} {
@@ -123,27 +127,5 @@ func TestDevicePluginServesUntilSignalledAndRemovesItsSocketsOverRealSockets(t *
 	// Once the shim is gone, the DRA plugin gets past the check.
 	if err := driver.CheckNoLiveShim(dp); err != nil {
 		t.Errorf("DRA plugin's check after the shim stopped: %v", err)
-	}
-}
-
-// The shim cannot keep MPS limits (it learns of no release), so it refuses
-// an mps profile rather than hand out seats with no limit at all.
-func TestDevicePluginRefusesSharingItCannotKeep(t *testing.T) {
-	dir := sockettest.Dir(t)
-	for name, tc := range map[string]struct{ sharing, want string }{
-		"mps":        {"{strategy: mps}", "profile 1x: sharing strategy mps is served by the DRA plugin only"},
-		"time slice": {"{timeSlicing: {interval: Long}}", "profile 1x: a time-slice interval is applied by the DRA plugin only"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			cfg := filepath.Join(t.TempDir(), "config.yaml")
-			if err := os.WriteFile(cfg, []byte("profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 4, sharing: "+tc.sharing+"}\n"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			code, errOut := runShimCommand(context.Background(), nil, "--simulate", "dgx-h100", "--config", cfg,
-				"--device-plugin-directory-path", filepath.Join(dir, "dp"), "--kubelet-plugins-directory-path", filepath.Join(dir, "plugins"))
-			if code != 1 || !strings.Contains(errOut, tc.want) {
-				t.Errorf("exit %d, stderr:\n%s\nwant it to say %q", code, errOut, tc.want)
-			}
-		})
 	}
 }
