@@ -62,6 +62,9 @@ type Options struct {
 	// Control is the nvidia-cuda-mps-control command, with any prefix
 	// that runs it (e.g. chroot into the driver root).
 	Control []string
+	// Env is added to the environment of the daemon and its control
+	// client, after PATH and the MPS directories (so it may set PATH).
+	Env []string
 	// SetExclusive puts a GPU in compute mode EXCLUSIVE_PROCESS (true) or
 	// DEFAULT (false).
 	SetExclusive func(ctx context.Context, uuid string, exclusive bool) error
@@ -367,7 +370,8 @@ func (m *Manager) env(name string, uuids []string) []string {
 	if uuids != nil {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(uuids, ","))
 	}
-	return env
+	// exec keeps the last value of a key given twice.
+	return append(env, m.opts.Env...)
 }
 
 // logTail is the end of the daemon's output and control log, for errors.

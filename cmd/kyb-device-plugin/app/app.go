@@ -163,7 +163,7 @@ func (o *options) run(ctx context.Context) error {
 // found when it comes.
 func (o *options) shimSharing(ctx context.Context, node *nodesetup.Node) (deviceplugin.Sharing, func(), error) {
 	s := deviceplugin.Sharing{SetTimeSlice: node.Host.SetTimeSlice}
-	m, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.pluginsDir))
+	m, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.pluginsDir), o.node.DriverRoot)
 	if err != nil || m == nil {
 		return s, func() {}, err
 	}

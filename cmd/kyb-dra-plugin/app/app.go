@@ -200,7 +200,7 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	mpsManager, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.dirs.pluginsDir))
+	mpsManager, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.dirs.pluginsDir), o.node.DriverRoot)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,60 @@
+package nodesetup
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
+)
+
+// A plugin in a container finds nvidia-cuda-mps-control among the host
+// driver's tools under the driver root, and runs it with the driver's
+// libraries and its other tools first on PATH.
+func TestMPSControlFromTheDriverRoot(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	control := mpstest.Build(t)
+	root := driverRoot(t)
+	bin := filepath.Join(root, "usr/bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The driver's tool records the environment it runs with.
+	script := "#!/bin/sh\necho \"PATH=$PATH LD_LIBRARY_PATH=$LD_LIBRARY_PATH\" >> \"$CUDA_MPS_LOG_DIRECTORY/env\"\nexec " + control + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(bin, "nvidia-cuda-mps-control"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte("profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 4, sharing: {strategy: mps}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := Flags{NodeName: "node-1", Simulate: "dgx-h100", ConfigPath: cfg, DriverRoot: root, DevRoot: "/", SysfsRoot: "/sys"}
+	node, err := f.Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close(ctx)
+	t.Setenv("PATH", "/usr/bin:/bin") // no nvidia-cuda-mps-control on it
+	s := SharingFlags{MPSRoot: t.TempDir(), MPSControl: "nvidia-cuda-mps-control"}
+	m, err := s.MPSManager(ctx, node, t.TempDir(), root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := mps.Group{Name: "g0-1x", UUIDs: []string{node.Inv.GPUs[0].UUID}}
+	if err := m.Ensure(ctx, g, mps.Fixed(mps.Share(1, 4, []int64{81559}))); err != nil {
+		t.Fatalf("start the daemon with the driver's tool: %v", err)
+	}
+	defer func() { _ = m.Settle(ctx, g, mps.Unused()) }()
+	env, err := os.ReadFile(filepath.Join(m.Dir("g0-1x"), mps.LogDir, "env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "PATH=" + bin + ":/usr/bin:/bin LD_LIBRARY_PATH=" + filepath.Join(root, "usr/lib/x86_64-linux-gnu")
+	if line := strings.Split(strings.TrimSpace(string(env)), "\n")[0]; line != want {
+		t.Errorf("the driver's tool ran with\n%s\nwant\n%s", line, want)
+	}
+}
