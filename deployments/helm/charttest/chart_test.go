@@ -31,6 +31,7 @@ type wantProfile struct {
 	size          int
 	seats         int
 	overprovision bool
+	sharing       string // strategy, and /interval where one is set
 }
 
 // chartCase is one set of values and what the rendered chart must then say.
@@ -42,6 +43,7 @@ type chartCase struct {
 	deviceMode  bool // mode device-plugin
 	extended    bool // DeviceClasses map extended resources
 	privileged  bool
+	mps         bool // pods as MPS daemons need them
 	seamless    bool
 	simulated   bool
 	driverMount map[string]string // host path -> container path of the driver root
@@ -104,6 +106,21 @@ var cases = []chartCase{
 		set:        []string{"gpuAccess=privileged", "kubeletPlugin.seamlessUpgrade=false"},
 		extended:   true,
 		privileged: true, driverMount: hostUsr,
+	},
+	{
+		name:     "MPS",
+		files:    []string{"testdata/mps-values.yaml"},
+		extended: true, seamless: true, driverMount: hostUsr,
+		privileged: true, mps: true,
+		profiles: []wantProfile{{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 4, sharing: "mps"}, {resource: "kyb.ai/gpu-2x-seat", name: "2x", size: 2, seats: 2, sharing: "timeSlicing/Long"}},
+	},
+	{
+		name:       "MPS with the device-plugin shim",
+		files:      []string{"testdata/mps-values.yaml"},
+		set:        []string{"mode=device-plugin"},
+		deviceMode: true, driverMount: hostUsr,
+		privileged: true, mps: true,
+		profiles: []wantProfile{{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 4, sharing: "mps"}, {resource: "kyb.ai/gpu-2x-seat", name: "2x", size: 2, seats: 2, sharing: "timeSlicing/Long"}},
 	},
 	{
 		name:     "driver container of the GPU operator",
@@ -184,7 +201,14 @@ func checkConfigMap(t *testing.T, m *manifest, tc chartCase) {
 	}
 	var got []wantProfile
 	for _, p := range cfg.Profiles {
-		got = append(got, wantProfile{resource: p.Resource, name: p.Name, size: p.Size(), seats: p.Seats(), overprovision: p.AllowOverprovision})
+		w := wantProfile{resource: p.Resource, name: p.Name, size: p.Size(), seats: p.Seats(), overprovision: p.AllowOverprovision}
+		if p.Sharing != nil {
+			w.sharing = string(p.SharingStrategy())
+			if i := p.TimeSliceInterval(); i != "" {
+				w.sharing += "/" + string(i)
+			}
+		}
+		got = append(got, w)
 	}
 	if !reflect.DeepEqual(got, tc.profiles) {
 		t.Errorf("profiles:\n got %+v\nwant %+v", got, tc.profiles)

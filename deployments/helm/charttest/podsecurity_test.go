@@ -14,8 +14,9 @@ func checkPodSecurity(t *testing.T, m *manifest, tc chartCase) {
 	ds := daemonSet(t, m)
 	pod := ds.Spec.Template.Spec
 	c := pod.Containers[0]
-	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
-		t.Errorf("host namespaces: network %v, pid %v, ipc %v; want none", pod.HostNetwork, pod.HostPID, pod.HostIPC)
+	// MPS daemons outlive the pod only outside its PID namespace.
+	if pod.HostNetwork || pod.HostPID != tc.mps || pod.HostIPC {
+		t.Errorf("host namespaces: network %v, pid %v, ipc %v; want the host's PID namespace only with mps (%v)", pod.HostNetwork, pod.HostPID, pod.HostIPC, tc.mps)
 	}
 	if pod.PriorityClassName != "system-node-critical" {
 		t.Errorf("priority class %q", pod.PriorityClassName)
@@ -36,9 +37,23 @@ func checkPodSecurity(t *testing.T, m *manifest, tc chartCase) {
 	if sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.RunAsNonRoot == nil || *sc.RunAsNonRoot {
 		t.Error("want runAsUser 0 and runAsNonRoot false (root-owned host directories)")
 	}
+	e := env(c)
+	if tc.mps {
+		wantEnv := map[string]string{"KYB_MPS_CONTROL": "nvidia-cuda-mps-control", "KYB_MPS_CGROUP": "/sys/fs/cgroup/kyb-mps", "KYB_MPS_SHM_SIZE_MIB": "256"}
+		if tc.deviceMode {
+			wantEnv["POD_RESOURCES_SOCKET"] = "/var/lib/kubelet/pod-resources/kubelet.sock"
+		}
+		for k, v := range wantEnv {
+			if e[k].Value != v {
+				t.Errorf("%s=%q, want %q", k, e[k].Value, v)
+			}
+		}
+	} else if _, set := e["KYB_MPS_CGROUP"]; set {
+		t.Error("KYB_MPS_CGROUP is set without mps.enabled")
+	}
 	if tc.privileged {
 		if sc.Privileged == nil || !*sc.Privileged {
-			t.Error("gpuAccess=privileged renders no privileged container")
+			t.Error("gpuAccess=privileged or mps renders no privileged container")
 		}
 		return
 	}
@@ -51,7 +66,6 @@ func checkPodSecurity(t *testing.T, m *manifest, tc chartCase) {
 	if sc.Capabilities == nil || !reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
 		t.Errorf("capabilities %+v, want drop [ALL] and nothing added", sc.Capabilities)
 	}
-	e := env(c)
 	switch {
 	case tc.simulated:
 		if e["NVIDIA_VISIBLE_DEVICES"].Value != "void" {
@@ -102,6 +116,9 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 	}
 	if tc.deviceMode {
 		want["/var/lib/kubelet/device-plugins"] = hostMount{container: "/var/lib/kubelet/device-plugins"}
+		if tc.mps {
+			want["/var/lib/kubelet/pod-resources"] = hostMount{container: "/var/lib/kubelet/pod-resources", readOnly: true}
+		}
 	} else {
 		want["/var/lib/kubelet/plugins_registry"] = hostMount{container: "/var/lib/kubelet/plugins_registry"}
 		// The doctor reads the runtime's configuration.

@@ -69,6 +69,16 @@ func TestBadValuesAreRefusedReadably(t *testing.T) {
 			want: []string{"metrics.port and kubeletPlugin.healthcheckPort are both 51515"},
 		},
 		{
+			name: "mps without the pods it needs",
+			set:  []string{"nodeConfig.profiles[0].resource=kyb.ai/gpu-1x-seat", "nodeConfig.profiles[0].seatsPerGroup=4", "nodeConfig.profiles[0].sharing.strategy=mps"},
+			want: []string{"nodeConfig.profiles[0].sharing.strategy is mps, which needs mps.enabled=true"},
+		},
+		{
+			name: "a sharing strategy the driver does not know",
+			set:  []string{"nodeConfig.profiles[0].resource=kyb.ai/gpu-1x-seat", "nodeConfig.profiles[0].sharing.strategy=vgpu"},
+			want: []string{"at '/nodeConfig/profiles/0/sharing/strategy': value must be one of 'timeSlicing', 'mps'"},
+		},
+		{
 			name: "a driver subdirectory outside the root",
 			set:  []string{"nvidiaDriver.mountSubdirectories={../etc}"},
 			want: []string{`nvidiaDriver.mountSubdirectories[0] "../etc" must be a path inside nvidiaDriver.root`},

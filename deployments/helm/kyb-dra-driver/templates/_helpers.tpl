@@ -193,6 +193,18 @@ realGPUs, kubeletDir, seamless, health, metrics).
 - name: NVIDIA_VISIBLE_DEVICES
   value: void
 {{- end }}
+{{- if $.mps }}
+{{- if not $.dra }}
+- name: POD_RESOURCES_SOCKET
+  value: {{ printf "%s/pod-resources/kubelet.sock" $.kubeletDir | quote }}
+{{- end }}
+- name: KYB_MPS_CONTROL
+  value: {{ $.Values.mps.control | quote }}
+- name: KYB_MPS_CGROUP
+  value: {{ $.Values.mps.cgroup | quote }}
+- name: KYB_MPS_SHM_SIZE_MIB
+  value: {{ $.Values.mps.shmSizeMiB | quote }}
+{{- end }}
 {{- if $.dra }}
 - name: KUBELET_REGISTRAR_DIRECTORY_PATH
   value: {{ printf "%s/plugins_registry" $.kubeletDir | quote }}
@@ -238,7 +250,12 @@ The security context of the node agent's containers (see README "Security
 context"). Called with the dict of kyb.containerEnv.
 */}}
 {{- define "kyb.containerSecurityContext" -}}
-{{- if $.privileged }}
+{{- if $.mps }}
+# values mps: setting compute modes, mounting the daemons' shm
+# tmpfs and moving them to their own cgroup.
+privileged: true
+allowPrivilegeEscalation: true
+{{- else if $.privileged }}
 # values gpuAccess=privileged: NVML needs the GPUs' device nodes,
 # which only a privileged container may open without the NVIDIA
 # container runtime's help.
@@ -278,6 +295,11 @@ kyb.containerEnv.
 {{- else }}
 - name: device-plugins
   mountPath: {{ printf "%s/device-plugins" $.kubeletDir }}
+{{- if $.mps }}
+- name: pod-resources
+  mountPath: {{ printf "%s/pod-resources" $.kubeletDir }}
+  readOnly: true
+{{- end }}
 {{- end }}
 - name: plugin-data
   mountPath: {{ $.pluginDataDir }}
