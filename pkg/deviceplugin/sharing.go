@@ -31,7 +31,13 @@ type Sharing struct {
 	// containers of its active pods (its PodResources API). Required with
 	// MPS: the device-plugin API never says a seat was released, so this
 	// is where the shim learns that a group's last seat went.
-	Assigned func(ctx context.Context) ([]podresources.Assignment, error)
+	Assigned func(ctx context.Context) (podresources.Listing, error)
+	// Self is the shim's own pod (namespace/name), when it runs in one. A
+	// kubelet that has just started lists no pod, or only some, until it
+	// has heard from the API server; a listing without the shim's own pod
+	// is therefore not believed, and no daemon is stopped or lowered on
+	// its word.
+	Self string
 	// Poll is how often the shim asks Assigned for released seats
 	// (default 10s); a daemon stops at most this long after its group's
 	// last pod.
@@ -56,16 +62,22 @@ type shimSharing struct {
 	groups map[string]*planner.Group
 	now    func() time.Time
 
+	// listMu serialises listings, so that an older answer never replaces
+	// a newer one.
+	listMu sync.Mutex
+
 	mu sync.Mutex
 	// listed is the largest number of a group's seats one container
-	// holds, by group device name, from the last listing; known: a
-	// listing succeeded.
+	// holds, by group device name, from the last believed listing; known:
+	// there was one.
 	listed map[string]int
 	known  bool
 	// pending are the hand-outs the kubelet did not list yet.
-	pending []handout
+	pending []*handout
 }
 
+// handout is a container's seats of one group, handed out; at is when its
+// Allocate answered (zero while it runs, when it does not expire).
 type handout struct {
 	group string
 	ids   []string
@@ -114,13 +126,21 @@ func (s *shimSharing) prepare(ctx context.Context, g *planner.Group, ids []strin
 	if s.MPS == nil {
 		return nil, groupshare.ErrNoMPS(g)
 	}
+	h := &handout{group: g.DeviceName(), ids: slices.Clone(ids)}
 	s.mu.Lock()
-	s.pending = append(s.pending, handout{group: g.DeviceName(), ids: slices.Clone(ids), at: s.now()})
+	s.pending = append(s.pending, h)
 	s.mu.Unlock()
+	// The grace period starts when the kubelet has the answer and can
+	// record the assignment.
+	defer func() {
+		s.mu.Lock()
+		h.at = s.now()
+		s.mu.Unlock()
+	}()
 	// A fresh listing: the daemon's limits must not drop below the share
 	// of a container that holds seats of this group and has not started
-	// its CUDA process yet.
-	if err := s.list(ctx); err != nil {
+	// its CUDA process yet. A listing not believed leaves the last one.
+	if err := s.list(ctx); err != nil && !(errors.Is(err, errNotBelieved) && s.knows()) {
 		return nil, fmt.Errorf("group %s: cannot learn which of its seats are held, so cannot set its MPS limits: %w", g.Name, err)
 	}
 	if err := s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(g)); err != nil {
@@ -129,16 +149,30 @@ func (s *shimSharing) prepare(ctx context.Context, g *planner.Group, ids []strin
 	return s.hw.Client(g, len(ids))
 }
 
+// errNotBelieved is a listing that lacks the shim's own pod.
+var errNotBelieved = errors.New("the kubelet does not list the shim's own pod yet, so it does not know all its pods (it has just started, or cannot reach the API server)")
+
+func (s *shimSharing) knows() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.known
+}
+
 // list reads the holders from the kubelet and drops the hand-outs it
 // lists or that are older than the grace period.
 func (s *shimSharing) list(ctx context.Context) error {
-	as, err := s.Assigned(ctx)
+	s.listMu.Lock()
+	defer s.listMu.Unlock()
+	l, err := s.Assigned(ctx)
 	if err != nil {
 		return err
 	}
+	if s.Self != "" && !slices.Contains(l.Pods, s.Self) {
+		return fmt.Errorf("%w: %s", errNotBelieved, s.Self)
+	}
 	largest := map[string]int{}
 	var listed [][]string
-	for _, a := range as {
+	for _, a := range l.Assignments {
 		perGroup := map[string]int{}
 		for _, id := range a.IDs {
 			if gd, ok := groupOfSeat(id); ok {
@@ -152,11 +186,11 @@ func (s *shimSharing) list(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	klog.FromContext(ctx).V(4).Info("Listed the seats held", "largestHolder", largest, "assignments", len(as), "pending", len(s.pending))
+	klog.FromContext(ctx).V(4).Info("Listed the seats held", "largestHolder", largest, "pods", len(l.Pods), "pending", len(s.pending))
 	s.listed, s.known = largest, true
 	now := s.now()
-	s.pending = slices.DeleteFunc(s.pending, func(h handout) bool {
-		return now.Sub(h.at) > s.Grace || slices.ContainsFunc(listed, func(ids []string) bool { return sameSet(ids, h.ids) })
+	s.pending = slices.DeleteFunc(s.pending, func(h *handout) bool {
+		return (!h.at.IsZero() && now.Sub(h.at) > s.Grace) || slices.ContainsFunc(listed, func(ids []string) bool { return sameSet(ids, h.ids) })
 	})
 	return nil
 }
@@ -229,9 +263,11 @@ func (s *shimSharing) settle(ctx context.Context, all bool) {
 		switch {
 		case !usesMPS && s.largest(name) > 0:
 			continue // a daemon of an earlier configuration, still held: it stays as it is
+		case !usesMPS && g != nil:
+			err = s.MPS.Settle(ctx, s.hw.MPSGroup(g), mps.Unused())
 		case !usesMPS:
-			// Its GPUs are those of a group today's layout may lack:
-			// stopped by its directory alone.
+			// A group today's layout lacks: stopped by its directory,
+			// which names its GPUs.
 			err = s.MPS.Settle(ctx, mps.Group{Name: name}, mps.Unused())
 		case all:
 			err = s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(g))

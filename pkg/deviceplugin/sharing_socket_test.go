@@ -34,6 +34,11 @@ type fakePodResources struct {
 	held     map[string][]string // "pod/container" -> device IDs
 	resource string
 	lists    int
+	// self is a pod without devices listed beside the others (the
+	// shim's own); amnesiac lists no pod at all, as a kubelet that has
+	// just started does.
+	self     string
+	amnesiac bool
 }
 
 func newFakePodResources(t *testing.T, dir, resource string) *fakePodResources {
@@ -71,6 +76,12 @@ func (f *fakePodResources) List(context.Context, *podresourcesapi.ListPodResourc
 	defer f.mu.Unlock()
 	f.lists++
 	resp := &podresourcesapi.ListPodResourcesResponse{}
+	if f.amnesiac {
+		return resp, nil
+	}
+	if ns, name, ok := strings.Cut(f.self, "/"); ok {
+		resp.PodResources = append(resp.PodResources, &podresourcesapi.PodResources{Namespace: ns, Name: name, Containers: []*podresourcesapi.ContainerResources{{Name: "shim"}}})
+	}
 	for _, k := range slices.Sorted(func(yield func(string) bool) {
 		for k := range f.held {
 			if !yield(k) {
@@ -141,7 +152,7 @@ profiles:
   sharing: {timeSlicing: {interval: Long}}
 `
 
-func (e *env) startSharing(root, control string, pr *fakePodResources) {
+func (e *env) startSharing(root, control string, pr *fakePodResources, mutate ...func(*Sharing)) {
 	e.t.Helper()
 	host := &gpuhost.Host{NVML: e.sim.NVML(), Simulated: e.sim}
 	mgr, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: host.SetExclusive})
@@ -154,7 +165,10 @@ func (e *env) startSharing(root, control string, pr *fakePodResources) {
 	}
 	e.t.Cleanup(func() { _ = client.Close() })
 	e.start(func(o *Options) {
-		o.Sharing = Sharing{MPS: mgr, SetTimeSlice: host.SetTimeSlice, Assigned: client.Assigned, Poll: 20 * time.Millisecond, Grace: testGrace}
+		o.Sharing = Sharing{MPS: mgr, SetTimeSlice: host.SetTimeSlice, Assigned: client.List, Poll: 20 * time.Millisecond, Grace: testGrace}
+		for _, m := range mutate {
+			m(&o.Sharing)
+		}
 	})
 }
 
@@ -326,4 +340,49 @@ func TestShimRestartSettlesDaemonsOverRealSockets(t *testing.T) {
 	if n := strings.Count(string(log), "Control daemon started"); n != 1 {
 		t.Errorf("g0-1x's daemon started %d times, want once: adopted", n)
 	}
+}
+
+// A kubelet that has just started lists no pod until it has heard from
+// the API server. The shim believes a listing only once it shows the
+// shim's own pod, so the daemons of running pods are not stopped then.
+func TestShimBelievesOnlyAKubeletThatListsItsOwnPodOverRealSockets(t *testing.T) {
+	control := mpstest.Build(t)
+	e := newEnv(t, "nvlink-2x4", shimSharingConfig)
+	root := filepath.Join(e.dir, "..", "mps")
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	pr := newFakePodResources(t, filepath.Join(e.dir, ".."), "kyb.ai/gpu-1x-seat")
+	pr.self = "kube-system/kyb-shim-x"
+	e.startSharing(root, control, pr, func(s *Sharing) { s.Self = pr.self })
+	dir := filepath.Join(root, "g1-1x")
+	if _, err := allocate(e, "kyb.ai/gpu-1x-seat", []string{"g1-1x-seat-0"}); err != nil {
+		t.Fatal(err)
+	}
+	pr.hold("one/main", "g1-1x-seat-0")
+	e.waitListed(pr)
+
+	pr.mu.Lock()
+	pr.amnesiac = true
+	pr.mu.Unlock()
+	time.Sleep(testGrace)
+	e.waitListed(pr)
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("the daemon of a running pod's group went while the kubelet listed no pod: %v", err)
+	}
+	// A new container is still served, on the last believed listing.
+	resp, err := allocate(e, "kyb.ai/gpu-1x-seat", []string{"g1-1x-seat-1"})
+	if err != nil {
+		t.Fatalf("Allocate while the kubelet lists no pod, after a believed listing: %v", err)
+	}
+	if got := resp.ContainerResponses[0].Envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]; got != "25" {
+		t.Errorf("its share %q, want 25", got)
+	}
+
+	pr.mu.Lock()
+	pr.amnesiac = false
+	pr.mu.Unlock()
+	pr.hold("one/main")
+	eventually(t, "the daemon to stop once the kubelet knows its pods again", func() bool {
+		_, err := os.Stat(dir)
+		return os.IsNotExist(err)
+	})
 }

@@ -41,6 +41,9 @@ const (
 	ShmDir  = "shm"
 )
 
+// gpusFile, in a daemon's directory, names its GPUs.
+const gpusFile = "gpus"
+
 // ContainerPipeDir is where containers find the daemon's pipe directory
 // (CUDA_MPS_PIPE_DIRECTORY).
 const ContainerPipeDir = "/tmp/nvidia-mps"
@@ -218,6 +221,11 @@ func (m *Manager) start(ctx context.Context, g Group) (err error) {
 	if err := m.makeShm(ctx, filepath.Join(dir, ShmDir)); err != nil {
 		return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
+	// Its GPUs, for a stop by name alone: a later plugin whose plan lacks
+	// the group must still set them back to DEFAULT.
+	if err := os.WriteFile(filepath.Join(dir, gpusFile), []byte(strings.Join(g.UUIDs, "\n")), 0o644); err != nil {
+		return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
+	}
 	for i, uuid := range g.UUIDs {
 		if err := m.opts.SetExclusive(ctx, uuid, true); err != nil {
 			m.setDefault(ctx, g.UUIDs[:i])
@@ -276,6 +284,11 @@ func (m *Manager) stop(ctx context.Context, g Group) error {
 		return nil
 	}
 	delete(m.applied, g.Name)
+	if len(g.UUIDs) == 0 {
+		if data, err := os.ReadFile(filepath.Join(m.Dir(g.Name), gpusFile)); err == nil {
+			g.UUIDs = strings.Fields(string(data))
+		}
+	}
 	if _, err := m.servers(ctx, g.Name); err == nil {
 		if _, err := m.control(ctx, g.Name, "quit"); err != nil {
 			return fmt.Errorf("stop MPS daemon %s: %w", g.Name, err)

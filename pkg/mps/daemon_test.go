@@ -162,3 +162,31 @@ func TestAGPUThatRefusesItsComputeModeFailsTheStart(t *testing.T) {
 		t.Errorf("GPU-a stays EXCLUSIVE_PROCESS after its pair refused")
 	}
 }
+
+// A later plugin whose plan lacks a group stops its daemon by name alone,
+// and still gives its GPUs back in compute mode DEFAULT.
+func TestADaemonStoppedByNameGivesItsGPUsBack(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	control := mpstest.Build(t)
+	m, md, root := newManager(t, control)
+	g := mps.Group{Name: "g01-2x", UUIDs: []string{"GPU-a", "GPU-b"}}
+	if err := m.Ensure(ctx, g, mps.Fixed(mps.Share(1, 2, []int64{40960, 40960}))); err != nil {
+		t.Fatal(err)
+	}
+	if !md.get("GPU-a") || !md.get("GPU-b") {
+		t.Fatal("the group's GPUs are not EXCLUSIVE_PROCESS while its daemon runs")
+	}
+	again, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Settle(ctx, mps.Group{Name: g.Name}, mps.Unused()); err != nil {
+		t.Fatal(err)
+	}
+	if md.get("GPU-a") || md.get("GPU-b") {
+		t.Error("a daemon stopped by name left its GPUs in EXCLUSIVE_PROCESS")
+	}
+	if _, err := os.Stat(filepath.Join(root, g.Name)); !os.IsNotExist(err) {
+		t.Errorf("its directory: %v", err)
+	}
+}

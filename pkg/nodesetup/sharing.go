@@ -52,10 +52,12 @@ func (s *SharingFlags) MPSManager(ctx context.Context, node *Node, pluginDir, dr
 	}
 	var env []string
 	if _, err := exec.LookPath(control[0]); err != nil {
-		if c, e, ok := driverControl(driverRoot, control[0]); ok {
-			control[0], env = c, e
+		if strings.Contains(control[0], "/") {
+			klog.FromContext(ctx).Error(err, "The MPS control command is not found: claims of MPS profiles will fail to prepare until it is", "mpsControl", s.MPSControl)
+		} else if c, e, derr := driverControl(driverRoot, control[0], filepath.Join(pluginDir, "mps-driver")); derr != nil {
+			klog.FromContext(ctx).Error(derr, "The MPS control command is neither on PATH nor among the driver's tools: claims of MPS profiles will fail to prepare until it is", "mpsControl", s.MPSControl, "path", err.Error())
 		} else {
-			klog.FromContext(ctx).Error(err, "The MPS control command is not found, on PATH or among the driver's tools: claims of MPS profiles will fail to prepare until it is", "mpsControl", s.MPSControl, "driverRoot", driverRoot)
+			control[0], env = c, e
 		}
 	}
 	m, err := mps.NewManager(mps.Options{
@@ -70,32 +72,36 @@ func (s *SharingFlags) MPSManager(ctx context.Context, node *Node, pluginDir, dr
 }
 
 // driverControl finds a tool of the driver under its root, as a plugin in
-// a container sees a host's driver: the tool runs there with the
-// container's C library and the driver's libraries (LD_LIBRARY_PATH), and
-// finds the driver's other tools, such as nvidia-cuda-mps-server, first
-// on its PATH.
-func driverControl(driverRoot, name string) (string, []string, bool) {
-	if strings.Contains(name, "/") {
-		return "", nil, false
-	}
+// a container sees a host's driver, and makes it runnable there: with the
+// container's C library and loader, and the driver's own libraries and
+// tools, and nothing else of the host's (its libc beside them would not
+// match the container's loader). It links those into dir, which it makes
+// anew, and returns the tool's link and the environment that finds them:
+// the daemon loads libcuda.so.1 from LD_LIBRARY_PATH and starts
+// nvidia-cuda-mps-server from PATH.
+func driverControl(driverRoot, name, dir string) (string, []string, error) {
 	files, err := containeredits.FindDriverFiles(driverRoot, "")
 	if err != nil {
-		return "", nil, false
+		return "", nil, err
 	}
-	i := slices.IndexFunc(files.Binaries, func(f containeredits.DriverFile) bool { return f.Name == name })
-	if i < 0 {
-		return "", nil, false
+	if !slices.ContainsFunc(files.Binaries, func(f containeredits.DriverFile) bool { return f.Name == name }) {
+		return "", nil, fmt.Errorf("no %s among the driver's tools under %s", name, driverRoot)
 	}
-	var libDirs []string
-	for _, l := range files.Libraries {
-		if d := filepath.Dir(l.Path); !slices.Contains(libDirs, d) {
-			libDirs = append(libDirs, d)
+	lib, bin := filepath.Join(dir, "lib"), filepath.Join(dir, "bin")
+	if err := os.RemoveAll(dir); err != nil {
+		return "", nil, fmt.Errorf("link the driver's files: %w", err)
+	}
+	for _, f := range append(slices.Clone(files.Libraries), files.Binaries...) {
+		to := bin
+		if f.Library {
+			to = lib
+		}
+		if err := os.MkdirAll(to, 0o755); err != nil {
+			return "", nil, fmt.Errorf("link the driver's files: %w", err)
+		}
+		if err := os.Symlink(f.Path, filepath.Join(to, f.Name)); err != nil {
+			return "", nil, fmt.Errorf("link the driver's files: %w", err)
 		}
 	}
-	tool := files.Binaries[i].Path
-	env := []string{"PATH=" + filepath.Dir(tool) + ":" + os.Getenv("PATH")}
-	if len(libDirs) > 0 {
-		env = append(env, "LD_LIBRARY_PATH="+strings.Join(libDirs, ":"))
-	}
-	return tool, env, true
+	return filepath.Join(bin, name), []string{"PATH=" + bin + ":" + os.Getenv("PATH"), "LD_LIBRARY_PATH=" + lib}, nil
 }

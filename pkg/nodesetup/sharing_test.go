@@ -19,6 +19,10 @@ func TestMPSControlFromTheDriverRoot(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	control := mpstest.Build(t)
 	root := driverRoot(t)
+	// The host's C library beside the driver's: the tool must not get it.
+	if err := os.WriteFile(filepath.Join(root, "usr/lib/x86_64-linux-gnu/libc.so.6"), []byte("the host's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	bin := filepath.Join(root, "usr/bin")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
@@ -40,7 +44,8 @@ func TestMPSControlFromTheDriverRoot(t *testing.T) {
 	defer node.Close(ctx)
 	t.Setenv("PATH", "/usr/bin:/bin") // no nvidia-cuda-mps-control on it
 	s := SharingFlags{MPSRoot: t.TempDir(), MPSControl: "nvidia-cuda-mps-control"}
-	m, err := s.MPSManager(ctx, node, t.TempDir(), root)
+	pluginDir := t.TempDir()
+	m, err := s.MPSManager(ctx, node, pluginDir, root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,8 +58,24 @@ func TestMPSControlFromTheDriverRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "PATH=" + bin + ":/usr/bin:/bin LD_LIBRARY_PATH=" + filepath.Join(root, "usr/lib/x86_64-linux-gnu")
+	links := filepath.Join(pluginDir, "mps-driver")
+	want := "PATH=" + filepath.Join(links, "bin") + ":/usr/bin:/bin LD_LIBRARY_PATH=" + filepath.Join(links, "lib")
 	if line := strings.Split(strings.TrimSpace(string(env)), "\n")[0]; line != want {
 		t.Errorf("the driver's tool ran with\n%s\nwant\n%s", line, want)
+	}
+	// Its library path holds the driver's libraries only.
+	entries, err := os.ReadDir(filepath.Join(links, "lib"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != "libcuda.so.1" {
+		t.Errorf("LD_LIBRARY_PATH holds %v, want the driver's libcuda.so.1 only", names)
+	}
+	if target, err := os.Readlink(filepath.Join(links, "lib", "libcuda.so.1")); err != nil || target != filepath.Join(root, "usr/lib/x86_64-linux-gnu/libcuda.so.1") {
+		t.Errorf("libcuda.so.1 leads to %q (%v), want the driver's", target, err)
 	}
 }

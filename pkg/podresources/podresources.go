@@ -33,6 +33,7 @@ type Assignment struct {
 // Client lists assignments over the kubelet's socket. The connection is
 // made on first use and made again after the kubelet restarts.
 type Client struct {
+	socket string
 	conn   *grpc.ClientConn
 	lister podresourcesapi.PodResourcesListerClient
 	// Timeout bounds one List call (default 5s).
@@ -45,24 +46,34 @@ func NewClient(socket string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pod resources API at %s: %w", socket, err)
 	}
-	return &Client{conn: conn, lister: podresourcesapi.NewPodResourcesListerClient(conn), Timeout: 5 * time.Second}, nil
+	return &Client{socket: socket, conn: conn, lister: podresourcesapi.NewPodResourcesListerClient(conn), Timeout: 5 * time.Second}, nil
 }
 
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
-// Assigned lists the device-plugin assignments of the active pods' containers.
-func (c *Client) Assigned(ctx context.Context) ([]Assignment, error) {
+// Listing is what the kubelet says of its active pods.
+type Listing struct {
+	// Pods are the active pods, namespace/name.
+	Pods []string
+	// Assignments are their containers' device-plugin devices.
+	Assignments []Assignment
+}
+
+// List lists the active pods and their containers' device-plugin devices.
+func (c *Client) List(ctx context.Context) (Listing, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	resp, err := c.lister.List(ctx, &podresourcesapi.ListPodResourcesRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("list pod resources: %w", err)
+		return Listing{}, fmt.Errorf("list pod resources at %s: %w", c.socket, err)
 	}
 	// The kubelet lists each device in an entry of its own, once per NUMA
 	// node it reports; an assignment is the set of a container's IDs.
 	var out []Assignment
+	var pods []string
 	for _, p := range resp.GetPodResources() {
+		pods = append(pods, p.GetNamespace()+"/"+p.GetName())
 		for _, ctr := range p.GetContainers() {
 			first := len(out)
 			for _, d := range ctr.GetDevices() {
@@ -81,5 +92,5 @@ func (c *Client) Assigned(ctx context.Context) ([]Assignment, error) {
 		}
 	}
 	out = slices.DeleteFunc(out, func(a Assignment) bool { return len(a.IDs) == 0 })
-	return out, nil
+	return Listing{Pods: pods, Assignments: out}, nil
 }

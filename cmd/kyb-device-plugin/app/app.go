@@ -54,6 +54,8 @@ type options struct {
 	pluginsDir       string
 	podResources     string
 	podResourcesPoll time.Duration
+	podNamespace     string
+	podName          string
 	cdiRoot          string
 	injection        *cli.OneOf
 }
@@ -66,6 +68,8 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	f.StringVar(&o.pluginsDir, "kubelet-plugins-directory-path", "KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins", "the kubelet's plugin directory; the shim refuses to start while the DRA plugin answers in <dir>/gpu.kyb.ai")
 	f.StringVar(&o.podResources, "pod-resources-socket", "POD_RESOURCES_SOCKET", podresources.DefaultSocket, "the kubelet's PodResources API, where the shim learns which seats are still held (profiles shared with mps only)")
 	f.DurationVar(&o.podResourcesPoll, "pod-resources-poll-interval", "POD_RESOURCES_POLL_INTERVAL", 10*time.Second, "how often the shim asks the PodResources API which seats are held; an MPS daemon stops within this interval after its group's last pod")
+	f.StringVar(&o.podNamespace, "pod-namespace", "POD_NAMESPACE", "", "the shim's own pod's namespace, with --pod-name: a PodResources listing without that pod is not believed (a kubelet that has just started does not know all its pods yet)")
+	f.StringVar(&o.podName, "pod-name", "POD_NAME", "", "the shim's own pod's name; see --pod-namespace")
 	o.sharing.AddFlags(f)
 	f.StringVar(&o.cdiRoot, "cdi-root", "CDI_ROOT", "/var/run/cdi", "directory the container runtime reads CDI specs from (with --injection=cdi)")
 	o.injection = cli.NewOneOf(string(deviceplugin.InjectionEnvVar), string(deviceplugin.InjectionEnvVar), string(deviceplugin.InjectionCDI))
@@ -90,6 +94,9 @@ func (o *options) check() error {
 		if !filepath.IsAbs(d.path) {
 			return fmt.Errorf("%s %q must be an absolute path", d.flag, d.path)
 		}
+	}
+	if (o.podName == "") != (o.podNamespace == "") {
+		return errors.New("--pod-name and --pod-namespace go together: they name the shim's own pod")
 	}
 	if o.podResourcesPoll <= 0 {
 		return fmt.Errorf("--pod-resources-poll-interval %s must be positive", o.podResourcesPoll)
@@ -172,6 +179,9 @@ func (o *options) shimSharing(ctx context.Context, node *nodesetup.Node) (device
 		return s, nil, err
 	}
 	klog.FromContext(ctx).Info("MPS daemons stop when the kubelet no longer lists their seats", "podResourcesSocket", o.podResources)
-	s.MPS, s.Assigned, s.Poll = m, pr.Assigned, o.podResourcesPoll
+	s.MPS, s.Assigned, s.Poll = m, pr.List, o.podResourcesPoll
+	if o.podName != "" {
+		s.Self = o.podNamespace + "/" + o.podName
+	}
 	return s, func() { _ = pr.Close() }, nil
 }

@@ -38,6 +38,7 @@ func TestDevicePluginCommandLineErrorsSayWhatToFix(t *testing.T) {
 		{"relative device-plugin dir", nil, []string{"--device-plugin-directory-path", "device-plugins"}, 2, `--device-plugin-directory-path "device-plugins" must be an absolute path`},
 		{"relative dir in env", map[string]string{"DEVICE_PLUGIN_DIRECTORY_PATH": "dp/"}, nil, 2, `--device-plugin-directory-path "dp/" must be an absolute path`},
 		{"relative CDI root", nil, []string{"--cdi-root", "cdi"}, 2, `--cdi-root "cdi" must be an absolute path`},
+		{"pod name without its namespace", nil, []string{"--pod-name", "shim-x"}, 2, "--pod-name and --pod-namespace go together"},
 		{"zero poll interval", nil, []string{"--pod-resources-poll-interval", "0s"}, 2, `--pod-resources-poll-interval 0s must be positive`},
 		{"relative pod resources socket", nil, []string{"--pod-resources-socket", "kubelet.sock"}, 2, `--pod-resources-socket "kubelet.sock" must be an absolute path`},
 		{"nvidia-cdi without CDI injection", nil, []string{"--driver-files", "nvidia-cdi"}, 2, "--driver-files=nvidia-cdi needs --injection=cdi"},

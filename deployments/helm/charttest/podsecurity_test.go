@@ -48,6 +48,9 @@ func checkPodSecurity(t *testing.T, m *manifest, tc chartCase) {
 				t.Errorf("%s=%q, want %q", k, e[k].Value, v)
 			}
 		}
+		if tc.deviceMode && (e["POD_NAME"].ValueFrom == nil || e["POD_NAMESPACE"].ValueFrom == nil) {
+			t.Error("the shim does not know its own pod, so it would believe a kubelet that has just started and lists no pod")
+		}
 	} else if _, set := e["KYB_MPS_CGROUP"]; set {
 		t.Error("KYB_MPS_CGROUP is set without mps.enabled")
 	}
@@ -102,11 +105,19 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 			continue
 		}
 		// Only the driver root's mounts follow the host (a driver
-		// container mounting its root after the plugin started); nothing
-		// propagates from the plugin to the host.
-		if p := vm.MountPropagation; p != nil && *p != corev1.MountPropagationNone &&
-			(*p != corev1.MountPropagationHostToContainer || !strings.HasPrefix(v.Name, "driver-root-")) {
+		// container mounting its root after the plugin started),
+		// and the plugin's data directory carries the MPS daemons' shm
+		// tmpfs mounts to the host (mps.shmSizeMiB, privileged pods only).
+		p := vm.MountPropagation
+		switch {
+		case p == nil || *p == corev1.MountPropagationNone:
+		case *p == corev1.MountPropagationHostToContainer && strings.HasPrefix(v.Name, "driver-root-"):
+		case *p == corev1.MountPropagationBidirectional && v.Name == "plugin-data" && tc.mps:
+		default:
 			t.Errorf("host path %s has mount propagation %s", v.HostPath.Path, *p)
+		}
+		if tc.mps && v.Name == "plugin-data" && (p == nil || *p != corev1.MountPropagationBidirectional) {
+			t.Errorf("with mps.shmSizeMiB, the daemons' shm tmpfs never reaches the host: plugin-data propagation %v", p)
 		}
 		got[v.HostPath.Path] = hostMount{container: vm.MountPath, readOnly: vm.ReadOnly}
 	}

@@ -197,6 +197,15 @@ realGPUs, kubeletDir, seamless, health, metrics).
 {{- if not $.dra }}
 - name: POD_RESOURCES_SOCKET
   value: {{ printf "%s/pod-resources/kubelet.sock" $.kubeletDir | quote }}
+# The shim believes a PodResources listing only once it lists this pod.
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
 {{- end }}
 - name: KYB_MPS_CONTROL
   value: {{ $.Values.mps.control | quote }}
@@ -303,6 +312,11 @@ kyb.containerEnv.
 {{- end }}
 - name: plugin-data
   mountPath: {{ $.pluginDataDir }}
+{{- if and $.mps (gt (int $.Values.mps.shmSizeMiB) 0) }}
+  # values mps.shmSizeMiB: the daemons' shm tmpfs, mounted by the plugin,
+  # must reach the host, where their clients' containers bind-mount it.
+  mountPropagation: Bidirectional
+{{- end }}
 - name: cdi
   mountPath: {{ $.Values.cdiRoot }}
 {{- if $.mountNVIDIACDI }}
