@@ -140,7 +140,11 @@ func (s *shimSharing) prepare(ctx context.Context, g *planner.Group, ids []strin
 	// A fresh listing: the daemon's limits must not drop below the share
 	// of a container that holds seats of this group and has not started
 	// its CUDA process yet. A listing not believed leaves the last one.
-	if err := s.list(ctx); err != nil && !(errors.Is(err, errNotBelieved) && s.knows()) {
+	err := s.list(ctx)
+	if errors.Is(err, errNotBelieved) && s.knows() {
+		err = nil // the last believed listing stands
+	}
+	if err != nil {
 		return nil, fmt.Errorf("group %s: cannot learn which of its seats are held, so cannot set its MPS limits: %w", g.Name, err)
 	}
 	if err := s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(g)); err != nil {

@@ -137,7 +137,7 @@ func (e *env) waitListed(f *fakePodResources) {
 }
 
 // testGrace is how long a hand-out the kubelet does not list counts.
-const testGrace = time.Second
+const testGrace = 3 * time.Second
 
 // MPS on GPUs 0-3 (four seats each), a long time slice on pairs of 4-7.
 const shimSharingConfig = `
