@@ -152,6 +152,25 @@ profiles:
   sharing: {timeSlicing: {interval: Long}}
 `
 
+// shimMPS is a shim node with MPS, a simulated daemon and a fake
+// PodResources API, not started yet.
+type shimMPS struct {
+	*env
+	control, root string
+	pr            *fakePodResources
+}
+
+func newShimMPS(t *testing.T) *shimMPS {
+	t.Helper()
+	control := mpstest.Build(t)
+	e := newEnv(t, "nvlink-2x4", shimSharingConfig)
+	root := filepath.Join(e.dir, "..", "mps")
+	t.Cleanup(func() { _ = os.RemoveAll(root) }) // stops a daemon a failed test leaves
+	return &shimMPS{env: e, control: control, root: root, pr: newFakePodResources(t, filepath.Join(e.dir, ".."), "kyb.ai/gpu-1x-seat")}
+}
+
+func (s *shimMPS) start(mutate ...func(*Sharing)) { s.startSharing(s.root, s.control, s.pr, mutate...) }
+
 func (e *env) startSharing(root, control string, pr *fakePodResources, mutate ...func(*Sharing)) {
 	e.t.Helper()
 	host := &gpuhost.Host{NVML: e.sim.NVML(), Simulated: e.sim}
@@ -176,12 +195,9 @@ func (e *env) startSharing(root, control string, pr *fakePodResources, mutate ..
 // daemon runs while the kubelet lists a container holding a seat of its
 // group, with the largest share one holds, and stops after the last.
 func TestShimMPSSeatsHoldTheirSharesOverRealSockets(t *testing.T) {
-	control := mpstest.Build(t)
-	e := newEnv(t, "nvlink-2x4", shimSharingConfig)
-	root := filepath.Join(e.dir, "..", "mps")
-	t.Cleanup(func() { _ = os.RemoveAll(root) }) // stops a daemon a failed test leaves
-	pr := newFakePodResources(t, filepath.Join(e.dir, ".."), "kyb.ai/gpu-1x-seat")
-	e.startSharing(root, control, pr)
+	s := newShimMPS(t)
+	e, control, root, pr := s.env, s.control, s.root, s.pr
+	s.start()
 	dir := filepath.Join(root, "g0-1x")
 	pipe := filepath.Join(dir, mps.PipeDir)
 
@@ -248,7 +264,7 @@ func TestShimMPSSeatsHoldTheirSharesOverRealSockets(t *testing.T) {
 	// Its pod goes: the daemon comes back to one seat's share.
 	pr.hold("two/main")
 	eventually(t, "the daemon's limits to drop to one seat's", func() bool {
-		return lastWith(mpstest.Commands(t, filepath.Join(dir, mps.LogDir)), "set_default_active_thread_percentage") == "set_default_active_thread_percentage 25"
+		return mpstest.LastCommand(t, filepath.Join(dir, mps.LogDir), "set_default_active_thread_percentage") == "set_default_active_thread_percentage 25"
 	})
 	// The last one goes: the daemon stops, the GPU is back in DEFAULT.
 	pr.hold("one/main")
@@ -275,23 +291,11 @@ func TestShimMPSSeatsHoldTheirSharesOverRealSockets(t *testing.T) {
 	}
 }
 
-func lastWith(cmds []string, prefix string) string {
-	for _, c := range slices.Backward(cmds) {
-		if strings.HasPrefix(c, prefix) {
-			return c
-		}
-	}
-	return ""
-}
-
 // What the shim cannot do right fails the one container, with the reason.
 func TestShimMPSRefusalsOverRealSockets(t *testing.T) {
-	control := mpstest.Build(t)
-	e := newEnv(t, "nvlink-2x4", shimSharingConfig)
-	root := filepath.Join(e.dir, "..", "mps")
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	pr := newFakePodResources(t, filepath.Join(e.dir, ".."), "kyb.ai/gpu-1x-seat")
-	e.startSharing(root, control, pr)
+	s := newShimMPS(t)
+	e, root, pr := s.env, s.root, s.pr
+	s.start()
 
 	_, err := allocate(e, "kyb.ai/gpu-1x-seat", []string{"g0-1x-seat-0", "g1-1x-seat-0"})
 	if err == nil || !strings.Contains(err.Error(), "the container's seats are on 2 groups, and a container reaches one MPS daemon only") {
@@ -313,10 +317,8 @@ func TestShimMPSRefusalsOverRealSockets(t *testing.T) {
 // stops one of a group nobody holds, such as one an earlier configuration
 // defined.
 func TestShimRestartSettlesDaemonsOverRealSockets(t *testing.T) {
-	control := mpstest.Build(t)
-	e := newEnv(t, "nvlink-2x4", shimSharingConfig)
-	root := filepath.Join(e.dir, "..", "mps")
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	s := newShimMPS(t)
+	e, control, root, pr := s.env, s.control, s.root, s.pr
 	mgr, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: func(context.Context, string, bool) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -326,9 +328,8 @@ func TestShimRestartSettlesDaemonsOverRealSockets(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pr := newFakePodResources(t, filepath.Join(e.dir, ".."), "kyb.ai/gpu-1x-seat")
 	pr.hold("one/main", "g0-1x-seat-3")
-	e.startSharing(root, control, pr)
+	s.start()
 	eventually(t, "the earlier configuration's daemon to stop", func() bool {
 		_, err := os.Stat(filepath.Join(root, "g01-old"))
 		return os.IsNotExist(err)
@@ -346,13 +347,10 @@ func TestShimRestartSettlesDaemonsOverRealSockets(t *testing.T) {
 // the API server. The shim believes a listing only once it shows the
 // shim's own pod, so the daemons of running pods are not stopped then.
 func TestShimBelievesOnlyAKubeletThatListsItsOwnPodOverRealSockets(t *testing.T) {
-	control := mpstest.Build(t)
-	e := newEnv(t, "nvlink-2x4", shimSharingConfig)
-	root := filepath.Join(e.dir, "..", "mps")
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	pr := newFakePodResources(t, filepath.Join(e.dir, ".."), "kyb.ai/gpu-1x-seat")
+	s := newShimMPS(t)
+	e, root, pr := s.env, s.root, s.pr
 	pr.self = "kube-system/kyb-shim-x"
-	e.startSharing(root, control, pr, func(s *Sharing) { s.Self = pr.self })
+	s.start(func(sh *Sharing) { sh.Self = pr.self })
 	dir := filepath.Join(root, "g1-1x")
 	if _, err := allocate(e, "kyb.ai/gpu-1x-seat", []string{"g1-1x-seat-0"}); err != nil {
 		t.Fatal(err)

@@ -152,9 +152,8 @@ func TestMPSSeatsHoldTheirSharesOverSockets(t *testing.T) {
 	// Its release brings the daemon back to one seat's share; the last
 	// release stops it and gives the GPU back in compute mode DEFAULT.
 	e.unprepare(two)
-	cmds := mpstest.Commands(t, filepath.Join(dir, mps.LogDir))
-	if last := lastWith(cmds, "set_default_active_thread_percentage"); last != "set_default_active_thread_percentage 25" {
-		t.Errorf("after the two seats went, the daemon's last default is %q (commands %q)", last, cmds)
+	if last := mpstest.LastCommand(t, filepath.Join(dir, mps.LogDir), "set_default_active_thread_percentage"); last != "set_default_active_thread_percentage 25" {
+		t.Errorf("after the two seats went, the daemon's last default is %q (commands %q)", last, mpstest.Commands(t, filepath.Join(dir, mps.LogDir)))
 	}
 	e.unprepare(one)
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -163,15 +162,6 @@ func TestMPSSeatsHoldTheirSharesOverSockets(t *testing.T) {
 	if m := e.sim.ComputeMode(0); m != nvml.COMPUTEMODE_DEFAULT {
 		t.Errorf("GPU 0 is %s after its daemon stopped", simnode.ComputeModeName(m))
 	}
-}
-
-func lastWith(cmds []string, prefix string) string {
-	for _, c := range slices.Backward(cmds) {
-		if strings.HasPrefix(c, prefix) {
-			return c
-		}
-	}
-	return ""
 }
 
 // A restarted plugin adopts the daemon of a group in use (its containers

@@ -22,6 +22,28 @@ profiles:
   sharing: {strategy: mps}
 `
 
+// mpsClientCommand joins the daemon from inside the container asking for
+// the whole GPU, and prints what it got as MPS_CLIENT.
+const mpsClientCommand = `echo "MPS_CLIENT=$(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=80G nvidia-cuda-mps-control --client 2>&1)"; `
+
+// isMPSClient checks a container's MPS environment and mounts, and that
+// the daemon gave its client the share (thread per cent, memory limits)
+// whatever the client asked for.
+func isMPSClient(t *testing.T, o output, thread, mem string) {
+	t.Helper()
+	for k, want := range map[string]string{
+		"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": thread, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": mem,
+		"MPS_CLIENT": "thread=" + thread + " mem=" + mem,
+	} {
+		if o.env[k] != want {
+			t.Errorf("%s=%q, want %q", k, o.env[k], want)
+		}
+	}
+	if !o.mountedAt("/tmp/nvidia-mps") || !o.mountedAt("/dev/shm") {
+		t.Errorf("the daemon's pipe directory and shm are not mounted: %v", o.mounts)
+	}
+}
+
 // An MPS seat in a real container: the client's limits in its
 // environment, the daemon's pipe directory mounted where
 // CUDA_MPS_PIPE_DIRECTORY says and its shm as /dev/shm; a client in the
@@ -43,22 +65,11 @@ func TestMPSOnARealNode(t *testing.T) {
 
 	on(t, c, "mps0", class1x, "0")
 	createPod(t, c, podSpec{name: "mps", node: n.Name, claims: []v1.PodResourceClaim{fromTemplate("gpu", "mps0")},
-		// A client raising its own limits before joining.
-		command: `echo "MPS_CLIENT=$(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=80G nvidia-cuda-mps-control --client 2>&1)"; ` + probe})
+		command: mpsClientCommand + probe})
 	o := waitForOutput(t, c, "mps", "app")
 	t.Logf("pod mps's container printed:\n%s", o.raw)
 	// dgx-h100: 81559 MiB per GPU; a quarter, rounded down.
-	for k, want := range map[string]string{
-		"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20389M",
-		"MPS_CLIENT": "thread=25 mem=0=20389M",
-	} {
-		if o.env[k] != want {
-			t.Errorf("%s=%q, want %q", k, o.env[k], want)
-		}
-	}
-	if !o.mountedAt("/tmp/nvidia-mps") || !o.mountedAt("/dev/shm") {
-		t.Errorf("the daemon's pipe directory and shm are not mounted: %v", o.mounts)
-	}
+	isMPSClient(t, o, "25", "0=20389M")
 	if _, sees := o.cudaSees(t); len(sees) != 1 || !slices.Equal(sees, metadataUUIDs(t, o)) {
 		t.Errorf("CUDA sees %v, want the seat's GPU", sees)
 	}
@@ -88,21 +99,11 @@ func TestShimMPSOnARealKubelet(t *testing.T) {
 	n.WaitForResources(t, "kyb.ai/gpu-1x-seat")
 
 	createPod(t, c, podSpec{name: "shim-mps", node: n.Name, limits: v1.ResourceList{"kyb.ai/gpu-1x-seat": *resource.NewQuantity(2, resource.DecimalSI)},
-		command: `echo "MPS_CLIENT=$(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=80G nvidia-cuda-mps-control --client 2>&1)"; ` + probe})
+		command: mpsClientCommand + probe})
 	o := waitForOutput(t, c, "shim-mps", "app")
 	t.Logf("pod shim-mps's container printed:\n%s", o.raw)
 	// Two seats of four on one 81559 MiB GPU: half, rounded down.
-	for k, want := range map[string]string{
-		"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=40779M",
-		"MPS_CLIENT": "thread=50 mem=0=40779M",
-	} {
-		if o.env[k] != want {
-			t.Errorf("%s=%q, want %q", k, o.env[k], want)
-		}
-	}
-	if !o.mountedAt("/tmp/nvidia-mps") || !o.mountedAt("/dev/shm") {
-		t.Errorf("the daemon's pipe directory and shm are not mounted: %v", o.mounts)
-	}
+	isMPSClient(t, o, "50", "0=40779M")
 	groups, err := filepath.Glob(filepath.Join(root, "g*-1x"))
 	if err != nil || len(groups) != 1 {
 		t.Fatalf("MPS daemons %v (%v), want the pod's group's", groups, err)

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -42,6 +43,19 @@ func Commands(t testing.TB, logDir string) []string {
 		}
 	}
 	return cmds
+}
+
+// LastCommand is the last of the daemon's commands that starts with
+// prefix ("" for none).
+func LastCommand(t testing.TB, logDir, prefix string) string {
+	t.Helper()
+	cmds := Commands(t, logDir)
+	for _, c := range slices.Backward(cmds) {
+		if strings.HasPrefix(c, prefix) {
+			return c
+		}
+	}
+	return ""
 }
 
 // Join runs a simulated CUDA process joining the daemon whose pipe
