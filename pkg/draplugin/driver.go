@@ -101,6 +101,8 @@ type Options struct {
 	// Sharing applies the profiles' sharing strategies (MPS daemons, time
 	// slices); see sharing.go.
 	Sharing Sharing
+	// Usage configures the per-pod GPU metrics; a nil Sampler: none.
+	Usage PodUsage
 	// Collectors are further metrics to serve with the plugin's, such as
 	// the health monitor's.
 	Collectors []prometheus.Collector
@@ -122,6 +124,7 @@ type Driver struct {
 	ledger    *seatledger.Ledger
 	specs     *claimSpecs
 	sharing   *sharing
+	usage     *podUsage
 	publisher *publisher
 	statuses  *statusWriter
 	helper    *kubeletplugin.Helper
@@ -222,6 +225,12 @@ func (d *Driver) open(ctx context.Context) error {
 		return err
 	}
 	d.statuses = newStatusWriter(opts.Client.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
+	if opts.Usage.Sampler != nil {
+		d.usage = newPodUsage(opts.Usage, d.ledger, opts.Client, opts.NodeName)
+		if err := d.metrics.registry.Register(usageCollector{d.usage}); err != nil {
+			return fmt.Errorf("register the GPU usage metrics: %w", err)
+		}
+	}
 	// Before the kubelet can call: adopt the MPS daemons of groups in use,
 	// start those that went away, stop those no claim uses.
 	d.sharing.settle(ctx, true)
@@ -294,6 +303,9 @@ func (d *Driver) runBackground(ctx context.Context) {
 		defer unsubscribeMPS()
 		d.sharing.watchHealth(ctx, d.publisher.health.view, mpsHealth)
 	})
+	if d.usage != nil {
+		d.background.Go(func() { d.usage.run(klog.NewContext(ctx, klog.LoggerWithName(logger, "gpu-usage"))) })
+	}
 	d.background.Go(func() {
 		d.ledger.ReleaseStale(ctx)
 		d.sharing.settle(ctx, false)

@@ -218,6 +218,24 @@ func (l *Ledger) StatusOwed(uid types.UID) *checkpoint.Claim {
 	return nil
 }
 
+// Prepared are the recorded claims whose prepare completed. Entries'
+// devices never change once recorded, so the caller may read them without
+// the lock.
+func (l *Ledger) Prepared() []*checkpoint.Claim {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.st == nil {
+		return nil
+	}
+	var out []*checkpoint.Claim
+	for _, c := range l.st.Claims {
+		if c.Phase == checkpoint.PrepareCompleted {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // MarkStatusWritten notes that c's status holds its seats, if c is still
 // the claim's entry. The next save keeps it.
 func (l *Ledger) MarkStatusWritten(uid types.UID, c *checkpoint.Claim) {

@@ -87,6 +87,10 @@ type Node struct {
 	// computeModes and sharing: see sharing.go.
 	computeModes map[int]nvml.ComputeMode
 	sharing      []SharingChange
+	// The processes file and what was read from it: see processes.go.
+	procFile, procStamp string
+	procs               []Process
+	procErr             error
 }
 
 // New builds a simulated node. nodeName seeds the GPU UUIDs the
@@ -251,8 +255,14 @@ func (n *Node) describe(d *mock.Device, g v1alpha1.SimulatedGPU, i int) {
 			return nvml.Memory{}, ret
 		}
 		total := uint64(g.MemoryMiB) << 20
-		return nvml.Memory{Total: total, Free: total}, nvml.SUCCESS
+		used := min(n.memoryUsedMiB(g.Index)<<20, total)
+		return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
 	}
+	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return n.runningProcesses(g.Index) }
+	d.GetProcessUtilizationFunc = func(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		return n.processUtilization(g.Index, lastSeen)
+	}
+	d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return n.utilization(g.Index) }
 	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return *g.NUMANode, nvml.SUCCESS }
 }
 

@@ -59,6 +59,7 @@ type options struct {
 	health      nodesetup.HealthFlags
 	driverFiles nodesetup.DriverFilesFlags
 	sharing     nodesetup.SharingFlags
+	usage       nodesetup.UsageFlags
 
 	dirs dirs
 
@@ -114,6 +115,7 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	f.IntVar(&o.kubeAPIBurst, "kube-api-burst", "KUBE_API_BURST", 10, "burst of queries to the API server")
 	o.dirs.addFlags(f)
 	o.sharing.AddFlags(f)
+	o.usage.AddFlags(f)
 	f.IntVar(&o.healthPort, "healthcheck-port", "HEALTHCHECK_PORT", -1, "port of the gRPC health service (liveness probe); -1: off")
 	f.StringVar(&o.healthAddress, "healthcheck-address", "HEALTHCHECK_ADDRESS", "127.0.0.1", "IP address the gRPC health service listens on; the kubelet's gRPC probes dial the pod IP, so a chart sets it from status.podIP")
 	f.StringVar(&o.metricsAddress, "metrics-address", "METRICS_ADDRESS", "", "address of the Prometheus metrics endpoint (/metrics), such as :8080; empty: off")
@@ -172,6 +174,9 @@ func (o *options) check() error {
 			return fmt.Errorf("--metrics-address %q: %w", o.metricsAddress, err)
 		}
 	}
+	if err := o.usage.Check(&o.node); err != nil {
+		return err
+	}
 	return o.health.Check(&o.node)
 }
 
@@ -221,6 +226,10 @@ func (o *options) run(ctx context.Context) error {
 		DeviceMetadata:  o.deviceMetadata,
 		Health:          mon,
 		Collectors:      []prometheus.Collector{mon.Collector()},
+	}
+	if o.metricsAddress != "" {
+		// Only the metrics show what is sampled.
+		opts.Usage = draplugin.PodUsage{Sampler: o.usage.Sampler(node), Interval: o.usage.Interval}
 	}
 	if h := node.Config.Health; h != nil {
 		opts.GPULostEffect = resourceapi.DeviceTaintEffect(h.GPULostEffect)

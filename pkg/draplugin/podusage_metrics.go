@@ -1,0 +1,62 @@
+package draplugin
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	containerLabels = []string{"namespace", "pod", "container", "group", "seat", "gpu"}
+	gpuLabels       = []string{"gpu", "uuid"}
+
+	containerMemoryDesc = prometheus.NewDesc("kyb_container_gpu_memory_used_bytes",
+		"GPU memory the container's processes use on the GPU, by the seat(s) the container holds there (seat \"admin\": admin access, no seat).",
+		containerLabels, nil)
+	containerSMDesc = prometheus.NewDesc("kyb_container_gpu_sm_utilization_ratio",
+		"Share of the GPU's SM time the container's processes used over the last sample interval (0-1; NVML's per-process utilization).",
+		containerLabels, nil)
+	containerProcsDesc = prometheus.NewDesc("kyb_container_gpu_processes",
+		"Processes of the container running on the GPU.",
+		containerLabels, nil)
+	gpuMemoryDesc = prometheus.NewDesc("kyb_gpu_memory_used_bytes",
+		"GPU memory in use, by every process.", gpuLabels, nil)
+	gpuMemoryTotalDesc = prometheus.NewDesc("kyb_gpu_memory_total_bytes",
+		"GPU memory in all.", gpuLabels, nil)
+	gpuSMDesc = prometheus.NewDesc("kyb_gpu_sm_utilization_ratio",
+		"Share of time the GPU was busy over NVML's last sample period (0-1).", gpuLabels, nil)
+	unattributedDesc = prometheus.NewDesc("kyb_gpu_unattributed_memory_used_bytes",
+		"GPU memory used by processes that hold no seat on the GPU: reason outside-pods (the MPS daemon, a host process) or no-seat-here (a pod's process on a GPU it holds no seat of).",
+		[]string{"gpu", "reason"}, nil)
+)
+
+// usageCollector serves the last sample of podUsage.
+type usageCollector struct{ u *podUsage }
+
+func (c usageCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{containerMemoryDesc, containerSMDesc, containerProcsDesc, gpuMemoryDesc, gpuMemoryTotalDesc, gpuSMDesc, unattributedDesc} {
+		ch <- d
+	}
+}
+
+func (c usageCollector) Collect(ch chan<- prometheus.Metric) {
+	snap := c.u.snapshot()
+	for _, g := range snap.gpus {
+		if g.Err != nil {
+			continue
+		}
+		idx := strconv.Itoa(g.GPU.Index)
+		ch <- prometheus.MustNewConstMetric(gpuMemoryDesc, prometheus.GaugeValue, float64(g.MemoryUsedBytes), idx, g.GPU.UUID)
+		ch <- prometheus.MustNewConstMetric(gpuMemoryTotalDesc, prometheus.GaugeValue, float64(g.MemoryTotalBytes), idx, g.GPU.UUID)
+		ch <- prometheus.MustNewConstMetric(gpuSMDesc, prometheus.GaugeValue, float64(g.SMPercent)/100, idx, g.GPU.UUID)
+		for _, reason := range []string{outsidePods, noSeatHere} {
+			ch <- prometheus.MustNewConstMetric(unattributedDesc, prometheus.GaugeValue, float64(snap.unattributed[unattributedKey{g.GPU.Index, reason}]), idx, reason)
+		}
+	}
+	for k, use := range snap.containers {
+		labels := []string{k.namespace, k.pod, k.container, k.group, k.seat, strconv.Itoa(k.gpu)}
+		ch <- prometheus.MustNewConstMetric(containerMemoryDesc, prometheus.GaugeValue, float64(use.memory), labels...)
+		ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, use.sm/100, labels...)
+		ch <- prometheus.MustNewConstMetric(containerProcsDesc, prometheus.GaugeValue, float64(use.processes), labels...)
+	}
+}

@@ -1,0 +1,200 @@
+package draplugin_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+)
+
+// withUsage samples the simulated GPUs' processes, described by file,
+// every 20 ms.
+func withUsage(e *env, file string) envOption {
+	return withOptions(func(o *draplugin.Options) {
+		e.sim.SetProcessesFile(file)
+		var gpus []gpuusage.GPU
+		for _, g := range e.inv.GPUs {
+			gpus = append(gpus, gpuusage.GPU{Index: g.Index, UUID: g.UUID})
+		}
+		o.Usage = draplugin.PodUsage{Interval: 20 * time.Millisecond, Sampler: gpuusage.NewSampler(e.sim.NVML(), gpus, gpuusage.CgroupFunc(func(pid uint32) (string, error) {
+			if cg, ok := e.sim.ProcessCgroup(pid); ok {
+				return cg, nil
+			}
+			return "", fmt.Errorf("no process %d", pid)
+		}))}
+	})
+}
+
+// seatPod is a pod of the fake API server whose one container references
+// claim, with the container ID the kubelet reports for it.
+func seatPod(uid, name, container, containerID string, claim *resourceapi.ResourceClaim, fromTemplate bool) *corev1.Pod {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: claim.Namespace, Name: name, UID: types.UID(uid)},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{
+			{Name: "sidecar"},
+			{Name: container, Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}},
+		}},
+		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "sidecar", ContainerID: "containerd://" + strings.Repeat("f", 64)},
+			{Name: container, ContainerID: "containerd://" + containerID},
+		}},
+	}
+	if fromTemplate {
+		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: new("one-seat")}}
+		pod.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: &claim.Name}}
+	} else {
+		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}}
+	}
+	return pod
+}
+
+// gathered reads one series, reporting whether it exists.
+func (e *env) gathered(name string, labels map[string]string) (float64, bool) {
+	e.t.Helper()
+	families, err := e.driver.Registry().Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.Metric {
+			for _, l := range m.Label {
+				if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
+					continue next
+				}
+			}
+			return m.Gauge.GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// Each container's GPU memory and SM share is its seat's: processes are
+// read from the simulated NVML, their containers from their cgroups, the
+// containers' claims from the node's pods, the seats from the ledger.
+// What no seat explains is reported apart, with why.
+func TestPerPodGPUUsageOverSockets(t *testing.T) {
+	var e *env
+	file := filepath.Join(t.TempDir(), "processes")
+	e = newEnv(t, "nvlink-2x4", seed, func(x *env) { e = x; withUsage(x, file)(x) })
+	a, b := e.claim(class1x), e.claim(class1x)
+	envA, _ := e.container(e.prepareOK(a)...)
+	envB, _ := e.container(e.prepareOK(b)...)
+	if envA["KYB_GPU_GROUP"] != envB["KYB_GPU_GROUP"] {
+		t.Fatalf("the two seats are on groups %s and %s; the test wants one GPU", envA["KYB_GPU_GROUP"], envB["KYB_GPU_GROUP"])
+	}
+	group := envA["KYB_GPU_GROUP"]
+	gpu := -1
+	for _, g := range e.inv.GPUs {
+		if g.UUID == envA["CUDA_VISIBLE_DEVICES"] {
+			gpu = g.Index
+		}
+	}
+	other := (gpu + 1) % len(e.inv.GPUs)
+
+	const uidA, uidB = "aaaaaaaa-0000-4000-8000-00000000000a", "bbbbbbbb-0000-4000-8000-00000000000b"
+	idA, idB := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	for _, p := range []*corev1.Pod{
+		seatPod(uidA, "trainer", "train", idA, a, false),
+		seatPod(uidB, "server-7f9c", "serve", idB, b, true),
+	} {
+		if _, err := e.client.CoreV1().Pods(p.Namespace).Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cgA := "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(uidA, "-", "_") + ".slice/cri-containerd-" + idA + ".scope"
+	cgB := "0::/kubepods/besteffort/pod" + uidB + "/" + idB
+	procs := []simnode.Process{
+		{GPU: gpu, PID: 101, MemoryMiB: 2048, SMPercent: 30, Cgroup: cgA},
+		{GPU: gpu, PID: 102, MemoryMiB: 1024, SMPercent: 20, Cgroup: cgA},
+		{GPU: gpu, PID: 201, MemoryMiB: 4096, SMPercent: 25, Cgroup: cgB},
+		{GPU: gpu, PID: 300, MemoryMiB: 512, SMPercent: 0, Cgroup: "0::/system.slice/nvidia-mps.service"},
+		{GPU: other, PID: 103, MemoryMiB: 100, SMPercent: 5, Cgroup: cgA},
+	}
+	if err := os.WriteFile(file, simnode.FormatProcesses(procs), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	ns := a.Namespace
+	seatOf := func(env map[string]string) string { return env["KYB_GPU_SEAT"] }
+	series := func(pod, container, seat string) map[string]string {
+		return map[string]string{"namespace": ns, "pod": pod, "container": container, "group": group, "seat": seat, "gpu": strconv.Itoa(gpu)}
+	}
+	waitFor := func(what, name string, labels map[string]string, want float64) {
+		t.Helper()
+		var got float64
+		var ok bool
+		err := wait.PollUntilContextTimeout(e.ctx, 10*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, ok = e.gathered(name, labels)
+			return ok && got == want, nil
+		})
+		if err != nil {
+			t.Fatalf("%s: %s%v = %v (present %v), want %v", what, name, labels, got, ok, want)
+		}
+	}
+	const mib = 1 << 20
+	waitFor("trainer's two processes", "kyb_container_gpu_memory_used_bytes", series("trainer", "train", seatOf(envA)), 3072*mib)
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"kyb_container_gpu_sm_utilization_ratio", series("trainer", "train", seatOf(envA)), 0.5},
+		{"kyb_container_gpu_processes", series("trainer", "train", seatOf(envA)), 2},
+		{"kyb_container_gpu_memory_used_bytes", series("server-7f9c", "serve", seatOf(envB)), 4096 * mib},
+		{"kyb_container_gpu_sm_utilization_ratio", series("server-7f9c", "serve", seatOf(envB)), 0.25},
+		{"kyb_gpu_unattributed_memory_used_bytes", map[string]string{"gpu": strconv.Itoa(gpu), "reason": "outside-pods"}, 512 * mib},
+		{"kyb_gpu_unattributed_memory_used_bytes", map[string]string{"gpu": strconv.Itoa(gpu), "reason": "no-seat-here"}, 0},
+		{"kyb_gpu_unattributed_memory_used_bytes", map[string]string{"gpu": strconv.Itoa(other), "reason": "no-seat-here"}, 100 * mib},
+		{"kyb_gpu_memory_used_bytes", map[string]string{"gpu": strconv.Itoa(gpu)}, (2048 + 1024 + 4096 + 512) * mib},
+		{"kyb_gpu_sm_utilization_ratio", map[string]string{"gpu": strconv.Itoa(gpu)}, 0.75},
+	} {
+		if got, ok := e.gathered(c.name, c.labels); !ok || got != c.want {
+			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+	if _, ok := e.gathered("kyb_container_gpu_memory_used_bytes", map[string]string{"gpu": strconv.Itoa(other)}); ok {
+		t.Errorf("trainer's process on GPU %d, which it holds no seat of, is given to a seat", other)
+	}
+
+	// The pods are listed when a container is new, not at every sample.
+	lists := func() int {
+		n := 0
+		for _, act := range e.client.Actions() {
+			if act.GetVerb() == "list" && act.GetResource().Resource == "pods" {
+				n++
+			}
+		}
+		return n
+	}
+	before := lists()
+	time.Sleep(200 * time.Millisecond)
+	if after := lists(); after != before || before == 0 {
+		t.Errorf("pods listed %d times, then %d more over 10 samples with no new container; want at least one, then none", before, after-before)
+	}
+
+	// A process that outlives its seat's release is no seat's any more.
+	e.unprepare(b)
+	waitFor("server's process after its claim is released", "kyb_gpu_unattributed_memory_used_bytes",
+		map[string]string{"gpu": strconv.Itoa(gpu), "reason": "no-seat-here"}, 4096*mib)
+	if _, ok := e.gathered("kyb_container_gpu_memory_used_bytes", map[string]string{"pod": "server-7f9c"}); ok {
+		t.Error("the released seat still reports the server's memory")
+	}
+}

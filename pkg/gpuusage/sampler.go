@@ -1,0 +1,135 @@
+// Package gpuusage reads what runs on a node's GPUs: NVML's running
+// processes with their memory and SM utilization, and the container each
+// process belongs to, from its cgroup. What a container's seat is, and so
+// whose usage it is, the plugin that holds the seats decides.
+package gpuusage
+
+import (
+	"fmt"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// GPU is a GPU to sample.
+type GPU struct {
+	Index int
+	UUID  string
+}
+
+// CgroupReader reads a process's /proc/PID/cgroup.
+type CgroupReader interface {
+	Cgroup(pid uint32) (string, error)
+}
+
+// Process is one process on one GPU at one sample.
+type Process struct {
+	PID         uint32
+	MemoryBytes uint64
+	// SMPercent is the process's share of the GPU's SM time since the
+	// previous sample, averaged over NVML's samples of that window.
+	SMPercent float64
+	// Container is where the process runs; InPod is false when its cgroup
+	// names no pod's container (or could not be read: CgroupErr).
+	Container Container
+	InPod     bool
+	CgroupErr error
+}
+
+// Usage is one GPU at one sample.
+type Usage struct {
+	GPU              GPU
+	MemoryUsedBytes  uint64
+	MemoryTotalBytes uint64
+	SMPercent        uint32
+	Processes        []Process
+	// Err is set when the GPU did not answer; the other fields are then
+	// empty.
+	Err error
+}
+
+// Sampler samples the GPUs. Its calls must not overlap: each sample asks
+// NVML for the utilization since the previous one.
+type Sampler struct {
+	lib      nvml.Interface
+	gpus     []GPU
+	cgroups  CgroupReader
+	lastSeen map[int]uint64
+}
+
+// NewSampler samples gpus through lib, reading processes' cgroups with
+// cgroups.
+func NewSampler(lib nvml.Interface, gpus []GPU, cgroups CgroupReader) *Sampler {
+	return &Sampler{lib: lib, gpus: gpus, cgroups: cgroups, lastSeen: map[int]uint64{}}
+}
+
+// Sample reads every GPU once.
+func (s *Sampler) Sample() []Usage {
+	out := make([]Usage, 0, len(s.gpus))
+	for _, g := range s.gpus {
+		u, err := s.sample(g)
+		if err != nil {
+			u = Usage{GPU: g, Err: err}
+		}
+		out = append(out, u)
+	}
+	return out
+}
+
+func (s *Sampler) sample(g GPU) (Usage, error) {
+	dev, ret := s.lib.DeviceGetHandleByUUID(g.UUID)
+	if ret != nvml.SUCCESS {
+		return Usage{}, fmt.Errorf("GPU %d (%s): %s", g.Index, g.UUID, s.lib.ErrorString(ret))
+	}
+	u := Usage{GPU: g}
+	mem, ret := dev.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return Usage{}, fmt.Errorf("GPU %d memory: %s", g.Index, s.lib.ErrorString(ret))
+	}
+	u.MemoryUsedBytes, u.MemoryTotalBytes = mem.Used, mem.Total
+	if rates, ret := dev.GetUtilizationRates(); ret == nvml.SUCCESS {
+		u.SMPercent = rates.Gpu
+	}
+	procs, ret := dev.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS {
+		return Usage{}, fmt.Errorf("GPU %d processes: %s", g.Index, s.lib.ErrorString(ret))
+	}
+	sm := s.processSM(dev, g.Index)
+	for _, p := range procs {
+		proc := Process{PID: p.Pid, MemoryBytes: p.UsedGpuMemory, SMPercent: sm[p.Pid]}
+		cg, err := s.cgroups.Cgroup(p.Pid)
+		if err != nil {
+			proc.CgroupErr = err
+		} else {
+			proc.Container, proc.InPod = ContainerOf(cg)
+		}
+		u.Processes = append(u.Processes, proc)
+	}
+	return u, nil
+}
+
+// processSM averages each process's SM samples newer than the last one
+// seen. NVML answers ERROR_NOT_FOUND when there is none, and go-nvml
+// passes the driver's ERROR_INSUFFICIENT_SIZE on with an empty list; a GPU
+// that cannot tell (ERROR_NOT_SUPPORTED) leaves every process at 0.
+func (s *Sampler) processSM(dev nvml.Device, gpu int) map[uint32]float64 {
+	samples, ret := dev.GetProcessUtilization(s.lastSeen[gpu])
+	if ret != nvml.SUCCESS {
+		return nil
+	}
+	sum, n := map[uint32]float64{}, map[uint32]int{}
+	for _, x := range samples {
+		sum[x.Pid] += float64(x.SmUtil)
+		n[x.Pid]++
+		s.lastSeen[gpu] = max(s.lastSeen[gpu], x.TimeStamp)
+	}
+	for pid := range sum {
+		sum[pid] /= float64(n[pid])
+	}
+	return sum
+}
+
+// CgroupFunc is a CgroupReader made of a function.
+type CgroupFunc func(pid uint32) (string, error)
+
+// Cgroup calls f.
+func (f CgroupFunc) Cgroup(pid uint32) (string, error) { return f(pid) }

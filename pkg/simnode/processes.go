@@ -1,0 +1,223 @@
+package simnode
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// A simulated node runs the processes a file describes, so that what reads
+// NVML's process lists and utilization (the per-pod GPU metrics) meets real
+// numbers. The file is the node's state, rewritten whole by whoever starts
+// and stops the simulated workloads; the node reads it again whenever it
+// changes.
+
+// ProcessesFileFormat documents the processes file, for flag help and docs.
+const ProcessesFileFormat = `one process per line; blank lines and lines starting with # are skipped:
+  GPU PID MEMORY_MIB SM_PERCENT [CGROUP]
+GPU is the GPU's index, MEMORY_MIB the memory the process uses on it, SM_PERCENT its share of the GPU's SM time (0-100); a process on several GPUs has a line per GPU. CGROUP, when given, is the process's cgroup as /proc/PID/cgroup would show it (such as 0::/kubepods.slice/…/cri-containerd-ID.scope); without it the process's real /proc/PID/cgroup is read.`
+
+// Process is one simulated process on one GPU.
+type Process struct {
+	GPU       int
+	PID       uint32
+	MemoryMiB uint64
+	SMPercent uint32
+	// Cgroup is the process's /proc/PID/cgroup; empty: the real one.
+	Cgroup string
+}
+
+// ParseProcesses parses a processes file; errors name the line.
+func ParseProcesses(data []byte, name string) ([]Process, error) {
+	var out []Process
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		p, err := parseProcess(line)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", name, i+1, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func parseProcess(line string) (Process, error) {
+	fields := strings.Fields(line)
+	if len(fields) != 4 && len(fields) != 5 {
+		return Process{}, fmt.Errorf("want GPU PID MEMORY_MIB SM_PERCENT [CGROUP], got %d fields", len(fields))
+	}
+	gpu, err := strconv.Atoi(fields[0])
+	if err != nil || gpu < 0 {
+		return Process{}, fmt.Errorf("GPU %q is not an index", fields[0])
+	}
+	pid, err := strconv.ParseUint(fields[1], 10, 32)
+	if err != nil || pid == 0 {
+		return Process{}, fmt.Errorf("PID %q is not a positive number", fields[1])
+	}
+	mem, err := strconv.ParseUint(fields[2], 10, 64)
+	if err != nil {
+		return Process{}, fmt.Errorf("MEMORY_MIB %q is not a number", fields[2])
+	}
+	sm, err := strconv.ParseUint(fields[3], 10, 32)
+	if err != nil || sm > 100 {
+		return Process{}, fmt.Errorf("SM_PERCENT %q is not 0-100", fields[3])
+	}
+	p := Process{GPU: gpu, PID: uint32(pid), MemoryMiB: mem, SMPercent: uint32(sm)}
+	if len(fields) == 5 {
+		p.Cgroup = fields[4]
+	}
+	return p, nil
+}
+
+// FormatProcesses writes processes in the file's format.
+func FormatProcesses(procs []Process) []byte {
+	var b bytes.Buffer
+	for _, p := range procs {
+		fmt.Fprintf(&b, "%d %d %d %d", p.GPU, p.PID, p.MemoryMiB, p.SMPercent)
+		if p.Cgroup != "" {
+			fmt.Fprintf(&b, " %s", p.Cgroup)
+		}
+		b.WriteByte('\n')
+	}
+	return b.Bytes()
+}
+
+// SetProcessesFile makes the node run the processes the file describes.
+// A missing file is a node with no processes; a file that does not parse
+// keeps the processes read before, and the error is the node's next answer
+// to ProcessesError.
+func (n *Node) SetProcessesFile(path string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.procFile = path
+	n.procStamp = ""
+}
+
+// ProcessesError is the last error reading the processes file, if any.
+func (n *Node) ProcessesError() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.readProcessesLocked()
+	return n.procErr
+}
+
+// readProcessesLocked reads the processes file again when it changed.
+func (n *Node) readProcessesLocked() {
+	if n.procFile == "" {
+		return
+	}
+	st, err := os.Stat(n.procFile)
+	if errors.Is(err, os.ErrNotExist) {
+		n.procs, n.procErr, n.procStamp = nil, nil, ""
+		return
+	}
+	if err != nil {
+		n.procErr = fmt.Errorf("simulated processes: %w", err)
+		return
+	}
+	stamp := fmt.Sprint(st.ModTime().UnixNano(), st.Size())
+	if stamp == n.procStamp {
+		return
+	}
+	data, err := os.ReadFile(n.procFile)
+	if err != nil {
+		n.procErr = fmt.Errorf("simulated processes: %w", err)
+		return
+	}
+	procs, err := ParseProcesses(data, n.procFile)
+	if err != nil {
+		n.procErr = err
+		return
+	}
+	n.procs, n.procErr, n.procStamp = procs, nil, stamp
+}
+
+func (n *Node) processesOn(gpu int) []Process {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.readProcessesLocked()
+	var out []Process
+	for _, p := range n.procs {
+		if p.GPU == gpu {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ProcessCgroup is the simulated /proc/PID/cgroup of a process the file
+// gives one for; ok is false for any other PID.
+func (n *Node) ProcessCgroup(pid uint32) (string, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.readProcessesLocked()
+	for _, p := range n.procs {
+		if p.PID == pid && p.Cgroup != "" {
+			return p.Cgroup, true
+		}
+	}
+	return "", false
+}
+
+// runningProcesses answers nvmlDeviceGetComputeRunningProcesses.
+func (n *Node) runningProcesses(gpu int) ([]nvml.ProcessInfo, nvml.Return) {
+	if ret := n.failure(gpu); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	var out []nvml.ProcessInfo
+	for _, p := range n.processesOn(gpu) {
+		out = append(out, nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: p.MemoryMiB << 20})
+	}
+	return out, nvml.SUCCESS
+}
+
+// processUtilization answers nvmlDeviceGetProcessUtilization as the driver
+// does: one sample per running process newer than lastSeen (timestamps in
+// microseconds), and ERROR_NOT_FOUND when there is none.
+func (n *Node) processUtilization(gpu int, lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+	if ret := n.failure(gpu); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	now := uint64(time.Now().UnixMicro())
+	var out []nvml.ProcessUtilizationSample
+	for _, p := range n.processesOn(gpu) {
+		if now > lastSeen {
+			out = append(out, nvml.ProcessUtilizationSample{Pid: p.PID, TimeStamp: now, SmUtil: p.SMPercent})
+		}
+	}
+	if len(out) == 0 {
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	return out, nvml.SUCCESS
+}
+
+// utilization answers nvmlDeviceGetUtilizationRates: the processes' SM
+// shares added up, at most 100.
+func (n *Node) utilization(gpu int) (nvml.Utilization, nvml.Return) {
+	if ret := n.failure(gpu); ret != nvml.SUCCESS {
+		return nvml.Utilization{}, ret
+	}
+	var sum uint32
+	for _, p := range n.processesOn(gpu) {
+		sum += p.SMPercent
+	}
+	return nvml.Utilization{Gpu: min(sum, 100)}, nvml.SUCCESS
+}
+
+// memoryUsedMiB is the memory the GPU's processes use.
+func (n *Node) memoryUsedMiB(gpu int) uint64 {
+	var sum uint64
+	for _, p := range n.processesOn(gpu) {
+		sum += p.MemoryMiB
+	}
+	return sum
+}
