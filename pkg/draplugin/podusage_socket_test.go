@@ -2,9 +2,11 @@ package draplugin_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -196,5 +198,79 @@ func TestPerPodGPUUsageOverSockets(t *testing.T) {
 		map[string]string{"gpu": strconv.Itoa(gpu), "reason": "no-seat-here"}, 4096*mib)
 	if _, ok := e.gathered("kyb_container_gpu_memory_used_bytes", map[string]string{"pod": "server-7f9c"}); ok {
 		t.Error("the released seat still reports the server's memory")
+	}
+}
+
+// Every metric the chart's Grafana dashboard queries is one the plugin
+// serves, with the labels the queries select on.
+func TestTheDashboardQueriesWhatThePluginServes(t *testing.T) {
+	var e *env
+	file := filepath.Join(t.TempDir(), "processes")
+	e = newEnv(t, "nvlink-2x4", seed, func(x *env) { e = x; withUsage(x, file)(x) })
+	raw, err := os.ReadFile("../../deployments/helm/kyb-dra-driver/dashboards/kyb-gpu-seats.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	// Series exist once a sample has run.
+	if err := wait.PollUntilContextTimeout(e.ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		_, ok := e.gathered("kyb_gpu_memory_used_bytes", nil)
+		return ok, nil
+	}); err != nil {
+		t.Fatal("no GPU usage sampled")
+	}
+	families, err := e.driver.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The labels of each family; node comes from the scrape (the chart's
+	// relabeling), le from a histogram's buckets.
+	labels := map[string]map[string]bool{}
+	for _, f := range families {
+		set := map[string]bool{"node": true, "le": true}
+		for _, m := range f.Metric {
+			for _, l := range m.Label {
+				set[l.GetName()] = true
+			}
+		}
+		labels[f.GetName()] = set
+	}
+	// Families that have no series until a container holds a seat.
+	for _, name := range []string{"kyb_container_gpu_memory_used_bytes", "kyb_container_gpu_sm_utilization_ratio"} {
+		labels[name] = map[string]bool{"node": true, "namespace": true, "pod": true, "container": true, "group": true, "seat": true, "gpu": true}
+	}
+	metric := regexp.MustCompile(`\b(kyb_[a-z_]+)(\{([^}]*)\})?`)
+	label := regexp.MustCompile(`([a-z_]+)\s*(=~|!=|=)`)
+	queries := 0
+	for _, p := range dash.Panels {
+		for _, q := range p.Targets {
+			for _, m := range metric.FindAllStringSubmatch(q.Expr, -1) {
+				queries++
+				name := strings.TrimSuffix(m[1], "_bucket")
+				set, ok := labels[name]
+				if !ok {
+					t.Errorf("panel %q queries %s, which the plugin does not serve", p.Title, m[1])
+					continue
+				}
+				for _, l := range label.FindAllStringSubmatch(m[3], -1) {
+					if !set[l[1]] {
+						t.Errorf("panel %q selects %s on label %s, which it does not have", p.Title, name, l[1])
+					}
+				}
+			}
+		}
+	}
+	if queries < len(dash.Panels) {
+		t.Errorf("%d metrics queried over %d panels", queries, len(dash.Panels))
 	}
 }

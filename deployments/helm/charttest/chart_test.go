@@ -46,6 +46,8 @@ type chartCase struct {
 	mps         bool // pods as MPS daemons need them
 	seamless    bool
 	simulated   bool
+	noPodGPU    bool              // metrics.podGPU.enabled=false
+	monitoring  bool              // ServiceMonitor, PodMonitor and dashboard
 	driverMount map[string]string // host path -> container path of the driver root
 	profiles    []wantProfile     // nil: the driver's defaults
 	groups      map[string][]int
@@ -123,6 +125,17 @@ var cases = []chartCase{
 		profiles: []wantProfile{{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 4, sharing: "mps"}, {resource: "kyb.ai/gpu-2x-seat", name: "2x", size: 2, seats: 2, sharing: "timeSlicing/Long"}},
 	},
 	{
+		name: "monitoring: ServiceMonitor, PodMonitor, dashboard",
+		set: []string{"metrics.serviceMonitor.create=true", "metrics.podMonitor.create=true",
+			"metrics.dashboard.create=true", "metrics.dashboard.namespace=monitoring"},
+		extended: true, seamless: true, driverMount: hostUsr, monitoring: true,
+	},
+	{
+		name:     "per-pod GPU metrics off",
+		set:      []string{"metrics.podGPU.enabled=false"},
+		extended: true, seamless: true, driverMount: hostUsr, noPodGPU: true,
+	},
+	{
 		name:     "driver container of the GPU operator",
 		set:      []string{"nvidiaDriver.root=/run/nvidia/driver", "nvidiaDriver.mountSubdirectories={.}"},
 		extended: true, seamless: true,
@@ -149,6 +162,7 @@ func TestChart(t *testing.T) {
 			t.Run("probes and ports", func(t *testing.T) { checkProbes(t, m, tc) })
 			t.Run("doctor init container", func(t *testing.T) { checkDoctor(t, m, tc) })
 			t.Run("NOTES", func(t *testing.T) { checkNotes(t, tc) })
+			t.Run("monitoring", func(t *testing.T) { checkMonitoring(t, m, tc) })
 		})
 	}
 }
@@ -172,7 +186,7 @@ func checkObjects(t *testing.T, m *manifest) {
 	for _, o := range m.objects {
 		newObj, ok := typed[o.Kind]
 		if !ok {
-			if o.Kind != "ServiceMonitor" {
+			if o.Kind != "ServiceMonitor" && o.Kind != "PodMonitor" {
 				t.Errorf("unexpected kind %s (%s)", o.Kind, o.Name)
 			}
 			continue
@@ -189,14 +203,14 @@ func checkObjects(t *testing.T, m *manifest) {
 
 func checkConfigMap(t *testing.T, m *manifest, tc chartCase) {
 	var cm corev1.ConfigMap
-	decode(t, m.one(t, "ConfigMap"), &cm)
+	decode(t, nodeConfigMap(t, m), &cm)
 	data := cm.Data["config.yaml"]
 	cfg, _, err := v1alpha1.LoadNodeConfig([]byte(data), "config.yaml")
 	if err != nil {
 		t.Fatalf("LoadNodeConfig of the ConfigMap's config.yaml: %v\n%s", err, data)
 	}
 	// The whole ConfigMap is a valid --config too (as NOTES suggests).
-	if _, _, err := v1alpha1.LoadNodeConfig(m.one(t, "ConfigMap").Raw, "configmap.yaml"); err != nil {
+	if _, _, err := v1alpha1.LoadNodeConfig(nodeConfigMap(t, m).Raw, "configmap.yaml"); err != nil {
 		t.Errorf("LoadNodeConfig of the ConfigMap manifest: %v", err)
 	}
 	var got []wantProfile
@@ -260,7 +274,7 @@ func checkDeviceClasses(t *testing.T, m *manifest, tc chartCase) {
 		return
 	}
 	var cm corev1.ConfigMap
-	decode(t, m.one(t, "ConfigMap"), &cm)
+	decode(t, nodeConfigMap(t, m), &cm)
 	want := planDeviceClasses(t, cm.Data["config.yaml"])
 	if !tc.extended {
 		for name, spec := range want {
@@ -320,8 +334,12 @@ func checkRBAC(t *testing.T, m *manifest, tc chartCase) {
 	sa := "kyb-kyb-dra-driver"
 	var cr rbacv1.ClusterRole
 	decode(t, m.one(t, "ClusterRole"), &cr)
-	if !reflect.DeepEqual(cr.Rules, wantClusterRules) {
-		t.Errorf("ClusterRole rules:\n got %+v\nwant %+v", cr.Rules, wantClusterRules)
+	want := wantClusterRules
+	if !tc.noPodGPU {
+		want = append(slices.Clone(want), rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}})
+	}
+	if !reflect.DeepEqual(cr.Rules, want) {
+		t.Errorf("ClusterRole rules:\n got %+v\nwant %+v", cr.Rules, want)
 	}
 	var crb rbacv1.ClusterRoleBinding
 	decode(t, m.one(t, "ClusterRoleBinding"), &crb)

@@ -138,6 +138,10 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 	if !tc.simulated {
 		// No /dev: the device numbers come from /proc/devices.
 		want["/etc/cdi"] = hostMount{container: "/etc/cdi", readOnly: true}
+		if !tc.deviceMode && !tc.noPodGPU {
+			// The per-pod GPU metrics read the host's processes' cgroups.
+			want["/proc"] = hostMount{container: "/host/proc", readOnly: true}
+		}
 		for host, ctr := range tc.driverMount {
 			want[host] = hostMount{container: ctr, readOnly: true}
 		}

@@ -243,6 +243,13 @@ realGPUs, kubeletDir, seamless, health, metrics).
 {{- if $.metrics }}
 - name: METRICS_ADDRESS
   value: {{ printf ":%d" (int $.Values.metrics.port) | quote }}
+- name: KYB_GPU_USAGE_INTERVAL
+  value: {{ ternary $.Values.metrics.podGPU.interval "0" (and $.podGPU true) | quote }}
+{{- if and $.podGPU $.realGPUs }}
+# NVML names processes by their host PIDs.
+- name: KYB_HOST_PROC
+  value: /host/proc
+{{- end }}
 {{- end }}
 {{- else }}
 - name: DEVICE_PLUGIN_DIRECTORY_PATH
@@ -319,6 +326,11 @@ kyb.containerEnv.
 {{- end }}
 - name: cdi
   mountPath: {{ $.Values.cdiRoot }}
+{{- if and $.podGPU $.realGPUs }}
+- name: host-proc
+  mountPath: /host/proc
+  readOnly: true
+{{- end }}
 {{- if $.mountNVIDIACDI }}
 - name: nvidia-cdi
   mountPath: /etc/cdi
@@ -334,4 +346,16 @@ kyb.containerEnv.
   mountPropagation: HostToContainer
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{- /*
+How the ServiceMonitor and the PodMonitor label what they scrape: the
+per-pod GPU series keep their own namespace, pod and container labels
+(the workload's, not the plugin pod's), and every series names its node.
+*/}}
+{{- define "kyb.scrapeLabels" -}}
+honorLabels: true
+relabelings:
+  - sourceLabels: [__meta_kubernetes_pod_node_name]
+    targetLabel: node
 {{- end }}
