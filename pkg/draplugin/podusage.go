@@ -50,10 +50,22 @@ const (
 	noSeatHere = "no-seat-here"
 )
 
-// podsRetryAfter is how long a container the pod list did not name waits
-// before it is looked for again, so that a process in a pod that never
-// shows (a static pod's) costs one list a minute, not one per sample.
+// podsRetryAfter is the longest a container the pod list did not name
+// waits before it is looked for again. A container starts before the
+// kubelet reports its ID, so a new one is looked for again at the next
+// samples; the wait then grows with the time it has been missing, so that
+// a process in a pod that never shows (a static pod's) costs one list a
+// minute, not one per sample.
 const podsRetryAfter = time.Minute
+
+// missing is a container the pod list did not name: since when, and when
+// it was last looked for.
+type missing struct{ since, tried time.Time }
+
+func (m missing) due(now time.Time, interval time.Duration) bool {
+	wait := min(max(m.tried.Sub(m.since), interval), podsRetryAfter)
+	return now.Sub(m.tried) >= wait
+}
 
 // containerKey is one container's use of one GPU through one group.
 type containerKey struct {
@@ -101,7 +113,7 @@ type podUsage struct {
 
 	// pods and missed belong to the sampling goroutine.
 	pods   map[string]podInfo
-	missed map[gpuusage.Container]time.Time
+	missed map[gpuusage.Container]missing
 
 	mu   sync.Mutex
 	last usageSnapshot
@@ -113,7 +125,7 @@ func newPodUsage(opts PodUsage, ledger *seatledger.Ledger, client kubernetes.Int
 		opts.Interval = 10 * time.Second
 	}
 	return &podUsage{opts: opts, ledger: ledger, client: client, nodeName: nodeName,
-		pods: map[string]podInfo{}, missed: map[gpuusage.Container]time.Time{}, errs: map[string]string{}}
+		pods: map[string]podInfo{}, missed: map[gpuusage.Container]missing{}, errs: map[string]string{}}
 }
 
 // run samples until ctx ends.
@@ -169,7 +181,7 @@ func (u *podUsage) resolvePods(ctx context.Context, gpus []gpuusage.Usage) error
 			if !p.InPod || u.known(p.Container) {
 				continue
 			}
-			if at, ok := u.missed[p.Container]; !ok || now.Sub(at) >= podsRetryAfter {
+			if m, ok := u.missed[p.Container]; !ok || m.due(now, u.opts.Interval) {
 				unknown = true
 			}
 		}
@@ -187,15 +199,23 @@ func (u *podUsage) resolvePods(ctx context.Context, gpus []gpuusage.Usage) error
 	for i := range list.Items {
 		u.pods[string(list.Items[i].UID)] = podInfoOf(&list.Items[i])
 	}
+	seen := map[gpuusage.Container]bool{}
 	for _, g := range gpus {
 		for _, p := range g.Processes {
-			if p.InPod && !u.known(p.Container) {
-				u.missed[p.Container] = now
+			if !p.InPod || u.known(p.Container) {
+				continue
 			}
+			seen[p.Container] = true
+			m, ok := u.missed[p.Container]
+			if !ok {
+				m.since = now
+			}
+			m.tried = now
+			u.missed[p.Container] = m
 		}
 	}
-	for c, at := range u.missed {
-		if now.Sub(at) >= podsRetryAfter {
+	for c := range u.missed {
+		if !seen[c] {
 			delete(u.missed, c)
 		}
 	}

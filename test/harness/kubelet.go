@@ -124,7 +124,11 @@ func (n *Node) sync(ctx context.Context, key types.NamespacedName) error {
 	n.prepared[pod.UID] = pod
 	n.containers[pod.UID] = views
 	delete(n.failures, pod.UID)
+	err = n.writeProcessesLocked()
 	n.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	return n.markRunning(ctx, pod)
 }
 
@@ -163,10 +167,10 @@ func (n *Node) unprepare(ctx context.Context, pod *v1.Pod) error {
 		return err
 	}
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	delete(n.prepared, pod.UID)
 	delete(n.containers, pod.UID)
-	n.mu.Unlock()
-	return nil
+	return n.writeProcessesLocked()
 }
 
 func (n *Node) markRunning(ctx context.Context, pod *v1.Pod) error {
@@ -181,7 +185,7 @@ func (n *Node) markRunning(ctx context.Context, pod *v1.Pod) error {
 	p.Status.ContainerStatuses = nil
 	for _, c := range p.Spec.Containers {
 		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, v1.ContainerStatus{
-			Name: c.Name, Image: c.Image, Ready: true, Started: ptr.To(true),
+			Name: c.Name, Image: c.Image, Ready: true, Started: ptr.To(true), ContainerID: "containerd://" + containerID(p.UID, c.Name),
 			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}},
 		})
 	}

@@ -44,6 +44,13 @@ type NodeOptions struct {
 	PluginArgs []string
 	// NoPlugin leaves the plugin stopped at start.
 	NoPlugin bool
+	// Metrics serves the plugin's metrics on a loopback port
+	// (Node.MetricsURL), sampling the GPUs' processes every 100 ms.
+	Metrics bool
+	// GPUUse runs simulated workloads: a process on each GPU of each
+	// container that has seats, in the container's cgroup, using what
+	// GPUUse says (see workload.go). nil: no processes.
+	GPUUse GPUUse
 }
 
 // Node is a simulated GPU node: a Node object, the kubelet's DRA manager
@@ -60,6 +67,11 @@ type Node struct {
 	// FaultsFile is the plugin's fault-injection file
 	// (--simulate-faults-file); InjectFault appends to it.
 	FaultsFile string
+	// ProcessesFile describes the processes on the simulated GPUs
+	// (--simulate-processes-file); see workload.go.
+	ProcessesFile string
+	// MetricsURL is the plugin's /metrics with NodeOptions.Metrics.
+	MetricsURL string
 	// PluginLog collects the plugin's output.
 	PluginLog *SyncBuffer
 
@@ -67,12 +79,15 @@ type Node struct {
 	dra         *dra.Manager
 	stopKubelet func()
 
-	mu         sync.Mutex
-	plugin     *pluginRun
-	prepared   map[types.UID]*v1.Pod
-	containers map[types.UID]map[string]*Container
-	failures   map[types.UID]error
-	lister     func() ([]*v1.Pod, error)
+	mu          sync.Mutex
+	plugin      *pluginRun
+	prepared    map[types.UID]*v1.Pod
+	containers  map[types.UID]map[string]*Container
+	failures    map[types.UID]error
+	lister      func() ([]*v1.Pod, error)
+	pids        map[procKey]uint32
+	nextPID     uint32
+	metricsAddr string
 }
 
 type pluginRun struct {
@@ -96,6 +111,9 @@ func (c *Cluster) AddNode(opts NodeOptions) *Node {
 		StateDir:        filepath.Join(dir, "kubelet"),
 		BootIDFile:      filepath.Join(dir, "boot_id"),
 		FaultsFile:      filepath.Join(dir, "faults"),
+		ProcessesFile:   filepath.Join(dir, "processes"),
+		pids:            map[procKey]uint32{},
+		nextPID:         4000,
 		PluginLog:       &SyncBuffer{},
 		prepared:        map[types.UID]*v1.Pod{},
 		containers:      map[types.UID]map[string]*Container{},
@@ -107,6 +125,13 @@ func (c *Cluster) AddNode(opts NodeOptions) *Node {
 		}
 	}
 	n.SetBootID("boot-1")
+	if opts.Metrics {
+		addr, err := freeAddress()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		n.metricsAddr, n.MetricsURL = addr, "http://"+addr+"/metrics"
+	}
 	if opts.Config != "" {
 		if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(opts.Config), 0o644); err != nil {
 			tb.Fatal(err)
@@ -299,6 +324,10 @@ func (n *Node) pluginArgs() []string {
 		"--boot-id-file", n.BootIDFile,
 		"--simulate-faults-file", n.FaultsFile,
 		"--kube-api-qps", "100", "--kube-api-burst", "200",
+		"--simulate-processes-file", n.ProcessesFile,
+	}
+	if n.metricsAddr != "" {
+		args = append(args, "--metrics-address", n.metricsAddr, "--gpu-usage-interval", "100ms")
 	}
 	if n.Options.Config != "" {
 		args = append(args, "--config", filepath.Join(filepath.Dir(n.RegistryDir), "config.yaml"))

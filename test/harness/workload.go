@@ -1,0 +1,118 @@
+package harness
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+)
+
+// GPUUse says what a container's workload uses of each GPU its seats give
+// it: memory in MiB and a share of the SM time in percent. ok false: the
+// container runs nothing on its GPUs.
+type GPUUse func(pod *v1.Pod, container string) (memoryMiB uint64, smPercent uint32, ok bool)
+
+// containerID is the runtime ID a container of this node gets: 64 hex
+// digits, as containerd's.
+func containerID(pod types.UID, container string) string {
+	sum := sha256.Sum256([]byte(string(pod) + "/" + container))
+	return hex.EncodeToString(sum[:])
+}
+
+// cgroupOf is the container's cgroup as the kubelet's systemd driver and
+// containerd name it, as /proc/PID/cgroup shows it under cgroup v2.
+func cgroupOf(pod types.UID, container string) string {
+	uid := strings.ReplaceAll(string(pod), "-", "_")
+	return fmt.Sprintf("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/cri-containerd-%s.scope", uid, containerID(pod, container))
+}
+
+// procKey is one process: a container's on one GPU.
+type procKey struct {
+	pod       types.UID
+	container string
+	gpu       int
+}
+
+// writeProcessesLocked writes the processes the node's running containers
+// have on their GPUs into the plugin's simulated processes file: one per
+// container and GPU of its seats, with the use Options.GPUUse gives.
+func (n *Node) writeProcessesLocked() error {
+	if n.Options.GPUUse == nil {
+		return nil
+	}
+	var procs []simnode.Process
+	live := map[procKey]bool{}
+	for _, uid := range slices.Sorted(maps.Keys(n.containers)) {
+		pod := n.prepared[uid]
+		ctrs := n.containers[uid]
+		for _, name := range slices.Sorted(maps.Keys(ctrs)) {
+			mem, sm, ok := n.Options.GPUUse(pod, name)
+			if !ok {
+				continue
+			}
+			for _, gpu := range n.gpusOf(ctrs[name]) {
+				key := procKey{uid, name, gpu}
+				live[key] = true
+				pid, ok := n.pids[key]
+				if !ok {
+					n.nextPID++
+					pid = n.nextPID
+					n.pids[key] = pid
+				}
+				procs = append(procs, simnode.Process{GPU: gpu, PID: pid, MemoryMiB: mem, SMPercent: sm, Cgroup: cgroupOf(uid, name)})
+			}
+		}
+	}
+	for key := range n.pids {
+		if !live[key] {
+			delete(n.pids, key)
+		}
+	}
+	tmp := n.ProcessesFile + ".tmp"
+	if err := os.WriteFile(tmp, simnode.FormatProcesses(procs), 0o644); err != nil {
+		return fmt.Errorf("write the simulated processes: %w", err)
+	}
+	return os.Rename(tmp, n.ProcessesFile)
+}
+
+// gpusOf reads the GPUs a container sees from its CUDA_VISIBLE_DEVICES:
+// this node's GPU UUIDs, or indices.
+func (n *Node) gpusOf(c *Container) []int {
+	var out []int
+	for _, v := range strings.Split(c.Env["CUDA_VISIBLE_DEVICES"], ",") {
+		if v == "" {
+			continue
+		}
+		if i, err := strconv.Atoi(v); err == nil {
+			out = append(out, i)
+			continue
+		}
+		for i := range 256 {
+			if n.GPUUUID(i) == v {
+				out = append(out, i)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// freeAddress is a loopback address with a port nothing listens on.
+func freeAddress() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
