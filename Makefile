@@ -30,7 +30,7 @@ GOLANGCI_LINT ?= $(CURDIR)/_output/bin/golangci-lint
 LOGCHECK_VERSION ?= v0.11.0
 LOGCHECK  ?= $(CURDIR)/_output/bin/logcheck
 
-.PHONY: help build test unit fuzz soak bench e2e e2e-node node-tools lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check
+.PHONY: help build test unit fuzz soak bench e2e e2e-node node-tools lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check dashboard-picture
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -40,6 +40,9 @@ build: ## build the binaries into bin/
 
 demo: ## run the product on a simulated cluster (NODES=dgx-h100[,pcie-8gpu] KEEP=1 to keep it running)
 	NODES=$(NODES) KEEP=$(KEEP) hack/demo.sh
+
+dashboard-picture: ## draw docs/img/dashboard.png: the chart's Grafana dashboard over the demo's metrics, via Prometheus (installs prometheus, chromium)
+	NODES=$(or $(NODES_PICTURE),dgx-h100,pcie-8gpu) hack/dashboard-picture.sh
 
 plan: build ## print the plan of a simulated node (PRESET=dgx-h100)
 	$(BIN)/kyb-dra-plugin plan --simulate $(PRESET)

@@ -147,6 +147,7 @@ func (u *podUsage) sample(ctx context.Context) {
 	for _, g := range gpus {
 		u.noteError(ctx, fmt.Sprintf("gpu %d", g.GPU.Index), g.Err)
 	}
+	u.noteError(ctx, "processes", u.opts.Sampler.SourceErr())
 	u.noteError(ctx, "pods", u.resolvePods(ctx, gpus))
 	snap := u.attribute(gpus)
 	u.mu.Lock()

@@ -54,6 +54,22 @@ type Sampler struct {
 	gpus     []GPU
 	cgroups  CgroupReader
 	lastSeen map[int]uint64
+	// sourceErr, when set, tells why the processes' source could not be
+	// read (a simulated node's processes file).
+	sourceErr func() error
+}
+
+// SetSourceCheck makes SourceErr ask check why the processes' source
+// could not be read.
+func (s *Sampler) SetSourceCheck(check func() error) { s.sourceErr = check }
+
+// SourceErr is why the processes' source could not be read, if it could
+// not; what was read before is still sampled.
+func (s *Sampler) SourceErr() error {
+	if s.sourceErr == nil {
+		return nil
+	}
+	return s.sourceErr()
 }
 
 // NewSampler samples gpus through lib, reading processes' cgroups with

@@ -54,7 +54,11 @@ func (u *UsageFlags) Sampler(node *Node) *gpuusage.Sampler {
 	for _, g := range node.Inv.GPUs {
 		gpus = append(gpus, gpuusage.GPU{Index: g.Index, UUID: g.UUID})
 	}
-	return gpuusage.NewSampler(node.Host.NVML, gpus, cgroups)
+	s := gpuusage.NewSampler(node.Host.NVML, gpus, cgroups)
+	if sim := node.Host.Simulated; sim != nil {
+		s.SetSourceCheck(sim.ProcessesError)
+	}
+	return s
 }
 
 // simulatedCgroups answers with a simulated process's cgroup where the

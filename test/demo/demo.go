@@ -8,6 +8,7 @@ package demo
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"path/filepath"
@@ -66,7 +67,8 @@ func Run(ctx context.Context, opts Options, out, log io.Writer) (err error) {
 	}
 	var nodes []harness.NodeOptions
 	for i, p := range opts.Presets {
-		nodes = append(nodes, harness.NodeOptions{Name: fmt.Sprintf("node-%d", i+1), Preset: p, Config: string(config), NoPlugin: true})
+		nodes = append(nodes, harness.NodeOptions{Name: fmt.Sprintf("node-%d", i+1), Preset: p, Config: string(config), NoPlugin: true,
+			Metrics: true, GPUUse: workload})
 	}
 	fmt.Fprintf(out, "kyb DRA driver demo: %d simulated GPU node(s), node configuration %s\n\n", len(nodes), opts.Config)
 	step("starting etcd, kube-apiserver, kube-scheduler and the resource-claim controller")
@@ -116,6 +118,10 @@ func Run(ctx context.Context, opts Options, out, log io.Writer) (err error) {
 		// Faults go through the simulated NVML, so the plugin's real health
 		// handling taints the GPU's groups (docs/health.md).
 		fmt.Fprintf(out, "\nInject a GPU fault (XID 79 on GPU 0 of %s) and watch its groups get tainted:\n\n  echo 'xid 0 79' >> %s\n  %s get resourceslices -o yaml | grep -B2 -A3 taints\n", c.Nodes[0].Name, c.Nodes[0].FaultsFile, opts.Kubectl)
+		fmt.Fprintf(out, "\nEach node's plugin serves its metrics (seats, and each pod's GPU memory and SM use from the simulated workloads):\n\n")
+		for _, n := range c.Nodes {
+			fmt.Fprintf(out, "  %s %s\n", n.Name, n.MetricsURL)
+		}
 		fmt.Fprintf(out, "\nPress Ctrl-C to stop it.\n")
 		<-ctx.Done()
 		fmt.Fprintln(out, "stopping")
@@ -192,4 +198,14 @@ func binDir(kubectl string) string {
 		return filepath.Dir(kubectl)
 	}
 	return filepath.Dir(abs)
+}
+
+// workload is what the demo's simulated workloads use of each GPU their
+// seats give them: a steady amount, different from pod to pod, so that the
+// per-pod GPU metrics have something to show.
+func workload(pod *v1.Pod, container string) (memoryMiB uint64, smPercent uint32, ok bool) {
+	h := fnv.New32a()
+	h.Write([]byte(pod.Namespace + "/" + pod.Name + "/" + container))
+	x := h.Sum32()
+	return 2000 + uint64(x%14000), 10 + (x/14000)%70, true
 }

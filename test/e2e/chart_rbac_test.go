@@ -2,18 +2,21 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -105,7 +108,10 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 	}
 
 	nodeA := c.Node("node-a")
-	nodeA.Options.PluginArgs = []string{"--kubeconfig", kubeconfig}
+	// With the per-pod GPU metrics on, as the chart runs them: a pod's
+	// workload on its seat makes the plugin list its node's pods.
+	nodeA.Options.PluginArgs = []string{"--kubeconfig", kubeconfig, "--metrics-address", "127.0.0.1:0", "--gpu-usage-interval", "100ms"}
+	nodeA.Options.GPUUse = func(*corev1.Pod, string) (uint64, uint32, bool) { return 1000, 10, true }
 	nodeA.StartPlugin()
 	nodeA.WaitForPlugin()
 
@@ -185,7 +191,12 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 
 	// The audit log: what the plugin called, and that the chart allows
 	// exactly those calls.
-	calls := auditCalls(t, auditLog, "system:serviceaccount:kyb-system:"+sa)
+	user := "system:serviceaccount:kyb-system:" + sa
+	// The GPU usage sampler lists the pods in the background.
+	_ = wait.PollUntilContextTimeout(c.Ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		return slices.Contains(auditCalls(t, auditLog, user), "list /pods allowed"), nil
+	})
+	calls := auditCalls(t, auditLog, user)
 	t.Logf("calls made with the chart's ServiceAccount: %s", strings.Join(calls, ", "))
 	// Also granted, but not exercised here: list (clients without streaming
 	// lists), update and delete of slices (republishing after a change),
@@ -193,6 +204,7 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 	for _, want := range []string{
 		"watch resource.k8s.io/resourceslices", "create resource.k8s.io/resourceslices",
 		"get resource.k8s.io/resourceclaims", "patch resource.k8s.io/resourceclaims/status", "get /nodes",
+		"list /pods",
 	} {
 		if !slices.Contains(calls, want+" allowed") {
 			t.Errorf("the plugin never made an allowed %q; is the rule still needed?", want)
