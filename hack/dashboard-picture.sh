@@ -64,6 +64,6 @@ cat "$work/seats.txt"
 "$work/kyb-dashboard" -prometheus http://127.0.0.1:19090 -span "${MINUTES}m" -o "$work/dashboard.html" \
   -note "kyb GPU seats, deployments/helm/kyb-dra-driver/dashboards/kyb-gpu-seats.json: every panel's query run by Prometheus $(prometheus --version 2>&1 | sed -n 's/^prometheus, version \([^ ]*\).*/\1/p') scraping make demo KEEP=1 NODES=$NODES ($(date -u +%Y-%m-%d)), drawn by test/cmd/kyb-dashboard."
 mkdir -p "$(dirname "$OUT")"
-chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,1330 \
+chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,1580 \
   --screenshot="$PWD/$OUT" "file://$work/dashboard.html" >/dev/null 2>&1
 echo "wrote $OUT"

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
@@ -20,7 +22,9 @@ func TestSamplerReadsProcessesAndTheirContainers(t *testing.T) {
 		t.Fatal(err)
 	}
 	lib := node.NVML()
-	lib.Init()
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		t.Fatalf("init: %v", ret)
+	}
 	file := filepath.Join(t.TempDir(), "processes")
 	node.SetProcessesFile(file)
 	const cg = "0::/kubepods/besteffort/pod1a2b3c4d-5e6f-4711-8899-aabbccddeeff/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

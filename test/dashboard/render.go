@@ -190,7 +190,9 @@ func timeseries(ctx context.Context, b *strings.Builder, p Panel, prom Prometheu
 	top := 0.0
 	for _, d := range all {
 		for _, v := range d.s.Values {
-			top = math.Max(top, v)
+			if !math.IsNaN(v) {
+				top = math.Max(top, v)
+			}
 		}
 	}
 	if top == 0 {
@@ -216,7 +218,11 @@ func timeseries(ctx context.Context, b *strings.Builder, p Panel, prom Prometheu
 	for i, d := range all {
 		var pts []string
 		for j := range d.s.Times {
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(d.s.Times[j]), y(d.s.Values[j])))
+			// Grafana leaves a gap where a query has no value (a quantile
+			// of no prepares).
+			if !math.IsNaN(d.s.Values[j]) {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(d.s.Times[j]), y(d.s.Values[j])))
+			}
 		}
 		fmt.Fprintf(b, `<polyline fill="none" stroke="%s" stroke-width="1.6" points="%s"/>`, palette[i%len(palette)], strings.Join(pts, " "))
 	}

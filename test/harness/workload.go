@@ -85,11 +85,17 @@ func (n *Node) writeProcessesLocked() error {
 	return os.Rename(tmp, n.ProcessesFile)
 }
 
-// gpusOf reads the GPUs a container sees from its CUDA_VISIBLE_DEVICES:
-// this node's GPU UUIDs, or indices.
+// gpusOf reads the GPUs a container sees from NVIDIA_VISIBLE_DEVICES
+// (this node's GPU UUIDs), else from CUDA_VISIBLE_DEVICES. The latter may
+// name every GPU of the node by index where a container holds combined
+// claims: CUDA then finds only those whose device nodes the container has.
 func (n *Node) gpusOf(c *Container) []int {
+	list := c.Env["NVIDIA_VISIBLE_DEVICES"]
+	if list == "" {
+		list = c.Env["CUDA_VISIBLE_DEVICES"]
+	}
 	var out []int
-	for _, v := range strings.Split(c.Env["CUDA_VISIBLE_DEVICES"], ",") {
+	for _, v := range strings.Split(list, ",") {
 		if v == "" {
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -81,7 +82,7 @@ func checkMonitoring(t *testing.T, m *manifest, tc chartCase) {
 		if err := sigsyaml.Unmarshal(o.Raw, &spec); err != nil {
 			t.Fatal(err)
 		}
-		eps := append(spec.Spec.Endpoints, spec.Spec.PodEndpoints...)
+		eps := slices.Concat(spec.Spec.Endpoints, spec.Spec.PodEndpoints)
 		if len(eps) != 1 {
 			t.Fatalf("%s: %d endpoints", o.Kind, len(eps))
 		}
