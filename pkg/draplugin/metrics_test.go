@@ -36,6 +36,16 @@ func TestMetricsCountPreparesAndErrors(t *testing.T) {
 // value, a histogram's sample count. labels select the series.
 func (e *env) metric(name string, labels map[string]string) float64 {
 	e.t.Helper()
+	v, ok := e.gathered(name, labels)
+	if !ok {
+		e.t.Fatalf("metric %s has no series %v", name, labels)
+	}
+	return v
+}
+
+// gathered reads one series as metric does, reporting whether it exists.
+func (e *env) gathered(name string, labels map[string]string) (float64, bool) {
+	e.t.Helper()
 	families, err := e.driver.Registry().Gather()
 	if err != nil {
 		e.t.Fatal(err)
@@ -53,17 +63,15 @@ func (e *env) metric(name string, labels map[string]string) float64 {
 			}
 			switch {
 			case m.Counter != nil:
-				return m.Counter.GetValue()
+				return m.Counter.GetValue(), true
 			case m.Gauge != nil:
-				return m.Gauge.GetValue()
+				return m.Gauge.GetValue(), true
 			case m.Histogram != nil:
-				return float64(m.Histogram.GetSampleCount())
+				return float64(m.Histogram.GetSampleCount()), true
 			}
 		}
-		e.t.Fatalf("metric %s has no series %v", name, labels)
 	}
-	e.t.Fatalf("metric %s missing", name)
-	return 0
+	return 0, false
 }
 
 // kyb_seats tells, per group, how many seats are held, free, blocked by a

@@ -64,30 +64,6 @@ func seatPod(uid, name, container, containerID string, claim *resourceapi.Resour
 	return pod
 }
 
-// gathered reads one series, reporting whether it exists.
-func (e *env) gathered(name string, labels map[string]string) (float64, bool) {
-	e.t.Helper()
-	families, err := e.driver.Registry().Gather()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range f.Metric {
-			for _, l := range m.Label {
-				if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
-					continue next
-				}
-			}
-			return m.Gauge.GetValue(), true
-		}
-	}
-	return 0, false
-}
-
 // Each container's GPU memory and SM share is its seat's: processes are
 // read from the simulated NVML, their containers from their cgroups, the
 // containers' claims from the node's pods, the seats from the ledger.
