@@ -29,14 +29,16 @@ type PodUsage struct {
 	// Sampler reads the GPUs' processes and their containers; nil: no
 	// per-pod metrics.
 	Sampler *gpuusage.Sampler
-	// Interval is the time between samples (default 10s); SM utilization
-	// is averaged over it.
+	// Interval is the time between samples (default 10s).
 	Interval time.Duration
 }
 
 // seatAdmin is the seat label of a container whose claim has admin
 // access: it sees the group's GPUs and holds no seat.
 const seatAdmin = "admin"
+
+// seatFenced is the seat label of a claim whose seats are not known.
+const seatFenced = "fenced"
 
 // Why a process's use is not a seat's (the reason label of
 // kyb_gpu_unattributed_memory_used_bytes).
@@ -54,8 +56,9 @@ const (
 // waits before it is looked for again. A container starts before the
 // kubelet reports its ID, so a new one is looked for again at the next
 // samples; the wait then grows with the time it has been missing, so that
-// a process in a pod that never shows (a static pod's) costs one list a
-// minute, not one per sample.
+// a process in a pod that never shows (a static pod: its cgroup has the
+// config's UID, not its mirror pod's) costs one list a minute, not one per
+// sample.
 const podsRetryAfter = time.Minute
 
 // missing is a container the pod list did not name: since when, and when
@@ -190,16 +193,20 @@ func (u *podUsage) resolvePods(ctx context.Context, gpus []gpuusage.Usage) error
 	if !unknown {
 		return nil
 	}
+	// From the API server's cache (resourceVersion 0): a node's pods, not
+	// a quorum read of the cluster's.
 	list, err := u.client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", u.nodeName).String(),
+		FieldSelector:   fields.OneTermEqualSelector("spec.nodeName", u.nodeName).String(),
+		ResourceVersion: "0",
 	})
-	if err != nil {
-		return fmt.Errorf("list the node's pods: %w", err)
+	if err == nil {
+		u.pods = map[string]podInfo{}
+		for i := range list.Items {
+			u.pods[string(list.Items[i].UID)] = podInfoOf(&list.Items[i])
+		}
 	}
-	u.pods = map[string]podInfo{}
-	for i := range list.Items {
-		u.pods[string(list.Items[i].UID)] = podInfoOf(&list.Items[i])
-	}
+	// A failed list backs off as a missed container does: a plugin
+	// without the pods rule must not list at every sample.
 	seen := map[gpuusage.Container]bool{}
 	for _, g := range gpus {
 		for _, p := range g.Processes {
@@ -219,6 +226,9 @@ func (u *podUsage) resolvePods(ctx context.Context, gpus []gpuusage.Usage) error
 		if !seen[c] {
 			delete(u.missed, c)
 		}
+	}
+	if err != nil {
+		return fmt.Errorf("list the node's pods: %w", err)
 	}
 	return nil
 }
@@ -338,11 +348,15 @@ func (u *podUsage) seatOf(p gpuusage.Process, gpu int, held map[types.Namespaced
 	return containerKey{namespace: pod.namespace, pod: pod.name, container: name, group: group, seat: seatLabel(seats, admin), gpu: gpu}, true
 }
 
-// seatLabel names a container's seats in a group: "0", "1,2", or "admin"
-// for admin access.
+// seatLabel names a container's seats in a group: "0", "1,2", "admin"
+// for admin access, or "fenced" for a claim whose seats were lost with
+// the checkpoint (it holds the whole group).
 func seatLabel(seats map[int]bool, admin bool) string {
-	if len(seats) == 0 && admin {
+	switch {
+	case len(seats) == 0 && admin:
 		return seatAdmin
+	case len(seats) == 0:
+		return seatFenced
 	}
 	var parts []string
 	for _, s := range slices.Sorted(maps.Keys(seats)) {

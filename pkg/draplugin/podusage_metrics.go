@@ -14,7 +14,7 @@ var (
 		"GPU memory the container's processes use on the GPU, by the seat(s) the container holds there (seat \"admin\": admin access, no seat).",
 		containerLabels, nil)
 	containerSMDesc = prometheus.NewDesc("kyb_container_gpu_sm_utilization_ratio",
-		"Share of the GPU's SM time the container's processes used over the last sample interval (0-1; NVML's per-process utilization).",
+		"Share of the GPU's SM time the container's processes used, from NVML's per-process utilization samples newer than the previous sample (0-1).",
 		containerLabels, nil)
 	containerProcsDesc = prometheus.NewDesc("kyb_container_gpu_processes",
 		"Processes of the container running on the GPU.",

@@ -75,21 +75,20 @@ func podUIDOf(seg string) (string, bool) {
 var runtimePrefixes = []string{"cri-containerd-", "crio-", "docker-", "cri-dockerd-"}
 
 // containerIDOf reads a container's ID from its cgroup's name: <id>
-// (cgroupfs) or <runtime>-<id>.scope (systemd). CRI-O's conmon scope
-// (crio-conmon-<id>) is not the container.
+// (containerd, cgroupfs), <runtime>-<id>.scope (systemd) or crio-<id>
+// (CRI-O, cgroupfs). CRI-O's conmon (crio-conmon-<id>) is not the
+// container.
 func containerIDOf(seg string) (string, bool) {
 	id, scope := strings.CutSuffix(seg, ".scope")
-	if scope {
-		found := false
-		for _, p := range runtimePrefixes {
-			if rest, ok := strings.CutPrefix(id, p); ok {
-				id, found = rest, true
-				break
-			}
+	found := false
+	for _, p := range runtimePrefixes {
+		if rest, ok := strings.CutPrefix(id, p); ok {
+			id, found = rest, true
+			break
 		}
-		if !found {
-			return "", false
-		}
+	}
+	if scope && !found {
+		return "", false
 	}
 	if len(id) != 64 {
 		return "", false

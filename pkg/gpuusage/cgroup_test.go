@@ -17,6 +17,8 @@ func TestContainerOf(t *testing.T) {
 		{"v2, systemd driver, guaranteed", "0::/kubepods.slice/kubepods-pod1a2b3c4d_5e6f_4711_8899_aabbccddeeff.slice/cri-containerd-" + id + ".scope", true},
 		{"v2, systemd driver, CRI-O", "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1a2b3c4d_5e6f_4711_8899_aabbccddeeff.slice/crio-" + id + ".scope", true},
 		{"v2, cgroupfs driver", "0::/kubepods/burstable/pod" + uid + "/" + id, true},
+		{"v2, cgroupfs driver, CRI-O", "0::/kubepods/burstable/pod" + uid + "/crio-" + id, true},
+		{"CRI-O's conmon, cgroupfs driver", "0::/kubepods/burstable/pod" + uid + "/crio-conmon-" + id, false},
 		{"v2, cgroupfs driver, guaranteed", "0::/kubepods/pod" + uid + "/" + id, true},
 		{"v2, kubelet in a slice of its own", "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod1a2b3c4d_5e6f_4711_8899_aabbccddeeff.slice/cri-containerd-" + id + ".scope", true},
 		{"v1, one line per hierarchy", "12:pids:/kubepods/besteffort/pod" + uid + "/" + id + "\n11:memory:/kubepods/besteffort/pod" + uid + "/" + id + "\n0::/", true},

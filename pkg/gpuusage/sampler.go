@@ -25,8 +25,9 @@ type CgroupReader interface {
 type Process struct {
 	PID         uint32
 	MemoryBytes uint64
-	// SMPercent is the process's share of the GPU's SM time since the
-	// previous sample, averaged over NVML's samples of that window.
+	// SMPercent is the process's share of the GPU's SM time from NVML's
+	// samples newer than the previous sample, averaged (most drivers keep
+	// one per process: its latest).
 	SMPercent float64
 	// Container is where the process runs; InPod is false when its cgroup
 	// names no pod's container (or could not be read: CgroupErr).
@@ -112,6 +113,9 @@ func (s *Sampler) sample(g GPU) (Usage, error) {
 	sm := s.processSM(dev, g.Index)
 	for _, p := range procs {
 		proc := Process{PID: p.Pid, MemoryBytes: p.UsedGpuMemory, SMPercent: sm[p.Pid]}
+		if p.UsedGpuMemory == valueNotAvailable {
+			proc.MemoryBytes = 0
+		}
 		cg, err := s.cgroups.Cgroup(p.Pid)
 		if err != nil {
 			proc.CgroupErr = err
@@ -122,6 +126,10 @@ func (s *Sampler) sample(g GPU) (Usage, error) {
 	}
 	return u, nil
 }
+
+// valueNotAvailable is NVML_VALUE_NOT_AVAILABLE, which the driver puts in
+// a process's used memory where it cannot tell (WDDM, some MIG setups).
+const valueNotAvailable = ^uint64(0)
 
 // processSM averages each process's SM samples newer than the last one
 // seen. NVML answers ERROR_NOT_FOUND when there is none, and go-nvml

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -124,7 +125,13 @@ func (n *Node) readProcessesLocked() {
 		n.procErr = fmt.Errorf("simulated processes: %w", err)
 		return
 	}
-	stamp := fmt.Sprint(st.ModTime().UnixNano(), st.Size())
+	// The inode too: a file replaced by rename within one clock tick
+	// keeps its time and may keep its size.
+	var ino uint64
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		ino = sys.Ino
+	}
+	stamp := fmt.Sprint(st.ModTime().UnixNano(), st.Size(), ino)
 	if stamp == n.procStamp {
 		return
 	}

@@ -163,14 +163,22 @@ func (n *Node) unprepare(ctx context.Context, pod *v1.Pod) error {
 	if !known {
 		return nil
 	}
+	// The containers stop, and their processes with them, before the
+	// kubelet unprepares the claims.
+	n.mu.Lock()
+	delete(n.containers, pod.UID)
+	err := n.writeProcessesLocked()
+	n.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	if err := n.dra.UnprepareResources(ctx, pod); err != nil {
 		return err
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	delete(n.prepared, pod.UID)
-	delete(n.containers, pod.UID)
-	return n.writeProcessesLocked()
+	return nil
 }
 
 func (n *Node) markRunning(ctx context.Context, pod *v1.Pod) error {
