@@ -3,7 +3,6 @@ package draplugin_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -32,12 +31,8 @@ func withUsage(e *env, file string) envOption {
 		for _, g := range e.inv.GPUs {
 			gpus = append(gpus, gpuusage.GPU{Index: g.Index, UUID: g.UUID})
 		}
-		o.Usage = draplugin.PodUsage{Interval: 20 * time.Millisecond, Sampler: gpuusage.NewSampler(e.sim.NVML(), gpus, gpuusage.CgroupFunc(func(pid uint32) (string, error) {
-			if cg, ok := e.sim.ProcessCgroup(pid); ok {
-				return cg, nil
-			}
-			return "", fmt.Errorf("no process %d", pid)
-		}))}
+		o.Usage = draplugin.PodUsage{Interval: 20 * time.Millisecond,
+			Sampler: gpuusage.NewSampler(e.sim.NVML(), gpus, e.sim.Cgroups(gpuusage.ProcCgroups{Root: "/proc"}))}
 	})
 }
 

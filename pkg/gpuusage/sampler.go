@@ -151,9 +151,3 @@ func (s *Sampler) processSM(dev nvml.Device, gpu int) map[uint32]float64 {
 	}
 	return sum
 }
-
-// CgroupFunc is a CgroupReader made of a function.
-type CgroupFunc func(pid uint32) (string, error)
-
-// Cgroup calls f.
-func (f CgroupFunc) Cgroup(pid uint32) (string, error) { return f(pid) }

@@ -1,7 +1,6 @@
 package gpuusage_test
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -37,15 +36,11 @@ func TestSamplerReadsProcessesAndTheirContainers(t *testing.T) {
 	write(
 		simnode.Process{GPU: 0, PID: 10, MemoryMiB: 1000, SMPercent: 40, Cgroup: cg},
 		simnode.Process{GPU: 0, PID: 11, MemoryMiB: 24, SMPercent: 10, Cgroup: "0::/system.slice/nvidia-mps.service"},
-		simnode.Process{GPU: 1, PID: 12, MemoryMiB: 5, SMPercent: 0},
+		simnode.Process{GPU: 1, PID: 4194305, MemoryMiB: 5, SMPercent: 0},
 	)
 	gpus := []gpuusage.GPU{{Index: 0, UUID: simnode.DeriveUUID("node-1", 0)}, {Index: 1, UUID: simnode.DeriveUUID("node-1", 1)}}
-	s := gpuusage.NewSampler(lib, gpus, gpuusage.CgroupFunc(func(pid uint32) (string, error) {
-		if cg, ok := node.ProcessCgroup(pid); ok {
-			return cg, nil
-		}
-		return "", errors.New("no such process")
-	}))
+	// PID 4194305 is above any kernel's pid_max: its real cgroup cannot be read.
+	s := gpuusage.NewSampler(lib, gpus, node.Cgroups(gpuusage.ProcCgroups{Root: "/proc"}))
 	u := s.Sample()
 	if len(u) != 2 || u[0].Err != nil || u[1].Err != nil {
 		t.Fatalf("sample: %+v", u)

@@ -46,31 +46,18 @@ func (u *UsageFlags) Sampler(node *Node) *gpuusage.Sampler {
 		return nil
 	}
 	var cgroups gpuusage.CgroupReader = gpuusage.ProcCgroups{Root: u.HostProc}
-	if sim := node.Host.Simulated; sim != nil {
+	sim := node.Host.Simulated
+	if sim != nil {
 		sim.SetProcessesFile(u.ProcessesFile)
-		cgroups = simulatedCgroups{sim: sim, real: cgroups}
+		cgroups = sim.Cgroups(cgroups)
 	}
 	var gpus []gpuusage.GPU
 	for _, g := range node.Inv.GPUs {
 		gpus = append(gpus, gpuusage.GPU{Index: g.Index, UUID: g.UUID})
 	}
 	s := gpuusage.NewSampler(node.Host.NVML, gpus, cgroups)
-	if sim := node.Host.Simulated; sim != nil {
+	if sim != nil {
 		s.SetSourceCheck(sim.ProcessesError)
 	}
 	return s
-}
-
-// simulatedCgroups answers with a simulated process's cgroup where the
-// processes file gives one, and reads the real procfs for the others.
-type simulatedCgroups struct {
-	sim  *simnode.Node
-	real gpuusage.CgroupReader
-}
-
-func (s simulatedCgroups) Cgroup(pid uint32) (string, error) {
-	if cg, ok := s.sim.ProcessCgroup(pid); ok {
-		return cg, nil
-	}
-	return s.real.Cgroup(pid)
 }

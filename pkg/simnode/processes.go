@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
 )
 
 // A simulated node runs the processes a file describes, so that what reads
@@ -161,9 +163,28 @@ func (n *Node) processesOn(gpu int) []Process {
 	return out
 }
 
-// ProcessCgroup is the simulated /proc/PID/cgroup of a process the file
+// Cgroups reads processes' cgroups on the simulated node: a process the
+// file gives a cgroup for has that one; any other is read by real (a test
+// that runs real processes on simulated GPUs).
+func (n *Node) Cgroups(real gpuusage.CgroupReader) gpuusage.CgroupReader {
+	return simulatedCgroups{n: n, real: real}
+}
+
+type simulatedCgroups struct {
+	n    *Node
+	real gpuusage.CgroupReader
+}
+
+func (s simulatedCgroups) Cgroup(pid uint32) (string, error) {
+	if cg, ok := s.n.processCgroup(pid); ok {
+		return cg, nil
+	}
+	return s.real.Cgroup(pid)
+}
+
+// processCgroup is the simulated /proc/PID/cgroup of a process the file
 // gives one for; ok is false for any other PID.
-func (n *Node) ProcessCgroup(pid uint32) (string, bool) {
+func (n *Node) processCgroup(pid uint32) (string, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.readProcessesLocked()
