@@ -30,11 +30,7 @@ profiles:
 // last pod's deletion stops it.
 func TestMPSSeatsEndToEnd(t *testing.T) {
 	control := mpstest.Build(t)
-	root, err := os.MkdirTemp("", "kyb-mps-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := mpstest.Root(t)
 	c := harness.Start(t, harness.Options{Nodes: []harness.NodeOptions{{
 		Name: "node-a", Preset: "dgx-h100", Config: mpsConfig,
 		PluginArgs: []string{"--mps-root", root, "--mps-control", control},

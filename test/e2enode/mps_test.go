@@ -53,11 +53,7 @@ func isMPSClient(t *testing.T, o output, thread, mem string) {
 // told as MPS does; the image carries its client side.
 func TestMPSOnARealNode(t *testing.T) {
 	control := mpstest.Build(t)
-	root, err := os.MkdirTemp("", "kyb-mps-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := mpstest.Root(t)
 	c := startCluster(t)
 	n, _ := startNode(t, c, realnode.Options{Name: "node-m", Preset: "dgx-h100", Config: mpsConfig,
 		PluginArgs: []string{"--mps-root", root, "--mps-control", control},
@@ -87,11 +83,7 @@ func TestMPSOnARealNode(t *testing.T) {
 // a seat of its group (the device-plugin API never says so itself).
 func TestShimMPSOnARealKubelet(t *testing.T) {
 	control := mpstest.Build(t)
-	root, err := os.MkdirTemp("", "kyb-mps-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := mpstest.Root(t)
 	c := startCluster(t)
 	n, _ := startNode(t, c, realnode.Options{Name: "node-sm", Preset: "dgx-h100", Config: mpsConfig, Shim: true,
 		PluginArgs: []string{"--mps-root", root, "--mps-control", control, "--pod-resources-poll-interval", "1s"},

@@ -71,3 +71,16 @@ func Join(t testing.TB, control, pipe, threadPct, memLimit string) string {
 	}
 	return strings.TrimSpace(string(out))
 }
+
+// Root is a directory for the daemons' pipes, logs and shm, removed with
+// the test: short, under /tmp, since a pipe's socket path must fit in 108
+// bytes, which a test's own temporary directory may not leave room for.
+func Root(t testing.TB) string {
+	t.Helper()
+	root, err := os.MkdirTemp("", "kyb-mps-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	return root
+}
