@@ -30,7 +30,7 @@ GOLANGCI_LINT ?= $(CURDIR)/_output/bin/golangci-lint
 LOGCHECK_VERSION ?= v0.11.0
 LOGCHECK  ?= $(CURDIR)/_output/bin/logcheck
 
-.PHONY: help build test unit fuzz soak bench e2e e2e-node node-tools lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check dashboard-picture
+.PHONY: help build test unit fuzz soak bench e2e patched-bench e2e-node node-tools lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check dashboard-picture
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -65,8 +65,13 @@ soak: ## 1,000 random crashes with lost checkpoints among them; reports seats do
 bench: ## every benchmark of docs/performance.md in one run (ROUNDS=3); tables in _output/bench/report.md
 	ROUNDS=$(or $(ROUNDS),3) hack/bench.sh
 
-e2e: helm ## end-to-end tests against etcd, kube-apiserver, kube-scheduler and the kubelet's DRA manager, in-process
-	cd test && HELM=$(HELM) $(GO) test -count=1 -timeout 25m -ldflags '$(E2E_LDFLAGS)' $$($(GO) list ./... | grep -v /e2enode)
+e2e: helm patched-bench ## end-to-end tests against etcd, kube-apiserver, kube-scheduler and the kubelet's DRA manager, in-process
+	cd test && HELM=$(HELM) KYB_PATCHED_BENCH=$(abspath $(BIN))/kyb-bench-patched $(GO) test -count=1 -timeout 25m -ldflags '$(E2E_LDFLAGS)' $$($(GO) list ./... | grep -v /e2enode)
+
+# kyb-bench built against the allocator patch of test/allocpatch, applied
+# to a copy of the stock module under _output (hack/allocator-patch.sh).
+patched-bench:
+	cd test && modfile=$$(GO=$(GO) ../hack/allocator-patch.sh) && $(GO) build -modfile=$$modfile -ldflags '$(E2E_LDFLAGS)' -o $(abspath $(BIN))/kyb-bench-patched ./cmd/kyb-bench
 
 # containerd, the kubelet, runc and podman, built or installed once into
 # $(NODE_TOOLS) (hack/node-tools.sh); the tests run real pods (as root).

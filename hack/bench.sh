@@ -32,7 +32,8 @@ part shim $GO test -run '^$' -bench 'GetPreferredAllocation' -benchtime 20000x -
 part placement bash -c "cd test && $GO run ./cmd/kyb-sim -svg ../$out/placement.svg"
 (cd test && $GO build -ldflags "-X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
   -o ../bin/kyb-bench ./cmd/kyb-bench)
-part kube bin/kyb-bench -rounds "$ROUNDS" -log "$out/control-plane.log"
+make patched-bench GO="$GO"
+part kube bin/kyb-bench -rounds "$ROUNDS" -patched bin/kyb-bench-patched -log "$out/control-plane.log"
 part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
 
 {

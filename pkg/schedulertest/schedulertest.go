@@ -107,6 +107,9 @@ func (c *Cluster) AddClasses(classes ...*resourceapi.DeviceClass) {
 	}
 }
 
+// Node returns a node added with AddNode, nil for any other name.
+func (c *Cluster) Node(name string) *v1.Node { return c.nodes[name] }
+
 // Slices returns every slice of the cluster.
 func (c *Cluster) Slices() []*resourceapi.ResourceSlice { return c.slices }
 

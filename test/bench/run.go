@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -12,11 +13,16 @@ import (
 
 // Options choose the studies and their sizes.
 type Options struct {
-	// Studies to run: alloc, sched, prepare, footprint, shim-footprint.
+	// Studies to run: alloc, allocpatch, sched, prepare, footprint,
+	// shim-footprint; alloc-figures and decisions are allocpatch's child
+	// process's.
 	Studies []string
 	// Rounds of each study; figures are medians over rounds.
 	Rounds int
 	Alloc  AllocOptions
+	// Patch is the allocator patch study (and its child process's
+	// alloc-figures and decisions).
+	Patch PatchOptions
 	// Prepare is the prepare latency study.
 	Prepare PrepareOptions
 	Sched   SchedOptions
@@ -41,6 +47,29 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 			t.Write(out)
 		}
 		fmt.Fprintf(opts.Log, "allocator study: %v\n", time.Since(start).Round(time.Second))
+	}
+	if has("allocpatch") {
+		start := time.Now()
+		st, err := RunPatch(ctx, opts.Patch, opts.Rounds)
+		if err != nil {
+			return fmt.Errorf("allocator patch study: %w", err)
+		}
+		st.Table().Write(out)
+		fmt.Fprintf(opts.Log, "allocator patch study: %v\n", time.Since(start).Round(time.Second))
+	}
+	if has("alloc-figures") {
+		f, err := MeasureAllocFigures(ctx, opts.Patch)
+		if err != nil {
+			return fmt.Errorf("allocator figures: %w", err)
+		}
+		if err := json.NewEncoder(out).Encode(f); err != nil {
+			return err
+		}
+	}
+	if has("decisions") {
+		if err := WriteDecisions(ctx, out, opts.Patch); err != nil {
+			return fmt.Errorf("allocator decisions: %w", err)
+		}
 	}
 	if has("shim-footprint") {
 		start := time.Now()

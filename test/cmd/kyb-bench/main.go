@@ -24,12 +24,17 @@ import (
 
 func main() {
 	var opts bench.Options
-	studies := flag.String("studies", "alloc,prepare,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, prepare, footprint, shim-footprint, sched")
+	studies := flag.String("studies", "alloc,allocpatch,prepare,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, allocpatch, prepare, footprint, shim-footprint, sched (alloc-figures and decisions: allocpatch's child process)")
 	flag.IntVar(&opts.Rounds, "rounds", 3, "rounds of each study; figures are medians over rounds")
 	flag.IntVar(&opts.Alloc.RejectNodes, "reject-nodes", 50, "allocator study: full nodes each reject measurement tries")
 	flag.IntVar(&opts.Alloc.FirstFitNodes, "firstfit-nodes", 500, "allocator study: nodes of the first-fit run")
 	flag.IntVar(&opts.Alloc.FirstFitClaims, "firstfit-claims", 1000, "allocator study: claims of the first-fit run")
 	flag.StringVar(&opts.Alloc.Preset, "preset", "dgx-h100", "simulated node of our shape")
+	flag.StringVar(&opts.Patch.Patched, "patched", "", "allocator patch study: kyb-bench built against the patched allocator (hack/allocator-patch.sh)")
+	flag.IntVar(&opts.Patch.Nodes, "patch-nodes", 500, "allocator patch study: nodes (full ones rejected, and of the first-fit run)")
+	flag.Uint64Var(&opts.Patch.Seed, "decisions-seed", 1, "allocator patch study: seed of the random pods whose decisions are compared")
+	flag.IntVar(&opts.Patch.Streams, "decisions-streams", 300, "allocator patch study: random clusters compared")
+	flag.IntVar(&opts.Patch.Steps, "decisions-steps", 40, "allocator patch study: pods and releases per random cluster")
 	flag.IntVar(&opts.Prepare.Concurrent, "prepare-concurrent", 64, "prepare study: claims prepared at once")
 	flag.IntVar(&opts.Prepare.Single, "prepare-single", 16, "prepare study: one-claim calls made one after the other in a pass")
 	flag.IntVar(&opts.Prepare.Passes, "prepare-passes", 8, "prepare study: passes of one-claim calls (their p99 rests on single x passes samples)")
@@ -52,6 +57,7 @@ func main() {
 	opts.Studies = strings.Split(*studies, ",")
 	opts.Prepare.QPS = float32(*qps)
 	opts.Sched.Preset = opts.Alloc.Preset
+	opts.Patch.Preset, opts.Patch.FirstFitClaims = opts.Alloc.Preset, opts.Alloc.FirstFitClaims
 
 	if err := os.MkdirAll("_output", 0o755); err != nil {
 		fail(err)
