@@ -59,7 +59,9 @@ func Decisions(ctx context.Context, w io.Writer, seed uint64, streams, steps int
 	return st, nil
 }
 
-type placedPod struct{ results []resourceapi.AllocationResult }
+type placedPod struct {
+	results []resourceapi.AllocationResult
+}
 
 func decisionStream(ctx context.Context, w io.Writer, rng *rand.Rand, stream, steps int, st *DecisionStats) error {
 	c := schedulertest.New(schedulertest.SchedulerFeatures())
@@ -297,6 +299,6 @@ func (s *skipCounter) Info(_ int, msg string, _ ...any) {
 		s.skipped.Add(1)
 	}
 }
-func (s *skipCounter) Error(error, string, ...any)           {}
-func (s *skipCounter) WithValues(...any) logr.LogSink         { return s }
-func (s *skipCounter) WithName(string) logr.LogSink           { return s }
+func (s *skipCounter) Error(error, string, ...any)    {}
+func (s *skipCounter) WithValues(...any) logr.LogSink { return s }
+func (s *skipCounter) WithName(string) logr.LogSink   { return s }
