@@ -59,10 +59,17 @@ const (
 // Options configure the plugin. NodeName, Client, Inventory, Plan and
 // Edits.DeviceNumbers are required.
 type Options struct {
-	NodeName  string
-	Client    kubernetes.Interface
-	Inventory *inventory.Inventory
-	Plan      *planner.Plan
+	NodeName string
+	// Client serves the prepare path: the helper's claim GET and what a
+	// prepare must read before it answers.
+	Client kubernetes.Interface
+	// BackgroundClient serves what runs behind the calls: claim statuses,
+	// events, ResourceSlices, pod lists for the GPU metrics. A client of
+	// its own (its own rate limiter) keeps that work from delaying the
+	// next prepare's reads; nil: Client.
+	BackgroundClient kubernetes.Interface
+	Inventory        *inventory.Inventory
+	Plan             *planner.Plan
 	// Edits says how containers get device nodes and driver files.
 	Edits containeredits.Options
 	// NVIDIACDIDevice, when set, names NVIDIA's own CDI device for a GPU
@@ -196,9 +203,9 @@ func (d *Driver) open(ctx context.Context) error {
 	}
 	d.sharing = newSharing(opts.Sharing, d.node)
 	d.specs = &claimSpecs{writer: w, inv: opts.Inventory, edits: opts.Edits, nvidiaCDI: opts.NVIDIACDIDevice, sharing: d.sharing}
-	d.events = nodeevents.Start(ctx, opts.Client, opts.NodeName, driver.Name)
+	d.events = nodeevents.Start(ctx, opts.BackgroundClient, opts.NodeName, driver.Name)
 	d.publisher = newPublisher(d.node, opts.Layout, healthTaints{view: health.View{Source: opts.Health}, lostEffect: opts.GPULostEffect},
-		d.events, d.metrics, opts.Client, opts.Clock)
+		d.events, d.metrics, opts.BackgroundClient, opts.Clock)
 	if err := d.metrics.registry.Register(seatCollector{d.publisher}); err != nil {
 		return fmt.Errorf("register the seat metrics: %w", err)
 	}
@@ -224,9 +231,9 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.statuses = newStatusWriter(opts.Client.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
+	d.statuses = newStatusWriter(opts.BackgroundClient.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
 	if opts.Usage.Sampler != nil {
-		d.usage = newPodUsage(opts.Usage, d.ledger, opts.Client, opts.NodeName)
+		d.usage = newPodUsage(opts.Usage, d.ledger, opts.BackgroundClient, opts.NodeName)
 		if err := d.metrics.registry.Register(usageCollector{d.usage}); err != nil {
 			return fmt.Errorf("register the GPU usage metrics: %w", err)
 		}
@@ -333,6 +340,9 @@ func (o *Options) setDefaults() error {
 		return errors.New("the inventory and the plan are required")
 	case o.Edits.DeviceNumbers == nil:
 		return errors.New("a device-number lookup is required")
+	}
+	if o.BackgroundClient == nil {
+		o.BackgroundClient = o.Client
 	}
 	if o.CDIRoot == "" {
 		o.CDIRoot = "/var/run/cdi"

@@ -108,7 +108,7 @@ func RunFootprint(ctx context.Context, c *harness.Cluster, opts FootprintOptions
 		"--node-name", node.Name, "--kubeconfig", c.Kubeconfig, "--simulate", "dgx-h100", "--config", config,
 		"--cdi-root", node.CDIDir, "--kubelet-registrar-directory-path", node.RegistryDir,
 		"--kubelet-plugins-directory-path", node.PluginsDir, "--device-plugin-directory-path", node.DevicePluginDir, "--boot-id-file", node.BootIDFile,
-		"--metrics-address", metrics, "--kube-api-qps", "100", "--kube-api-burst", "200")
+		"--metrics-address", metrics, "--kube-api-qps", "100", "--kube-api-burst", "200", "--kube-api-background-qps", "100", "--kube-api-background-burst", "200")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", plugin, err)

@@ -75,7 +75,7 @@ type Step struct {
 // RunPrepare measures prepare latency of our driver and the no-op driver
 // on one node of a running cluster.
 func RunPrepare(ctx context.Context, c *harness.Cluster, opts PrepareOptions) (*PrepareStudy, error) {
-	e, err := newPrepareEnv(ctx, c, opts.QPS, opts.Burst)
+	e, err := newPrepareEnv(ctx, c, "bench-node", Limits{QPS: opts.QPS, Burst: opts.Burst, BackgroundQPS: opts.QPS, BackgroundBurst: opts.Burst})
 	if err != nil {
 		return nil, err
 	}

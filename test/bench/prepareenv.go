@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -43,16 +45,18 @@ profiles:
 // way (the kubeletplugin helper, equal client rate limits): ours, started
 // in-process with timestamps at each step of prepare, and the no-op driver.
 type prepareEnv struct {
-	c      *harness.Cluster
-	node   *harness.Node
-	client kubernetes.Interface // the drivers' client, rate-limited like theirs
-	ours   *draplugin.Driver
-	noop   *kubeletplugin.Helper
-	alloc  *schedulertest.Cluster
-	class  string
-	conns  map[string]drapb.DRAPluginClient
-	steps  *stepClock
-	n      int
+	c    *harness.Cluster
+	node *harness.Node
+	// requests counts the API requests of our plugin's clients and of the
+	// no-op driver's.
+	requests *requestCounts
+	ours     *draplugin.Driver
+	noop     *kubeletplugin.Helper
+	alloc    *schedulertest.Cluster
+	class    string
+	conns    map[string]drapb.DRAPluginClient
+	steps    *stepClock
+	n        int
 	// cdiRoot is where our plugin writes its CDI specs; cdiOnTmpfs says
 	// whether it is a tmpfs of ours, removed at the end.
 	cdiRoot    string
@@ -93,9 +97,31 @@ func (s *stepClock) reset() map[draplugin.HookPoint]time.Time {
 	return t
 }
 
-func newPrepareEnv(ctx context.Context, c *harness.Cluster, qps float32, burst int) (*prepareEnv, error) {
-	node := c.AddNode(harness.NodeOptions{Name: "bench-node", Preset: "dgx-h100", NoPlugin: true})
-	client, err := kubernetes.NewForConfig(c.RESTConfig(qps, burst))
+// Limits are the drivers' client-side API rate limits: each driver has a
+// client of its own, as each is a process of its own on a node.
+// BackgroundQPS 0 gives our plugin one client for everything (its
+// BackgroundClient unset), as before the two were split.
+type Limits struct {
+	QPS             float32
+	Burst           int
+	BackgroundQPS   float32
+	BackgroundBurst int
+}
+
+func newPrepareEnv(ctx context.Context, c *harness.Cluster, name string, l Limits) (*prepareEnv, error) {
+	node := c.AddNode(harness.NodeOptions{Name: name, Preset: "dgx-h100", NoPlugin: true})
+	counts := &requestCounts{}
+	client, err := counts.client(c.RESTConfig(l.QPS, l.Burst), "ours/prepare")
+	if err != nil {
+		return nil, err
+	}
+	background := client
+	if l.BackgroundQPS > 0 {
+		if background, err = counts.client(c.RESTConfig(l.BackgroundQPS, l.BackgroundBurst), "ours/background"); err != nil {
+			return nil, err
+		}
+	}
+	noopClient, err := counts.client(c.RESTConfig(l.QPS, l.Burst), "noop")
 	if err != nil {
 		return nil, err
 	}
@@ -104,9 +130,9 @@ func newPrepareEnv(ctx context.Context, c *harness.Cluster, qps float32, burst i
 		return nil, err
 	}
 	cdiRoot, onTmpfs := cdiDir(node.CDIDir)
-	e := &prepareEnv{c: c, node: node, cdiRoot: cdiRoot, cdiOnTmpfs: onTmpfs, client: client, steps: &stepClock{times: map[draplugin.HookPoint]time.Time{}}, conns: map[string]drapb.DRAPluginClient{}}
+	e := &prepareEnv{c: c, node: node, cdiRoot: cdiRoot, cdiOnTmpfs: onTmpfs, requests: counts, steps: &stepClock{times: map[draplugin.HookPoint]time.Time{}}, conns: map[string]drapb.DRAPluginClient{}}
 	e.ours, err = draplugin.Start(ctx, draplugin.Options{
-		NodeName: node.Name, Client: client, Inventory: inv, Plan: plan,
+		NodeName: node.Name, Client: client, BackgroundClient: background, Inventory: inv, Plan: plan,
 		Edits:         containeredits.Options{DeviceNumbers: sim.DeviceNumbers},
 		CDIRoot:       cdiRoot,
 		PluginDataDir: filepath.Join(node.PluginsDir, driver.Name),
@@ -117,7 +143,7 @@ func newPrepareEnv(ctx context.Context, c *harness.Cluster, qps float32, burst i
 	if err != nil {
 		return nil, fmt.Errorf("start our plugin: %w", err)
 	}
-	e.noop, err = startNoop(ctx, client, node.Name, node.RegistryDir, filepath.Join(node.PluginsDir, NoopDriver))
+	e.noop, err = startNoop(ctx, noopClient, node.Name, node.RegistryDir, filepath.Join(node.PluginsDir, NoopDriver))
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +201,7 @@ func (e *prepareEnv) claims(ctx context.Context, driverName string, n int) ([]*b
 	out := make([]*benchClaim, n)
 	for i := range out {
 		e.n++
-		name := fmt.Sprintf("c%05d", e.n)
+		name := fmt.Sprintf("%s-c%05d", e.node.Name, e.n)
 		claim := schedulertest.Claim(name, e.class, 1)
 		claim.UID = ""
 		var alloc *resourceapi.AllocationResult
@@ -291,3 +317,38 @@ func cdiDir(fallback string) (dir string, onTmpfs bool) {
 	}
 	return dir, true
 }
+
+// requestCounts counts API requests per client and verb.
+type requestCounts struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+// client is a client of cfg whose requests count under name.
+func (r *requestCounts) client(cfg *rest.Config, name string) (kubernetes.Interface, error) {
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			r.mu.Lock()
+			if r.counts == nil {
+				r.counts = map[string]int{}
+			}
+			r.counts[name+" "+req.Method]++
+			r.mu.Unlock()
+			return rt.RoundTrip(req)
+		})
+	})
+	return kubernetes.NewForConfig(cfg)
+}
+
+// take returns the counts since the last call.
+func (r *requestCounts) take() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.counts
+	r.counts = map[string]int{}
+	return out
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }

@@ -26,6 +26,8 @@ type Options struct {
 	// Prepare is the prepare latency study.
 	Prepare PrepareOptions
 	Sched   SchedOptions
+	// Burst is the prepare burst study at the shipped rate limits.
+	Burst BurstOptions
 	// Footprint is the plugin binary's footprint study.
 	Footprint FootprintOptions
 	// ShimFootprint is the shim binary's, which needs no cluster.
@@ -80,7 +82,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		st.Table().Write(out)
 		fmt.Fprintf(opts.Log, "shim footprint study: %v\n", time.Since(start).Round(time.Second))
 	}
-	needCluster := has("prepare") || has("sched") || has("footprint")
+	needCluster := has("prepare") || has("burst") || has("sched") || has("footprint")
 	if !needCluster {
 		return nil
 	}
@@ -116,6 +118,15 @@ func runWithCluster(ctx context.Context, tb *harness.ProcessTB, opts Options, ou
 		st.Table().Write(out)
 		st.StepTable().Write(out)
 		fmt.Fprintf(opts.Log, "prepare study: %v\n", time.Since(start).Round(time.Second))
+	}
+	if has("burst") {
+		start := time.Now()
+		st, err := RunBurst(ctx, c, opts.Burst)
+		if err != nil {
+			return fmt.Errorf("burst study: %w", err)
+		}
+		st.Table().Write(out)
+		fmt.Fprintf(opts.Log, "burst study: %v\n", time.Since(start).Round(time.Second))
 	}
 	if has("footprint") {
 		start := time.Now()

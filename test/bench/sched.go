@@ -3,6 +3,9 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,8 +25,9 @@ import (
 
 // SchedOptions size the kube-scheduler study.
 type SchedOptions struct {
-	// Nodes of each shape.
-	Nodes int
+	// Nodes of each shape: the study runs at each count, to show the
+	// trend where the largest count is what the machine can hold.
+	Nodes []int
 	// Pods scheduled per shape and round onto empty nodes, one claim each.
 	Pods   int
 	Rounds int
@@ -34,6 +38,11 @@ type SchedOptions struct {
 	BusyShare, BusyFill float64
 	// Preset is our node.
 	Preset string
+	// Profile, when set, is a file prefix: the first round of the empty
+	// nodes at the largest count is CPU-profiled per shape
+	// (<prefix>-<shape>.pprof; the scheduler, API server and etcd share
+	// the process).
+	Profile string
 }
 
 // SchedStudy is the in-process kube-scheduler's throughput on both shapes,
@@ -41,12 +50,15 @@ type SchedOptions struct {
 type SchedStudy struct {
 	Options   SchedOptions
 	Scenarios []*SchedScenario
+	// Profiles are the CPU profiles written, per shape name.
+	Profiles map[string]string
 }
 
 // SchedScenario is one situation the pods are released into, and the
 // shapes measured in it; the first shape is the basis of the ratios.
 type SchedScenario struct {
 	Name   string
+	Nodes  int
 	Shapes []Shape
 	// Full is how many of the nodes are full before the pods come; Pods
 	// is how many pods come, per shape.
@@ -65,32 +77,32 @@ const UpstreamBasicThreshold = 56
 // that the scheduler, not pod creation, sets the pace.
 const schedLabel = "bench.kyb.ai/round"
 
-// RunSched measures the scheduler's throughput on nodes of each shape:
-// pods released onto empty nodes, and pods released onto a cluster most of
-// whose nodes are full, where most Filter calls reject a full node. The
-// busy cluster is measured with every group published (the plugin's
-// default) and with blocked groups hidden (the opt-in hideBlocked), each
-// node published as the plugin publishes it once its claims are prepared. Every round
-// gets fresh nodes, and the shapes take turns, the first alternating.
+// RunSched measures the scheduler's throughput on nodes of each shape, at
+// each node count: pods released onto empty nodes, and pods released onto
+// a cluster most of whose nodes are full, where most Filter calls reject a
+// full node. Our nodes publish every group (the plugin's default). Every
+// round gets fresh nodes, and the shapes take turns, the first
+// alternating.
 func RunSched(ctx context.Context, c *harness.Cluster, opts SchedOptions) (*SchedStudy, error) {
 	ours, err := KybShape(ctx, "ours ("+opts.Preset+", every group published: the default)", opts.Preset, "", "1x")
 	if err != nil {
 		return nil, err
 	}
-	hiding := hidingBlocked(ours)
-	hiding.Name = "ours (" + opts.Preset + ", blocked groups hidden: opt-in)"
 	basic := BasicShape()
-	full := int(float64(opts.Nodes)*opts.BusyShare + 0.5)
-	busy := fmt.Sprintf("busy: %d of %d nodes full", full, opts.Nodes)
-	busyPods := func(s Shape) int { return int(float64((opts.Nodes-full)*s.PerNode)*opts.BusyFill + 0.5) }
-	st := &SchedStudy{Options: opts, Scenarios: []*SchedScenario{
-		{Name: "empty nodes", Shapes: []Shape{basic, ours}, Pods: []int{opts.Pods, opts.Pods}},
-		{Name: busy, Shapes: []Shape{basic, ours, hiding}, Full: full, Pods: []int{busyPods(basic), busyPods(ours), busyPods(hiding)}},
-	}}
+	st := &SchedStudy{Options: opts, Profiles: map[string]string{}}
+	largest := slices.Max(opts.Nodes)
+	for _, n := range opts.Nodes {
+		full := int(float64(n)*opts.BusyShare + 0.5)
+		busyPods := func(s Shape) int { return int(float64((n-full)*s.PerNode)*opts.BusyFill + 0.5) }
+		pods := min(opts.Pods, n*ours.PerNode/2)
+		st.Scenarios = append(st.Scenarios,
+			&SchedScenario{Name: "empty nodes", Nodes: n, Shapes: []Shape{basic, ours}, Pods: []int{pods, pods}},
+			&SchedScenario{Name: fmt.Sprintf("busy: %d of %d nodes full", full, n), Nodes: n, Shapes: []Shape{basic, ours}, Full: full, Pods: []int{busyPods(basic), busyPods(ours)}})
+	}
 	for _, sc := range st.Scenarios {
 		for i, s := range sc.Shapes {
-			if free := (opts.Nodes - sc.Full) * s.PerNode; sc.Pods[i] > free || sc.Pods[i] < 20 {
-				return nil, fmt.Errorf("scheduler study: %d pods for %d free nodes of %s: too many, or too few to measure", sc.Pods[i], opts.Nodes-sc.Full, s.Name)
+			if free := (sc.Nodes - sc.Full) * s.PerNode; sc.Pods[i] > free || sc.Pods[i] < 20 {
+				return nil, fmt.Errorf("scheduler study: %d pods for %d free nodes of %s: too many, or too few to measure", sc.Pods[i], sc.Nodes-sc.Full, s.Name)
 			}
 			for _, dc := range s.Classes {
 				if _, err := c.Client.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -105,9 +117,14 @@ func RunSched(ctx context.Context, c *harness.Cluster, opts SchedOptions) (*Sche
 			for k := range sc.Shapes {
 				// Rotate which shape goes first from round to round.
 				i := (k + r) % len(sc.Shapes)
-				rate, err := schedRound(ctx, c, sc.Shapes[i], fmt.Sprintf("r%d-c%d-s%d", r, si, i), opts.Nodes, sc.Full, sc.Pods[i])
+				profile := ""
+				if opts.Profile != "" && r == 0 && sc.Full == 0 && sc.Nodes == largest {
+					profile = fmt.Sprintf("%s-%s.pprof", opts.Profile, []string{"basic", "ours"}[i])
+					st.Profiles[sc.Shapes[i].Name] = profile
+				}
+				rate, err := schedRound(ctx, c, sc.Shapes[i], fmt.Sprintf("r%d-c%d-s%d", r, si, i), sc.Nodes, sc.Full, sc.Pods[i], profile)
 				if err != nil {
-					return nil, fmt.Errorf("round %d, %s, %s: %w", r, sc.Name, sc.Shapes[i].Name, err)
+					return nil, fmt.Errorf("round %d, %d nodes, %s, %s: %w", r, sc.Nodes, sc.Name, sc.Shapes[i].Name, err)
 				}
 				rates[i] = rate
 			}
@@ -121,7 +138,7 @@ func RunSched(ctx context.Context, c *harness.Cluster, opts SchedOptions) (*Sche
 // full of them (fillNodes), creates pods pods with one claim each,
 // releases them and returns the steady-state pods/s: from the tenth of
 // them scheduled to the last.
-func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, full, pods int) (float64, error) {
+func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, full, pods int, profile string) (float64, error) {
 	ns := "sched-" + id
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return 0, err
@@ -166,6 +183,17 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, 
 	}
 	// Let the scheduler find every pod unschedulable first.
 	time.Sleep(2 * time.Second)
+	if profile != "" {
+		f, err := os.Create(profile)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return 0, fmt.Errorf("profile the scheduler: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, schedLabel, id))
 	if err := parallel(ctx, len(nodes), func(i int) error {
 		_, err := c.Client.CoreV1().Nodes().Patch(ctx, nodes[i], types.MergePatchType, patch, metav1.PatchOptions{})
@@ -289,8 +317,8 @@ func parallel(ctx context.Context, n int, f func(i int) error) error {
 // Table summarises the study.
 func (st *SchedStudy) Table() *Table {
 	t := &Table{
-		Title:  fmt.Sprintf("kube-scheduler (in-process) steady-state throughput, %d nodes per shape (median of %d rounds)", st.Options.Nodes, st.Options.Rounds),
-		Header: []string{"pods released onto", "shape", "pods", "pods/s", "ratio to basic", "nodes' claims taken at the end"},
+		Title:  fmt.Sprintf("kube-scheduler (in-process) steady-state throughput, %v nodes per shape (median of %d rounds)", st.Options.Nodes, st.Options.Rounds),
+		Header: []string{"nodes", "pods released onto", "shape", "pods", "pods/s", "ratio to basic", "nodes' claims taken at the end"},
 	}
 	for _, sc := range st.Scenarios {
 		for i, s := range sc.Shapes {
@@ -299,8 +327,8 @@ func (st *SchedStudy) Table() *Table {
 				rates = append(rates, r[i])
 				ratios = append(ratios, r[i]/r[0])
 			}
-			fill := float64(sc.Full*s.PerNode+sc.Pods[i]) / float64(st.Options.Nodes*s.PerNode)
-			t.Rows = append(t.Rows, []string{sc.Name, s.Name, fmt.Sprint(sc.Pods[i]), fmt.Sprintf("%.0f", Median(rates)), Ratio(Median(ratios)), fmt.Sprintf("%.0f %%", 100*fill)})
+			fill := float64(sc.Full*s.PerNode+sc.Pods[i]) / float64(sc.Nodes*s.PerNode)
+			t.Rows = append(t.Rows, []string{fmt.Sprint(sc.Nodes), sc.Name, s.Name, fmt.Sprint(sc.Pods[i]), fmt.Sprintf("%.0f", Median(rates)), Ratio(Median(ratios)), fmt.Sprintf("%.0f %%", 100*fill)})
 		}
 	}
 	t.Notes = []string{fmt.Sprintf("Each pod has its own ResourceClaim for one device (ours: a 1x seat); the pods are created unschedulable "+

@@ -323,7 +323,7 @@ func (n *Node) pluginArgs() []string {
 		"--device-plugin-directory-path", n.DevicePluginDir,
 		"--boot-id-file", n.BootIDFile,
 		"--simulate-faults-file", n.FaultsFile,
-		"--kube-api-qps", "100", "--kube-api-burst", "200",
+		"--kube-api-qps", "100", "--kube-api-burst", "200", "--kube-api-background-qps", "100", "--kube-api-background-burst", "200",
 		"--simulate-processes-file", n.ProcessesFile,
 	}
 	if n.metricsAddr != "" {

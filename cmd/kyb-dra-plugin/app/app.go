@@ -63,16 +63,19 @@ type options struct {
 
 	dirs dirs
 
-	kubeconfig     string
-	kubeAPIQPS     float64
-	kubeAPIBurst   int
-	healthPort     int
-	healthAddress  string
-	metricsAddress string
-	podUID         string
-	layout         *cli.OneOf
-	bootIDFile     string
-	deviceMetadata bool
+	kubeconfig   string
+	kubeAPIQPS   float64
+	kubeAPIBurst int
+	// The background client's limits: claim statuses, events, slices.
+	backgroundQPS   float64
+	backgroundBurst int
+	healthPort      int
+	healthAddress   string
+	metricsAddress  string
+	podUID          string
+	layout          *cli.OneOf
+	bootIDFile      string
+	deviceMetadata  bool
 }
 
 // dirs are the node directories the plugin uses, which the doctor examines.
@@ -111,8 +114,10 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	o.health.AddFlags(f)
 	o.driverFiles.AddFlags(f, "plugin", "how containers get the driver's libraries and tools: auto (NVIDIA's CDI spec if the node has one, else the files under --driver-root), nvidia-cdi, driver-root or none")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig file; empty: in-cluster configuration")
-	f.Float64Var(&o.kubeAPIQPS, "kube-api-qps", "KUBE_API_QPS", 5, "queries per second to the API server")
-	f.IntVar(&o.kubeAPIBurst, "kube-api-burst", "KUBE_API_BURST", 10, "burst of queries to the API server")
+	f.Float64Var(&o.kubeAPIQPS, "kube-api-qps", "KUBE_API_QPS", DefaultPrepareQPS, "queries per second to the API server on the prepare path (a claim GET per prepared claim)")
+	f.IntVar(&o.kubeAPIBurst, "kube-api-burst", "KUBE_API_BURST", DefaultPrepareBurst, "burst of queries to the API server on the prepare path: claims a node prepares at once without waiting for the rate limiter")
+	f.Float64Var(&o.backgroundQPS, "kube-api-background-qps", "KUBE_API_BACKGROUND_QPS", DefaultBackgroundQPS, "queries per second to the API server for work behind the calls: claim statuses, events, ResourceSlices, pod lists")
+	f.IntVar(&o.backgroundBurst, "kube-api-background-burst", "KUBE_API_BACKGROUND_BURST", DefaultBackgroundBurst, "burst of queries to the API server for work behind the calls")
 	o.dirs.addFlags(f)
 	o.sharing.AddFlags(f)
 	o.usage.AddFlags(f)
@@ -185,7 +190,11 @@ func (o *options) run(ctx context.Context) error {
 	if err := driver.CheckNoLiveShim(o.dirs.devicePluginDir); err != nil {
 		return err
 	}
-	client, err := kubeClient(o.kubeconfig, o.kubeAPIQPS, o.kubeAPIBurst)
+	client, err := kubeClient(o.kubeconfig, o.kubeAPIQPS, o.kubeAPIBurst, "prepare")
+	if err != nil {
+		return err
+	}
+	background, err := kubeClient(o.kubeconfig, o.backgroundQPS, o.backgroundBurst, "background")
 	if err != nil {
 		return err
 	}
@@ -210,22 +219,23 @@ func (o *options) run(ctx context.Context) error {
 		return err
 	}
 	opts := draplugin.Options{
-		Sharing:         draplugin.Sharing{MPS: mpsManager, SetTimeSlice: node.Host.SetTimeSlice},
-		NodeName:        o.node.NodeName,
-		Client:          client,
-		Inventory:       node.Inv,
-		Plan:            node.Plan,
-		Edits:           containeredits.Options{DeviceNumbers: node.Host.DeviceNumbers, DeviceHostRoot: o.node.DeviceHostRoot(o.driverFiles.HostDriverRoot), Driver: files.Source()},
-		NVIDIACDIDevice: files.NVIDIACDI,
-		CDIRoot:         o.dirs.cdiRoot,
-		PluginDataDir:   driver.PluginDir(o.dirs.pluginsDir),
-		RegistrarDir:    o.dirs.registrarDir,
-		PodUID:          types.UID(o.podUID),
-		BootIDFile:      o.bootIDFile,
-		Layout:          draplugin.LayoutMode(o.layout.Value()),
-		DeviceMetadata:  o.deviceMetadata,
-		Health:          mon,
-		Collectors:      []prometheus.Collector{mon.Collector()},
+		Sharing:          draplugin.Sharing{MPS: mpsManager, SetTimeSlice: node.Host.SetTimeSlice},
+		NodeName:         o.node.NodeName,
+		Client:           client,
+		BackgroundClient: background,
+		Inventory:        node.Inv,
+		Plan:             node.Plan,
+		Edits:            containeredits.Options{DeviceNumbers: node.Host.DeviceNumbers, DeviceHostRoot: o.node.DeviceHostRoot(o.driverFiles.HostDriverRoot), Driver: files.Source()},
+		NVIDIACDIDevice:  files.NVIDIACDI,
+		CDIRoot:          o.dirs.cdiRoot,
+		PluginDataDir:    driver.PluginDir(o.dirs.pluginsDir),
+		RegistrarDir:     o.dirs.registrarDir,
+		PodUID:           types.UID(o.podUID),
+		BootIDFile:       o.bootIDFile,
+		Layout:           draplugin.LayoutMode(o.layout.Value()),
+		DeviceMetadata:   o.deviceMetadata,
+		Health:           mon,
+		Collectors:       []prometheus.Collector{mon.Collector()},
 	}
 	if o.metricsAddress != "" {
 		// Only the metrics show what is sampled.
@@ -268,7 +278,22 @@ func (o *options) serve(ctx context.Context, d *draplugin.Driver) error {
 	}
 }
 
-func kubeClient(kubeconfig string, qps float64, burst int) (kubernetes.Interface, error) {
+// The API rate limits. The prepare path's burst covers a node's largest
+// burst of pods (64 one-GPU seats on an 8-GPU node with four seats a
+// GPU) so that a burst of pods waits for no token; its QPS refills that
+// in a few seconds. Work behind the calls keeps the conservative limits
+// DRA drivers ship with: it only decides how soon statuses and events
+// appear. docs/performance.md has the measurements and the fleet cost.
+const (
+	DefaultPrepareQPS      = 20
+	DefaultPrepareBurst    = 64
+	DefaultBackgroundQPS   = 5
+	DefaultBackgroundBurst = 10
+)
+
+// kubeClient is a client with its own rate limiter; purpose goes into its
+// user agent, so that the API server's logs and metrics tell the two apart.
+func kubeClient(kubeconfig string, qps float64, burst int, purpose string) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -283,7 +308,7 @@ func kubeClient(kubeconfig string, qps float64, burst int) (kubernetes.Interface
 		}
 	}
 	cfg.QPS, cfg.Burst = float32(qps), burst
-	cfg.UserAgent = name
+	cfg.UserAgent = name + "/" + purpose
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create Kubernetes client: %w", err)

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -24,7 +25,7 @@ import (
 
 func main() {
 	var opts bench.Options
-	studies := flag.String("studies", "alloc,allocpatch,prepare,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, allocpatch, prepare, footprint, shim-footprint, sched (alloc-figures and decisions: allocpatch's child process)")
+	studies := flag.String("studies", "alloc,allocpatch,prepare,burst,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, allocpatch, prepare, footprint, shim-footprint, sched (alloc-figures and decisions: allocpatch's child process)")
 	flag.IntVar(&opts.Rounds, "rounds", 3, "rounds of each study; figures are medians over rounds")
 	flag.IntVar(&opts.Alloc.RejectNodes, "reject-nodes", 50, "allocator study: full nodes each reject measurement tries")
 	flag.IntVar(&opts.Alloc.FirstFitNodes, "firstfit-nodes", 500, "allocator study: nodes of the first-fit run")
@@ -41,9 +42,12 @@ func main() {
 	flag.IntVar(&opts.Prepare.Bursts, "prepare-bursts", 3, "prepare study: bursts of concurrent claims per round (their p99 rests on concurrent x bursts samples)")
 	qps := flag.Float64("prepare-qps", 1000, "prepare study: both drivers' client QPS")
 	flag.IntVar(&opts.Prepare.Burst, "prepare-burst", 1000, "prepare study: both drivers' client burst")
-	flag.IntVar(&opts.Sched.Nodes, "sched-nodes", 120, "scheduler study: nodes")
+	burstSizes := flag.String("burst-sizes", "8,32,64", "burst study: pods prepared at once on one node, comma-separated")
+	flag.IntVar(&opts.Burst.Rounds, "burst-rounds", 2, "burst study: rounds (each a burst of every size per driver and limits)")
+	schedNodes := flag.String("sched-nodes", "100,250,500", "scheduler study: node counts, comma-separated")
+	flag.StringVar(&opts.Sched.Profile, "sched-profile", "", "scheduler study: CPU-profile the empty-node rounds at the largest count into <prefix>-basic.pprof and <prefix>-ours.pprof")
 	flag.IntVar(&opts.Sched.Pods, "sched-pods", 400, "scheduler study: pods scheduled onto empty nodes per shape and round")
-	flag.Float64Var(&opts.Sched.BusyShare, "sched-busy-share", 0.75, "scheduler study: share of the nodes full in the busy-cluster scenario")
+	flag.Float64Var(&opts.Sched.BusyShare, "sched-busy-share", 0.9, "scheduler study: share of the nodes full in the busy-cluster scenario")
 	flag.Float64Var(&opts.Sched.BusyFill, "sched-busy-fill", 0.6, "scheduler study: share of the free nodes' seats the pods released onto the busy cluster take")
 	flag.StringVar(&opts.Footprint.Plugin, "plugin", "bin/kyb-dra-plugin", "footprint study: the plugin binary")
 	flag.IntVar(&opts.Footprint.Cycles, "cycles", 1000, "footprint study: prepare/unprepare cycles")
@@ -55,6 +59,8 @@ func main() {
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (control plane and drivers share the process) to this file")
 	flag.Parse()
 	opts.Studies = strings.Split(*studies, ",")
+	opts.Burst.Sizes = counts("burst-sizes", *burstSizes)
+	opts.Sched.Nodes = counts("sched-nodes", *schedNodes)
 	opts.Prepare.QPS = float32(*qps)
 	opts.Sched.Preset = opts.Alloc.Preset
 	opts.Patch.Preset, opts.Patch.FirstFitClaims = opts.Alloc.Preset, opts.Alloc.FirstFitClaims
@@ -104,6 +110,19 @@ func main() {
 		stop()
 		fail(err)
 	}
+}
+
+// counts parses a flag's comma-separated list of positive counts.
+func counts(name, list string) []int {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fail(fmt.Errorf("-%s: %q is not a positive count", name, f))
+		}
+		out = append(out, n)
+	}
+	return out
 }
 
 func fail(err error) {

@@ -223,6 +223,10 @@ realGPUs, kubeletDir, seamless, health, metrics).
   value: {{ $.Values.kubeletPlugin.kubeAPIQPS | quote }}
 - name: KUBE_API_BURST
   value: {{ $.Values.kubeletPlugin.kubeAPIBurst | quote }}
+- name: KUBE_API_BACKGROUND_QPS
+  value: {{ $.Values.kubeletPlugin.kubeAPIBackgroundQPS | quote }}
+- name: KUBE_API_BACKGROUND_BURST
+  value: {{ $.Values.kubeletPlugin.kubeAPIBackgroundBurst | quote }}
 {{- if $.seamless }}
 # Rolling-update mode of the kubelet plugin helper: sockets named
 # after this pod, calls serialised with the other pod by a file lock.
