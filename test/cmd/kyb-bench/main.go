@@ -43,7 +43,7 @@ func main() {
 	qps := flag.Float64("prepare-qps", 1000, "prepare study: both drivers' client QPS")
 	flag.IntVar(&opts.Prepare.Burst, "prepare-burst", 1000, "prepare study: both drivers' client burst")
 	burstSizes := flag.String("burst-sizes", "8,32,64", "burst study: pods prepared at once on one node, comma-separated")
-	flag.IntVar(&opts.Burst.Rounds, "burst-rounds", 2, "burst study: rounds (each a burst of every size per driver and limits)")
+	flag.IntVar(&opts.Burst.Rounds, "burst-rounds", 1, "burst study: rounds (each a burst of every size per driver and limits)")
 	schedNodes := flag.String("sched-nodes", "100,250,500", "scheduler study: node counts, comma-separated")
 	flag.StringVar(&opts.Sched.Profile, "sched-profile", "", "scheduler study: CPU-profile the empty-node rounds at the largest count into <prefix>-basic.pprof and <prefix>-ours.pprof")
 	flag.IntVar(&opts.Sched.Pods, "sched-pods", 400, "scheduler study: pods scheduled onto empty nodes per shape and round")
