@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-dra-plugin/app"
@@ -119,21 +118,8 @@ func (e *prepareEnv) burst(ctx context.Context, drv string, n int, res *BurstRes
 		return err
 	}
 	e.requests.take()
-	samples := make([]time.Duration, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	gate := make(chan struct{})
-	for i, bc := range claims {
-		wg.Go(func() {
-			<-gate
-			start := time.Now()
-			errs[i] = e.prepare(ctx, PathKubelet, drv, bc)
-			samples[i] = time.Since(start)
-		})
-	}
-	close(gate)
-	wg.Wait()
-	if err := errorsJoin(errs); err != nil {
+	samples, err := e.prepareAtOnce(ctx, PathKubelet, drv, claims)
+	if err != nil {
 		return err
 	}
 	for k, v := range e.requests.take() {
@@ -147,7 +133,7 @@ func (e *prepareEnv) burst(ctx context.Context, drv string, n int, res *BurstRes
 	if drv != driver.Name {
 		return e.done(ctx, PathKubelet, drv, claims, settle)
 	}
-	time.Sleep(time.Duration(float64(n)/max(float64(app.DefaultBackgroundQPS), 1)*float64(time.Second)) + 2*time.Second)
+	time.Sleep(time.Duration(float64(n)/float64(e.limits.background())*float64(time.Second)) + 2*time.Second)
 	for k, v := range e.requests.take() {
 		res.Background[k] += v
 	}

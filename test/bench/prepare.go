@@ -183,8 +183,18 @@ func (e *prepareEnv) measurePass(ctx context.Context, path Path, driverName stri
 	if err != nil {
 		return nil, nil, err
 	}
-	samples := make([]time.Duration, n)
-	errs := make([]error, n)
+	samples, err := e.prepareAtOnce(ctx, path, driverName, claims)
+	if err != nil {
+		return nil, nil, err
+	}
+	return samples, nil, e.done(ctx, path, driverName, claims, settle)
+}
+
+// prepareAtOnce prepares every claim at once, a call each, started
+// together, and returns each call's latency.
+func (e *prepareEnv) prepareAtOnce(ctx context.Context, path Path, driverName string, claims []*benchClaim) ([]time.Duration, error) {
+	samples := make([]time.Duration, len(claims))
+	errs := make([]error, len(claims))
 	var ready, done sync.WaitGroup
 	gate := make(chan struct{})
 	for i, bc := range claims {
@@ -202,10 +212,7 @@ func (e *prepareEnv) measurePass(ctx context.Context, path Path, driverName stri
 	ready.Wait()
 	close(gate)
 	done.Wait()
-	if err := errorsJoin(errs); err != nil {
-		return nil, nil, err
-	}
-	return samples, nil, e.done(ctx, path, driverName, claims, settle)
+	return samples, errorsJoin(errs)
 }
 
 // done unprepares a scenario's claims (not measured), frees their seats in

@@ -50,6 +50,7 @@ type prepareEnv struct {
 	// requests counts the API requests of our plugin's clients and of the
 	// no-op driver's.
 	requests *requestCounts
+	limits   Limits
 	ours     *draplugin.Driver
 	noop     *kubeletplugin.Helper
 	alloc    *schedulertest.Cluster
@@ -108,6 +109,14 @@ type Limits struct {
 	BackgroundBurst int
 }
 
+// background is the QPS our plugin's work behind the calls gets.
+func (l Limits) background() float32 {
+	if l.BackgroundQPS > 0 {
+		return l.BackgroundQPS
+	}
+	return l.QPS
+}
+
 func newPrepareEnv(ctx context.Context, c *harness.Cluster, name string, l Limits) (*prepareEnv, error) {
 	node := c.AddNode(harness.NodeOptions{Name: name, Preset: "dgx-h100", NoPlugin: true})
 	counts := &requestCounts{}
@@ -130,7 +139,7 @@ func newPrepareEnv(ctx context.Context, c *harness.Cluster, name string, l Limit
 		return nil, err
 	}
 	cdiRoot, onTmpfs := cdiDir(node.CDIDir)
-	e := &prepareEnv{c: c, node: node, cdiRoot: cdiRoot, cdiOnTmpfs: onTmpfs, requests: counts, steps: &stepClock{times: map[draplugin.HookPoint]time.Time{}}, conns: map[string]drapb.DRAPluginClient{}}
+	e := &prepareEnv{c: c, node: node, cdiRoot: cdiRoot, cdiOnTmpfs: onTmpfs, requests: counts, limits: l, steps: &stepClock{times: map[draplugin.HookPoint]time.Time{}}, conns: map[string]drapb.DRAPluginClient{}}
 	e.ours, err = draplugin.Start(ctx, draplugin.Options{
 		NodeName: node.Name, Client: client, BackgroundClient: background, Inventory: inv, Plan: plan,
 		Edits:         containeredits.Options{DeviceNumbers: sim.DeviceNumbers},
