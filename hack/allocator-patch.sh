@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares the patched allocator for the benchmarks: a copy of
 # k8s.io/dynamic-resource-allocation at the version the test module uses,
-# taken from the module cache, with test/allocpatch/*.patch applied, and a
+# taken from the module cache, with test/allocpatch/*.patch applied in name order, and a
 # go.mod for the test module that replaces the stock module with the copy
 # (used through go's -modfile, so nothing committed changes). Only the
 # patch is ours; the copy is made here, under _output, and never committed.
