@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
@@ -66,6 +67,9 @@ type SchedScenario struct {
 	Pods []int
 	// PodsPerSecond per round, per shape.
 	PodsPerSecond [][]float64
+	// Attempts per round, per shape: the scheduler's scheduling attempts
+	// (scheduled, unschedulable or error) per pod after the release.
+	Attempts [][]float64
 }
 
 // UpstreamBasicThreshold is scheduler_perf's pods/s threshold for its
@@ -114,6 +118,7 @@ func RunSched(ctx context.Context, c *harness.Cluster, opts SchedOptions) (*Sche
 	for r := 0; r < opts.Rounds; r++ {
 		for si, sc := range st.Scenarios {
 			rates := make([]float64, len(sc.Shapes))
+			attempts := make([]float64, len(sc.Shapes))
 			for k := range sc.Shapes {
 				// Rotate which shape goes first from round to round.
 				i := (k + r) % len(sc.Shapes)
@@ -122,13 +127,15 @@ func RunSched(ctx context.Context, c *harness.Cluster, opts SchedOptions) (*Sche
 					profile = fmt.Sprintf("%s-%s.pprof", opts.Profile, []string{"basic", "ours"}[i])
 					st.Profiles[sc.Shapes[i].Name] = profile
 				}
-				rate, err := schedRound(ctx, c, sc.Shapes[i], fmt.Sprintf("r%d-c%d-s%d", r, si, i), sc.Nodes, sc.Full, sc.Pods[i], profile)
+				rate, tries, err := schedRound(ctx, c, sc.Shapes[i], fmt.Sprintf("r%d-c%d-s%d", r, si, i), sc.Nodes, sc.Full, sc.Pods[i], profile)
 				if err != nil {
 					return nil, fmt.Errorf("round %d, %d nodes, %s, %s: %w", r, sc.Nodes, sc.Name, sc.Shapes[i].Name, err)
 				}
 				rates[i] = rate
+				attempts[i] = tries / float64(sc.Pods[i])
 			}
 			sc.PodsPerSecond = append(sc.PodsPerSecond, rates)
+			sc.Attempts = append(sc.Attempts, attempts)
 		}
 	}
 	return st, nil
@@ -136,19 +143,20 @@ func RunSched(ctx context.Context, c *harness.Cluster, opts SchedOptions) (*Sche
 
 // schedRound creates n nodes of shape s with their slices, fills the first
 // full of them (fillNodes), creates pods pods with one claim each,
-// releases them and returns the steady-state pods/s: from the tenth of
-// them scheduled to the last.
-func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, full, pods int, profile string) (float64, error) {
+// releases them and returns the steady-state pods/s (from the tenth of
+// them scheduled to the last) and the scheduler's attempts after the
+// release: more attempts than pods are pods retried.
+func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, full, pods int, profile string) (float64, float64, error) {
 	ns := "sched-" + id
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	nodes := make([]string, n)
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("%s-node-%03d", id, i)
 	}
 	if err := parallel(ctx, len(nodes), func(i int) error { return createNode(ctx, c.Client, nodes[i], s) }); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer func() {
 		// The next round's pods must not land here.
@@ -157,7 +165,7 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, 
 		})
 	}()
 	if err := fillNodes(ctx, c.Client, s, ns, nodes[:full]); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 
 	scheduled := make(chan time.Time, pods)
@@ -171,7 +179,7 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, 
 			}
 		}
 	}}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	stop := make(chan struct{})
 	defer close(stop)
@@ -179,27 +187,31 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, 
 	inf.WaitForCacheSync(stop)
 
 	if err := parallel(ctx, pods, func(i int) error { return createPod(ctx, c.Client, ns, fmt.Sprintf("p%04d", i), s.Class, id) }); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// Let the scheduler find every pod unschedulable first.
 	time.Sleep(2 * time.Second)
 	if profile != "" {
 		f, err := os.Create(profile)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			return 0, fmt.Errorf("profile the scheduler: %w", err)
+			return 0, 0, fmt.Errorf("profile the scheduler: %w", err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	before, err := scheduleAttempts()
+	if err != nil {
+		return 0, 0, err
 	}
 	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, schedLabel, id))
 	if err := parallel(ctx, len(nodes), func(i int) error {
 		_, err := c.Client.CoreV1().Nodes().Patch(ctx, nodes[i], types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
 	}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var times []time.Time
 	timeout := time.After(time.Duration(pods)*100*time.Millisecond + time.Minute)
@@ -208,13 +220,17 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, 
 		case t := <-scheduled:
 			times = append(times, t)
 		case <-timeout:
-			return 0, fmt.Errorf("only %d of %d pods were scheduled", len(times), pods)
+			return 0, 0, fmt.Errorf("only %d of %d pods were scheduled", len(times), pods)
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, 0, ctx.Err()
 		}
 	}
+	after, err := scheduleAttempts()
+	if err != nil {
+		return 0, 0, err
+	}
 	first := len(times) / 10
-	return float64(len(times)-1-first) / times[len(times)-1].Sub(times[first]).Seconds(), nil
+	return float64(len(times)-1-first) / times[len(times)-1].Sub(times[first]).Seconds(), after - before, nil
 }
 
 func createNode(ctx context.Context, client kubernetes.Interface, name string, s Shape) error {
@@ -318,17 +334,18 @@ func parallel(ctx context.Context, n int, f func(i int) error) error {
 func (st *SchedStudy) Table() *Table {
 	t := &Table{
 		Title:  fmt.Sprintf("kube-scheduler (in-process) steady-state throughput, %v nodes per shape (median of %d rounds)", st.Options.Nodes, st.Options.Rounds),
-		Header: []string{"nodes", "pods released onto", "shape", "pods", "pods/s", "ratio to basic", "nodes' claims taken at the end"},
+		Header: []string{"nodes", "pods released onto", "shape", "pods", "pods/s", "ratio to basic", "scheduling attempts per pod", "nodes' claims taken at the end"},
 	}
 	for _, sc := range st.Scenarios {
 		for i, s := range sc.Shapes {
-			var rates, ratios []float64
-			for _, r := range sc.PodsPerSecond {
-				rates = append(rates, r[i])
-				ratios = append(ratios, r[i]/r[0])
+			var rates, ratios, attempts []float64
+			for r, rs := range sc.PodsPerSecond {
+				rates = append(rates, rs[i])
+				ratios = append(ratios, rs[i]/rs[0])
+				attempts = append(attempts, sc.Attempts[r][i])
 			}
 			fill := float64(sc.Full*s.PerNode+sc.Pods[i]) / float64(sc.Nodes*s.PerNode)
-			t.Rows = append(t.Rows, []string{fmt.Sprint(sc.Nodes), sc.Name, s.Name, fmt.Sprint(sc.Pods[i]), fmt.Sprintf("%.0f", Median(rates)), Ratio(Median(ratios)), fmt.Sprintf("%.0f %%", 100*fill)})
+			t.Rows = append(t.Rows, []string{fmt.Sprint(sc.Nodes), sc.Name, s.Name, fmt.Sprint(sc.Pods[i]), fmt.Sprintf("%.0f", Median(rates)), Ratio(Median(ratios)), fmt.Sprintf("%.2f", Median(attempts)), fmt.Sprintf("%.0f %%", 100*fill)})
 		}
 	}
 	t.Notes = []string{fmt.Sprintf("Each pod has its own ResourceClaim for one device (ours: a 1x seat); the pods are created unschedulable "+
@@ -338,4 +355,23 @@ func (st *SchedStudy) Table() *Table {
 		"this machine's CPUs. Upstream's scheduler_perf threshold for its basic shape at 500 nodes is %d pods/s on its CI machines.",
 		100*st.Options.BusyFill, UpstreamBasicThreshold)}
 	return t
+}
+
+// scheduleAttempts is the in-process scheduler's
+// scheduler_schedule_attempts_total, summed over results and profiles.
+func scheduleAttempts() (float64, error) {
+	families, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		return 0, fmt.Errorf("gather the scheduler's metrics: %w", err)
+	}
+	total := 0.0
+	for _, f := range families {
+		if f.GetName() != "scheduler_schedule_attempts_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			total += m.GetCounter().GetValue()
+		}
+	}
+	return total, nil
 }

@@ -202,8 +202,18 @@ func (c *Cluster) startScheduler() {
 	evt := events.NewBroadcaster(&events.EventSinkImpl{Interface: c.Client.EventsV1()})
 	evt.StartRecordingToSink(c.Ctx.Done())
 	tb.Cleanup(evt.Shutdown)
-	inf := scheduler.NewInformerFactory(c.Client, 0, nil)
-	sched, err := scheduler.New(c.Ctx, c.Client, inf, nil, profile.NewRecorderFactory(evt), scheduler.WithKubeConfig(c.Config))
+	// The scheduler gets a client of its own, at the limits upstream's
+	// scheduler_perf gives it: on the client the tests share, its claim
+	// status writes and bindings would queue behind the tests' requests
+	// and the limiter, not the scheduler, would set the pace.
+	cfg := rest.CopyConfig(c.Config)
+	cfg.QPS, cfg.Burst = 5000, 5000
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		tb.Fatalf("scheduler client: %v", err)
+	}
+	inf := scheduler.NewInformerFactory(client, 0, nil)
+	sched, err := scheduler.New(c.Ctx, client, inf, nil, profile.NewRecorderFactory(evt), scheduler.WithKubeConfig(cfg))
 	if err != nil {
 		tb.Fatalf("create scheduler: %v", err)
 	}
