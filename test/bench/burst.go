@@ -23,6 +23,8 @@ type BurstOptions struct {
 	// Sizes are the pods prepared at once.
 	Sizes  []int
 	Rounds int
+	// ShippedOnly leaves out the limits the plugin no longer ships.
+	ShippedOnly bool
 }
 
 // BurstGoal: a 32-pod burst prepared within 1.2x of the no-op driver at
@@ -73,6 +75,9 @@ type BurstStudy struct {
 func RunBurst(ctx context.Context, c *harness.Cluster, opts BurstOptions) (*BurstStudy, error) {
 	st := &BurstStudy{Options: opts}
 	for i, cfg := range burstConfigs() {
+		if opts.ShippedOnly && !cfg.shipped {
+			continue
+		}
 		e, err := newPrepareEnv(ctx, c, fmt.Sprintf("burst-node-%d", i), cfg.limits)
 		if err != nil {
 			return nil, err

@@ -44,6 +44,7 @@ func main() {
 	flag.IntVar(&opts.Prepare.Burst, "prepare-burst", 1000, "prepare study: both drivers' client burst")
 	burstSizes := flag.String("burst-sizes", "8,32,64", "burst study: pods prepared at once on one node, comma-separated")
 	flag.IntVar(&opts.Burst.Rounds, "burst-rounds", 1, "burst study: rounds (each a burst of every size per driver and limits)")
+	flag.BoolVar(&opts.Burst.ShippedOnly, "burst-shipped-only", false, "burst study: measure only the limits the plugin ships with")
 	schedNodes := flag.String("sched-nodes", "100,250,500", "scheduler study: node counts, comma-separated")
 	flag.StringVar(&opts.Sched.Profile, "sched-profile", "", "scheduler study: CPU-profile the empty-node rounds at the largest count into <prefix>-basic.pprof and <prefix>-ours.pprof")
 	flag.IntVar(&opts.Sched.Pods, "sched-pods", 400, "scheduler study: pods scheduled onto empty nodes per shape and round")
