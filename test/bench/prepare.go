@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -31,6 +32,12 @@ type PrepareOptions struct {
 	// QPS and Burst are both drivers' client-side API rate limits.
 	QPS   float32
 	Burst int
+	// BackgroundQPS and BackgroundBurst limit our plugin's background
+	// client (claim statuses, events); zero means QPS and Burst. Set low,
+	// they keep our writes behind the calls off the API server that
+	// shares this machine while the calls are timed.
+	BackgroundQPS   float32
+	BackgroundBurst int
 }
 
 // Path is how a prepare reaches the driver.
@@ -75,7 +82,7 @@ type Step struct {
 // RunPrepare measures prepare latency of our driver and the no-op driver
 // on one node of a running cluster.
 func RunPrepare(ctx context.Context, c *harness.Cluster, opts PrepareOptions) (*PrepareStudy, error) {
-	e, err := newPrepareEnv(ctx, c, "bench-node", Limits{QPS: opts.QPS, Burst: opts.Burst, BackgroundQPS: opts.QPS, BackgroundBurst: opts.Burst})
+	e, err := newPrepareEnv(ctx, c, "bench-node", Limits{QPS: opts.QPS, Burst: opts.Burst, BackgroundQPS: cmp.Or(opts.BackgroundQPS, opts.QPS), BackgroundBurst: cmp.Or(opts.BackgroundBurst, opts.Burst)})
 	if err != nil {
 		return nil, err
 	}

@@ -42,6 +42,8 @@ func main() {
 	flag.IntVar(&opts.Prepare.Bursts, "prepare-bursts", 3, "prepare study: bursts of concurrent claims per round (their p99 rests on concurrent x bursts samples)")
 	qps := flag.Float64("prepare-qps", 1000, "prepare study: both drivers' client QPS")
 	flag.IntVar(&opts.Prepare.Burst, "prepare-burst", 1000, "prepare study: both drivers' client burst")
+	bgQPS := flag.Float64("prepare-background-qps", 0, "prepare study: our plugin's background client QPS (claim statuses, events); 0: -prepare-qps")
+	flag.IntVar(&opts.Prepare.BackgroundBurst, "prepare-background-burst", 0, "prepare study: our plugin's background client burst; 0: -prepare-burst")
 	burstSizes := flag.String("burst-sizes", "8,32,64", "burst study: pods prepared at once on one node, comma-separated")
 	flag.IntVar(&opts.Burst.Rounds, "burst-rounds", 1, "burst study: rounds (each a burst of every size per driver and limits)")
 	flag.BoolVar(&opts.Burst.ShippedOnly, "burst-shipped-only", false, "burst study: measure only the limits the plugin ships with")
@@ -63,6 +65,7 @@ func main() {
 	opts.Burst.Sizes = counts("burst-sizes", *burstSizes)
 	opts.Sched.Nodes = counts("sched-nodes", *schedNodes)
 	opts.Prepare.QPS = float32(*qps)
+	opts.Prepare.BackgroundQPS = float32(*bgQPS)
 	opts.Sched.Preset = opts.Alloc.Preset
 	opts.Patch.Preset, opts.Patch.FirstFitClaims = opts.Alloc.Preset, opts.Alloc.FirstFitClaims
 
