@@ -351,7 +351,8 @@ func (st *SchedStudy) Table() *Table {
 	t.Notes = []string{fmt.Sprintf("Each pod has its own ResourceClaim for one device (ours: a 1x seat); the pods are created unschedulable "+
 		"and released at once by labelling the nodes; pods/s from the tenth pod scheduled to the last. Busy: before the pods come, the "+
 		"scheduler's own allocator fills the first nodes, the claims are written to the API server as allocated, and each full node is "+
-		"published as the plugin publishes it once those claims are prepared; the pods then take %.0f %% of the other nodes' seats. The scheduler, API server and etcd share "+
+		"published as the plugin publishes it once those claims are prepared; the pods then take %.0f %% of the other nodes' seats. Scheduling attempts per pod "+
+		"above 1 are pods retried. The scheduler has a client of its own at QPS 5000, as in upstream's scheduler_perf; it, the API server and etcd share "+
 		"this machine's CPUs. Upstream's scheduler_perf threshold for its basic shape at 500 nodes is %d pods/s on its CI machines.",
 		100*st.Options.BusyFill, UpstreamBasicThreshold)}
 	return t
