@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
@@ -158,12 +160,7 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, 
 	if err := parallel(ctx, len(nodes), func(i int) error { return createNode(ctx, c.Client, nodes[i], s) }); err != nil {
 		return 0, 0, err
 	}
-	defer func() {
-		// The next round's pods must not land here.
-		_ = parallel(context.WithoutCancel(ctx), len(nodes), func(i int) error {
-			return c.Client.CoreV1().Nodes().Delete(context.WithoutCancel(ctx), nodes[i], metav1.DeleteOptions{})
-		})
-	}()
+	defer removeRound(context.WithoutCancel(ctx), c.Client, ns, nodes)
 	if err := fillNodes(ctx, c.Client, s, ns, nodes[:full]); err != nil {
 		return 0, 0, err
 	}
@@ -231,6 +228,41 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, 
 	}
 	first := len(times) / 10
 	return float64(len(times)-1-first) / times[len(times)-1].Sub(times[first]).Seconds(), after - before, nil
+}
+
+// removeRound deletes what a round created: its nodes (the next round's
+// pods must not land there), their slices, and its pods and claims. No
+// garbage collector runs here, so what is left would stay, and every
+// later round's scheduler would walk it: the rounds would not be alike.
+func removeRound(ctx context.Context, client kubernetes.Interface, ns string, nodes []string) {
+	logger := klog.FromContext(ctx)
+	now := metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}
+	if err := client.CoreV1().Pods(ns).DeleteCollection(ctx, now, metav1.ListOptions{}); err != nil {
+		logger.Error(err, "Remove a round's pods", "namespace", ns)
+	}
+	// The scheduler puts a finalizer on the claims it allocates, which
+	// only the claim controller (not running here) takes off.
+	claims, err := client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		logger.Error(err, "List a round's claims", "namespace", ns)
+	} else if err := parallel(ctx, len(claims.Items), func(i int) error {
+		name := claims.Items[i].Name
+		if _, err := client.ResourceV1().ResourceClaims(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("claim %s: %w", name, err)
+		}
+		return client.ResourceV1().ResourceClaims(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	}); err != nil {
+		logger.Error(err, "Remove a round's claims", "namespace", ns)
+	}
+	if err := parallel(ctx, len(nodes), func(i int) error {
+		if err := client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+			metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + nodes[i]}); err != nil {
+			return fmt.Errorf("slices of node %s: %w", nodes[i], err)
+		}
+		return client.CoreV1().Nodes().Delete(ctx, nodes[i], metav1.DeleteOptions{})
+	}); err != nil {
+		logger.Error(err, "Remove a round's nodes", "namespace", ns)
+	}
 }
 
 func createNode(ctx context.Context, client kubernetes.Interface, name string, s Shape) error {
