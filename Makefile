@@ -68,7 +68,7 @@ bench: ## every benchmark of docs/performance.md in one run (ROUNDS=3); tables i
 e2e: helm patched-bench ## end-to-end tests against etcd, kube-apiserver, kube-scheduler and the kubelet's DRA manager, in-process
 	cd test && HELM=$(HELM) KYB_PATCHED_BENCH=$(abspath $(BIN))/kyb-bench-patched $(GO) test -count=1 -timeout 25m -ldflags '$(E2E_LDFLAGS)' $$($(GO) list ./... | grep -v /e2enode)
 
-# kyb-bench built against the allocator patch of test/allocpatch, applied
+# kyb-bench built against the allocator patches of test/allocpatch, applied
 # to a copy of the stock module under _output (hack/allocator-patch.sh).
 patched-bench:
 	cd test && modfile=$$(GO=$(GO) ../hack/allocator-patch.sh) && $(GO) build -modfile=$$modfile -ldflags '$(E2E_LDFLAGS)' -o $(abspath $(BIN))/kyb-bench-patched ./cmd/kyb-bench

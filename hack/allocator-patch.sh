@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Prepares the patched allocator for the benchmarks: a copy of
 # k8s.io/dynamic-resource-allocation at the version the test module uses,
-# taken from the module cache, with test/allocpatch/*.patch applied in name order, and a
-# go.mod for the test module that replaces the stock module with the copy
-# (used through go's -modfile, so nothing committed changes). Only the
-# patch is ours; the copy is made here, under _output, and never committed.
+# taken from the module cache, with test/allocpatch/*.patch applied in
+# name order, and a go.mod for the test module that replaces the stock
+# module with the copy (used through go's -modfile, so nothing committed
+# changes). Only the patches are ours; the copy is made here, under
+# _output, and never committed.
 #
 #   hack/allocator-patch.sh    prints the -modfile to build with
 set -euo pipefail
