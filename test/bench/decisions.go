@@ -39,8 +39,9 @@ const partDriver = "part.example.com"
 type DecisionStats struct {
 	Pods, Placed, Refused, Errors, Releases int
 	// SkippedBeforeSelectors is how often the allocator logged skipping a
-	// device before its selectors: never for the stock module.
-	SkippedBeforeSelectors int64
+	// device before its selectors, PoolsSkippedBeforeSelectors a whole
+	// pool: never for the stock module.
+	SkippedBeforeSelectors, PoolsSkippedBeforeSelectors int64
 }
 
 // Decisions writes the allocator's answers for streams random streams of
@@ -56,6 +57,7 @@ func Decisions(ctx context.Context, w io.Writer, seed uint64, streams, steps int
 		}
 	}
 	st.SkippedBeforeSelectors = sink.skipped.Load()
+	st.PoolsSkippedBeforeSelectors = sink.pools.Load()
 	return st, nil
 }
 
@@ -289,13 +291,17 @@ func randomClaim(rng *rand.Rand, name string) *resourceapi.ResourceClaim {
 }
 
 // skipCounter is a logger that counts the patched allocator's "skipped
-// before selectors" messages and drops everything else.
-type skipCounter struct{ skipped atomic.Int64 }
+// before selectors" messages, of devices and of pools, and drops
+// everything else.
+type skipCounter struct{ skipped, pools atomic.Int64 }
 
 func (s *skipCounter) Init(logr.RuntimeInfo)  {}
 func (s *skipCounter) Enabled(level int) bool { return true }
 func (s *skipCounter) Info(_ int, msg string, _ ...any) {
-	if strings.Contains(msg, "skipped before selectors") {
+	switch {
+	case strings.Contains(msg, "pool skipped before selectors"):
+		s.pools.Add(1)
+	case strings.Contains(msg, "skipped before selectors"):
 		s.skipped.Add(1)
 	}
 }

@@ -51,16 +51,16 @@ func TestPatchedAllocatorDecidesAsStock(t *testing.T) {
 	}
 	// The patched build must really be patched: it skips devices before
 	// their selectors, which the stock module never does.
-	if st.SkippedBeforeSelectors == 0 {
-		t.Errorf("%s skipped no device before its selectors: is it the stock allocator?", opts.Patched)
+	if st.SkippedBeforeSelectors == 0 || st.PoolsSkippedBeforeSelectors == 0 {
+		t.Errorf("%s skipped %d devices and %d pools before their selectors: is it the stock allocator?", opts.Patched, st.SkippedBeforeSelectors, st.PoolsSkippedBeforeSelectors)
 	}
 	var stock strings.Builder
 	own, err := Decisions(ctx, &stock, opts.Seed, opts.Streams, opts.Steps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if own.SkippedBeforeSelectors != 0 {
-		t.Errorf("this build skipped %d devices before their selectors: it should be the stock allocator", own.SkippedBeforeSelectors)
+	if own.SkippedBeforeSelectors != 0 || own.PoolsSkippedBeforeSelectors != 0 {
+		t.Errorf("this build skipped %d devices and %d pools before their selectors: it should be the stock allocator", own.SkippedBeforeSelectors, own.PoolsSkippedBeforeSelectors)
 	}
 
 	// The comparison can fail: another seed's decisions differ.
