@@ -50,6 +50,8 @@ type ShapeFigures struct {
 	// holds, since first fit tries every full node before it.
 	Calls   int
 	PerCall time.Duration
+	// PerNode is how many of the claims a node holds.
+	PerNode int
 }
 
 // AllocFigures are one process's figures, and the allocator module it was
@@ -113,7 +115,7 @@ func MeasureAllocFigures(ctx context.Context, opts PatchOptions) (AllocFigures, 
 		if err != nil {
 			return out, err
 		}
-		out.Shapes = append(out.Shapes, ShapeFigures{Name: s.Name, Reject: rej, ClaimsPerS: ff.ClaimsPerSecond(), Calls: ff.Calls, PerCall: ff.PerCall()})
+		out.Shapes = append(out.Shapes, ShapeFigures{Name: s.Name, Reject: rej, ClaimsPerS: ff.ClaimsPerSecond(), Calls: ff.Calls, PerCall: ff.PerCall(), PerNode: s.PerNode})
 	}
 	return out, nil
 }
@@ -271,14 +273,14 @@ func (st *PatchStudy) Table() *Table {
 			pc = append(pc, float64(pa.Shapes[i].PerCall))
 			ratio = append(ratio, float64(pa.Shapes[i].PerCall)/float64(pa.Shapes[0].PerCall))
 		}
-		perCall = append(perCall, fmt.Sprintf("%s %d calls, %s per call (%s)", s.Name, s.Calls, Dur(time.Duration(Median(pc))), Ratio(Median(ratio))))
+		perCall = append(perCall, fmt.Sprintf("%s %d claims a node, %d calls, %s per call (%s)", s.Name, s.PerNode, s.Calls, Dur(time.Duration(Median(pc))), Ratio(Median(ratio))))
 	}
 	d := st.Decisions
 	t.Notes = []string{
 		fmt.Sprintf("Stock: %s. Patched: %s.", st.Stock[0].Allocator, st.Patched[0].Allocator),
 		fmt.Sprintf("Reject: a one-device claim against %d full nodes, each once per allocator; first fit: %d one-device claims over %d nodes, an allocator per claim. "+
 			"Ratios are to basic measured in the same process.", st.Options.Nodes, st.Options.FirstFitClaims, st.Options.Nodes),
-		"First fit, patched, per Allocate call: " + strings.Join(perCall, "; ") + ". A node of ours holds fewer one-seat claims than basic's ten devices, so first fit tries more full nodes per claim.",
+		"First fit, patched, per Allocate call: " + strings.Join(perCall, "; ") + ". Claims per second also follow how many claims a node holds: first fit tries every full node before the one that fits.",
 		fmt.Sprintf("Same decisions as stock: %d random pods over %d streams (seed %d): %d placed, %d refused, %d node answers with errors, %d releases; "+
 			"every node's answer for every pod identical; the patched allocator skipped %d devices and %d whole pools before their selectors.",
 			d.Pods, st.Options.Streams, st.Options.Seed, d.Placed, d.Refused, d.Errors, d.Releases, d.SkippedBeforeSelectors, d.PoolsSkippedBeforeSelectors),
