@@ -33,7 +33,12 @@ part placement bash -c "cd test && $GO run ./cmd/kyb-sim -svg ../$out/placement.
 (cd test && $GO build -ldflags "-X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
   -o ../bin/kyb-bench ./cmd/kyb-bench)
 make patched-bench GO="$GO"
-part kube bin/kyb-bench -rounds "$ROUNDS" -patched bin/kyb-bench-patched -log "$out/control-plane.log"
+part kube bin/kyb-bench -rounds "$ROUNDS" -patched bin/kyb-bench-patched -log "$out/control-plane.log" \
+  -studies alloc,allocpatch,prepare,burst,footprint,shim-footprint
+# The kube-scheduler study runs in a process of its own: after the other
+# studies in the same process, its in-process scheduler ran our shape at a
+# third of the pace it has alone (docs/performance.md).
+part sched bin/kyb-bench -rounds "$ROUNDS" -studies sched -log "$out/sched-control-plane.log"
 part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
 
 {
@@ -45,6 +50,8 @@ part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
   grep -E '^Benchmark' "$out/shim.md"
   echo '```'
   cat "$out/kube.md"
+  echo
+  cat "$out/sched.md"
   echo
   echo "## Placement study"
   cat "$out/placement.md"

@@ -25,7 +25,7 @@ import (
 
 func main() {
 	var opts bench.Options
-	studies := flag.String("studies", "alloc,allocpatch,prepare,burst,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, allocpatch, prepare, footprint, shim-footprint, sched (alloc-figures and decisions: allocpatch's child process)")
+	studies := flag.String("studies", "alloc,allocpatch,prepare,burst,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, allocpatch, prepare, burst, footprint, shim-footprint, sched (alloc-figures and decisions: allocpatch's child process)")
 	flag.IntVar(&opts.Rounds, "rounds", 3, "rounds of each study; figures are medians over rounds")
 	flag.IntVar(&opts.Alloc.RejectNodes, "reject-nodes", 50, "allocator study: full nodes each reject measurement tries")
 	flag.IntVar(&opts.Alloc.FirstFitNodes, "firstfit-nodes", 500, "allocator study: nodes of the first-fit run")
