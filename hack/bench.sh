@@ -36,8 +36,9 @@ make patched-bench GO="$GO"
 part kube bin/kyb-bench -rounds "$ROUNDS" -patched bin/kyb-bench-patched -log "$out/control-plane.log" \
   -studies alloc,allocpatch,prepare,burst,footprint,shim-footprint
 # The kube-scheduler study runs in a process of its own: after the other
-# studies in the same process, its in-process scheduler ran our shape at a
-# third of the pace it has alone (docs/performance.md).
+# studies in the same process, its in-process scheduler once ran our shape
+# at a third of the pace it has alone, cause not yet found
+# (docs/performance.md, "kube-scheduler throughput").
 part sched bin/kyb-bench -rounds "$ROUNDS" -studies sched -log "$out/sched-control-plane.log"
 part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
 
