@@ -1,0 +1,109 @@
+// Package podresourcestest serves the kubelet's PodResources API (v1 List
+// and Get) over a real unix socket, from pods a test sets: what the kubelet
+// would answer. It is for tests only; no binary links it
+// (hack/deps-check.sh).
+package podresourcestest
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/types"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
+)
+
+// Server is a PodResources API with the pods a test set.
+type Server struct {
+	// Socket is where it listens.
+	Socket string
+
+	podresourcesapi.UnimplementedPodResourcesListerServer
+	mu   sync.Mutex
+	pods map[types.NamespacedName][]podresources.ContainerClaims
+	gets atomic.Int64
+}
+
+// Start serves the API at socket until the test ends.
+func Start(tb testing.TB, socket string) *Server {
+	tb.Helper()
+	if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
+		tb.Fatal(err)
+	}
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := &Server{Socket: socket, pods: map[types.NamespacedName][]podresources.ContainerClaims{}}
+	srv := grpc.NewServer()
+	podresourcesapi.RegisterPodResourcesListerServer(srv, s)
+	go func() { _ = srv.Serve(lis) }()
+	tb.Cleanup(srv.Stop)
+	return s
+}
+
+// SetPod makes the kubelet know a pod whose containers reference claims.
+func (s *Server) SetPod(namespace, name string, containers ...podresources.ContainerClaims) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pods[types.NamespacedName{Namespace: namespace, Name: name}] = containers
+}
+
+// RemovePod makes the kubelet forget a pod.
+func (s *Server) RemovePod(namespace, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.pods, types.NamespacedName{Namespace: namespace, Name: name})
+}
+
+// Gets counts the Get calls answered so far.
+func (s *Server) Gets() int { return int(s.gets.Load()) }
+
+func (s *Server) resources(key types.NamespacedName) *podresourcesapi.PodResources {
+	p := &podresourcesapi.PodResources{Namespace: key.Namespace, Name: key.Name}
+	for _, c := range s.pods[key] {
+		ctr := &podresourcesapi.ContainerResources{Name: c.Name}
+		for _, claim := range c.Claims {
+			ctr.DynamicResources = append(ctr.DynamicResources, &podresourcesapi.DynamicResource{ClaimName: claim.Name, ClaimNamespace: claim.Namespace})
+		}
+		p.Containers = append(p.Containers, ctr)
+	}
+	return p
+}
+
+// Get answers as the kubelet does: an error for a pod it does not know.
+func (s *Server) Get(_ context.Context, req *podresourcesapi.GetPodResourcesRequest) (*podresourcesapi.GetPodResourcesResponse, error) {
+	s.gets.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := types.NamespacedName{Namespace: req.GetPodNamespace(), Name: req.GetPodName()}
+	if _, ok := s.pods[key]; !ok {
+		return nil, fmt.Errorf("pod %s in namespace %s not found", key.Name, key.Namespace)
+	}
+	return &podresourcesapi.GetPodResourcesResponse{PodResources: s.resources(key)}, nil
+}
+
+// List lists every pod set.
+func (s *Server) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := &podresourcesapi.ListPodResourcesResponse{}
+	for _, key := range slices.SortedFunc(maps.Keys(s.pods), func(a, b types.NamespacedName) int {
+		return strings.Compare(a.String(), b.String())
+	}) {
+		resp.PodResources = append(resp.PodResources, s.resources(key))
+	}
+	return resp, nil
+}
+
