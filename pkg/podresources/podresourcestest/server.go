@@ -106,4 +106,3 @@ func (s *Server) List(context.Context, *podresourcesapi.ListPodResourcesRequest)
 	}
 	return resp, nil
 }
-
