@@ -218,7 +218,10 @@ func (s *shimSharing) largest(name string) int {
 }
 
 func (s *shimSharing) want(g *planner.Group) mps.Want {
-	return func() (mps.Limits, bool) { return s.hw.Want(g, s.largest(g.DeviceName())) }
+	return func() (mps.Limits, bool, error) {
+		limits, inUse := s.hw.Want(g, s.largest(g.DeviceName()))
+		return limits, inUse, nil
+	}
 }
 
 // run settles the daemons now and every Poll until ctx ends.

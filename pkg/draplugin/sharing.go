@@ -80,12 +80,13 @@ func (s *sharing) usesMPS(groupDevice string) bool {
 }
 
 func (s *sharing) want(g *planner.Group) mps.Want {
-	return func() (mps.Limits, bool) {
+	return func() (mps.Limits, bool, error) {
 		s.mu.Lock()
 		k := s.largest[g.DeviceName()]
 		delete(s.changed, g.DeviceName())
 		s.mu.Unlock()
-		return s.hw.Want(g, k)
+		limits, inUse := s.hw.Want(g, k)
+		return limits, inUse, nil
 	}
 }
 

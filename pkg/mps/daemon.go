@@ -2,19 +2,29 @@
 // the seats of a group hold their shares of its SMs and memory.
 //
 // The daemon is a host process the plugin starts (nvidia-cuda-mps-control
-// -f, in its own session) and finds again after a restart by its control
-// pipe, which lives in a host directory per group: a daemon that answers
-// there is adopted, not started twice. NVIDIA's DRA driver runs each
-// daemon as a Deployment instead; a pod per daemon needs the API server on
-// the prepare path and a container image with the driver's tools, while a
-// host process starts in milliseconds and needs neither. What a pod gives
-// for free, surviving the plugin's own pod, the plugin gets by moving the
-// daemon into a cgroup of its own (Options.Cgroup): the runtime kills what
-// is left in a container's cgroup when it removes the container.
+// -f, in its own session) and finds again after a restart by its record:
+// its PID and start time, in the group's directory, which no container
+// can write. A recorded daemon that still runs is adopted, not started
+// twice; one that runs but does not answer on its own control socket is
+// stopped by its PID before another starts; one that ended is started
+// again. NVIDIA's DRA driver runs each daemon as a Deployment instead; a
+// pod per daemon needs the API server on the prepare path and a container
+// image with the driver's tools, while a host process starts in
+// milliseconds and needs neither. What a pod gives for free, surviving
+// the plugin's own pod, the plugin gets by moving the daemon into a cgroup
+// of its own (Options.Cgroup): the runtime kills what is left in a
+// container's cgroup when it removes the container.
 //
 // Each daemon serves its group's GPUs (CUDA_VISIBLE_DEVICES, UUIDs), which
 // are put in compute mode EXCLUSIVE_PROCESS while it runs, so that no
-// process bypasses it, and set back to DEFAULT when it stops.
+// process bypasses it, and set back to DEFAULT only once it is known to
+// have ended.
+//
+// Containers get the daemon's pipe directory (read-only by default) and
+// its shm directory. Nothing the plugin reads or runs depends on what a
+// container can write: the daemon is found by its record, stopped by its
+// PID, and its control socket is checked (type, owner, identity) before
+// the control client is run against it.
 package mps
 
 import (
@@ -23,14 +33,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
@@ -60,7 +69,8 @@ type Group struct {
 type Options struct {
 	// Root holds a directory per daemon; a host path, so that the
 	// daemons' pipe and shm directories can be bind-mounted into
-	// containers and found again after a restart.
+	// containers and found again after a restart. Only the plugin's user
+	// may write in it.
 	Root string
 	// Control is the nvidia-cuda-mps-control command, with any prefix
 	// that runs it (e.g. chroot into the driver root).
@@ -77,8 +87,18 @@ type Options struct {
 	// Cgroup, when set, is a cgroup v2 directory each daemon is moved
 	// into, so that it outlives the plugin's container.
 	Cgroup string
+	// ClientPipeWritable mounts the pipe directory read-write into
+	// containers instead of read-only. Clients connect to the daemon's
+	// sockets, which a read-only mount allows; a writable one lets a
+	// container's root remove or replace them.
+	ClientPipeWritable bool
 	// StartTimeout bounds the wait for a new daemon to answer (default 10s).
 	StartTimeout time.Duration
+	// ControlTimeout bounds one run of the control client (default 5s).
+	ControlTimeout time.Duration
+	// StopTimeout bounds each wait for a daemon to end: after quit, and
+	// after SIGTERM (default 5s each).
+	StopTimeout time.Duration
 }
 
 // Manager starts, adopts, limits and stops the daemons.
@@ -96,11 +116,16 @@ func NewManager(opts Options) (*Manager, error) {
 	if opts.Root == "" || len(opts.Control) == 0 || opts.SetExclusive == nil {
 		return nil, errors.New("mps: Root, Control and SetExclusive are required")
 	}
-	if opts.StartTimeout == 0 {
-		opts.StartTimeout = 10 * time.Second
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&opts.StartTimeout, 10 * time.Second}, {&opts.ControlTimeout, 5 * time.Second}, {&opts.StopTimeout, 5 * time.Second}} {
+		if *d.v <= 0 {
+			*d.v = d.def
+		}
 	}
-	if err := os.MkdirAll(opts.Root, 0o755); err != nil {
-		return nil, fmt.Errorf("create the MPS directory: %w", err)
+	if err := checkRoot(opts.Root); err != nil {
+		return nil, err
 	}
 	return &Manager{opts: opts, locks: map[string]*sync.Mutex{}, applied: map[string]string{}}, nil
 }
@@ -109,7 +134,17 @@ func NewManager(opts Options) (*Manager, error) {
 // directories are below it.
 func (m *Manager) Dir(name string) string { return filepath.Join(m.opts.Root, name) }
 
-func (m *Manager) lock(name string) func() {
+// ClientPipeWritable says whether containers get the pipe directory
+// read-write (Options.ClientPipeWritable).
+func (m *Manager) ClientPipeWritable() bool { return m.opts.ClientPipeWritable }
+
+// lock serialises what is done to one group's daemon: within this process
+// by a mutex, and with another plugin process on the node (the other pod
+// of a rolling update) by a file lock in the root, which no stop removes.
+func (m *Manager) lock(name string) (func(), error) {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
+		return nil, fmt.Errorf("mps: %q is not a daemon name", name)
+	}
 	m.mu.Lock()
 	l, ok := m.locks[name]
 	if !ok {
@@ -118,80 +153,195 @@ func (m *Manager) lock(name string) func() {
 	}
 	m.mu.Unlock()
 	l.Lock()
-	return l.Unlock
+	f, err := os.OpenFile(filepath.Join(m.opts.Root, name+".lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if err == nil {
+		for err = unix.Flock(int(f.Fd()), unix.LOCK_EX); errors.Is(err, unix.EINTR); {
+			err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		}
+		if err != nil {
+			_ = f.Close()
+		}
+	}
+	if err != nil {
+		l.Unlock()
+		return nil, fmt.Errorf("lock MPS daemon %s: %w", name, err)
+	}
+	return func() { _ = f.Close(); l.Unlock() }, nil
 }
 
 // Want says what a group's daemon must do now: the largest share a claim
-// holds on the group, and whether any does. The Manager asks it under the
-// group's lock, so that a release that stops a daemon and a prepare that
-// needs it never interleave.
-type Want func() (limits Limits, inUse bool)
+// holds on the group, and whether any does; an error leaves the daemon as
+// it is. The Manager asks it under the group's lock, so that a release
+// that stops a daemon and a prepare that needs it never interleave.
+type Want func() (limits Limits, inUse bool, err error)
 
 // Fixed wants the daemon running with limits.
-func Fixed(limits Limits) Want { return func() (Limits, bool) { return limits, true } }
+func Fixed(limits Limits) Want { return func() (Limits, bool, error) { return limits, true, nil } }
 
 // Unused wants no daemon.
-func Unused() Want { return func() (Limits, bool) { return Limits{}, false } }
+func Unused() Want { return func() (Limits, bool, error) { return Limits{}, false, nil } }
 
 // Ensure is for a prepare: it returns once the group's daemon answers with
 // the limits wanted, adopting a daemon that answers and starting one that
 // does not. A group no claim uses has its daemon stopped.
 func (m *Manager) Ensure(ctx context.Context, g Group, want Want) error {
-	defer m.lock(g.Name)()
-	limits, inUse := want()
-	if !inUse {
-		return m.stop(ctx, g)
+	unlock, err := m.lock(g.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	limits, inUse, err := want()
+	switch {
+	case err != nil:
+		return fmt.Errorf("MPS daemon %s: %w", g.Name, err)
+	case !inUse:
+		return m.stop(ctx, g, true)
 	}
 	return m.ensure(ctx, g, limits)
 }
 
 // Settle is for a release: it stops the daemon of a group no claim uses
 // any more and sets new limits on one whose largest share changed,
-// without asking a daemon whose limits stand.
+// without asking a daemon whose limits stand. A recorded daemon that
+// ended is started again.
 func (m *Manager) Settle(ctx context.Context, g Group, want Want) error {
-	defer m.lock(g.Name)()
-	limits, inUse := want()
-	if !inUse {
-		return m.stop(ctx, g)
+	unlock, err := m.lock(g.Name)
+	if err != nil {
+		return err
 	}
-	if m.applied[g.Name] == limitsKey(limits) {
+	defer unlock()
+	limits, inUse, err := want()
+	switch {
+	case err != nil:
+		return fmt.Errorf("MPS daemon %s: %w", g.Name, err)
+	case !inUse:
+		return m.stop(ctx, g, true)
+	}
+	if rec, err := m.readRecord(g.Name); err == nil && rec.alive() && m.applied[g.Name] == limitsKey(limits) {
 		return nil
 	}
 	return m.ensure(ctx, g, limits)
+}
+
+// Revive is for a watcher of the daemons: it starts again the daemon of a
+// group in use whose recorded daemon ended (restarted: true), and stops
+// the daemon of a group no claim uses (finishing a stop that could not be
+// confirmed before). A daemon that runs is not asked anything, and a
+// group without a record (never started here, or halted) is left alone.
+func (m *Manager) Revive(ctx context.Context, g Group, want Want) (restarted bool, err error) {
+	unlock, err := m.lock(g.Name)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	limits, inUse, err := want()
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("MPS daemon %s: %w", g.Name, err)
+	case !inUse:
+		return false, m.stop(ctx, g, true)
+	}
+	rec, err := m.readRecord(g.Name)
+	if err != nil || rec == nil || rec.alive() {
+		return false, err
+	}
+	klog.FromContext(ctx).Info("MPS control daemon ended while its group is in use: starting it again", "mpsDaemon", g.Name, "pid", rec.PID)
+	delete(m.applied, g.Name)
+	if err := m.ensure(ctx, g, limits); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// Retire is for a group that no longer uses MPS (its profile changed, or
+// the plan lacks it): its daemon stays as it is while held says a claim
+// holds the group, whose containers still use it, and is stopped after.
+func (m *Manager) Retire(ctx context.Context, g Group, held func() (bool, error)) error {
+	unlock, err := m.lock(g.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	h, err := held()
+	switch {
+	case err != nil:
+		return fmt.Errorf("MPS daemon %s: %w", g.Name, err)
+	case h:
+		return nil
+	}
+	return m.stop(ctx, g, true)
+}
+
+// Halt stops the group's daemon (its GPU was lost) but keeps its
+// directories: the containers of the claims that hold the group have its
+// pipe and shm directories mounted, and a daemon started again there
+// when the GPU comes back is where they look.
+func (m *Manager) Halt(ctx context.Context, g Group) error {
+	unlock, err := m.lock(g.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return m.stop(ctx, g, false)
 }
 
 func limitsKey(l Limits) string {
 	return fmt.Sprintf("%d %v", l.ActiveThreadPercentage, l.PinnedMemMiB)
 }
 
+// ensure makes the group's recorded daemon answer with limits: adopted
+// when it answers on its own socket; stopped by its PID and started anew
+// when it runs but does not; started when it ended or never ran.
 func (m *Manager) ensure(ctx context.Context, g Group, limits Limits) error {
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "mpsDaemon", g.Name)
-	servers, err := m.servers(ctx, g.Name)
+	rec, err := m.readRecord(g.Name)
 	if err != nil {
-		if err := m.start(ctx, g); err != nil {
-			return err
-		}
-		logger.Info("Started MPS control daemon", "gpus", g.UUIDs, "dir", m.Dir(g.Name))
-		delete(m.applied, g.Name)
-		servers = nil
+		return err
 	}
-	// Servers that start later get the daemon's defaults, which are the
-	// same limits.
+	var servers []int
+	switch {
+	case rec.alive():
+		if servers, err = m.servers(ctx, g.Name, rec); err == nil {
+			return m.limit(ctx, g, rec, limits, servers)
+		}
+		// Its socket gone or replaced, or the daemon hung: its clients
+		// cannot join, and a second daemon beside it would serve the
+		// same GPUs. It is stopped, and only then started anew.
+		logger.Info("MPS control daemon runs but does not answer on its control socket: stopping it to start it anew", "pid", rec.PID, "reason", err.Error())
+		if terr := m.terminate(ctx, g.Name, rec, false); terr != nil {
+			return fmt.Errorf("MPS daemon %s does not answer on its control socket (%v), and %w", g.Name, err, terr)
+		}
+	case rec == nil:
+		if err := m.quitUnrecorded(ctx, g.Name); err != nil {
+			return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
+		}
+	}
+	if rec, err = m.start(ctx, g); err != nil {
+		return err
+	}
+	logger.Info("Started MPS control daemon", "gpus", g.UUIDs, "dir", m.Dir(g.Name), "pid", rec.PID)
+	delete(m.applied, g.Name)
+	return m.limit(ctx, g, rec, limits, nil)
+}
+
+// limit sets the limits wanted where they are not set yet. Servers that
+// start later get the daemon's defaults, which are the same limits.
+func (m *Manager) limit(ctx context.Context, g Group, rec *record, limits Limits, servers []int) error {
 	want := limitsKey(limits)
 	if m.applied[g.Name] == want {
 		return nil
 	}
-	if err := m.setLimits(ctx, g.Name, limits, servers); err != nil {
+	if err := m.setLimits(ctx, g.Name, rec, limits, servers); err != nil {
 		return err
 	}
 	m.applied[g.Name] = want
-	logger.V(2).Info("Set MPS limits", "activeThreadPercentage", limits.ActiveThreadPercentage, "pinnedMemLimit", limits.MemLimitEnv(), "servers", servers)
+	klog.FromContext(ctx).V(2).Info("Set MPS limits", "mpsDaemon", g.Name, "activeThreadPercentage", limits.ActiveThreadPercentage, "pinnedMemLimit", limits.MemLimitEnv(), "servers", servers)
 	return nil
 }
 
 // setLimits makes the daemon's defaults, and the limits of every server
 // it runs, the given limits. A client's environment can only lower them.
-func (m *Manager) setLimits(ctx context.Context, name string, l Limits, servers []int) error {
+func (m *Manager) setLimits(ctx context.Context, name string, rec *record, l Limits, servers []int) error {
 	cmds := []string{fmt.Sprintf("set_default_active_thread_percentage %d", l.ActiveThreadPercentage)}
 	for i, mib := range l.PinnedMemMiB {
 		cmds = append(cmds, fmt.Sprintf("set_default_device_pinned_mem_limit %d %dM", i, mib))
@@ -202,119 +352,15 @@ func (m *Manager) setLimits(ctx context.Context, name string, l Limits, servers 
 			cmds = append(cmds, fmt.Sprintf("set_device_pinned_mem_limit %d %d %dM", pid, i, mib))
 		}
 	}
-	if _, err := m.control(ctx, name, cmds...); err != nil {
+	if _, err := m.control(ctx, name, rec, cmds...); err != nil {
 		return fmt.Errorf("set the limits of MPS daemon %s: %w", name, err)
 	}
 	return nil
 }
 
-// start starts a daemon for the group and waits until it answers. On
-// failure the GPUs go back to compute mode DEFAULT and the error carries
-// the end of the daemon's log.
-func (m *Manager) start(ctx context.Context, g Group) (err error) {
-	dir := m.Dir(g.Name)
-	for _, d := range []string{PipeDir, LogDir} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
-		}
-	}
-	if err := m.makeShm(ctx, filepath.Join(dir, ShmDir)); err != nil {
-		return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
-	}
-	// Its GPUs, for a stop by name alone: a later plugin whose plan lacks
-	// the group must still set them back to DEFAULT.
-	if err := os.WriteFile(filepath.Join(dir, gpusFile), []byte(strings.Join(g.UUIDs, "\n")), 0o644); err != nil {
-		return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
-	}
-	for i, uuid := range g.UUIDs {
-		if err := m.opts.SetExclusive(ctx, uuid, true); err != nil {
-			m.setDefault(ctx, g.UUIDs[:i])
-			return fmt.Errorf("start MPS daemon %s: set GPU %s to EXCLUSIVE_PROCESS: %w", g.Name, uuid, err)
-		}
-	}
-	defer func() {
-		if err != nil {
-			m.setDefault(ctx, g.UUIDs)
-		}
-	}()
-	logFile, err := os.OpenFile(filepath.Join(dir, LogDir, "daemon.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
-	}
-	defer func() { _ = logFile.Close() }()
-	// Not CommandContext: the daemon outlives this call and the plugin.
-	cmd := exec.Command(m.opts.Control[0], append(m.opts.Control[1:], "-f")...) //nolint:gosec // the command is the operator's flag
-	cmd.Env = m.env(g.Name, g.UUIDs)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	if m.opts.Cgroup != "" {
-		if err := moveToCgroup(m.opts.Cgroup, cmd.Process.Pid); err != nil {
-			klog.FromContext(ctx).Error(err, "MPS daemon stays in the plugin's cgroup: it will stop with the plugin's container", "mpsDaemon", g.Name)
-		}
-	}
-	deadline := time.Now().Add(m.opts.StartTimeout)
-	for {
-		if _, err := m.servers(ctx, g.Name); err == nil {
-			return nil
-		}
-		select {
-		case werr := <-exited:
-			return fmt.Errorf("start MPS daemon %s: %s exited (%v): %s", g.Name, m.opts.Control[0], werr, m.logTail(g.Name))
-		case <-ctx.Done():
-			_ = cmd.Process.Kill()
-			return fmt.Errorf("start MPS daemon %s: %w", g.Name, ctx.Err())
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			return fmt.Errorf("start MPS daemon %s: no answer on %s after %s: %s", g.Name, filepath.Join(dir, PipeDir), m.opts.StartTimeout, m.logTail(g.Name))
-		}
-	}
-}
-
-// stop quits the group's daemon, if one answers, and sets its GPUs back to
-// compute mode DEFAULT. A group without a directory has no daemon.
-func (m *Manager) stop(ctx context.Context, g Group) error {
-	if _, err := os.Stat(m.Dir(g.Name)); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	delete(m.applied, g.Name)
-	if len(g.UUIDs) == 0 {
-		if data, err := os.ReadFile(filepath.Join(m.Dir(g.Name), gpusFile)); err == nil {
-			g.UUIDs = strings.Fields(string(data))
-		}
-	}
-	if _, err := m.servers(ctx, g.Name); err == nil {
-		if _, err := m.control(ctx, g.Name, "quit"); err != nil {
-			return fmt.Errorf("stop MPS daemon %s: %w", g.Name, err)
-		}
-		deadline := time.Now().Add(m.opts.StartTimeout)
-		for {
-			if _, err := m.servers(ctx, g.Name); err != nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("stop MPS daemon %s: still answering %s after quit", g.Name, m.opts.StartTimeout)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	m.setDefault(ctx, g.UUIDs)
-	m.removeShm(ctx, filepath.Join(m.Dir(g.Name), ShmDir))
-	if err := os.RemoveAll(m.Dir(g.Name)); err != nil {
-		return fmt.Errorf("stop MPS daemon %s: %w", g.Name, err)
-	}
-	klog.FromContext(ctx).Info("Stopped MPS control daemon", "mpsDaemon", g.Name)
-	return nil
-}
-
 // Known lists the daemons that have a directory: running, or left by a
-// plugin that stopped before it could clean up.
+// plugin that stopped before it could clean up, or kept for the
+// containers of a group whose GPU was lost.
 func (m *Manager) Known() ([]string, error) {
 	entries, err := os.ReadDir(m.opts.Root)
 	if err != nil {
@@ -337,42 +383,6 @@ func (m *Manager) setDefault(ctx context.Context, uuids []string) {
 	}
 }
 
-// servers asks the daemon for its servers' PIDs; an error means no daemon
-// answers.
-func (m *Manager) servers(ctx context.Context, name string) ([]int, error) {
-	out, err := m.control(ctx, name, "get_server_list")
-	if err != nil {
-		return nil, err
-	}
-	var pids []int
-	for _, f := range strings.Fields(out) {
-		pid, err := strconv.Atoi(f)
-		if err != nil {
-			return nil, fmt.Errorf("get_server_list answered %q", out)
-		}
-		pids = append(pids, pid)
-	}
-	return pids, nil
-}
-
-// control runs the control client with the commands on its stdin.
-func (m *Manager) control(ctx context.Context, name string, cmds ...string) (string, error) {
-	if _, err := os.Stat(filepath.Join(m.Dir(name), PipeDir)); err != nil {
-		return "", fmt.Errorf("no pipe directory: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, m.opts.Control[0], m.opts.Control[1:]...) //nolint:gosec // the command is the operator's flag
-	cmd.Env = m.env(name, nil)
-	cmd.Stdin = strings.NewReader(strings.Join(cmds, "\n") + "\n")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("%s: %w: %s", strings.Join(cmds, "; "), err, strings.TrimSpace(stderr.String()))
-	}
-	return stdout.String(), nil
-}
-
 func (m *Manager) env(name string, uuids []string) []string {
 	dir := m.Dir(name)
 	env := []string{
@@ -391,7 +401,7 @@ func (m *Manager) env(name string, uuids []string) []string {
 func (m *Manager) logTail(name string) string {
 	var tail []string
 	for _, f := range []string{"daemon.out", "control.log"} {
-		data, err := os.ReadFile(filepath.Join(m.Dir(name), LogDir, f))
+		data, err := readNoFollow(filepath.Join(m.Dir(name), LogDir, f))
 		if err != nil || len(bytes.TrimSpace(data)) == 0 {
 			continue
 		}

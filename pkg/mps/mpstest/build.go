@@ -1,10 +1,12 @@
 package mpstest
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -83,4 +85,52 @@ func Root(t testing.TB) string {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
 	return root
+}
+
+// Daemons are the simulated daemons of the binary control that run (not
+// ended, zombies excluded), by PID, each with its pipe directory: found in
+// /proc, whatever the plugin recorded.
+func Daemons(t testing.TB, control string) map[int]string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]string{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		dir := filepath.Join("/proc", e.Name())
+		if exe, err := os.Readlink(filepath.Join(dir, "exe")); err != nil || exe != control {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+		if err != nil || !slices.Contains(strings.Split(string(cmdline), "\x00"), "-f") {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join(dir, "stat")); err != nil || zombie(stat) {
+			continue
+		}
+		environ, err := os.ReadFile(filepath.Join(dir, "environ"))
+		if err != nil {
+			continue
+		}
+		for _, kv := range bytes.Split(environ, []byte{0}) {
+			if v, ok := bytes.CutPrefix(kv, []byte("CUDA_MPS_PIPE_DIRECTORY=")); ok {
+				out[pid] = string(v)
+			}
+		}
+	}
+	return out
+}
+
+func zombie(stat []byte) bool {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return true
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	return len(f) == 0 || f[0] == "Z" || f[0] == "X"
 }

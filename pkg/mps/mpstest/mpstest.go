@@ -10,6 +10,13 @@
 // joining with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
 // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in its environment (run the binary with
 // --client to send it from the environment).
+//
+// The control client starts each connection with "#pipe <dir>", the pipe
+// directory it was told to use, which the real one does not: a daemon
+// reached through another directory than its own (a link planted in a
+// pipe directory) logs the connection as misdirected. With MPSTEST_LOG
+// set, every daemon also appends its log lines, prefixed with its pipe
+// directory, to that one file, which outlives the daemons' directories.
 package mpstest
 
 import (
@@ -18,17 +25,23 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 )
 
-const socketName = "control"
+const socketName = mps.ControlSocket
+
+// Misdirected starts the log line of a connection that reached a daemon
+// through another pipe directory than its own.
+const Misdirected = "misdirected: a control client aimed at "
 
 // Main runs the simulated binary: "-f" the daemon, "--client" one client
 // joining, no argument the control client.
@@ -44,7 +57,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		line := fmt.Sprintf("client %d %s;%s", os.Getuid(), os.Getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), os.Getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"))
 		return runClient(pipe, strings.NewReader(line+"\n"), stdout, stderr)
 	case len(args) == 0:
-		return runClient(pipe, stdin, stdout, stderr)
+		return runClient(pipe, io.MultiReader(strings.NewReader("#pipe "+pipe+"\n"), stdin), stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "usage: nvidia-cuda-mps-control [-f | --client]\n")
 	return 2
@@ -93,7 +106,9 @@ func runClient(pipe string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 type daemon struct {
 	mu            sync.Mutex
+	pipe          string
 	log           *os.File
+	shared        *os.File
 	devices       int
 	defaultThread int
 	defaultMem    map[int]int64
@@ -120,9 +135,15 @@ func runDaemon(pipe string, stderr io.Writer) int {
 		return 1
 	}
 	visible := os.Getenv("CUDA_VISIBLE_DEVICES")
-	d := &daemon{log: logFile, defaultThread: 100, defaultMem: map[int]int64{}, servers: map[int]*server{}, nextPID: 4000, quit: make(chan struct{})}
+	d := &daemon{pipe: pipe, log: logFile, defaultThread: 100, defaultMem: map[int]int64{}, servers: map[int]*server{}, nextPID: 4000, quit: make(chan struct{})}
 	if visible != "" {
 		d.devices = len(strings.Split(visible, ","))
+	}
+	if path := os.Getenv("MPSTEST_LOG"); path != "" {
+		if d.shared, err = os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
+			fmt.Fprintf(stderr, "open %s: %v\n", path, err)
+			return 1
+		}
 	}
 	l, err := net.Listen("unix", filepath.Join(pipe, socketName))
 	if err != nil {
@@ -131,6 +152,19 @@ func runDaemon(pipe string, stderr io.Writer) int {
 		return 1
 	}
 	d.logf("Control daemon started, CUDA_VISIBLE_DEVICES=%s", visible)
+	// SIGTERM ends the daemon as quit does, its socket removed.
+	terms := make(chan os.Signal, 1)
+	signal.Notify(terms, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-terms:
+			d.mu.Lock()
+			d.logf("SIGTERM")
+			d.mu.Unlock()
+			d.stop()
+		case <-d.quit:
+		}
+	}()
 	go func() {
 		// A test's directory going away ends its daemon.
 		for {
@@ -140,7 +174,7 @@ func runDaemon(pipe string, stderr io.Writer) int {
 			case <-time.After(200 * time.Millisecond):
 			}
 			if _, err := os.Stat(pipe); err != nil {
-				close(d.quit)
+				d.stop()
 				return
 			}
 		}
@@ -159,8 +193,22 @@ func runDaemon(pipe string, stderr io.Writer) int {
 	}
 }
 
+func (d *daemon) stop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	select {
+	case <-d.quit:
+	default:
+		close(d.quit)
+	}
+}
+
 func (d *daemon) logf(format string, args ...any) {
-	fmt.Fprintf(d.log, "[%s] %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
+	line := fmt.Sprintf("[%s] %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
+	_, _ = io.WriteString(d.log, line)
+	if d.shared != nil {
+		_, _ = io.WriteString(d.shared, d.pipe+" "+line)
+	}
 }
 
 func (d *daemon) serve(conn net.Conn) {
@@ -168,6 +216,15 @@ func (d *daemon) serve(conn net.Conn) {
 	sc := bufio.NewScanner(conn)
 	for sc.Scan() {
 		cmd := sc.Text()
+		if target, ok := strings.CutPrefix(cmd, "#pipe "); ok {
+			if target != d.pipe {
+				d.mu.Lock()
+				d.logf("%s%s", Misdirected, target)
+				d.mu.Unlock()
+			}
+			fmt.Fprintln(conn, ".")
+			continue
+		}
 		d.mu.Lock()
 		d.logf("cmd: %s", cmd)
 		out, err := d.do(cmd)
@@ -181,11 +238,7 @@ func (d *daemon) serve(conn net.Conn) {
 			fmt.Fprintln(conn, line)
 		}
 		if cmd == "quit" {
-			select {
-			case <-d.quit:
-			default:
-				close(d.quit)
-			}
+			d.stop()
 			return
 		}
 		fmt.Fprintln(conn, ".")

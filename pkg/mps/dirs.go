@@ -1,0 +1,177 @@
+package mps
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// The MPS root and each daemon's directory are the plugin's alone; the
+// pipe and shm directories below are bind-mounted into containers, whose
+// processes may be root. Nothing is created, changed or mounted through a
+// path that could lead elsewhere: each directory is made with mkdirat,
+// opened with O_NOFOLLOW relative to its parent, checked to be a
+// directory the plugin owns, and changed through that descriptor (fchmod,
+// a mount on /proc/self/fd/N). A link or anything else planted where a
+// directory belongs is refused with an error naming it, never followed.
+
+// checkRoot makes the root and checks that no one but the plugin's user
+// can write in it: whoever can plants the directories the plugin trusts.
+func checkRoot(root string) error {
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("create the MPS directory: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		return fmt.Errorf("the MPS directory %s: %w", root, err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return fmt.Errorf("the MPS directory %s is not a directory", root)
+	case int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("the MPS directory %s belongs to user %d, not to the plugin's user %d", root, st.Uid, os.Geteuid())
+	case st.Mode&0o022 != 0:
+		return fmt.Errorf("others than its owner may write in the MPS directory %s (mode %o): they could plant the directories the plugin gives to containers", root, st.Mode&0o7777)
+	}
+	return nil
+}
+
+func (m *Manager) openRoot() (*os.File, error) {
+	f, err := os.OpenFile(m.opts.Root, os.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open the MPS directory: %w", err)
+	}
+	return f, nil
+}
+
+// makeDir makes (or finds) the directory name in parent, with mode, and
+// returns it open. What is there already must be a directory of the
+// plugin's user, not a link: anything else is refused.
+func makeDir(parent *os.File, name string, mode os.FileMode) (*os.File, error) {
+	path := filepath.Join(parent.Name(), name)
+	err := unix.Mkdirat(int(parent.Fd()), name, uint32(mode.Perm()))
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	f, err := openDir(parent, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := setMode(f, mode); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// openDir opens the directory name in parent without following a link,
+// and checks it is the plugin user's.
+func openDir(parent *os.File, name string) (*os.File, error) {
+	path := filepath.Join(parent.Name(), name)
+	fd, err := unix.Openat(int(parent.Fd()), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		return nil, fmt.Errorf("%s is not a directory but %s: refusing to use it (something was planted there)", path, fileType(parent, name))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if int(st.Uid) != os.Geteuid() {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s belongs to user %d, not to the plugin's user %d: refusing to use it", path, st.Uid, os.Geteuid())
+	}
+	return f, nil
+}
+
+func setMode(f *os.File, mode os.FileMode) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("stat %s: %w", f.Name(), err)
+	}
+	want := uint32(mode.Perm())
+	if mode&os.ModeSticky != 0 {
+		want |= unix.S_ISVTX
+	}
+	if st.Mode&0o7777 == want {
+		return nil
+	}
+	if err := unix.Fchmod(int(f.Fd()), want); err != nil {
+		return fmt.Errorf("chmod %s: %w", f.Name(), err)
+	}
+	return nil
+}
+
+func fileType(parent *os.File, name string) string {
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(parent.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return "unreadable"
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		return "a symbolic link"
+	case unix.S_IFREG:
+		return "a regular file"
+	case unix.S_IFSOCK:
+		return "a socket"
+	}
+	return fmt.Sprintf("a file of type %o", st.Mode&unix.S_IFMT)
+}
+
+// groupDir makes (or finds) a daemon's directory and its pipe and log
+// directories, and returns the daemon's directory open.
+func (m *Manager) groupDir(name string) (*os.File, error) {
+	root, err := m.openRoot()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = root.Close() }()
+	dir, err := makeDir(root, name, 0o755)
+	if err != nil {
+		return nil, err
+	}
+	for _, sub := range []string{PipeDir, LogDir} {
+		f, err := makeDir(dir, sub, 0o755)
+		if err != nil {
+			_ = dir.Close()
+			return nil, err
+		}
+		_ = f.Close()
+	}
+	return dir, nil
+}
+
+// clearPipeDir removes what a daemon that ended left in its pipe
+// directory (its sockets), so that the next one can bind there. Links are
+// removed, not followed.
+func clearPipeDir(dir *os.File) error {
+	pipe, err := openDir(dir, PipeDir)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = pipe.Close() }()
+	names, err := pipe.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", pipe.Name(), err)
+	}
+	for _, n := range names {
+		if err := os.RemoveAll(filepath.Join(pipe.Name(), n)); err != nil {
+			return fmt.Errorf("clear %s: %w", pipe.Name(), err)
+		}
+	}
+	return nil
+}
+
+// dirExists tells whether the daemon's directory is there (a link or file
+// in its place counts, so that it is reported when used).
+func (m *Manager) dirExists(name string) bool {
+	_, err := os.Lstat(m.Dir(name))
+	return err == nil
+}
