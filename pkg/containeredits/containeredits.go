@@ -59,8 +59,9 @@ type DeviceNode struct {
 	Minor    int64
 }
 
-// Mount is a bind mount: read-only (driver files) unless Writable (the
-// MPS daemon's pipe and shm directories, which clients write to).
+// Mount is a bind mount: read-only (driver files, the MPS daemon's pipe
+// directory) unless Writable (the MPS daemon's shm directory, where its
+// clients write shared memory).
 type Mount struct {
 	HostPath      string
 	ContainerPath string
@@ -116,9 +117,15 @@ const (
 // memory there), and the claim's share as its client limits. The limits in
 // the environment are the claim's own; the daemon holds them too (see
 // package mps), so raising them in the container gains nothing.
+//
+// The pipe directory is mounted read-only unless PipeWritable: clients
+// only connect to the daemon's sockets there, which a read-only mount
+// allows, and a writable one would let a container's root remove or
+// replace them.
 type MPS struct {
 	HostPipeDir      string
 	ContainerPipeDir string
+	PipeWritable     bool
 	HostShmDir       string
 	// ActiveThreadPercentage and PinnedMemLimit are the values of
 	// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.
@@ -221,7 +228,7 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 	}
 	if m := opts.MPS; m != nil {
 		e.Mounts = append(e.Mounts,
-			Mount{HostPath: m.HostPipeDir, ContainerPath: m.ContainerPipeDir, Writable: true},
+			Mount{HostPath: m.HostPipeDir, ContainerPath: m.ContainerPipeDir, Writable: m.PipeWritable},
 			Mount{HostPath: m.HostShmDir, ContainerPath: "/dev/shm", Writable: true})
 	}
 	return e, nil

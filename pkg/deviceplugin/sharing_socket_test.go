@@ -219,8 +219,11 @@ func TestShimMPSSeatsHoldTheirSharesOverRealSockets(t *testing.T) {
 	mounts := map[string]string{}
 	for _, m := range one.Mounts {
 		mounts[m.ContainerPath] = m.HostPath
-		if m.ReadOnly {
-			t.Errorf("mount %s is read-only; MPS clients write to it", m.ContainerPath)
+		// Clients write shared memory to /dev/shm; they only connect to
+		// the sockets of the pipe directory, which a container's root
+		// must not be able to replace.
+		if want := m.ContainerPath == "/tmp/nvidia-mps"; m.ReadOnly != want {
+			t.Errorf("mount %s: read-only %v, want %v", m.ContainerPath, m.ReadOnly, want)
 		}
 	}
 	if mounts["/tmp/nvidia-mps"] != pipe || mounts["/dev/shm"] != filepath.Join(dir, mps.ShmDir) {

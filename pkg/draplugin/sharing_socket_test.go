@@ -100,8 +100,8 @@ func TestMPSSeatsHoldTheirSharesOverSockets(t *testing.T) {
 		}
 	}
 	mounts := e.mounts(ids...)
-	if got := mounts["/tmp/nvidia-mps"]; !strings.HasPrefix(got, pipe+" rw,") {
-		t.Errorf("pipe directory mount %q, want %s read-write", got, pipe)
+	if got := mounts["/tmp/nvidia-mps"]; !strings.HasPrefix(got, pipe+" ro,") {
+		t.Errorf("pipe directory mount %q, want %s read-only", got, pipe)
 	}
 	if got := mounts["/dev/shm"]; !strings.HasPrefix(got, filepath.Join(dir, mps.ShmDir)+" rw,") {
 		t.Errorf("/dev/shm mount %q, want the daemon's shm directory read-write", got)

@@ -24,6 +24,9 @@ type SharingFlags struct {
 	MPSControl string
 	MPSShmMiB  int
 	MPSCgroup  string
+	// MPSPipeReadOnly mounts the daemons' pipe directories read-only
+	// into containers.
+	MPSPipeReadOnly bool
 }
 
 // AddFlags adds the sharing flags.
@@ -32,6 +35,7 @@ func (s *SharingFlags) AddFlags(f *cli.FlagSet) {
 	f.StringVar(&s.MPSControl, "mps-control", "KYB_MPS_CONTROL", "nvidia-cuda-mps-control", "command that runs nvidia-cuda-mps-control, with any prefix it needs; a bare name found neither on PATH nor by the prefix is looked for among the driver's tools under --driver-root, and then runs with the driver's libraries and tools")
 	f.IntVar(&s.MPSShmMiB, "mps-shm-size-mib", "KYB_MPS_SHM_SIZE_MIB", 0, "size of a tmpfs mounted as each MPS daemon's shm directory (its clients' /dev/shm); 0: a plain directory")
 	f.StringVar(&s.MPSCgroup, "mps-cgroup", "KYB_MPS_CGROUP", "", "cgroup v2 directory the MPS daemons are moved into, so that they outlive the plugin's container (for example /sys/fs/cgroup/kyb-mps); empty: they stay in the plugin's cgroup")
+	f.BoolVar(&s.MPSPipeReadOnly, "mps-pipe-read-only", "KYB_MPS_PIPE_READ_ONLY", true, "mount each MPS daemon's pipe directory read-only into its clients, which then cannot remove or replace the daemon's sockets; false mounts it read-write")
 }
 
 // MPSManager returns the manager of the MPS daemons, or nil where no
@@ -62,12 +66,12 @@ func (s *SharingFlags) MPSManager(ctx context.Context, node *Node, pluginDir, dr
 	}
 	m, err := mps.NewManager(mps.Options{
 		Root: root, Control: control, Env: env, SetExclusive: node.Host.SetExclusive,
-		ShmTmpfsMiB: int64(s.MPSShmMiB), Cgroup: s.MPSCgroup,
+		ShmTmpfsMiB: int64(s.MPSShmMiB), Cgroup: s.MPSCgroup, ClientPipeWritable: !s.MPSPipeReadOnly,
 	})
 	if err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).Info("MPS daemons of mps profiles run here", "root", root, "control", control, "env", env)
+	klog.FromContext(ctx).Info("MPS daemons of mps profiles run here", "root", root, "control", control, "env", env, "pipeReadOnly", s.MPSPipeReadOnly)
 	return m, nil
 }
 

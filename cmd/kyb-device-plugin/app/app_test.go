@@ -72,6 +72,7 @@ func TestDevicePluginHelp(t *testing.T) {
 		"-kubelet-plugins-directory-path",
 		"-pod-resources-socket", "(env POD_RESOURCES_SOCKET)",
 		"-mps-control", "(env KYB_MPS_CONTROL)",
+		"-mps-pipe-read-only", "(env KYB_MPS_PIPE_READ_ONLY)",
 		"-simulate-faults-file", "(env KYB_SIMULATE_FAULTS_FILE)", "xid GPU XID",
 		"-v value",
 	} {
