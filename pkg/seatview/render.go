@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
 )
 
 // WriteJSON prints the view as its JSON contract.
@@ -18,14 +19,22 @@ func WriteJSON(w io.Writer, v *View) error {
 
 // WriteTable prints the view for a person: per node a line per group, its
 // holders beside it, then the free seats per profile. wide adds the
-// interconnect, the taints and the seats' generations.
+// interconnect, the taints and the seats' generations. Every cell is
+// escaped (see cell): text from the API cannot add rows or columns.
 func WriteTable(w io.Writer, v *View, wide bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for i, n := range v.Nodes {
 		if i > 0 {
 			fmt.Fprintln(tw)
 		}
-		fmt.Fprintf(tw, "NODE %s\n", n.Name)
+		row(tw, "NODE "+n.Name)
+		for _, p := range n.IncompletePools {
+			row(tw, fmt.Sprintf("NOTE: pool %s is incomplete (being published): %d of the %d ResourceSlices of its generation %d are listed; "+
+				"the scheduler allocates none of its devices until all are, so its groups are not shown", p.Pool, p.Slices, p.ResourceSliceCount, p.Generation))
+		}
+		if len(n.Groups) == 0 && len(n.IncompletePools) > 0 {
+			continue
+		}
 		header := "DEVICE\tGROUP\tPROFILE\tGPUS\tSEATS\tHELD\tSTATE\tHELD BY"
 		if wide {
 			header = "DEVICE\tGROUP\tPROFILE\tGPUS\tINTERCONNECT\tSEATS\tHELD\tSTATE\tTAINTS\tHELD BY"
@@ -41,7 +50,7 @@ func WriteTable(w io.Writer, v *View, wide bool) error {
 				cells = append(cells, dash(strings.Join(g.Taints, ",")))
 			}
 			cells = append(cells, dash(heldBy(g, wide)))
-			fmt.Fprintln(tw, strings.Join(cells, "\t"))
+			row(tw, cells...)
 		}
 	}
 	if len(v.Nodes) == 0 {
@@ -50,9 +59,43 @@ func WriteTable(w io.Writer, v *View, wide bool) error {
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "FREE SEATS\tFREE\tTOTAL")
 	for _, p := range v.Free {
-		fmt.Fprintf(tw, "%s\t%d\t%d\n", p.Profile, p.Free, p.Total)
+		row(tw, p.Profile, strconv.Itoa(p.Free), strconv.Itoa(p.Total))
 	}
 	return tw.Flush()
+}
+
+// row prints one line of cells, each escaped.
+func row(w io.Writer, cells ...string) {
+	for i := range cells {
+		cells[i] = cell(cells[i])
+	}
+	fmt.Fprintln(w, strings.Join(cells, "\t"))
+}
+
+// cell escapes what is not printable in a table cell as strconv.Quote
+// would write it: control characters (a newline or a tab would start a row
+// or a column; an escape sequence would drive the terminal), other
+// characters that are not graphic (such as U+202E, which turns text
+// around, and spaces other than U+0020) and bytes that are not UTF-8 (such
+// as tabwriter's escape, 0xff). Anything else, backslashes included, is
+// printed as it is, so ordinary names read unchanged; `-o json` gives the
+// exact text.
+func cell(s string) string {
+	var b strings.Builder
+	for len(s) > 0 {
+		r, size := utf8.DecodeRuneInString(s)
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[0])
+		case !strconv.IsPrint(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[:size])
+		}
+		s = s[size:]
+	}
+	return b.String()
 }
 
 func state(g Group) string {

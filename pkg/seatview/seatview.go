@@ -50,6 +50,11 @@ type View struct {
 type Node struct {
 	Name   string  `json:"name"`
 	Groups []Group `json:"groups"`
+	// IncompletePools are the node's pools whose newest generation lacks
+	// slices (the driver is publishing them): the scheduler allocates
+	// none of their devices until every slice is there, so their groups
+	// are not shown and their seats not counted.
+	IncompletePools []IncompletePool `json:"incompletePools,omitempty"`
 }
 
 // Group is one group of a node.
@@ -111,7 +116,9 @@ var perSeat = regexp.MustCompile(`^(.+)-seat-([0-9]+)$`)
 type groupKey struct{ node, device string }
 
 // Build computes the view from the driver's ResourceSlices and every
-// ResourceClaim.
+// ResourceClaim. Of each pool it takes the slices of the newest generation
+// alone, and only when all of them are there, as the scheduler does
+// (pools.go).
 func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.ResourceClaim, opts Options) *View {
 	devices := map[string][]string{} // node -> group devices, in published order
 	groups := map[groupKey]*Group{}
@@ -119,9 +126,21 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 	// to find the groups a held one blocks.
 	counters := map[groupKey][]string{}
 	seatDevices := map[groupKey]map[string]int{} // device name -> seat, per-seat layout
-	slices.SortStableFunc(resourceSlices, func(a, b resourceapi.ResourceSlice) int { return cmp.Compare(a.Name, b.Name) })
+	var own []resourceapi.ResourceSlice
 	for _, s := range resourceSlices {
-		if s.Spec.Driver != driver.Name || s.Spec.NodeName == nil {
+		if s.Spec.Driver == driver.Name {
+			own = append(own, s)
+		}
+	}
+	slices.SortStableFunc(own, func(a, b resourceapi.ResourceSlice) int { return cmp.Compare(a.Name, b.Name) })
+	newest, incomplete := gatherPools(own)
+	for name := range incomplete {
+		if opts.Node == "" || name == opts.Node {
+			devices[name] = []string{}
+		}
+	}
+	for _, s := range newest {
+		if s.Spec.NodeName == nil {
 			continue
 		}
 		name := *s.Spec.NodeName
@@ -180,7 +199,7 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(devices)) {
-		n := Node{Name: name, Groups: []Group{}}
+		n := Node{Name: name, Groups: []Group{}, IncompletePools: incomplete[name]}
 		for _, device := range devices[name] {
 			key := groupKey{name, device}
 			g := groups[key]

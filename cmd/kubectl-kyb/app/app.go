@@ -38,7 +38,11 @@ to the nodes. Install: put kubectl-kyb on your PATH.
 Seats held by claims of other namespaces than -n count in HELD but are
 not named; -A names every holder. A seat's number appears once the plugin
 has written the claim's status, about a second after its prepare ("?"
-until then).
+until then). A node whose driver is publishing its ResourceSlices anew
+shows a NOTE instead of its groups until all of them are listed: the
+scheduler allocates nothing there meanwhile. Characters that are not
+printable are escaped in the table (\n, \t, \x1b ...); -o json gives the
+text exactly.
 
 Flags:
 `
