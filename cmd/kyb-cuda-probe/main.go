@@ -17,7 +17,7 @@ func main() {
 	if len(os.Args) == 3 && os.Args[1] == sandbox.EnterArg {
 		err := sandbox.Enter(os.Args[2])
 		fmt.Fprintln(os.Stderr, "kyb-cuda-probe:", err)
-		os.Exit(1)
+		os.Exit(sandbox.ExitCode(err))
 	}
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")

@@ -2,9 +2,11 @@
 // stage of a program in a new mount namespace, it builds a root that holds
 // only what a Config lists (bind mounts and device nodes), changes into it
 // and executes the program there with the Config's environment, as a
-// container runtime would start a container. It links nothing but the
-// standard library and x/sys, so that the probe that embeds it stays
-// small; package cdisandbox writes the Config from CDI specs.
+// container runtime would start a container. Every path of the Config is
+// resolved inside the root and nothing is made outside it (paths.go says
+// how). It links nothing but the standard library and x/sys, so that the
+// probe that embeds it stays small; package cdisandbox writes the Config
+// from CDI specs.
 package sandbox
 
 import (
@@ -12,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 
 	"golang.org/x/sys/unix"
@@ -42,6 +43,9 @@ type Bind struct {
 	Source   string `json:"source"`
 	Target   string `json:"target"`
 	ReadOnly bool   `json:"readOnly"`
+	// From names where the bind comes from (a CDI device and its spec
+	// file), for errors.
+	From string `json:"from,omitempty"`
 }
 
 // Node is a character device node.
@@ -49,14 +53,29 @@ type Node struct {
 	Path  string `json:"path"`
 	Major int64  `json:"major"`
 	Minor int64  `json:"minor"`
+	// From names where the node comes from, for errors.
+	From string `json:"from,omitempty"`
 }
 
 // EnterArg is the program's first argument that makes it Enter the
 // sandbox described by the second.
 const EnterArg = "--enter-sandbox"
 
+// ExitRefused is the first stage's exit status when it refuses a path of
+// its config (ErrRefused), so that the caller can tell a hostile or broken
+// spec from a sandbox that could not be built.
+const ExitRefused = 3
+
+// ExitCode is the first stage's exit status for the error Enter returned.
+func ExitCode(err error) int {
+	if errors.Is(err, ErrRefused) {
+		return ExitRefused
+	}
+	return 1
+}
+
 // ErrNoNamespace explains why the sandbox cannot be built.
-var ErrNoNamespace = errors.New("the sandbox needs a mount namespace: run as root (CAP_SYS_ADMIN)")
+var ErrNoNamespace = errors.New("the sandbox needs its own mount and PID namespaces: run as root (CAP_SYS_ADMIN)")
 
 // Enter is the sandbox's first stage, run as `<program> --enter-sandbox
 // <config>` in a new mount namespace: it builds the root the config
@@ -75,61 +94,96 @@ func Enter(configPath string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w: %w", err, ErrNoNamespace)
 	}
+	if err := checkProc(); err != nil {
+		return err
+	}
 	if err := unix.Mount("tmpfs", cfg.Root, "tmpfs", unix.MS_NOSUID, "mode=0755"); err != nil {
 		return fmt.Errorf("sandbox root: %w", err)
 	}
-	for _, b := range cfg.Binds {
-		if err := bind(cfg.Root, b); err != nil {
-			return err
-		}
-	}
-	for _, n := range cfg.Nodes {
-		target := filepath.Join(cfg.Root, n.Path)
-		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-			return err
-		}
-		if err := unix.Mknod(target, unix.S_IFCHR|0o666, int(unix.Mkdev(uint32(n.Major), uint32(n.Minor)))); err != nil {
-			return fmt.Errorf("device node %s: %w", n.Path, err)
-		}
-	}
-	if err := os.MkdirAll(filepath.Join(cfg.Root, "tmp"), 0o1777); err != nil {
+	root, err := openRoot(cfg.Root)
+	if err != nil {
 		return err
 	}
-	if err := unix.Chroot(cfg.Root); err != nil {
+	defer func() { _ = root.Close() }()
+	if err := build(root, &cfg); err != nil {
+		return err
+	}
+	if err := unix.Fchdir(root.fd); err != nil {
+		return fmt.Errorf("enter sandbox root %s: %w", cfg.Root, err)
+	}
+	if err := unix.Chroot("."); err != nil {
 		return fmt.Errorf("chroot %s: %w", cfg.Root, err)
-	}
-	if err := unix.Chdir("/"); err != nil {
-		return err
 	}
 	return unix.Exec(ProgramPath, []string{ProgramPath}, cfg.Env)
 }
 
-// bind mounts b.Source at b.Target under root, read-only where asked.
-func bind(root string, b Bind) error {
-	fi, err := os.Stat(b.Source)
-	if err != nil {
-		return fmt.Errorf("bind %s: %w", b.Target, err)
+// build makes in root what cfg lists, in order: the binds (each resolved
+// after the ones before it, which may have bound directories on its way),
+// the device nodes, and /tmp.
+func build(root *rootDir, cfg *Config) error {
+	for _, b := range cfg.Binds {
+		if err := bind(root, b); err != nil {
+			return fmt.Errorf("%sbind %s at %s: %w", from(b.From), b.Source, b.Target, err)
+		}
 	}
-	target := filepath.Join(root, b.Target)
-	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+	for _, n := range cfg.Nodes {
+		if err := root.mknod(n.Path, n.Major, n.Minor); err != nil {
+			return fmt.Errorf("%sdevice node %s: %w", from(n.From), n.Path, err)
+		}
+	}
+	fd, err := root.open("/tmp", func(dirfd int, name string) error { return unix.Mkdirat(dirfd, name, 0o1777) })
+	if err != nil {
 		return err
 	}
-	if fi.IsDir() {
-		err = os.MkdirAll(target, 0o755)
-	} else if _, statErr := os.Stat(target); os.IsNotExist(statErr) {
-		err = os.WriteFile(target, nil, 0o644)
+	return unix.Close(fd)
+}
+
+func from(s string) string {
+	if s == "" {
+		return ""
 	}
+	return s + ": "
+}
+
+// bind mounts b.Source at b.Target in root, read-only where asked.
+func bind(root *rootDir, b Bind) error {
+	if err := CheckPath(b.Target); err != nil {
+		return err
+	}
+	// The source is the host's (a CDI hostPath): its symlinks are followed
+	// on the host, as a runtime follows them. It is held open so that what
+	// was looked at is what is bound.
+	src, err := unix.Open(b.Source, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("bind %s: %w", b.Target, err)
+		return err
 	}
-	if err := unix.Mount(b.Source, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("bind %s at %s: %w", b.Source, b.Target, err)
+	defer func() { _ = unix.Close(src) }()
+	var st unix.Stat_t
+	if err := unix.Fstat(src, &st); err != nil {
+		return err
 	}
-	if b.ReadOnly {
-		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_REC)
-		if err := unix.Mount("", target, "", flags, ""); err != nil {
-			return fmt.Errorf("read-only %s: %w", b.Target, err)
-		}
+	mk := makeFile
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		mk = makeDir
+	}
+	target, err := root.open(b.Target, mk)
+	if err != nil {
+		return err
+	}
+	err = unix.Mount(fdPath(src), fdPath(target), "", unix.MS_BIND|unix.MS_REC, "")
+	_ = unix.Close(target) // read only
+	if err != nil || !b.ReadOnly {
+		return err
+	}
+	// The descriptor above is of the mount point; the remount needs the
+	// new mount's root, which the target resolves to now.
+	target, err = root.open(b.Target, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = unix.Close(target) }()
+	if err := unix.Mount("", fdPath(target), "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("read-only: %w", err)
 	}
 	return nil
 }
