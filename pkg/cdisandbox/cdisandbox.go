@@ -26,7 +26,9 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
+	"golang.org/x/sys/unix"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -48,8 +50,17 @@ type Options struct {
 	HostPath func(string) string
 }
 
+// killGrace is how long Run waits for the program's processes to go once
+// killed: a process stuck in the kernel (a wedged GPU's driver call) does
+// not die of SIGKILL, and the caller must not wait on it for ever.
+const killGrace = 5 * time.Second
+
 // Run runs the program in a sandbox and returns its standard output. It
-// needs root (CAP_SYS_ADMIN) for the mount namespace.
+// needs root (CAP_SYS_ADMIN) for the mount and PID namespaces. The program
+// runs in its own process group, killed whole when ctx is done (the error
+// then wraps ctx's) and when the program exits, so that nothing it forked
+// outlives it. A path of the specs the sandbox will not build is an error
+// that wraps sandbox.ErrRefused.
 func Run(ctx context.Context, opts Options) ([]byte, *sandbox.Config, error) {
 	cfg, err := plan(opts)
 	if err != nil {
@@ -71,20 +82,88 @@ func Run(ctx context.Context, opts Options) ([]byte, *sandbox.Config, error) {
 	}
 	defer func() { _ = os.Remove(cfgFile) }()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, opts.Program, sandbox.EnterArg, cfgFile)
+	cmd := exec.Command(opts.Program, sandbox.EnterArg, cfgFile)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Env = []string{}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
-	if err := cmd.Run(); err != nil {
+	// Its own process group, killed whole; and its own PID namespace, of
+	// which it is the init: when it dies the kernel kills and reaps every
+	// process left in it, a process that left the group included, before
+	// its parent sees it exit. So no process of the program outlives Run.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID, Setpgid: true}
+	// A process that left the group may hold the output pipes open.
+	cmd.WaitDelay = killGrace
+	if err := cmd.Start(); err != nil {
 		if errors.Is(err, syscall.EPERM) {
 			return nil, cfg, sandbox.ErrNoNamespace
 		}
-		return stdout.Bytes(), cfg, fmt.Errorf("sandbox: %w: %s", err, bytes.TrimSpace(stderr.Bytes()))
+		return nil, cfg, fmt.Errorf("sandbox: %w", err)
 	}
-	return stdout.Bytes(), cfg, nil
+	err = waitGroup(ctx, cmd)
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return stdout.Bytes(), cfg, nil
+	case ctx.Err() != nil:
+		return stdout.Bytes(), cfg, fmt.Errorf("sandbox: %s did not finish: %w", opts.Program, err)
+	case errors.As(err, &exit) && exit.ExitCode() == sandbox.ExitRefused:
+		return stdout.Bytes(), cfg, refused(bytes.TrimSpace(stderr.Bytes()))
+	}
+	return stdout.Bytes(), cfg, fmt.Errorf("sandbox: %w: %s", err, bytes.TrimSpace(stderr.Bytes()))
 }
 
-// plan turns the devices' edits into binds, nodes and environment.
+// refused is the first stage's refusal of a path, in its words.
+type refused string
+
+func (r refused) Error() string { return string(r) }
+func (r refused) Unwrap() error { return sandbox.ErrRefused }
+
+// waitGroup waits for the program to exit or ctx to be done, kills the
+// program's process group (the program too, when ctx is done) and reaps
+// the program. It waits at most killGrace after the kill.
+func waitGroup(ctx context.Context, cmd *exec.Cmd) error {
+	pgid := cmd.Process.Pid
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		// WNOWAIT leaves the program a zombie until cmd.Wait reaps it: its
+		// pid, which is the group's id, cannot be reused by another
+		// process before the group is killed.
+		var info unix.Siginfo
+		for {
+			if err := unix.Waitid(unix.P_PID, pgid, &info, unix.WEXITED|unix.WNOWAIT, nil); !errors.Is(err, unix.EINTR) {
+				return
+			}
+		}
+	}()
+	var cause error
+	select {
+	case <-exited:
+	case <-ctx.Done():
+		cause = context.Cause(ctx)
+	}
+	_ = unix.Kill(-pgid, unix.SIGKILL) // ESRCH: the group is gone already
+	reaped := make(chan error, 1)
+	go func() { reaped <- cmd.Wait() }()
+	timer := time.NewTimer(killGrace)
+	defer timer.Stop()
+	select {
+	case err := <-reaped:
+		if cause != nil {
+			return fmt.Errorf("killed process group %d: %w", pgid, cause)
+		}
+		return err
+	case <-timer.C:
+		if cause == nil {
+			cause = errors.New("it exited, but not all of its process group")
+		}
+		return fmt.Errorf("killed process group %d, which has not gone after %s (a process stuck in the kernel does not die): %w", pgid, killGrace, cause)
+	}
+}
+
+// plan turns the devices' edits into binds, nodes and environment. It
+// refuses, naming the spec entry, a container path that is not clean and
+// absolute: a path the sandbox would not resolve inside its root as the
+// spec writes it. Enter checks again where it builds, in the namespace.
 func plan(opts Options) (*sandbox.Config, error) {
 	hostPath := opts.HostPath
 	if hostPath == nil {
@@ -96,7 +175,7 @@ func plan(opts Options) (*sandbox.Config, error) {
 	}
 	cfg := &sandbox.Config{Binds: base}
 	env := slices.Clone(opts.BaseEnv)
-	var edits []cdispec.ContainerEdits
+	var edits []edits
 	for _, id := range opts.Devices {
 		e, err := deviceEdits(opts.Specs, id)
 		if err != nil {
@@ -107,22 +186,28 @@ func plan(opts Options) (*sandbox.Config, error) {
 	for _, e := range edits {
 		env = mergeEnv(env, e.Env)
 		for _, d := range e.DeviceNodes {
+			if err := checkPaths(d.Path, d.HostPath); err != nil {
+				return nil, fmt.Errorf("%s: device node %q: %w", e.from, d.Path, err)
+			}
 			src := d.HostPath
 			if src == "" {
 				src = d.Path
 			}
 			src = hostPath(src)
 			if _, err := os.Stat(src); err == nil {
-				cfg.Binds = append(cfg.Binds, sandbox.Bind{Source: src, Target: d.Path})
+				cfg.Binds = append(cfg.Binds, sandbox.Bind{Source: src, Target: d.Path, From: e.from})
 				continue
 			}
 			if d.Major == 0 && d.Minor == 0 {
-				return nil, fmt.Errorf("device node %s: %s does not exist and the spec gives no numbers", d.Path, src)
+				return nil, fmt.Errorf("%s: device node %s: %s does not exist and the spec gives no numbers", e.from, d.Path, src)
 			}
-			cfg.Nodes = append(cfg.Nodes, sandbox.Node{Path: d.Path, Major: d.Major, Minor: d.Minor})
+			cfg.Nodes = append(cfg.Nodes, sandbox.Node{Path: d.Path, Major: d.Major, Minor: d.Minor, From: e.from})
 		}
 		for _, m := range e.Mounts {
-			cfg.Binds = append(cfg.Binds, sandbox.Bind{Source: hostPath(m.HostPath), Target: m.ContainerPath, ReadOnly: slices.Contains(m.Options, "ro")})
+			if err := checkPaths(m.ContainerPath, m.HostPath); err != nil {
+				return nil, fmt.Errorf("%s: mount of %q at %q: %w", e.from, m.HostPath, m.ContainerPath, err)
+			}
+			cfg.Binds = append(cfg.Binds, sandbox.Bind{Source: hostPath(m.HostPath), Target: m.ContainerPath, ReadOnly: slices.Contains(m.Options, "ro"), From: e.from})
 		}
 		for _, h := range e.Hooks {
 			cfg.Hooks = append(cfg.Hooks, h.HookName+": "+h.Path)
@@ -132,9 +217,31 @@ func plan(opts Options) (*sandbox.Config, error) {
 	return cfg, nil
 }
 
+// checkPaths checks a spec entry's container path, and its host path when
+// it has one.
+func checkPaths(target, source string) error {
+	if err := sandbox.CheckPath(target); err != nil {
+		return err
+	}
+	if target == sandbox.ProgramPath {
+		return fmt.Errorf("%w: %s is where the sandbox has the program it runs", sandbox.ErrRefused, target)
+	}
+	if source != "" && !filepath.IsAbs(source) {
+		return fmt.Errorf("%w: host path %q is not absolute", sandbox.ErrRefused, source)
+	}
+	return nil
+}
+
+// edits are a device's or its spec's container edits, with where they
+// come from for errors.
+type edits struct {
+	cdispec.ContainerEdits
+	from string
+}
+
 // deviceEdits finds a device in the specs and returns its spec's edits and
 // its own, in the order a runtime applies them.
-func deviceEdits(specs []string, id string) ([]cdispec.ContainerEdits, error) {
+func deviceEdits(specs []string, id string) ([]edits, error) {
 	for _, path := range specs {
 		spec, err := cdiapi.ReadSpec(path, 0)
 		if err != nil {
@@ -143,7 +250,10 @@ func deviceEdits(specs []string, id string) ([]cdispec.ContainerEdits, error) {
 		kind := spec.GetVendor() + "/" + spec.GetClass()
 		for _, d := range spec.Devices {
 			if kind+"="+d.Name == id {
-				return []cdispec.ContainerEdits{spec.ContainerEdits, d.ContainerEdits}, nil
+				return []edits{
+					{spec.ContainerEdits, fmt.Sprintf("CDI spec %s (edits for every device)", path)},
+					{d.ContainerEdits, fmt.Sprintf("CDI device %s in %s", id, path)},
+				}, nil
 			}
 		}
 	}
@@ -170,7 +280,8 @@ var libraryDirs = []string{"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
 // its own path. Nothing else of the host is visible, so that whatever
 // driver file the program finds came from the devices' edits.
 func imageFiles(program string) ([]sandbox.Bind, error) {
-	binds := []sandbox.Bind{{Source: program, Target: sandbox.ProgramPath, ReadOnly: true}}
+	const from = "the sandbox's image"
+	binds := []sandbox.Bind{{Source: program, Target: sandbox.ProgramPath, ReadOnly: true, From: from}}
 	seen := map[string]bool{}
 	queue := []string{program}
 	for len(queue) > 0 {
@@ -188,7 +299,7 @@ func imageFiles(program string) ([]sandbox.Bind, error) {
 		}
 		if interp != "" && !seen[interp] {
 			seen[interp] = true
-			binds = append(binds, sandbox.Bind{Source: interp, Target: interp, ReadOnly: true})
+			binds = append(binds, sandbox.Bind{Source: interp, Target: interp, ReadOnly: true, From: from})
 		}
 		for _, lib := range needed {
 			found := findLibrary(lib)
@@ -199,7 +310,7 @@ func imageFiles(program string) ([]sandbox.Bind, error) {
 				continue
 			}
 			seen[found] = true
-			binds = append(binds, sandbox.Bind{Source: found, Target: found, ReadOnly: true})
+			binds = append(binds, sandbox.Bind{Source: found, Target: found, ReadOnly: true, From: from})
 			queue = append(queue, found)
 		}
 	}

@@ -1,6 +1,7 @@
 package cdisandbox
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -52,16 +53,17 @@ func TestPlanAppliesEditsAsARuntimeDoes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	from := "CDI device kyb.ai/gpu=c1-seat in " + spec
 	if want := []string{"PATH=/bin", "A=spec", "B=device"}; !slices.Equal(cfg.Env, want) {
 		t.Errorf("env %v, want %v", cfg.Env, want)
 	}
-	if !slices.Contains(cfg.Binds, sandbox.Bind{Source: filepath.Join(host, "nvidia0"), Target: "/dev/nvidia0"}) {
+	if !slices.Contains(cfg.Binds, sandbox.Bind{Source: filepath.Join(host, "nvidia0"), Target: "/dev/nvidia0", From: from}) {
 		t.Errorf("/dev/nvidia0 is not bound from the host: %+v", cfg.Binds)
 	}
-	if !slices.Equal(cfg.Nodes, []sandbox.Node{{Path: "/dev/nvidia1", Major: 195, Minor: 1}}) {
+	if !slices.Equal(cfg.Nodes, []sandbox.Node{{Path: "/dev/nvidia1", Major: 195, Minor: 1, From: from}}) {
 		t.Errorf("nodes %+v, want /dev/nvidia1 made from 195:1", cfg.Nodes)
 	}
-	if !slices.Contains(cfg.Binds, sandbox.Bind{Source: lib, Target: "/usr/local/nvidia/lib64/libcuda.so.1", ReadOnly: true}) {
+	if !slices.Contains(cfg.Binds, sandbox.Bind{Source: lib, Target: "/usr/local/nvidia/lib64/libcuda.so.1", ReadOnly: true, From: from}) {
 		t.Errorf("libcuda is not mounted read-only: %+v", cfg.Binds)
 	}
 	if cfg.Binds[0].Target != sandbox.ProgramPath || len(cfg.Hooks) != 1 || !strings.Contains(cfg.Hooks[0], "nvidia-cdi-hook") {
@@ -84,5 +86,49 @@ func TestPlanRefusesWhatCannotBeBuilt(t *testing.T) {
 		if _, err := plan(Options{Specs: []string{spec}, Devices: []string{tt.device}, Program: self}); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v, want %q", tt.device, err, tt.want)
 		}
+	}
+}
+
+// TestPlanRefusesPathsOutsideTheRoot: a spec is input that may be hostile.
+// A container path that is not clean and absolute would not name a place
+// inside the sandbox's root as written, and the program's own path is not
+// the spec's to bind over; each is refused before anything is built,
+// naming the spec entry and the path.
+func TestPlanRefusesPathsOutsideTheRoot(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, edits, want string
+	}{
+		{"a mount climbing out", `"mounts":[{"hostPath":"/lib/libc.so.6","containerPath":"/../../../tmp/x/planted"}]`,
+			`: mount of "/lib/libc.so.6" at "/../../../tmp/x/planted": refused: "/../../../tmp/x/planted" is not a clean path`},
+		{"a device node climbing out", `"deviceNodes":[{"path":"/dev/../../tmp/x/node","major":1,"minor":3}]`,
+			`: device node "/dev/../../tmp/x/node": refused: "/dev/../../tmp/x/node" is not a clean path`},
+		{"a relative device node", `"deviceNodes":[{"path":"dev/nvidia0","major":195,"minor":0}]`,
+			`: device node "dev/nvidia0": refused: "dev/nvidia0" is not an absolute path`},
+		{"a relative host path", `"mounts":[{"hostPath":"lib/libcuda.so.1","containerPath":"/usr/lib/libcuda.so.1"}]`,
+			`refused: host path "lib/libcuda.so.1" is not absolute`},
+		{"a mount over the program", `"mounts":[{"hostPath":"/bin/sh","containerPath":"/probe"}]`,
+			`refused: /probe is where the sandbox has the program it runs`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// In the device's edits and in the spec's, for every device.
+			for _, where := range []string{"device", "spec"} {
+				device, common := `{`+tt.edits+`}`, `{"env":["X=1"]}`
+				wantFrom := "CDI device kyb.ai/gpu=c1-seat in "
+				if where == "spec" {
+					device, common = common, device
+					wantFrom = "CDI spec "
+				}
+				spec := writeSpec(t, `{"cdiVersion":"0.6.0","kind":"kyb.ai/gpu","containerEdits":`+common+`,"devices":[{"name":"c1-seat","containerEdits":`+device+`}]}`)
+				_, err := plan(Options{Specs: []string{spec}, Devices: []string{"kyb.ai/gpu=c1-seat"}, Program: self})
+				if err == nil || !strings.HasPrefix(err.Error(), wantFrom) || !strings.Contains(err.Error(), spec) ||
+					!strings.Contains(err.Error(), tt.want) || !errors.Is(err, sandbox.ErrRefused) {
+					t.Errorf("%s edits: %v, want %q from %q", where, err, tt.want, wantFrom+spec)
+				}
+			}
+		})
 	}
 }
