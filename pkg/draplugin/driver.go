@@ -25,10 +25,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -93,7 +91,9 @@ type Options struct {
 	Layout LayoutMode
 	// DeviceMetadata gives every prepared device's attributes, seats,
 	// generations and GPU UUIDs to its containers as a metadata file
-	// (KEP-5304, at /var/run/kubernetes.io/dra-device-attributes/<claim>/<request>/metadata.json).
+	// (KEP-5304, at /var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/gpu.kyb.ai-metadata.json,
+	// resourceclaimtemplates/<pod's claim name>/... for a claim made from a
+	// template). A start restores the files and specs a reboot took.
 	DeviceMetadata bool
 	// HealthReportInterval is how often device health is re-sent to the
 	// kubelet (default 10s).
@@ -210,9 +210,13 @@ func (d *Driver) open(ctx context.Context) error {
 		return fmt.Errorf("register the seat metrics: %w", err)
 	}
 	d.recovered = make(chan struct{}, 1)
+	specs, err := d.ledgerSpecs(ctx)
+	if err != nil {
+		return err
+	}
 	d.ledger, err = seatledger.Open(ctx, seatledger.Options{
 		Pool: d.node.pool, Plan: opts.Plan, Inventory: opts.Inventory, Dir: opts.PluginDataDir,
-		SharedWithPeer: opts.PodUID != "", BootIDFile: opts.BootIDFile, Specs: d.specs, Claims: opts.Client.ResourceV1(),
+		SharedWithPeer: opts.PodUID != "", BootIDFile: opts.BootIDFile, Specs: specs, Claims: opts.Client.ResourceV1(),
 		Events: d.events, Clock: opts.Clock, UsageChanged: d.usageChanged,
 		Hooks: seatledger.Hooks{
 			BeforeSave:       func() { d.hooks.run(HookBeforeSave) },
@@ -270,9 +274,7 @@ func (d *Driver) startHelper(ctx context.Context) error {
 		helperOpts = append(helperOpts, kubeletplugin.RollingUpdate(opts.PodUID))
 	}
 	if opts.DeviceMetadata {
-		// v1beta1 is the newest version of 1.37; containers read the
-		// first version of the stream they understand.
-		helperOpts = append(helperOpts, kubeletplugin.EnableDeviceMetadata(true, []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion}))
+		helperOpts = append(helperOpts, kubeletplugin.EnableDeviceMetadata(true, metadataVersions()))
 	}
 	helper, err := kubeletplugin.Start(ctx, d, helperOpts...)
 	if err != nil {
