@@ -22,11 +22,15 @@ func (e *examination) checkCheckpoint() {
 	c := Check{Name: "checkpoint", Status: OK}
 	specs, _, specErr := cdi.ListClaims(e.opts.CDIRoot)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		e.state = checkpoint.New()
 		c.Summary = "none: the plugin has not run on this node yet"
 		e.add(withOrphans(c, specs, nil))
 		return
 	}
 	st, res, err := checkpoint.NewStore(dir).Load()
+	if err == nil {
+		e.state = st
+	}
 	switch {
 	case errors.Is(err, checkpoint.ErrNewerVersion):
 		e.add(Check{Name: "checkpoint", Status: Fail, Summary: err.Error(),

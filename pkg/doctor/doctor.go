@@ -15,6 +15,7 @@ package doctor
 import (
 	"context"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
 )
@@ -87,6 +88,8 @@ type examination struct {
 	host   *gpuhost.Host
 	node   *nodesetup.Node
 	files  *nodesetup.DriverFiles
+	// state is the plugin's checkpoint, nil when it could not be read.
+	state *checkpoint.State
 }
 
 func (e *examination) add(c Check) {

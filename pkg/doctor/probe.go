@@ -3,12 +3,14 @@ package doctor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -32,7 +34,15 @@ type ProbeOptions struct {
 	Claim types.UID
 	// Group names the group whose seat is probed; "": the plan's first.
 	Group string
+	// Timeout bounds the probe; 0: DefaultProbeTimeout. A wedged GPU
+	// hangs cuInit for ever.
+	Timeout time.Duration
 }
+
+// DefaultProbeTimeout is how long the probe may take: far more than
+// cuInit takes on a healthy node with many GPUs (seconds), far less than
+// an init container should hang.
+const DefaultProbeTimeout = time.Minute
 
 // probeClaimUID names the seat spec the doctor writes for itself; no API
 // server hands out a UID of this shape.
@@ -60,9 +70,25 @@ func (e *examination) checkProbe(ctx context.Context) {
 		return
 	}
 	want, what := target.want, target.what
-	out, cfg, err := cdisandbox.Run(ctx, cdisandbox.Options{Specs: target.specs, Devices: target.devices, Program: e.opts.Probe.Program, BaseEnv: imageEnv, HostPath: e.seenPath})
-	if err != nil {
+	timeout := e.opts.Probe.Timeout
+	if timeout <= 0 {
+		timeout = DefaultProbeTimeout
+	}
+	probeCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out, cfg, err := cdisandbox.Run(probeCtx, cdisandbox.Options{Specs: target.specs, Devices: target.devices, Program: e.opts.Probe.Program, BaseEnv: imageEnv, HostPath: e.seenPath})
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		c.Summary = fmt.Sprintf("%s: the probe did not finish within %s (--probe-timeout) and was killed", what, timeout)
+		c.Details = []string{err.Error()}
+		c.Fix = "cuInit or a CUDA call hung, which usually means a wedged GPU or driver: look for Xid errors in dmesg (or journalctl -k), run nvidia-smi (it hangs too on a wedged GPU), reset the GPU or reboot the node; on a healthy but slow node raise --probe-timeout"
+	case errors.Is(err, sandbox.ErrRefused):
+		c.Summary = what + ": the sandbox refuses the spec: " + err.Error()
+		c.Fix = "the spec names a path a container must not be given (outside the container's root, through a symlink of a bound host directory, or new files in one): find what wrote it; the plugin writes no such path"
+	case err != nil:
 		c.Summary, c.Fix = "the sandbox did not run: "+err.Error(), "run the doctor as root with kyb-cuda-probe beside it (--probe-binary)"
+	}
+	if err != nil {
 		e.add(c)
 		return
 	}
@@ -80,14 +106,13 @@ func (e *examination) checkProbe(ctx context.Context) {
 		allocated = allocated && d.MemAlloc == "ok"
 	}
 	slices.Sort(saw)
-	slices.Sort(want)
 	switch {
 	case r.Error != "":
 		c.Summary = fmt.Sprintf("%s: the probe saw no GPU: %s", what, r.Error)
 		c.Fix = "a container holding this seat would not run CUDA either: see the driver-files check (with no driver files, only the NVIDIA container runtime brings libcuda)"
 	case !slices.Equal(saw, want):
-		c.Summary = fmt.Sprintf("%s: the probe saw %v, the seat's GPUs are %v", what, saw, want)
-		c.Fix = "the seat's CDI spec gives a container other GPUs than the seat's: report this as a bug with the spec and this output"
+		c.Summary = fmt.Sprintf("%s: the probe saw %v, %s", what, saw, target.expected)
+		c.Fix = "the CDI spec gives a container other GPUs than the seat's: report this as a bug with the spec and this output"
 	case !allocated:
 		c.Summary = what + ": the probe saw the seat's GPUs but could not allocate on each"
 		c.Fix = "see the devices' lines: the device nodes are there but CUDA cannot use them"
@@ -99,11 +124,12 @@ func (e *examination) checkProbe(ctx context.Context) {
 }
 
 // probeTarget is what the probe runs with: the spec files and CDI
-// devices, the GPU UUIDs it must see, a description for the report, and
-// what removes the files the doctor wrote.
+// devices, the GPU UUIDs it must see (sorted) and who says so, a
+// description for the report, and what removes the files the doctor
+// wrote.
 type probeTarget struct {
 	specs, devices, want []string
-	what                 string
+	what, expected       string
 	cleanup              func()
 }
 
@@ -115,6 +141,12 @@ func (e *examination) probeTarget() (probeTarget, error) {
 		if err := cdi.CheckClaimUID(uid); err != nil {
 			return t, err
 		}
+		// What the claim must see is what the plugin recorded when it
+		// prepared it, not what its spec says: the spec is what is checked.
+		want, err := e.claimGPUs(uid)
+		if err != nil {
+			return t, err
+		}
 		path := filepath.Join(e.opts.CDIRoot, cdi.SpecName(uid)+".json")
 		spec, err := cdiapi.ReadSpec(path, 0)
 		if err != nil {
@@ -122,17 +154,9 @@ func (e *examination) probeTarget() (probeTarget, error) {
 		}
 		for _, d := range spec.Devices {
 			t.devices = append(t.devices, cdi.Vendor+"/"+cdi.Class+"="+d.Name)
-			for _, kv := range d.ContainerEdits.Env {
-				if v, ok := strings.CutPrefix(kv, containeredits.EnvNVIDIAVisibleDevices+"="); ok {
-					for _, u := range strings.Split(v, ",") {
-						if !slices.Contains(t.want, u) {
-							t.want = append(t.want, u)
-						}
-					}
-				}
-			}
 		}
-		t.specs, t.what = []string{path}, "claim "+string(uid)
+		t.specs, t.want, t.what = []string{path}, want, "claim "+string(uid)
+		t.expected = fmt.Sprintf("the checkpoint records %v for the claim", want)
 		return t, nil
 	}
 	if e.node == nil || e.files == nil {
@@ -175,7 +199,34 @@ func (e *examination) probeTarget() (probeTarget, error) {
 		}
 	}
 	t.what = fmt.Sprintf("seat 0 of %s (%s)", group.Name, group.Profile.Resource)
+	slices.Sort(t.want)
+	t.expected = fmt.Sprintf("the seat's GPUs are %v", t.want)
 	return t, nil
+}
+
+// claimGPUs are the UUIDs of the GPUs the checkpoint records for a claim,
+// sorted.
+func (e *examination) claimGPUs(uid types.UID) ([]string, error) {
+	if e.state == nil {
+		return nil, fmt.Errorf("claim %s: the plugin's checkpoint could not be read (see the checkpoint check), and only it says which GPUs the claim holds", uid)
+	}
+	cl := e.state.Claims[uid]
+	if cl == nil {
+		return nil, fmt.Errorf("claim %s is not in the plugin's checkpoint, which records %s: it is not prepared on this node, or was released since", uid, count(len(e.state.Claims), "claim"))
+	}
+	var want []string
+	for _, d := range cl.Devices {
+		for _, u := range d.GPUUUIDs {
+			if !slices.Contains(want, u) {
+				want = append(want, u)
+			}
+		}
+	}
+	if len(want) == 0 {
+		return nil, fmt.Errorf("claim %s/%s (%s): the checkpoint records no GPU for it", cl.Namespace, cl.Name, uid)
+	}
+	slices.Sort(want)
+	return want, nil
 }
 
 func (e *examination) probeGroup() (*planner.Group, error) {

@@ -27,12 +27,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// The probe and the fake libcuda are built once for every test.
+// The probe and the fake libcuda (and one whose cuInit hangs) are built
+// once for every test.
 var (
 	probeDir  string
 	buildOnce sync.Once
 	probeBin  string
 	fakeCUDA  string
+	hangCUDA  string
 	buildErr  error
 )
 
@@ -54,9 +56,17 @@ func buildProbe(t *testing.T) (probe, libcuda string) {
 			probeBin = string(out)
 			return
 		}
-		if out, err := exec.Command("gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", fakeCUDA, "testdata/fakecuda.c").CombinedOutput(); err != nil {
+		hangCUDA = filepath.Join(dir, "hang", "libcuda.so.580.95.05")
+		if err := os.Mkdir(filepath.Dir(hangCUDA), 0o755); err != nil {
 			buildErr = err
-			fakeCUDA = string(out)
+			return
+		}
+		for lib, flags := range map[*string][]string{&fakeCUDA: nil, &hangCUDA: {"-DFAKE_CUINIT_HANGS"}} {
+			args := append([]string{"-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", *lib, "testdata/fakecuda.c"}, flags...)
+			if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+				buildErr = err
+				*lib = string(out)
+			}
 		}
 	})
 	if buildErr != nil {
@@ -69,7 +79,13 @@ func buildProbe(t *testing.T) (probe, libcuda string) {
 // and a /dev whose GPU nodes hold their GPUs' UUIDs, as the fake reads
 // them.
 func probeNode(t *testing.T) (*node, *inventory.Inventory) {
-	probe, libcuda := buildProbe(t)
+	_, libcuda := buildProbe(t)
+	return probeNodeWith(t, libcuda)
+}
+
+// probeNodeWith is probeNode with another libcuda in the driver root.
+func probeNodeWith(t *testing.T, libcuda string) (*node, *inventory.Inventory) {
+	probe, _ := buildProbe(t)
 	n := newNode(t)
 	lib := filepath.Join(n.root, "driver/usr/lib/x86_64-linux-gnu")
 	n.mkdir(lib)
@@ -147,6 +163,7 @@ func TestProbeOfAPreparedClaim(t *testing.T) {
 	if err := w.Write(types.UID(uid), []cdi.Device{{Name: "g5-1x-0", Edits: edits}}); err != nil {
 		t.Fatal(err)
 	}
+	n.recordClaim(inv, types.UID(uid), "G5", []int{5})
 	n.opts.Probe.Claim = types.UID(uid)
 	c := check(t, n.run(t), "probe")
 	if c.Status != OK || !strings.Contains(c.Summary, "claim "+uid) || !strings.Contains(strings.Join(c.Details, "\n"), "env KYB_SEAT_GEN=7") {
@@ -177,6 +194,7 @@ func TestProbeFailsForRealReasons(t *testing.T) {
 				"env":["NVIDIA_VISIBLE_DEVICES=`+inv.GPUs[0].UUID+`"],
 				"deviceNodes":[{"path":"/dev/nvidia0"},{"path":"/dev/nvidia1"},{"path":"/dev/nvidiactl"}],
 				"mounts":[{"hostPath":"`+filepath.Join(n.opts.Node.DriverRoot, "usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05")+`","containerPath":"/usr/lib/x86_64-linux-gnu/libcuda.so.1","options":["ro","bind"]}]}}]}`)
+			n.recordClaim(inv, types.UID(uid), "G0", []int{0})
 			n.opts.Probe.Claim = types.UID(uid)
 		}, want: "the probe saw [" + "GPU-"},
 	}

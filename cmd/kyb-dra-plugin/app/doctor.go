@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -23,7 +24,9 @@ links, the configuration and plan, the driver files a container would get,
 NVIDIA's CDI spec, the CDI directory, the kubelet's plugin directories, the
 container runtime's CDI setting, the plugin's checkpoint. With --probe it
 also runs a CUDA probe in a sandbox built only from a seat's CDI spec: what
-a container holding that seat would see.
+a container holding that seat would see. The probe is killed when it
+takes longer than --probe-timeout (a wedged GPU hangs cuInit), and the
+check fails saying so.
 
 It reads and never writes the node's state, and needs no API server: safe
 beside a running plugin. The exit status is 1 when a check fails.
@@ -95,6 +98,7 @@ type probeFlags struct {
 	program string
 	claim   string
 	group   string
+	timeout time.Duration
 }
 
 func (p *probeFlags) addFlags(f *cli.FlagSet) {
@@ -102,15 +106,19 @@ func (p *probeFlags) addFlags(f *cli.FlagSet) {
 	f.StringVar(&p.program, "probe-binary", "", "", "the probe program; default: kyb-cuda-probe beside this binary")
 	f.StringVar(&p.claim, "probe-claim", "", "", "probe this prepared claim's spec (its UID) instead of seat 0 of --probe-group")
 	f.StringVar(&p.group, "probe-group", "", "", "the group whose seat 0 is probed, by name (G01) or device (g01-1x); default: the plan's first")
+	f.DurationVar(&p.timeout, "probe-timeout", "", doctor.DefaultProbeTimeout, "how long the probe may run before it is killed and the check fails (a wedged GPU or driver hangs cuInit)")
 }
 
 // options returns the probe's options, nil without --probe.
 func (p *probeFlags) options() (*doctor.ProbeOptions, error) {
 	if !p.probe {
-		if p.program != "" || p.claim != "" || p.group != "" {
-			return nil, errors.New("--probe-binary, --probe-claim and --probe-group need --probe")
+		if p.program != "" || p.claim != "" || p.group != "" || p.timeout != doctor.DefaultProbeTimeout {
+			return nil, errors.New("--probe-binary, --probe-claim, --probe-group and --probe-timeout need --probe")
 		}
 		return nil, nil
+	}
+	if p.timeout <= 0 {
+		return nil, fmt.Errorf("--probe-timeout %s must be positive", p.timeout)
 	}
 	if p.claim != "" && p.group != "" {
 		return nil, errors.New("--probe-claim and --probe-group exclude each other: a claim's spec names its group")
@@ -126,5 +134,5 @@ func (p *probeFlags) options() (*doctor.ProbeOptions, error) {
 	if _, err := os.Stat(program); err != nil {
 		return nil, fmt.Errorf("--probe-binary: %w", err)
 	}
-	return &doctor.ProbeOptions{Program: program, Claim: types.UID(p.claim), Group: p.group}, nil
+	return &doctor.ProbeOptions{Program: program, Claim: types.UID(p.claim), Group: p.group, Timeout: p.timeout}, nil
 }

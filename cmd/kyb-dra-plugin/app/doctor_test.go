@@ -1,11 +1,16 @@
 package app
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/doctor"
 )
 
 // TestDoctorCommand runs the doctor as the chart's init container does:
@@ -59,7 +64,10 @@ func TestDoctorRefusesBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"doctor", "--probe-claim", "x"}, "--probe-binary, --probe-claim and --probe-group need --probe"},
+		{[]string{"doctor", "--probe-claim", "x"}, "--probe-binary, --probe-claim, --probe-group and --probe-timeout need --probe"},
+		{[]string{"doctor", "--probe-timeout", "10s"}, "--probe-timeout need --probe"},
+		{[]string{"doctor", "--probe", "--probe-binary", "/bin/sh", "--probe-timeout", "0s"}, "--probe-timeout 0s must be positive"},
+		{[]string{"doctor", "--probe", "--probe-timeout", "soon"}, `invalid value "soon" for flag -probe-timeout`},
 		{[]string{"doctor", "--probe", "--probe-binary", "/nonexistent/kyb-cuda-probe"}, "--probe-binary: stat /nonexistent/kyb-cuda-probe"},
 		{[]string{"doctor", "--probe", "--probe-binary", "/bin/sh", "--probe-claim", "x", "--probe-group", "G0"}, "exclude each other"},
 		{[]string{"doctor", "--cdi-root", "relative"}, `--cdi-root "relative" must be an absolute path`},
@@ -69,5 +77,32 @@ func TestDoctorRefusesBadFlags(t *testing.T) {
 		if code != 2 || !strings.Contains(errOut, tt.want) {
 			t.Errorf("%v: exit %d %q, want 2 with %q", tt.args, code, errOut, tt.want)
 		}
+	}
+}
+
+// TestProbeTimeoutFlag: the probe is bounded by default, and by what
+// --probe-timeout says.
+func TestProbeTimeoutFlag(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{[]string{"--probe", "--probe-binary", "/bin/sh"}, doctor.DefaultProbeTimeout},
+		{[]string{"--probe", "--probe-binary", "/bin/sh", "--probe-timeout", "90s"}, 90 * time.Second},
+	} {
+		var stderr bytes.Buffer
+		f := cli.NewFlagSet("kyb-dra-plugin doctor", &stderr)
+		var p probeFlags
+		p.addFlags(f)
+		if err := f.Parse(tt.args, func(string) string { return "" }); err != nil {
+			t.Fatalf("%v: %v %s", tt.args, err, stderr.String())
+		}
+		opts, err := p.options()
+		if err != nil || opts.Timeout != tt.want {
+			t.Errorf("%v: %+v %v, want timeout %s", tt.args, opts, err, tt.want)
+		}
+	}
+	if doctor.DefaultProbeTimeout != time.Minute {
+		t.Errorf("default probe timeout %s, docs/doctor.md says 1m", doctor.DefaultProbeTimeout)
 	}
 }

@@ -8,7 +8,9 @@
  * when it is built). It needs /dev/nvidiactl, orders the GPUs by minor
  * number and honours CUDA_VISIBLE_DEVICES (indices or UUIDs, up to the
  * first entry that names no device), so a probe over it fails for the
- * reasons a container over the real one would.
+ * reasons a container over the real one would. Built with
+ * -DFAKE_CUINIT_HANGS it stands for a wedged GPU: cuInit forks (as a
+ * driver's helper would) and neither process ever returns.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -70,6 +72,10 @@ static int is_chardev(const char *path) {
 
 int cuInit(unsigned int flags) {
 	(void)flags;
+#ifdef FAKE_CUINIT_HANGS
+	fork();
+	for (;;) pause();
+#endif
 	if (access("/dev/nvidiactl", R_OK) != 0) return CUDA_ERROR_NO_DEVICE;
 	DIR *d = opendir("/dev");
 	if (d == NULL) return CUDA_ERROR_NO_DEVICE;
