@@ -10,14 +10,17 @@ package draplugin
 // <CDI dir>/gpu.kyb.ai_metadata_<claim UID>_<request>.json, whose device
 // (gpu.kyb.ai/metadata=<claim UID>_<request>) it adds to the prepare's
 // answer. A reboot empties the CDI directory (a tmpfs) and keeps the plugin
-// data directory (on disk); the kubelet, whose own checkpoint says the
-// claim is prepared, starts its containers without preparing it again. So
-// where the seat ledger restores a claim's own spec, the metadata's specs
-// come back with it, and the metadata files too if they are gone.
+// data directory (on disk). The plugin's start writes back the specs of
+// prepared claims, so that every CDI device a prepare returned resolves
+// whether or not the kubelet prepares the claim again before a container
+// starts (a container restarted in its running pod is not prepared
+// again). Where the seat ledger restores a claim's own spec, the
+// metadata's specs come back with it, and the metadata files too if they
+// are gone.
 //
 // The helper has no call that writes them outside a prepare
 // (UpdateRequestMetadata rewrites an existing metadata file, without the
-// spec), so restoreMetadata writes what the helper writes, from the same
+// spec), so restore writes what the helper writes, from the same
 // parts: the metadata API's scheme and encoders, the CDI spec types, the
 // device metadata the prepare returned (Driver.metadata, from the ledger
 // entry). One input is not in the ledger: the pod's name for a claim made
@@ -151,9 +154,9 @@ type metadataRequest struct {
 	devices []checkpoint.Device
 }
 
-// requests groups a claim's devices by the file the helper writes them to:
-// one per request, named by its base request.
-func (f *deviceMetadataFiles) requests(c *checkpoint.Claim) map[string]metadataRequest {
+// metadataRequests groups a claim's devices by the file the helper writes
+// them to: one per request, named by its base request.
+func metadataRequests(c *checkpoint.Claim) map[string]metadataRequest {
 	out := map[string]metadataRequest{}
 	for _, dev := range c.Devices {
 		for _, ref := range dev.Requests {
@@ -181,7 +184,7 @@ func (f *deviceMetadataFiles) restore(ctx context.Context, uid types.UID, c *che
 	var fromClaim *string
 	var lookupErr error
 	lookedUp := false
-	reqs := f.requests(c)
+	reqs := metadataRequests(c)
 	for _, base := range slices.Sorted(maps.Keys(reqs)) {
 		file := f.filePath(c.Namespace, c.Name, base)
 		var podClaim *string
@@ -232,9 +235,9 @@ func readMetadataFile(path string, uid types.UID) (*metadata.DeviceMetadata, err
 // the helper takes it at prepare: nil for a claim that has none.
 func (f *deviceMetadataFiles) podClaimName(ctx context.Context, namespace, name string, uid types.UID) (*string, error) {
 	f.mu.Lock()
-	since := f.clock.Since(f.unanswered)
+	failed, since := !f.unanswered.IsZero(), f.clock.Since(f.unanswered)
 	f.mu.Unlock()
-	if since < metadataLookupMax {
+	if failed && since < metadataLookupMax {
 		return nil, fmt.Errorf("the metadata file is gone and the claim, which names its path in containers, cannot be read: the API server did not answer %s ago", since.Round(time.Second))
 	}
 	ctx, cancel := context.WithTimeout(ctx, metadataLookupMax)
