@@ -204,6 +204,9 @@ func (d *Driver) open(ctx context.Context) error {
 	d.sharing = newSharing(opts.Sharing, d.node)
 	d.specs = &claimSpecs{writer: w, inv: opts.Inventory, edits: opts.Edits, nvidiaCDI: opts.NVIDIACDIDevice, sharing: d.sharing}
 	d.events = nodeevents.Start(ctx, opts.BackgroundClient, opts.NodeName, driver.Name)
+	if err := d.sharing.reportTo(d.events, d.metrics.registry); err != nil {
+		return err
+	}
 	d.publisher = newPublisher(d.node, opts.Layout, healthTaints{view: health.View{Source: opts.Health}, lostEffect: opts.GPULostEffect},
 		d.events, d.metrics, opts.BackgroundClient, opts.Clock)
 	if err := d.metrics.registry.Register(seatCollector{d.publisher}); err != nil {
@@ -234,6 +237,10 @@ func (d *Driver) open(ctx context.Context) error {
 	})
 	if err != nil {
 		return err
+	}
+	if opts.PodUID != "" {
+		// The other instance's claims count before a daemon is stopped.
+		d.sharing.reload = d.ledger.Refresh
 	}
 	d.statuses = newStatusWriter(opts.BackgroundClient.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
 	if opts.Usage.Sampler != nil {
@@ -310,7 +317,7 @@ func (d *Driver) runBackground(ctx context.Context) {
 	mpsHealth, unsubscribeMPS := d.publisher.health.view.Subscribe()
 	d.background.Go(func() {
 		defer unsubscribeMPS()
-		d.sharing.watchHealth(ctx, d.publisher.health.view, mpsHealth)
+		d.sharing.watchDaemons(ctx, d.publisher.health.view, mpsHealth)
 	})
 	if d.usage != nil {
 		d.background.Go(func() { d.usage.run(klog.NewContext(ctx, klog.LoggerWithName(logger, "gpu-usage"))) })

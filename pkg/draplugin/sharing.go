@@ -6,15 +6,17 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
@@ -27,6 +29,10 @@ type Sharing struct {
 	// SetTimeSlice sets the time slice of GPUs (by index), for
 	// timeSlicing profiles that name an interval; nil refuses their claims.
 	SetTimeSlice func(ctx context.Context, gpus []int, interval v1alpha1.TimeSliceInterval) error
+	// WatchInterval is how often the daemons of groups in use are checked
+	// (default 5s): one that ended is started again. The check reads
+	// /proc; no daemon is asked anything.
+	WatchInterval time.Duration
 }
 
 // sharing keeps each group in use sharing its GPUs as its profile says:
@@ -34,34 +40,58 @@ type Sharing struct {
 // release of its last, holding the largest share a claim has there; a
 // timeSlicing profile's interval is applied to a group's GPUs before its
 // seats are used.
+//
+// Which claims hold a group is the ledger's. Where another plugin instance
+// serves the node too (a rolling update), each instance's ledger knows the
+// other's claims only once it reads the checkpoint again, so every
+// decision about a daemon (start, limits, stop) reads it first, under the
+// file lock the instances share and the daemon's own lock (reload): an
+// instance never stops, or lowers, a daemon a claim of the other needs.
 type sharing struct {
 	Sharing
 	node nodePlan
 	hw   *groupshare.Hardware
+	// reload reads the checkpoint again where another instance may have
+	// changed it (nil: this instance alone writes it).
+	reload func(ctx context.Context) error
+	// events and restarts report daemons started again by the watcher.
+	events   *nodeevents.Recorder
+	restarts *prometheus.CounterVec
 
 	mu sync.Mutex
 	// largest is the ledger's Usage.Largest, kept as it changes; changed
-	// are the MPS groups whose share changed since they were settled.
+	// are the groups whose share changed since they were settled.
 	largest map[string]int
 	changed map[string]bool
 	// known: the ledger told its usage; until then (a lost checkpoint
 	// not yet rebuilt) no daemon is stopped, since which groups are in
 	// use is not known.
 	known bool
+	// down are the MPS groups with a lost GPU, whose daemons are halted
+	// until the GPU comes back.
+	down map[string]bool
 }
 
 func newSharing(s Sharing, node nodePlan) *sharing {
+	if s.WatchInterval <= 0 {
+		s.WatchInterval = 5 * time.Second
+	}
 	hw := &groupshare.Hardware{Inv: node.inv, MPS: s.MPS, SetTimeSlice: s.SetTimeSlice}
-	return &sharing{Sharing: s, node: node, hw: hw, largest: map[string]int{}, changed: map[string]bool{}}
+	return &sharing{Sharing: s, node: node, hw: hw, largest: map[string]int{}, changed: map[string]bool{}, down: map[string]bool{},
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kyb_mps_daemon_restarts_total", Help: "MPS control daemons started again after they ended while their group was in use, by group.",
+		}, []string{"group"})}
 }
 
 // setUsage is the ledger's UsageChanged (with the ledger's lock held). It
-// notes the MPS groups whose largest share changed, for settle.
+// notes the groups whose largest share changed, for settle: those of MPS
+// groups, and of groups whose profile no longer uses MPS, whose daemon
+// stops once their last claim goes.
 func (s *sharing) setUsage(u seatledger.Usage) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, gd := range slices.Concat(slices.Collect(maps.Keys(s.largest)), slices.Collect(maps.Keys(u.Largest))) {
-		if s.largest[gd] != u.Largest[gd] && s.usesMPS(gd) {
+		if s.largest[gd] != u.Largest[gd] {
 			s.changed[gd] = true
 		}
 	}
@@ -69,18 +99,22 @@ func (s *sharing) setUsage(u seatledger.Usage) {
 	s.known = true
 }
 
-func (s *sharing) held(groupDevice string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.largest[groupDevice] > 0
+// refresh reads the checkpoint again where another instance shares it.
+func (s *sharing) refresh(ctx context.Context, name string) error {
+	if s.reload == nil {
+		return nil
+	}
+	if err := s.reload(ctx); err != nil {
+		return fmt.Errorf("read which claims hold group %s from the checkpoint shared with the other plugin instance: %w", name, err)
+	}
+	return nil
 }
 
-func (s *sharing) usesMPS(groupDevice string) bool {
-	return groupshare.UsesMPS(s.node.group(groupDevice))
-}
-
-func (s *sharing) want(g *planner.Group) mps.Want {
+func (s *sharing) want(ctx context.Context, g *planner.Group) mps.Want {
 	return func() (mps.Limits, bool, error) {
+		if err := s.refresh(ctx, g.DeviceName()); err != nil {
+			return mps.Limits{}, false, err
+		}
 		s.mu.Lock()
 		k := s.largest[g.DeviceName()]
 		delete(s.changed, g.DeviceName())
@@ -88,6 +122,26 @@ func (s *sharing) want(g *planner.Group) mps.Want {
 		limits, inUse := s.hw.Want(g, k)
 		return limits, inUse, nil
 	}
+}
+
+// held tells whether a claim holds the group: while one does, the daemon
+// of a group that no longer uses MPS stays for its containers.
+func (s *sharing) held(ctx context.Context, name string) func() (bool, error) {
+	return func() (bool, error) {
+		if err := s.refresh(ctx, name); err != nil {
+			return false, err
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.changed, name)
+		return s.largest[name] > 0, nil
+	}
+}
+
+func (s *sharing) isDown(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.down[name]
 }
 
 // prepare readies the groups of a claim before its spec is written: their
@@ -107,7 +161,7 @@ func (s *sharing) prepare(ctx context.Context, c *checkpoint.Claim) error {
 			if s.MPS == nil {
 				return groupshare.ErrNoMPS(g)
 			}
-			if err := s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(g)); err != nil {
+			if err := s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(ctx, g)); err != nil {
 				return fmt.Errorf("group %s: %w", g.Name, err)
 			}
 		case g.Profile.TimeSlice != "":
@@ -119,11 +173,11 @@ func (s *sharing) prepare(ctx context.Context, c *checkpoint.Claim) error {
 	return nil
 }
 
-// settle stops the daemons of MPS groups no claim uses any more and sets
-// new limits where the largest share changed; after releases, and at
-// start for every daemon found (adopting those in use, stopping those a
-// plugin that went away left behind). Failures are logged: a release has
-// already succeeded.
+// settle stops the daemons of groups no claim uses any more and sets new
+// limits where the largest share changed; after releases, and at start for
+// every daemon found (adopting those in use, stopping those a plugin that
+// went away left behind). Failures are logged: a release has already
+// succeeded, and the watcher tries again.
 func (s *sharing) settle(ctx context.Context, all bool) {
 	if s.MPS == nil {
 		return
@@ -151,26 +205,38 @@ func (s *sharing) settle(ctx context.Context, all bool) {
 		g := s.node.group(name)
 		var err error
 		switch {
-		case g == nil && s.held(name):
-			// A claim still holds a group an earlier configuration
-			// defined: its containers keep their daemon until it goes.
-			continue
-		case g == nil:
-			// A daemon of a group today's plan lacks (found at start):
-			// stopped by its directory alone, its GPUs unknown now.
-			err = s.MPS.Settle(ctx, mps.Group{Name: name}, mps.Unused())
-		case g.Profile.Sharing != v1alpha1.SharingMPS:
-			continue
+		case !groupshare.UsesMPS(g):
+			err = s.retire(ctx, name, g)
+		case s.isDown(name):
+			continue // halted for its lost GPU: watchDaemons starts it again
 		case all:
 			// At start: check that a daemon of a group in use still runs.
-			err = s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(g))
+			err = s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(ctx, g))
 		default:
-			err = s.MPS.Settle(ctx, s.hw.MPSGroup(g), s.want(g))
+			err = s.MPS.Settle(ctx, s.hw.MPSGroup(g), s.want(ctx, g))
 		}
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Cannot settle MPS daemon", "mpsDaemon", name)
 		}
 	}
+}
+
+// retire settles the daemon of a group that does not use MPS today: one
+// today's plan lacks (an earlier configuration's), or whose profile
+// changed to timeSlicing. A claim that still holds the group keeps it (its
+// containers are clients); the daemon stops after the last.
+func (s *sharing) retire(ctx context.Context, name string, g *planner.Group) error {
+	s.mu.Lock()
+	delete(s.changed, name)
+	s.mu.Unlock()
+	if !s.MPS.Has(name) {
+		return nil
+	}
+	mg := mps.Group{Name: name} // its GPUs from its directory
+	if g != nil {
+		mg = s.hw.MPSGroup(g)
+	}
+	return s.MPS.Retire(ctx, mg, s.held(ctx, name))
 }
 
 // mpsEdits are the container edits that make a request's container a
@@ -201,44 +267,4 @@ func (s *sharing) mpsEdits(devs []checkpoint.Device) (*containeredits.MPS, error
 		return nil, nil
 	}
 	return s.hw.Client(g, k)
-}
-
-// watchHealth stops the MPS daemon of a group one of whose GPUs is lost
-// (its clients are gone with the GPU, and a daemon on a lost GPU answers
-// nothing useful), and starts it again when the GPU comes back while the
-// group is in use.
-func (s *sharing) watchHealth(ctx context.Context, view health.View, changed <-chan struct{}) {
-	if s.MPS == nil || changed == nil {
-		return
-	}
-	down := map[string]bool{}
-	for {
-		faults := view.Faults()
-		for _, g := range s.node.plan.Groups() {
-			if g.Profile.Sharing != v1alpha1.SharingMPS {
-				continue
-			}
-			lost := slices.ContainsFunc(g.GPUs, func(x int) bool { f, ok := faults[x]; return ok && f.Kind == health.KindLost })
-			name := g.DeviceName()
-			switch {
-			case lost && !down[name]:
-				down[name] = true
-				if err := s.MPS.Settle(ctx, s.hw.MPSGroup(g), mps.Unused()); err != nil {
-					klog.FromContext(ctx).Error(err, "Cannot stop the MPS daemon of a group with a lost GPU", "mpsDaemon", name)
-				} else {
-					klog.FromContext(ctx).Info("Stopped the MPS daemon of a group with a lost GPU", "mpsDaemon", name)
-				}
-			case !lost && down[name]:
-				delete(down, name)
-				if err := s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(g)); err != nil {
-					klog.FromContext(ctx).Error(err, "Cannot start the MPS daemon again after its GPU came back", "mpsDaemon", name)
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed:
-		}
-	}
 }

@@ -7,17 +7,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/api/metadata"
-	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
@@ -238,25 +235,4 @@ func TestADaemonThatWillNotStartFailsItsClaimOnly(t *testing.T) {
 	if !slices.Equal(slicesSet, want) {
 		t.Errorf("time slices set %+v, want %+v (Long on the pair's GPUs)", slicesSet, want)
 	}
-}
-
-// A lost GPU stops its group's MPS daemon: its clients went with the GPU.
-func TestALostGPUStopsItsMPSDaemon(t *testing.T) {
-	control := mpstest.Build(t)
-	root := t.TempDir()
-	fc := testingclock.NewFakeClock(time.Now())
-	var mon *health.Monitor
-	e := newEnv(t, "nvlink-2x4", sharingConfig, withSharing(root, control), withMonitor(fc, &mon))
-	e.prepareOK(e.claim(class1x))
-	dir := filepath.Join(root, "g0-1x")
-	if _, err := os.Stat(dir); err != nil {
-		t.Fatalf("no daemon for the prepared seat: %v", err)
-	}
-	if err := e.sim.Apply(simnode.Fault{Op: "lost", GPU: 0}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the daemon of the lost GPU's group to stop", func() bool {
-		_, err := os.Stat(dir)
-		return os.IsNotExist(err)
-	})
 }

@@ -134,6 +134,11 @@ func NewManager(opts Options) (*Manager, error) {
 // directories are below it.
 func (m *Manager) Dir(name string) string { return filepath.Join(m.opts.Root, name) }
 
+// Has tells whether the group has a daemon directory: a daemon running,
+// or one whose stop is not finished, or kept for the containers of a
+// group whose GPU was lost.
+func (m *Manager) Has(name string) bool { return m.dirExists(name) }
+
 // ClientPipeWritable says whether containers get the pipe directory
 // read-write (Options.ClientPipeWritable).
 func (m *Manager) ClientPipeWritable() bool { return m.opts.ClientPipeWritable }

@@ -51,6 +51,9 @@ const (
 	// ReasonGPUsFenced (Warning): a held claim fences GPUs: its group
 	// changed in the configuration, or its seats could not be recovered.
 	ReasonGPUsFenced = "GPUsFenced"
+	// ReasonMPSDaemonRestarted (Warning): the MPS control daemon of a
+	// group in use ended; it was started again.
+	ReasonMPSDaemonRestarted = "MPSDaemonRestarted"
 )
 
 // nodeGetTimeout bounds the read of the Node object at start: the events

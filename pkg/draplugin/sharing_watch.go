@@ -1,0 +1,145 @@
+package draplugin
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
+)
+
+// The watcher of the MPS daemons. A daemon that ends while its group is in
+// use leaves its clients without MPS until the next prepare of the group,
+// which may never come; daemons a restarted plugin adopted are not its
+// children, so their end cannot be waited for. Every WatchInterval, and at
+// every change of the GPUs' health, the watcher reads each recorded
+// daemon's PID and start time from /proc (no daemon is asked anything):
+// a daemon of a group in use that ended is started again, with the limits
+// wanted, counted (kyb_mps_daemon_restarts_total) and reported (a Warning
+// event on the node); a daemon of a group no claim holds any more, whose
+// stop could not be confirmed at its release, is stopped now.
+
+// reportTo makes the watcher's restarts known: as events on the node and
+// a counter in registry.
+func (s *sharing) reportTo(events *nodeevents.Recorder, registry *prometheus.Registry) error {
+	s.events = events
+	if err := registry.Register(s.restarts); err != nil {
+		return fmt.Errorf("register the MPS metrics: %w", err)
+	}
+	return nil
+}
+
+// watchDaemons keeps the MPS daemons of groups in use running, until ctx
+// ends. A group one of whose GPUs is lost has its daemon halted (its
+// clients went with the GPU, and a daemon on a lost GPU answers nothing
+// useful), its directories kept for the containers that mount them, and
+// started again there when the GPU comes back while the group is in use.
+func (s *sharing) watchDaemons(ctx context.Context, view health.View, changed <-chan struct{}) {
+	if s.MPS == nil {
+		return
+	}
+	tick := time.NewTicker(s.WatchInterval)
+	defer tick.Stop()
+	for {
+		s.checkHealth(ctx, view.Faults())
+		s.checkDaemons(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *sharing) checkHealth(ctx context.Context, faults map[int]health.Fault) {
+	logger := klog.FromContext(ctx)
+	for _, g := range s.node.plan.Groups() {
+		if !groupshare.UsesMPS(g) {
+			continue
+		}
+		lost := slices.ContainsFunc(g.GPUs, func(x int) bool { f, ok := faults[x]; return ok && f.Kind == health.KindLost })
+		name := g.DeviceName()
+		switch wasDown := s.isDown(name); {
+		case lost && !wasDown:
+			s.setDown(name, true)
+			if err := s.MPS.Halt(ctx, s.hw.MPSGroup(g)); err != nil {
+				logger.Error(err, "Cannot stop the MPS daemon of a group with a lost GPU", "mpsDaemon", name)
+			} else {
+				logger.Info("Stopped the MPS daemon of a group with a lost GPU", "mpsDaemon", name)
+			}
+		case !lost && wasDown:
+			s.setDown(name, false)
+			if err := s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(ctx, g)); err != nil {
+				logger.Error(err, "Cannot start the MPS daemon again after its GPU came back", "mpsDaemon", name)
+			}
+		}
+	}
+}
+
+func (s *sharing) setDown(name string, down bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if down {
+		s.down[name] = true
+	} else {
+		delete(s.down, name)
+	}
+}
+
+// checkDaemons starts again the daemons of groups in use that ended, and
+// stops those of groups no claim holds.
+func (s *sharing) checkDaemons(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	s.mu.Lock()
+	known := s.known
+	names := slices.Collect(maps.Keys(s.largest))
+	s.mu.Unlock()
+	if !known {
+		return
+	}
+	dirs, err := s.MPS.Known()
+	if err != nil {
+		logger.Error(err, "Cannot list MPS daemons")
+	}
+	names = append(names, dirs...)
+	slices.Sort(names)
+	for _, name := range slices.Compact(names) {
+		g := s.node.group(name)
+		switch {
+		case !groupshare.UsesMPS(g):
+			err = s.retire(ctx, name, g)
+		case s.isDown(name):
+			continue
+		default:
+			var restarted bool
+			restarted, err = s.MPS.Revive(ctx, s.hw.MPSGroup(g), s.want(ctx, g))
+			if restarted {
+				s.restarts.WithLabelValues(name).Inc()
+				s.events.Warning(ctx, nodeevents.ReasonMPSDaemonRestarted,
+					fmt.Sprintf("the MPS control daemon of group %s (GPUs %s) ended while claims hold the group; it was started again, and clients that were connected to it must start again", g.Name, gpuListOf(g.GPUs)))
+			}
+		}
+		if err != nil {
+			logger.Error(err, "Cannot settle MPS daemon", "mpsDaemon", name)
+		}
+	}
+}
+
+func gpuListOf(gpus []int) string {
+	out := ""
+	for i, x := range gpus {
+		if i > 0 {
+			out += ","
+		}
+		out += fmt.Sprint(x)
+	}
+	return out
+}

@@ -1,0 +1,19 @@
+package seatledger
+
+import "context"
+
+// Refresh reads the checkpoint again if another writer replaced it (the
+// other pod of a rolling update), under the file lock shared with it, so
+// that UsageChanged has told what the claims of both instances use by the
+// time it returns. A decision that must not act on one instance's view
+// alone (stopping a group's MPS daemon, lowering its limits) asks it
+// first. It fails while the checkpoint is lost.
+func (l *Ledger) Refresh(ctx context.Context) error {
+	unlock, err := l.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	_, err = l.state(ctx)
+	return err
+}
