@@ -30,7 +30,7 @@ GOLANGCI_LINT ?= $(CURDIR)/_output/bin/golangci-lint
 LOGCHECK_VERSION ?= v0.11.0
 LOGCHECK  ?= $(CURDIR)/_output/bin/logcheck
 
-.PHONY: help build test unit fuzz soak bench e2e patched-bench e2e-node node-tools lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check dashboard-picture
+.PHONY: help build test unit fuzz soak soak-mps bench e2e patched-bench e2e-node node-tools lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check dashboard-picture
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -61,6 +61,9 @@ fuzz: ## run every fuzz target briefly (FUZZTIME=1m for longer)
 
 soak: ## 1,000 random crashes with lost checkpoints among them; reports seats doubled and lost (both must be 0)
 	GO=$(GO) hack/soak.sh
+
+soak-mps: ## 500 random MPS prepares, releases, restarts, profile changes and tenant tampering; reports daemons leaked, daemons of another group touched, GPUs in the wrong compute mode (all must be 0)
+	GO=$(GO) hack/soak-mps.sh
 
 bench: ## every benchmark of docs/performance.md in one run (ROUNDS=3); tables in _output/bench/report.md
 	ROUNDS=$(or $(ROUNDS),3) hack/bench.sh

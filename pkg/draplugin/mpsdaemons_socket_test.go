@@ -30,12 +30,16 @@ type mpsNode struct {
 
 // mpsOptions are the plugin's options for MPS daemons under root: a
 // Manager of its own, as each plugin process has, with waits and a watch
-// interval short enough for a test.
-func mpsOptions(t *testing.T, e *env, root, control string, mutate ...func(*draplugin.Options)) func(*draplugin.Options) {
+// interval short enough for a test; mpsOpts, when set, changes the
+// Manager's options.
+func mpsOptions(t *testing.T, e *env, root, control string, mpsOpts func(*mps.Options), mutate ...func(*draplugin.Options)) func(*draplugin.Options) {
 	return func(o *draplugin.Options) {
 		host := &gpuhost.Host{NVML: e.sim.NVML(), Simulated: e.sim}
-		mgr, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: host.SetExclusive,
-			ControlTimeout: time.Second, StopTimeout: time.Second})
+		mo := mps.Options{Root: root, Control: []string{control}, SetExclusive: host.SetExclusive, ControlTimeout: time.Second, StopTimeout: time.Second}
+		if mpsOpts != nil {
+			mpsOpts(&mo)
+		}
+		mgr, err := mps.NewManager(mo)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,9 +52,14 @@ func mpsOptions(t *testing.T, e *env, root, control string, mutate ...func(*drap
 
 func newMPSNode(t *testing.T, config string, options ...envOption) *mpsNode {
 	t.Helper()
+	return newMPSNodeWith(t, config, nil, options...)
+}
+
+func newMPSNodeWith(t *testing.T, config string, mpsOpts func(*mps.Options), options ...envOption) *mpsNode {
+	t.Helper()
 	control := mpstest.Build(t)
 	root := mpstest.Root(t)
-	opts := append([]envOption{func(e *env) { e.opts = mpsOptions(t, e, root, control) }}, options...)
+	opts := append([]envOption{func(e *env) { e.opts = mpsOptions(t, e, root, control, mpsOpts) }}, options...)
 	return &mpsNode{env: newEnv(t, "nvlink-2x4", config, opts...), control: control, root: root}
 }
 
@@ -234,7 +243,7 @@ func TestRollingUpdateInstancesKeepEachOthersMPSDaemons(t *testing.T) {
 		e.opts = func(o *draplugin.Options) { prev(o); o.PodUID = "pod-old" }
 	})
 	old := n.dra
-	n.opts = mpsOptions(t, n.env, n.root, n.control, func(o *draplugin.Options) { o.PodUID = "pod-new" })
+	n.opts = mpsOptions(t, n.env, n.root, n.control, nil, func(o *draplugin.Options) { o.PodUID = "pod-new" })
 	n.start()
 	one := n.claim(class1x)
 	env, _ := n.container(n.prepareOK(one)...)

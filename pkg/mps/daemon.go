@@ -261,6 +261,9 @@ func (m *Manager) Revive(ctx context.Context, g Group, want Want) (restarted boo
 // Retire is for a group that no longer uses MPS (its profile changed, or
 // the plan lacks it): its daemon stays as it is while held says a claim
 // holds the group, whose containers still use it, and is stopped after.
+// Such a daemon that ends is not started again (the group's share under
+// today's plan is not the one its claims were given); its GPUs go back to
+// DEFAULT, and its directories stay until the group is free.
 func (m *Manager) Retire(ctx context.Context, g Group, held func() (bool, error)) error {
 	unlock, err := m.lock(g.Name)
 	if err != nil {
@@ -271,10 +274,13 @@ func (m *Manager) Retire(ctx context.Context, g Group, held func() (bool, error)
 	switch {
 	case err != nil:
 		return fmt.Errorf("MPS daemon %s: %w", g.Name, err)
-	case h:
-		return nil
+	case !h:
+		return m.stop(ctx, g, true)
 	}
-	return m.stop(ctx, g, true)
+	if rec, err := m.readRecord(g.Name); err != nil || rec == nil || rec.alive() {
+		return err
+	}
+	return m.stop(ctx, g, false)
 }
 
 // Halt stops the group's daemon (its GPU was lost) but keeps its

@@ -233,3 +233,44 @@ func waitUntil(t *testing.T, what string, ok func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// The daemon of a group that no longer uses MPS stays while a claim holds
+// the group; if it ends meanwhile, it is not started again, and its GPU
+// goes back to DEFAULT at once (no daemon bypasses), its directories kept
+// for the claim's containers until the group is free.
+func TestARetiredDaemonThatEndsGivesItsGPUBack(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	control := mpstest.Build(t)
+	m, md, root := tenantManager(t, control)
+	g := mps.Group{Name: "g0-1x", UUIDs: []string{"GPU-a"}}
+	if err := m.Ensure(ctx, g, mps.Fixed(mps.Share(1, 4, []int64{40960}))); err != nil {
+		t.Fatal(err)
+	}
+	held := func() (bool, error) { return true, nil }
+	if err := m.Retire(ctx, g, held); err != nil {
+		t.Fatal(err)
+	}
+	if got := daemonsOf(t, control, root, g.Name); len(got) != 1 || !md.get("GPU-a") {
+		t.Fatalf("a held group's daemon %v, GPU exclusive %v: want it kept", got, md.get("GPU-a"))
+	}
+	signalAll(t, daemonsOf(t, control, root, g.Name), syscall.SIGKILL)
+	waitUntil(t, "the killed daemon to end", func() bool { return len(daemonsOf(t, control, root, g.Name)) == 0 })
+	if err := m.Retire(ctx, g, held); err != nil {
+		t.Fatal(err)
+	}
+	if md.get("GPU-a") {
+		t.Error("the GPU of a retired daemon that ended stays EXCLUSIVE_PROCESS")
+	}
+	if got := daemonsOf(t, control, root, g.Name); len(got) != 0 {
+		t.Errorf("daemons %v: a retired daemon was started again", got)
+	}
+	if _, err := os.Stat(filepath.Join(root, g.Name, mps.PipeDir)); err != nil {
+		t.Errorf("the pipe directory of a group still held: %v", err)
+	}
+	if err := m.Retire(ctx, g, func() (bool, error) { return false, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, g.Name)); !os.IsNotExist(err) {
+		t.Errorf("the directory once the group is free: %v", err)
+	}
+}

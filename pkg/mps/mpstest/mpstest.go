@@ -17,6 +17,9 @@
 // pipe directory) logs the connection as misdirected. With MPSTEST_LOG
 // set, every daemon also appends its log lines, prefixed with its pipe
 // directory, to that one file, which outlives the daemons' directories.
+// A daemon ends when its pipe directory goes, so that a test's daemons go
+// with its directory; with MPSTEST_OUTLIVE_DIR set it runs on, as a real
+// daemon does.
 package mpstest
 
 import (
@@ -166,7 +169,12 @@ func runDaemon(pipe string, stderr io.Writer) int {
 		}
 	}()
 	go func() {
-		// A test's directory going away ends its daemon.
+		// A test's directory going away ends its daemon, unless the test
+		// wants to see daemons that outlive their directory, as real ones
+		// do (MPSTEST_OUTLIVE_DIR).
+		if os.Getenv("MPSTEST_OUTLIVE_DIR") != "" {
+			return
+		}
 		for {
 			select {
 			case <-d.quit:
