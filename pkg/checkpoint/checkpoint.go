@@ -104,10 +104,25 @@ type Claim struct {
 	// driver's: its spec then names the container's GPUs in a way that
 	// does not depend on which claim's spec the runtime applies last.
 	Combined bool `json:"combined,omitempty"`
+	// CombinedGPUs, for a combined claim, is how many GPUs its spec names
+	// by index: the most GPUs a container holding it sees with the other
+	// claims it holds. 0: every GPU of the node (the conservative form,
+	// and what plugins before this field wrote; they ignore it and read
+	// such an entry as that).
+	CombinedGPUs int `json:"combinedGPUs,omitempty"`
 	// Standalone says no pod owns the claim (it was not made from a
 	// template for one pod): any pod may reference it, beside claims
 	// prepared later.
 	Standalone bool `json:"standalone,omitempty"`
+}
+
+// IndexedGPUs is how many GPUs a combined claim's spec names by index on
+// a node of nodeGPUs GPUs.
+func (c *Claim) IndexedGPUs(nodeGPUs int) int {
+	if c.CombinedGPUs > 0 && c.CombinedGPUs < nodeGPUs {
+		return c.CombinedGPUs
+	}
+	return nodeGPUs
 }
 
 // Device is one allocation result of a claim and the seats it holds.

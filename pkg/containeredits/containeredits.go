@@ -92,15 +92,15 @@ type Options struct {
 	// MPS, when set, makes the container a client of its group's MPS
 	// daemon.
 	MPS *MPS
-	// CombinedOf, when not 0, is the node's GPU count, for seats that may
-	// share a container with others (two claims, or two requests of one
-	// claim, in one container). Each claim's CDI device sets the
-	// variables, and the runtime keeps the last value it applies: a
-	// claim's own UUIDs would hide the other claims' GPUs from CUDA.
-	// CUDA_VISIBLE_DEVICES then lists indices 0..CombinedOf-1 in PCI
-	// order, the same in every such spec: CUDA stops at the first index
-	// past the GPUs whose device nodes the container has, so it sees
-	// exactly those, whichever spec came last.
+	// CombinedOf, when not 0, is for seats that share a container with
+	// others (two claims, or two requests of one claim, in one
+	// container): at least as many GPUs as any such container sees, at
+	// most the node's. Each claim's CDI device sets the variables, and the
+	// runtime keeps the last value it applies: a claim's own UUIDs would
+	// hide the other claims' GPUs from CUDA. CUDA_VISIBLE_DEVICES then
+	// lists indices 0..CombinedOf-1 in PCI order: CUDA stops at the first
+	// index past the GPUs whose device nodes the container has, so it
+	// sees exactly those, whichever spec came last.
 	CombinedOf int
 }
 

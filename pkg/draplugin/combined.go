@@ -2,7 +2,10 @@ package draplugin
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"sync"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -10,53 +13,182 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
-// besideStandalone finds the claims of a prepare call whose pod also
-// references a standalone claim the node holds: the kubelet leaves that
-// one out of the call, having prepared it for another pod, yet one of the
-// pod's containers may hold both. Only a call of one claim needs asking
-// (several claims in a call are combined anyway), and only on a node
-// holding standalone claims: one GET of each of those. A claim that cannot
-// be read counts as referenced, so the specs err on the side that is
-// right for every container.
-func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.ResourceClaim) map[types.UID]bool {
-	if len(claims) != 1 {
-		return nil
+// Which containers hold a claim beside another of this driver's decides
+// how its spec names GPUs (see package seatledger, combine). The kubelet
+// knows: it adds all of a pod's claims to its claim cache before it calls
+// any driver to prepare them, so its PodResources API (v1 Get) lists each
+// container of a pod with the claims it references while the prepare
+// runs. The plugin asks it once per pod reserving a claim of the call,
+// with a short timeout, and only where it matters: not for a call of one
+// claim on a node that holds no other claim of this driver (no container
+// can hold two then). Where the kubelet cannot answer (no socket, an
+// error, a pod it does not know yet, or a pod none of whose containers it
+// lists with the claim: claims it has not cached yet), the claim is
+// decided as before the kubelet was asked, conservatively, and the plugin
+// logs why, once per claim.
+
+// podResourcesTimeout bounds the kubelet's answer for one pod on the
+// prepare path: it answers from memory, in microseconds.
+const podResourcesTimeout = time.Second
+
+// holders finds the containers that hold the call's claims.
+func (d *Driver) holders(ctx context.Context, claims []*resourceapi.ResourceClaim) seatledger.Holders {
+	h := seatledger.Holders{Containers: map[types.UID][][]types.NamespacedName{}}
+	if len(claims) == 1 && !d.holdsOtherThan(claims[0].UID) {
+		c := claims[0]
+		h.Containers[c.UID] = [][]types.NamespacedName{{{Namespace: c.Namespace, Name: c.Name}}}
+		return h
 	}
-	claim := claims[0]
-	// A claim any pod may hold is combined anyway.
-	if seatledger.Standalone(claim) {
-		return nil
+	var unknown []*resourceapi.ResourceClaim
+	answers := map[types.NamespacedName]podAnswer{}
+	for _, claim := range claims {
+		containers, why := d.claimHolders(ctx, claim, answers)
+		if why != "" {
+			d.combineFallback.note(ctx, claim, why)
+			unknown = append(unknown, claim)
+			continue
+		}
+		h.Containers[claim.UID] = containers
 	}
-	pods := seatledger.ReservingPods(claim)
-	if len(pods) == 0 {
-		return nil
+	if len(unknown) > 0 {
+		h.Beside, h.BesideHeld = d.besideStandalone(ctx, unknown)
 	}
+	return h
+}
+
+// podAnswer is the kubelet's answer for one pod.
+type podAnswer struct {
+	pod podresources.PodClaims
+	err error
+}
+
+// claimHolders lists the containers of the pods reserving claim that
+// reference it, each as the claims it references; why says why that
+// cannot be known.
+func (d *Driver) claimHolders(ctx context.Context, claim *resourceapi.ResourceClaim, answers map[types.NamespacedName]podAnswer) ([][]types.NamespacedName, string) {
+	if d.opts.PodResources == nil {
+		return nil, "no PodResources socket is configured"
+	}
+	name := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}
+	var containers [][]types.NamespacedName
+	pods := 0
+	for _, ref := range claim.Status.ReservedFor {
+		if ref.Resource != "pods" || ref.APIGroup != "" {
+			continue
+		}
+		pods++
+		key := types.NamespacedName{Namespace: claim.Namespace, Name: ref.Name}
+		a, asked := answers[key]
+		if !asked {
+			getCtx, cancel := context.WithTimeout(ctx, podResourcesTimeout)
+			a.pod, a.err = d.opts.PodResources.PodClaims(getCtx, key.Namespace, key.Name)
+			cancel()
+			answers[key] = a
+		}
+		if a.err != nil {
+			return nil, a.err.Error()
+		}
+		if !a.pod.References(name) {
+			return nil, fmt.Sprintf("the kubelet lists no container of pod %s referencing the claim (it has not cached the pod's claims yet)", key)
+		}
+		for _, ctr := range a.pod.Containers {
+			if slices.Contains(ctr.Claims, name) {
+				containers = append(containers, ctr.Claims)
+			}
+		}
+	}
+	if pods == 0 {
+		return nil, "the claim is reserved for no pod"
+	}
+	return containers, ""
+}
+
+// holdsOtherThan reports whether the node holds a claim of this driver
+// other than uid.
+func (d *Driver) holdsOtherThan(uid types.UID) bool {
+	for _, c := range d.ledger.PreparedUIDs() {
+		if c != uid {
+			return true
+		}
+	}
+	return false
+}
+
+// fallbackLog logs once per claim why its holders are not known.
+type fallbackLog struct {
+	mu     sync.Mutex
+	logged map[types.UID]bool
+}
+
+// fallbackLogLimit bounds the claims remembered; past it, a claim may be
+// logged again.
+const fallbackLogLimit = 4096
+
+func (f *fallbackLog) note(ctx context.Context, claim *resourceapi.ResourceClaim, why string) {
+	f.mu.Lock()
+	seen := f.logged[claim.UID]
+	if !seen {
+		if f.logged == nil || len(f.logged) >= fallbackLogLimit {
+			f.logged = map[types.UID]bool{}
+		}
+		f.logged[claim.UID] = true
+	}
+	f.mu.Unlock()
+	if !seen {
+		klog.FromContext(ctx).Info("Cannot tell which containers hold the claim; it names GPUs by index over the node's if it may share a container", "claim", klog.KObj(claim), "why", why)
+	}
+}
+
+// besideStandalone decides the claims whose holders are not known the
+// conservative way: it finds those whose pods also reference a standalone
+// claim the node holds (the kubelet leaves that one out of the call,
+// having prepared it for another pod, yet one of the pod's containers may
+// hold both), and those standalone claims. Only on a node holding
+// standalone claims: one GET of each. A claim that cannot be read counts
+// as referenced, so the specs err on the side that is right for every
+// container.
+func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]bool, []types.NamespacedName) {
 	held, err := d.ledger.StandaloneClaims(ctx)
 	if err != nil || len(held) == 0 {
 		// The reservation reports a checkpoint that cannot be read.
-		return nil
+		return nil, nil
 	}
 	logger := klog.FromContext(ctx)
+	beside := map[types.UID]bool{}
+	var besideHeld []types.NamespacedName
 	for _, h := range held {
 		// A pod references claims of its own namespace only.
-		if h.Namespace != claim.Namespace || h.Name == claim.Name {
+		var here []*resourceapi.ResourceClaim
+		for _, c := range claims {
+			if c.Namespace == h.Namespace && c.Name != h.Name {
+				here = append(here, c)
+			}
+		}
+		if len(here) == 0 {
 			continue
 		}
 		s, err := d.opts.Client.ResourceV1().ResourceClaims(h.Namespace).Get(ctx, h.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			continue // gone: no pod references it now
 		}
-		if err != nil {
-			logger.Info("Cannot read a standalone claim the node holds; preparing the claim as if its pod referenced it", "standalone", klog.KRef(h.Namespace, h.Name), "claim", klog.KObj(claim), "err", err)
-			return map[types.UID]bool{claim.UID: true}
-		}
-		if slices.ContainsFunc(seatledger.ReservingPods(s), func(uid types.UID) bool { return slices.Contains(pods, uid) }) {
-			logger.V(2).Info("The claim's pod also references a standalone claim the node holds: its containers may hold both", "claim", klog.KObj(claim), "standalone", klog.KObj(s))
-			return map[types.UID]bool{claim.UID: true}
+		for _, c := range here {
+			switch {
+			case err != nil:
+				logger.Info("Cannot read a standalone claim the node holds; preparing the claim as if its pod referenced it", "standalone", klog.KRef(h.Namespace, h.Name), "claim", klog.KObj(c), "err", err)
+			case slices.ContainsFunc(seatledger.ReservingPods(s), func(uid types.UID) bool { return slices.Contains(seatledger.ReservingPods(c), uid) }):
+				logger.V(2).Info("The claim's pod also references a standalone claim the node holds: its containers may hold both", "claim", klog.KObj(c), "standalone", klog.KObj(s))
+			default:
+				continue
+			}
+			beside[c.UID] = true
+			if !slices.Contains(besideHeld, h) {
+				besideHeld = append(besideHeld, h)
+			}
 		}
 	}
-	return nil
+	return beside, besideHeld
 }

@@ -44,7 +44,7 @@ const nodeName = "node-1"
 // client, and a running plugin that the test talks to as the kubelet does,
 // over the plugin's real unix sockets.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	ctx     context.Context
 	dirs    struct{ reg, plugin, cdi, bootID string }
 	sim     *simnode.Node
@@ -68,7 +68,7 @@ func withOptions(f func(*draplugin.Options)) envOption { return func(e *env) { e
 // withClient changes the fake API server client.
 func withClient(f func(*fake.Clientset)) envOption { return func(e *env) { f(e.client) } }
 
-func newEnv(t *testing.T, preset, config string, options ...envOption) *env {
+func newEnv(t testing.TB, preset, config string, options ...envOption) *env {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)

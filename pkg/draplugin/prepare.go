@@ -40,7 +40,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	d.metrics.observePrepareStart()
 	start := d.clock.Now()
 	defer func() { d.metrics.observePrepare(d.clock.Since(start), len(claims)) }()
-	r := d.ledger.ReserveBeside(ctx, claims, d.besideStandalone(ctx, claims))
+	r := d.ledger.ReserveFor(ctx, claims, d.holders(ctx, claims))
 	defer r.Done()
 	if r.Err != nil {
 		d.metrics.prepareError("checkpoint")
@@ -90,7 +90,30 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "seats", seatledger.DescribeSeats(c))
 		d.events.Claim(ctx, claim, corev1.EventTypeNormal, nodeevents.ReasonPrepared, d.describePrepared(c))
 	}
+	d.rewriteWidened(ctx, r, results)
 	return results, nil
+}
+
+// rewriteWidened writes again, before the call answers, the specs of held
+// claims that a container of this call's pod holds beside one of its
+// claims. If one cannot be written, the call's claims fail: the kubelet
+// prepares them again, which tries again.
+func (d *Driver) rewriteWidened(ctx context.Context, r *seatledger.Reservation, results map[types.UID]kubeletplugin.PrepareResult) {
+	if len(r.Widened) == 0 {
+		return
+	}
+	// Another prepare may hold those claims' locks and want these.
+	r.Done()
+	err := d.ledger.RewriteSpecs(ctx, r.Widened)
+	if err == nil {
+		return
+	}
+	d.metrics.prepareError("cdi")
+	for uid, res := range results {
+		if res.Err == nil {
+			results[uid] = kubeletplugin.PrepareResult{Err: err}
+		}
+	}
 }
 
 // completedResult answers a repeated prepare: the recorded seats and CDI

@@ -97,7 +97,7 @@ func (s *claimSpecs) devices(c *checkpoint.Claim) ([]cdi.Device, error) {
 		// container joins one daemon only; MPS seats beside other claims
 		// in one container are not supported.)
 		if combined && m == nil {
-			opts.CombinedOf = len(s.inv.GPUs)
+			opts.CombinedOf = c.IndexedGPUs(len(s.inv.GPUs))
 		}
 		e, err := containeredits.Build(byRequest[r], opts)
 		if err != nil {

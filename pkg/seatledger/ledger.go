@@ -236,6 +236,20 @@ func (l *Ledger) Prepared() []*checkpoint.Claim {
 	return out
 }
 
+// PreparedUIDs are the UIDs of the recorded claims, in any phase.
+func (l *Ledger) PreparedUIDs() []types.UID {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.st == nil {
+		return nil
+	}
+	out := make([]types.UID, 0, len(l.st.Claims))
+	for uid := range l.st.Claims {
+		out = append(out, uid)
+	}
+	return out
+}
+
 // MarkStatusWritten notes that c's status holds its seats, if c is still
 // the claim's entry. The next save keeps it.
 func (l *Ledger) MarkStatusWritten(uid types.UID, c *checkpoint.Claim) {

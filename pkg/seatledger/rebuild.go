@@ -151,15 +151,19 @@ func (l *Ledger) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.St
 		if c.Fenced() {
 			continue
 		}
-		if l.opts.Specs.Exists(uid) {
+		hadSpec := l.opts.Specs.Exists(uid)
+		if hadSpec {
 			fromSpecs++
 			// Containers may hold it beside another claim: the spec keeps
 			// naming GPUs the way that allows.
-			if env, ok, err := l.opts.Specs.ReadEnv(uid); err == nil && ok && wasCombined(c, env) {
-				c.Combined = true
+			if env, ok, err := l.opts.Specs.ReadEnv(uid); err == nil && ok {
+				if n, combined := combinedWidth(c, env); combined {
+					c.Combined, c.CombinedGPUs = true, n
+				}
 			}
 		}
-		if c.Standalone {
+		// With no spec to tell, a claim any pod may hold is combined.
+		if c.Standalone && !hadSpec {
 			c.Combined = true
 		}
 		if err := l.opts.Specs.Write(uid, c); err != nil {
@@ -192,20 +196,35 @@ func (l *Ledger) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.St
 	return summary, nil
 }
 
-// wasCombined reports whether a claim's spec on disk names GPUs as a
-// combined claim's does: by index, more of them than the claim holds.
-func wasCombined(c *checkpoint.Claim, env map[string]map[string]string) bool {
-	gpus := map[string]bool{}
+// combinedWidth reports whether a claim's spec on disk names GPUs as a
+// combined claim's does: by index, for a claim with several requests or
+// more GPUs than its request holds; and how many.
+func combinedWidth(c *checkpoint.Claim, env map[string]map[string]string) (int, bool) {
+	perRequest := map[string]map[string]bool{}
 	for _, dev := range c.Devices {
-		for _, u := range dev.GPUUUIDs {
-			gpus[u] = true
+		reqs := dev.Requests
+		if len(reqs) == 0 {
+			reqs = []string{""}
+		}
+		for _, r := range reqs {
+			if perRequest[r] == nil {
+				perRequest[r] = map[string]bool{}
+			}
+			for _, u := range dev.GPUUUIDs {
+				perRequest[r][u] = true
+			}
 		}
 	}
+	most := 0
+	for _, gpus := range perRequest {
+		most = max(most, len(gpus))
+	}
+	n := 0
 	for _, e := range env {
 		v := e["CUDA_VISIBLE_DEVICES"]
-		if v != "" && !strings.HasPrefix(v, "GPU-") && len(strings.Split(v, ",")) > len(gpus) {
-			return true
+		if v != "" && !strings.HasPrefix(v, "GPU-") {
+			n = max(n, len(strings.Split(v, ",")))
 		}
 	}
-	return false
+	return n, n > 0 && (n > most || len(perRequest) > 1)
 }

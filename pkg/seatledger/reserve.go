@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -32,6 +33,10 @@ type Reservation struct {
 	// Rewrite marks entries recorded before whose spec must be written
 	// again: the claim is now combined with another in one pod.
 	Rewrite map[types.UID]bool
+	// Widened are held claims outside the call that a container holds
+	// beside a claim of the call: their specs must be written again
+	// (RewriteSpecs) before the call answers, after Done.
+	Widened []types.UID
 	// Errs fail single claims; Err fails the call (the checkpoint could not
 	// be read or written). Lost says every claim was refused because the
 	// checkpoint is lost and not rebuilt yet.
@@ -39,9 +44,8 @@ type Reservation struct {
 	Err  error
 	Lost bool
 	done bool
-	// beside marks claims whose pod references a standalone claim the
-	// node holds.
-	beside map[types.UID]bool
+	// holders are the containers that hold the call's claims.
+	holders Holders
 }
 
 // Reserve records seats for those of claims that hold none yet, in one
@@ -52,18 +56,19 @@ type Reservation struct {
 // The reservation holds the claims' locks: the caller writes their specs,
 // Confirms each, and calls Done.
 func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClaim) *Reservation {
-	return l.ReserveBeside(ctx, claims, nil)
+	return l.ReserveFor(ctx, claims, Holders{})
 }
 
-// ReserveBeside is Reserve where beside marks the claims whose pod also
-// references a standalone claim the node holds (see StandaloneClaims):
-// one container may hold both, so they are combined.
-func (l *Ledger) ReserveBeside(ctx context.Context, claims []*resourceapi.ResourceClaim, beside map[types.UID]bool) *Reservation {
+// ReserveFor is Reserve where holders says which containers hold the
+// claims, so that claims held in one container are combined (see
+// combine).
+func (l *Ledger) ReserveFor(ctx context.Context, claims []*resourceapi.ResourceClaim, holders Holders) *Reservation {
 	uids := make([]types.UID, len(claims))
 	for i, c := range claims {
 		uids[i] = c.UID
 	}
-	r := &Reservation{l: l, claims: claims, unlock: l.claims.lock(uids), beside: beside}
+	r := &Reservation{l: l, claims: claims, holders: holders}
+	r.unlock = sync.OnceFunc(l.claims.lock(uids))
 	if l.lost.Load() {
 		r.refuseLost()
 		return r
@@ -84,44 +89,6 @@ func (l *Ledger) ReserveBeside(ctx context.Context, claims []*resourceapi.Resour
 	l.batch.mu.Unlock()
 	l.reserveBatch(ctx, batch)
 	return r
-}
-
-// combine marks the claims a container may hold beside another of this
-// driver's claims, so that every spec such a container gets agrees on
-// the GPUs it names. The kubelet prepares a pod's claims for a driver in
-// one call, leaving out those it prepared before for another pod; only a
-// standalone claim (not made for one pod) can be such a claim. So a claim
-// is combined when its call has several claims, when it is standalone,
-// and when its pod also references a standalone claim the node holds
-// (beside). A pod's own claims, prepared one per call with no standalone
-// claim of its pod on the node, keep naming their own GPUs. Claims
-// recorded before and sent again get their spec written again, also when
-// they were combined before (a crash may have come between the save and
-// the write). It reports whether an entry changed.
-func (r *Reservation) combine() bool {
-	claims := make(map[types.UID]*resourceapi.ResourceClaim, len(r.claims))
-	for _, c := range r.claims {
-		claims[c.UID] = c
-	}
-	// Counted over the call's claims, not its entries: a claim that
-	// failed here is prepared again alone, and its partner must already
-	// agree with it.
-	several := len(claims) >= 2
-	changed := false
-	for uid, c := range r.Entries {
-		if s := Standalone(claims[uid]); c.Standalone != s {
-			c.Standalone, changed = s, true
-		}
-		if (several || c.Standalone || r.beside[uid]) && !c.Combined {
-			c.Combined, changed = true, true
-		}
-		// Written again whenever combined and sent again: a rewrite that
-		// failed (or a crash after the save) is not left behind.
-		if !r.Fresh[uid] && c.Combined {
-			r.Rewrite[uid] = true
-		}
-	}
-	return changed
 }
 
 // Standalone reports whether pods other than one may hold a claim: no pod
@@ -211,7 +178,7 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 	changed := false
 	for _, r := range batch {
 		r.done = true
-		r.Entries, r.Fresh, r.Rewrite, r.Errs = map[types.UID]*checkpoint.Claim{}, map[types.UID]bool{}, map[types.UID]bool{}, map[types.UID]error{}
+		r.Entries, r.Fresh, r.Rewrite, r.Errs, r.Widened = map[types.UID]*checkpoint.Claim{}, map[types.UID]bool{}, map[types.UID]bool{}, map[types.UID]error{}, nil
 		for _, claim := range r.claims {
 			if c, ok := st.Claims[claim.UID]; ok {
 				same := sameAllocation(c, claim)
@@ -251,7 +218,7 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 			r.Entries[claim.UID], r.Fresh[claim.UID] = c, true
 			changed = true
 		}
-		if r.combine() {
+		if r.combine(st) {
 			changed = true
 		}
 	}
@@ -266,7 +233,7 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 		// The file is the truth: read it again on the next call.
 		l.st = nil
 		for _, r := range batch {
-			if len(r.Fresh) > 0 || len(r.Rewrite) > 0 {
+			if len(r.Fresh) > 0 || len(r.Rewrite) > 0 || len(r.Widened) > 0 {
 				r.Err = fmt.Errorf("record seats in the checkpoint: %w", err)
 			}
 		}
@@ -339,7 +306,8 @@ func (l *Ledger) releaseRecorded(ctx context.Context, uids []types.UID) (map[typ
 	return results, nil
 }
 
-// Done releases the claims' locks. Call it once the specs are written.
+// Done releases the claims' locks. Call it once the specs are written;
+// calls after the first do nothing.
 func (r *Reservation) Done() { r.unlock() }
 
 // Confirm checks, after the claim's spec was written, that the claim still

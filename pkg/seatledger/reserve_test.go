@@ -229,16 +229,33 @@ func TestPrepareAnewByTheOtherPodKeepsItsSpec(t *testing.T) {
 }
 
 // A rebuilt checkpoint learns from the spec on disk that a claim was
-// combined: its containers keep getting the form every spec agreed on.
-func TestWasCombined(t *testing.T) {
-	c := &checkpoint.Claim{Devices: []checkpoint.Device{{}}}
-	c.Devices[0].GPUUUIDs = []string{"GPU-a"}
-	for v, want := range map[string]bool{
-		"GPU-a": false, "0": false, "0,1,2,3,4,5,6,7": true, "": false,
+// combined, and over how many GPUs: its containers keep getting the form
+// every spec agreed on.
+func TestCombinedWidth(t *testing.T) {
+	dev := func(request string) checkpoint.Device {
+		d := checkpoint.Device{Requests: []string{request}}
+		d.GPUUUIDs = []string{"GPU-a"}
+		return d
+	}
+	one := &checkpoint.Claim{Devices: []checkpoint.Device{dev("gpu")}}
+	two := &checkpoint.Claim{Devices: []checkpoint.Device{dev("a"), dev("b")}}
+	for _, tc := range []struct {
+		claim    *checkpoint.Claim
+		value    string
+		n        int
+		combined bool
+	}{
+		{one, "GPU-a", 0, false},
+		{one, "0", 1, false},
+		{one, "0,1", 2, true},
+		{one, "0,1,2,3,4,5,6,7", 8, true},
+		{one, "", 0, false},
+		{two, "0", 1, true},
+		{two, "GPU-a", 0, false},
 	} {
-		env := map[string]map[string]string{"dev": {"CUDA_VISIBLE_DEVICES": v}}
-		if got := wasCombined(c, env); got != want {
-			t.Errorf("CUDA_VISIBLE_DEVICES=%q: combined %v, want %v", v, got, want)
+		env := map[string]map[string]string{"dev": {"CUDA_VISIBLE_DEVICES": tc.value}}
+		if n, combined := combinedWidth(tc.claim, env); n != tc.n || combined != tc.combined {
+			t.Errorf("%d requests, CUDA_VISIBLE_DEVICES=%q: %d, %v; want %d, %v", len(tc.claim.Devices), tc.value, n, combined, tc.n, tc.combined)
 		}
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"testing"
 
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -33,8 +32,15 @@ type Server struct {
 	lists      atomic.Int64
 }
 
+// TB is what Start needs of a test (testing.TB, or a harness's).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
 // Start serves the API at socket until the test ends.
-func Start(tb testing.TB, socket string) *Server {
+func Start(tb TB, socket string) *Server {
 	tb.Helper()
 	if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
 		tb.Fatal(err)

@@ -1,0 +1,257 @@
+package seatledger
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+)
+
+// A container that holds two of this driver's claims gets the spec of
+// each, and the runtime keeps the environment of the last one it applies:
+// each claim's own UUIDs would hide the other's GPUs. Such claims are
+// combined: their specs name GPUs by index, CUDA_VISIBLE_DEVICES=0..n-1
+// in PCI order, which is right whichever spec comes last, because the
+// device nodes decide what CUDA can open and it stops at the first index
+// past them. n is the most GPUs any container holding the claim sees with
+// its other claims: a spec is shared by every container that uses the
+// request, and software that counts the entries must not count more GPUs
+// than it has.
+//
+// Which containers hold which claims is in the pods' specs, not in the
+// prepare call; the plugin asks the kubelet's PodResources API (Holders,
+// filled in by the caller). It names claims whole, so a container that
+// references a claim with several requests counts as holding them all,
+// and such a claim is combined. A held claim that a container of a later
+// pod holds beside a new one is combined from then on, and its spec is
+// written again before that pod's prepare answers (Widened). A combined
+// claim stays combined, and its n only grows: a spec a container already
+// read is never narrowed under it.
+//
+// Where the kubelet could not say (Holders lacks the claim), the rule is
+// the conservative one that needs no pod: the kubelet prepares a pod's
+// claims for a driver in one call, leaving out only those it prepared
+// before for another pod, and only a standalone claim can be one of
+// those. So a claim is combined, over every GPU of the node, when its call
+// holds several claims, when it is standalone, or when its pod references
+// a standalone claim the node holds (Holders.Beside; that one is combined
+// too).
+
+// Holders are the containers that hold the claims of a prepare call.
+type Holders struct {
+	// Containers are, for each claim of the call whose holders the
+	// kubelet named, the containers of the pods reserving it that
+	// reference it, each as every claim it references (any driver's).
+	Containers map[types.UID][][]types.NamespacedName
+	// Beside marks claims of the call, decided conservatively, whose pod
+	// also references a standalone claim the node holds: BesideHeld.
+	Beside     map[types.UID]bool
+	BesideHeld []types.NamespacedName
+}
+
+// width is how many GPUs a combined spec names; allGPUs: every GPU of the
+// node.
+type width struct {
+	set bool
+	n   int
+}
+
+const allGPUs = 0
+
+func (w *width) widen(n int) {
+	if !w.set || w.n != allGPUs && (n == allGPUs || n > w.n) {
+		w.set, w.n = true, n
+	}
+}
+
+// combineTo marks c combined, naming at least n GPUs; it reports whether
+// c changed.
+func combineTo(c *checkpoint.Claim, n int) bool {
+	switch {
+	case !c.Combined:
+		c.Combined, c.CombinedGPUs = true, n
+		return true
+	case c.CombinedGPUs != allGPUs && (n == allGPUs || n > c.CombinedGPUs):
+		c.CombinedGPUs = n
+		return true
+	}
+	return false
+}
+
+// combine marks the claims of the reservation that share a container
+// with another of this driver's claims, and the held claims they share
+// one with. Claims recorded before and sent again get their spec written
+// again whenever they are combined (a rewrite that failed, or a crash
+// after the save, is not left behind); so do held claims a container
+// holds beside one of the call (Widened). It reports whether an entry
+// changed. Call with the ledger's lock held.
+func (r *Reservation) combine(st *checkpoint.State) bool {
+	call := make(map[types.NamespacedName]types.UID, len(r.claims))
+	claims := make(map[types.UID]*resourceapi.ResourceClaim, len(r.claims))
+	for _, c := range r.claims {
+		call[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c.UID
+		claims[c.UID] = c
+	}
+	var held map[types.NamespacedName]types.UID
+	heldUID := func(name types.NamespacedName) (types.UID, bool) {
+		if held == nil {
+			held = map[types.NamespacedName]types.UID{}
+			for uid, c := range st.Claims {
+				held[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = uid
+			}
+		}
+		uid, ok := held[name]
+		return uid, ok && !st.Claims[uid].Fenced()
+	}
+	changed := false
+	widened := map[types.UID]bool{}
+	widenHeld := func(uid types.UID, n int) {
+		if _, inCall := claims[uid]; inCall {
+			return
+		}
+		if combineTo(st.Claims[uid], n) {
+			changed = true
+		}
+		widened[uid] = true
+	}
+	// Counted over the call's claims, not its entries: a claim that
+	// failed here is prepared again alone, and its partner must already
+	// agree with it.
+	several := len(claims) >= 2
+	for uid, c := range r.Entries {
+		if s := Standalone(claims[uid]); c.Standalone != s {
+			c.Standalone, changed = s, true
+		}
+		var w width
+		containers, known := r.holders.Containers[uid]
+		if !known {
+			if several || c.Standalone || r.holders.Beside[uid] {
+				w.widen(allGPUs)
+			}
+		} else {
+			if requests(c) > 1 {
+				w.widen(gpus(c, nil))
+			}
+			for _, refs := range containers {
+				ours, n := r.oursIn(refs, call, heldUID, st)
+				if len(ours) < 2 {
+					continue
+				}
+				w.widen(n)
+				for _, o := range ours {
+					widenHeld(o, n)
+				}
+			}
+		}
+		if w.set && combineTo(c, w.n) {
+			changed = true
+		}
+		if !r.Fresh[uid] && c.Combined {
+			r.Rewrite[uid] = true
+		}
+	}
+	for _, name := range r.holders.BesideHeld {
+		if uid, ok := heldUID(name); ok {
+			widenHeld(uid, allGPUs)
+		}
+	}
+	r.Widened = slices.Sorted(maps.Keys(widened))
+	return changed
+}
+
+// oursIn finds, among the claims one container references, those of this
+// driver (of the call, or held), and how many GPUs they give the
+// container; allGPUs where one of the call's has no entry (it failed: its
+// GPUs are not known yet).
+func (r *Reservation) oursIn(refs []types.NamespacedName, call map[types.NamespacedName]types.UID, held func(types.NamespacedName) (types.UID, bool), st *checkpoint.State) ([]types.UID, int) {
+	var ours []types.UID
+	seen := map[int]bool{}
+	known := true
+	for _, ref := range refs {
+		if uid, ok := call[ref]; ok {
+			ours = append(ours, uid)
+			if c := r.Entries[uid]; c != nil {
+				gpus(c, seen)
+			} else {
+				known = false
+			}
+			continue
+		}
+		if uid, ok := held(ref); ok && !slices.Contains(ours, uid) {
+			ours = append(ours, uid)
+			gpus(st.Claims[uid], seen)
+		}
+	}
+	if !known {
+		return ours, allGPUs
+	}
+	return ours, len(seen)
+}
+
+// gpus adds the GPUs of c's devices to seen (a new set where nil) and
+// returns how many seen holds.
+func gpus(c *checkpoint.Claim, seen map[int]bool) int {
+	if seen == nil {
+		seen = map[int]bool{}
+	}
+	for _, dev := range c.Devices {
+		for _, g := range dev.GPUs {
+			seen[g] = true
+		}
+	}
+	return len(seen)
+}
+
+// requests counts the distinct requests c's devices serve.
+func requests(c *checkpoint.Claim) int {
+	seen := map[string]bool{}
+	for _, dev := range c.Devices {
+		for _, r := range dev.Requests {
+			seen[r] = true
+		}
+	}
+	return len(seen)
+}
+
+// RewriteSpecs writes again the specs of held claims whose entries a
+// prepare of other claims combined (Reservation.Widened), each under its
+// claim's lock, from its entry as recorded now; a claim released or
+// fenced meanwhile is skipped. Call it after the reservation's Done: a
+// prepare holds its own claims' locks, and another may hold these.
+func (l *Ledger) RewriteSpecs(ctx context.Context, uids []types.UID) error {
+	var failed []string
+	for _, uid := range uids {
+		if err := l.rewriteSpec(uid); err != nil {
+			klog.FromContext(ctx).Error(err, "Cannot write again the CDI spec of a claim now held beside another in one container", "uid", uid)
+			failed = append(failed, fmt.Sprintf("%s: %v", uid, err))
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("write again the CDI specs of claims a container holds beside this one: %s", strings.Join(failed, "; "))
+	}
+	return nil
+}
+
+func (l *Ledger) rewriteSpec(uid types.UID) error {
+	defer l.claims.lock([]types.UID{uid})()
+	l.mu.Lock()
+	var c *checkpoint.Claim
+	if l.st != nil {
+		if e := l.st.Claims[uid]; e != nil && !e.Fenced() && e.Phase == checkpoint.PrepareCompleted {
+			copied := *e
+			c = &copied
+		}
+	}
+	l.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	return l.opts.Specs.Write(uid, c)
+}
