@@ -62,9 +62,8 @@ type Options struct {
 	// prepare must read before it answers.
 	Client kubernetes.Interface
 	// BackgroundClient serves what runs behind the calls: claim statuses,
-	// events, ResourceSlices, pod lists for the GPU metrics. A client of
-	// its own (its own rate limiter) keeps that work from delaying the
-	// next prepare's reads; nil: Client.
+	// events, ResourceSlices. A client of its own (its own rate limiter)
+	// keeps that work from delaying the next prepare's reads; nil: Client.
 	BackgroundClient kubernetes.Interface
 	Inventory        *inventory.Inventory
 	Plan             *planner.Plan
@@ -110,6 +109,11 @@ type Options struct {
 	Sharing Sharing
 	// Usage configures the per-pod GPU metrics; a nil Sampler: none.
 	Usage PodUsage
+	// PodResources is the kubelet's PodResources API: which claims each
+	// container of a pod references, for the specs of claims that share a
+	// container and for the GPU metrics; nil: not asked (claims that may
+	// share a container are then combined as when it cannot answer).
+	PodResources PodClaimsReader
 	// Collectors are further metrics to serve with the plugin's, such as
 	// the health monitor's.
 	Collectors []prometheus.Collector
@@ -138,6 +142,9 @@ type Driver struct {
 	// recovered says the ledger rebuilt a lost checkpoint in the
 	// background: the rebuilt claims' statuses are owed.
 	recovered chan struct{}
+	// combineFallback logs the claims whose holders the kubelet could not
+	// name.
+	combineFallback fallbackLog
 
 	// ctx ends at Stop or on a fatal error (cancel). The goroutines the
 	// Driver starts are in background; the ledger, the status writer's
@@ -244,7 +251,7 @@ func (d *Driver) open(ctx context.Context) error {
 	}
 	d.statuses = newStatusWriter(opts.BackgroundClient.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
 	if opts.Usage.Sampler != nil {
-		d.usage = newPodUsage(opts.Usage, d.ledger, opts.BackgroundClient, opts.NodeName)
+		d.usage = newPodUsage(opts.Usage, d.ledger, opts.PodResources)
 		if err := d.metrics.registry.Register(usageCollector{d.usage}); err != nil {
 			return fmt.Errorf("register the GPU usage metrics: %w", err)
 		}

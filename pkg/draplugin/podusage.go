@@ -10,14 +10,11 @@ import (
 	"sync"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cri"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
@@ -31,6 +28,25 @@ type PodUsage struct {
 	Sampler *gpuusage.Sampler
 	// Interval is the time between samples (default 10s).
 	Interval time.Duration
+	// Containers names a container's pod and the container (the
+	// container runtime's CRI API); nil: no process is given to a seat.
+	Containers ContainerFinder
+	// Mounts reads a process's mounts, which name the requests of the
+	// claims its container uses (device metadata on); nil, or a container
+	// without such mounts: its claims come whole from the PodResources
+	// API (Options.PodResources).
+	Mounts MountReader
+}
+
+// ContainerFinder names the pod and the container of a runtime container
+// ID (cri.Client).
+type ContainerFinder interface {
+	Container(ctx context.Context, id string) (cri.Container, error)
+}
+
+// MountReader reads a process's /proc/PID/mountinfo (gpuusage.ProcMounts).
+type MountReader interface {
+	Mountinfo(pid uint32) (string, error)
 }
 
 // seatAdmin is the seat label of a container whose claim has admin
@@ -52,21 +68,20 @@ const (
 	noSeatHere = "no-seat-here"
 )
 
-// podsRetryAfter is the longest a container the pod list did not name
-// waits before it is looked for again. A container starts before the
-// kubelet reports its ID, so a new one is looked for again at the next
-// samples; the wait then grows with the time it has been missing, so that
-// a process in a pod that never shows (a static pod: its cgroup has the
-// config's UID, not its mirror pod's) costs one list a minute, not one per
-// sample.
-const podsRetryAfter = time.Minute
+// retryAfter is the longest a container that could not be named waits
+// before it is looked for again. A container starts before its runtime
+// or the kubelet may answer for it, so a new one is looked for again at
+// the next samples; the wait then grows with the time it has been
+// missing, so that a process in a container that never resolves (one the
+// kubelet did not create) costs one lookup a minute, not one per sample.
+const retryAfter = time.Minute
 
-// missing is a container the pod list did not name: since when, and when
-// it was last looked for.
+// missing is a container that could not be named: since when, and when it
+// was last looked for.
 type missing struct{ since, tried time.Time }
 
 func (m missing) due(now time.Time, interval time.Duration) bool {
-	wait := min(max(m.tried.Sub(m.since), interval), podsRetryAfter)
+	wait := min(max(m.tried.Sub(m.since), interval), retryAfter)
 	return now.Sub(m.tried) >= wait
 }
 
@@ -94,41 +109,32 @@ type usageSnapshot struct {
 	unattributed map[unattributedKey]uint64
 }
 
-// podInfo is what the attribution needs of a pod.
-type podInfo struct {
-	namespace, name string
-	// containers maps the runtime's container IDs to container names.
-	containers map[string]string
-	// claims are the ResourceClaims each container references.
-	claims map[string][]string
-}
-
 // podUsage samples the GPUs and attributes each process to the seat its
 // container holds: process → cgroup → pod UID and container ID → the
-// node's pods (listed from the API, only when a container is new) →
-// container name → its ResourceClaims → the seats the ledger records for
-// them on the process's GPU.
+// runtime's pod and container names (only when a container is new) → the
+// requests its metadata mounts name, or else the claims the kubelet's
+// PodResources API lists for it → the seats the ledger records for them
+// on the process's GPU. Every source is the node's own.
 type podUsage struct {
-	opts     PodUsage
-	ledger   *seatledger.Ledger
-	client   kubernetes.Interface
-	nodeName string
+	opts   PodUsage
+	ledger *seatledger.Ledger
+	claims PodClaimsReader
 
-	// pods and missed belong to the sampling goroutine.
-	pods   map[string]podInfo
-	missed map[gpuusage.Container]missing
+	// containers and missed belong to the sampling goroutine.
+	containers map[gpuusage.Container]*containerInfo
+	missed     map[gpuusage.Container]missing
 
 	mu   sync.Mutex
 	last usageSnapshot
 	errs map[string]string
 }
 
-func newPodUsage(opts PodUsage, ledger *seatledger.Ledger, client kubernetes.Interface, nodeName string) *podUsage {
+func newPodUsage(opts PodUsage, ledger *seatledger.Ledger, claims PodClaimsReader) *podUsage {
 	if opts.Interval <= 0 {
 		opts.Interval = 10 * time.Second
 	}
-	return &podUsage{opts: opts, ledger: ledger, client: client, nodeName: nodeName,
-		pods: map[string]podInfo{}, missed: map[gpuusage.Container]missing{}, errs: map[string]string{}}
+	return &podUsage{opts: opts, ledger: ledger, claims: claims,
+		containers: map[gpuusage.Container]*containerInfo{}, missed: map[gpuusage.Container]missing{}, errs: map[string]string{}}
 }
 
 // run samples until ctx ends.
@@ -151,7 +157,7 @@ func (u *podUsage) sample(ctx context.Context) {
 		u.noteError(ctx, fmt.Sprintf("gpu %d", g.GPU.Index), g.Err)
 	}
 	u.noteError(ctx, "processes", u.opts.Sampler.SourceErr())
-	u.noteError(ctx, "pods", u.resolvePods(ctx, gpus))
+	u.noteError(ctx, "containers", u.resolveContainers(ctx, gpus))
 	snap := u.attribute(gpus)
 	u.mu.Lock()
 	u.last = snap
@@ -175,110 +181,57 @@ func (u *podUsage) noteError(ctx context.Context, what string, err error) {
 	}
 }
 
-// resolvePods lists the node's pods when a process runs in a container
-// the last list did not name.
-func (u *podUsage) resolvePods(ctx context.Context, gpus []gpuusage.Usage) error {
+// resolveContainers names the containers that run on a GPU and were not
+// named before, and forgets those that no longer do. It returns the first
+// error of this sample.
+func (u *podUsage) resolveContainers(ctx context.Context, gpus []gpuusage.Usage) error {
 	now := time.Now()
-	unknown := false
+	// One process of each container: its mounts are the container's.
+	running := map[gpuusage.Container]uint32{}
 	for _, g := range gpus {
 		for _, p := range g.Processes {
-			if !p.InPod || u.known(p.Container) {
-				continue
-			}
-			if m, ok := u.missed[p.Container]; !ok || m.due(now, u.opts.Interval) {
-				unknown = true
+			if _, seen := running[p.Container]; p.InPod && !seen {
+				running[p.Container] = p.PID
 			}
 		}
 	}
-	if !unknown {
-		return nil
-	}
-	// From the API server's cache (resourceVersion 0): a node's pods, not
-	// a quorum read of the cluster's.
-	list, err := u.client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector:   fields.OneTermEqualSelector("spec.nodeName", u.nodeName).String(),
-		ResourceVersion: "0",
-	})
-	if err == nil {
-		u.pods = map[string]podInfo{}
-		for i := range list.Items {
-			u.pods[string(list.Items[i].UID)] = podInfoOf(&list.Items[i])
+	var first error
+	for _, c := range slices.SortedFunc(maps.Keys(running), func(a, b gpuusage.Container) int { return strings.Compare(a.ID, b.ID) }) {
+		if _, ok := u.containers[c]; ok {
+			continue
 		}
+		m, ok := u.missed[c]
+		if ok && !m.due(now, u.opts.Interval) {
+			continue
+		}
+		info, err := u.resolve(ctx, c, running[c])
+		if err == nil {
+			u.containers[c] = info
+			delete(u.missed, c)
+			continue
+		}
+		if first == nil {
+			first = err
+		}
+		// A failed lookup backs off as a missing container does: a node
+		// without the runtime's socket must not ask at every sample.
+		if !ok {
+			m.since = now
+		}
+		m.tried = now
+		u.missed[c] = m
 	}
-	// A failed list backs off as a missed container does: a plugin
-	// without the pods rule must not list at every sample.
-	seen := map[gpuusage.Container]bool{}
-	for _, g := range gpus {
-		for _, p := range g.Processes {
-			if !p.InPod || u.known(p.Container) {
-				continue
-			}
-			seen[p.Container] = true
-			m, ok := u.missed[p.Container]
-			if !ok {
-				m.since = now
-			}
-			m.tried = now
-			u.missed[p.Container] = m
+	for c := range u.containers {
+		if _, ok := running[c]; !ok {
+			delete(u.containers, c)
 		}
 	}
 	for c := range u.missed {
-		if !seen[c] {
+		if _, ok := running[c]; !ok {
 			delete(u.missed, c)
 		}
 	}
-	if err != nil {
-		return fmt.Errorf("list the node's pods: %w", err)
-	}
-	return nil
-}
-
-func (u *podUsage) known(c gpuusage.Container) bool {
-	_, ok := u.pods[c.PodUID].containers[c.ID]
-	return ok
-}
-
-// podInfoOf reads a pod's container IDs and each container's claims:
-// those of its resources.claims (the pod's claims, by name, through the
-// pod's status for claims made from templates) and the claim the
-// scheduler made for its extended resources.
-func podInfoOf(p *v1.Pod) podInfo {
-	info := podInfo{namespace: p.Namespace, name: p.Name, containers: map[string]string{}, claims: map[string][]string{}}
-	for _, statuses := range [][]v1.ContainerStatus{p.Status.ContainerStatuses, p.Status.InitContainerStatuses} {
-		for _, s := range statuses {
-			if _, id, ok := strings.Cut(s.ContainerID, "://"); ok {
-				info.containers[id] = s.Name
-			}
-		}
-	}
-	names := map[string]string{}
-	for _, rc := range p.Spec.ResourceClaims {
-		if rc.ResourceClaimName != nil {
-			names[rc.Name] = *rc.ResourceClaimName
-		}
-	}
-	for _, s := range p.Status.ResourceClaimStatuses {
-		if s.ResourceClaimName != nil {
-			names[s.Name] = *s.ResourceClaimName
-		}
-	}
-	for _, ctrs := range [][]v1.Container{p.Spec.Containers, p.Spec.InitContainers} {
-		for _, c := range ctrs {
-			for _, ref := range c.Resources.Claims {
-				if n, ok := names[ref.Name]; ok {
-					info.claims[c.Name] = append(info.claims[c.Name], n)
-				}
-			}
-		}
-	}
-	if x := p.Status.ExtendedResourceClaimStatus; x != nil {
-		for _, m := range x.RequestMappings {
-			if !slices.Contains(info.claims[m.ContainerName], x.ResourceClaimName) {
-				info.claims[m.ContainerName] = append(info.claims[m.ContainerName], x.ResourceClaimName)
-			}
-		}
-	}
-	return info
+	return first
 }
 
 // attribute gives each process's use to the seat its container holds on
@@ -317,22 +270,18 @@ func (u *podUsage) seatOf(p gpuusage.Process, gpu int, held map[types.Namespaced
 	if !p.InPod {
 		return containerKey{}, false
 	}
-	pod, ok := u.pods[p.Container.PodUID]
-	if !ok {
-		return containerKey{}, false
-	}
-	name, ok := pod.containers[p.Container.ID]
+	info, ok := u.containers[p.Container]
 	if !ok {
 		return containerKey{}, false
 	}
 	group, seats, admin := "", map[int]bool{}, false
-	for _, claim := range pod.claims[name] {
-		c := held[types.NamespacedName{Namespace: pod.namespace, Name: claim}]
+	for _, use := range info.uses {
+		c := held[use.claim]
 		if c == nil {
 			continue
 		}
 		for _, dev := range c.Devices {
-			if !slices.Contains(dev.GPUs, gpu) || (group != "" && dev.Group != group) {
+			if !slices.Contains(dev.GPUs, gpu) || (group != "" && dev.Group != group) || !use.uses(dev) {
 				continue
 			}
 			group = dev.Group
@@ -345,7 +294,7 @@ func (u *podUsage) seatOf(p gpuusage.Process, gpu int, held map[types.Namespaced
 	if group == "" {
 		return containerKey{}, false
 	}
-	return containerKey{namespace: pod.namespace, pod: pod.name, container: name, group: group, seat: seatLabel(seats, admin), gpu: gpu}, true
+	return containerKey{namespace: info.namespace, pod: info.pod, container: info.name, group: group, seat: seatLabel(seats, admin), gpu: gpu}, true
 }
 
 // seatLabel names a container's seats in a group: "0", "1,2", "admin"

@@ -3,6 +3,7 @@ package draplugin_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,20 +12,45 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cri"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cri/critest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources/podresourcestest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
 
+// usageNode is what the per-pod GPU metrics read on a node besides NVML:
+// the container runtime (CRI), the kubelet's PodResources API and the
+// host's procfs (processes' mounts), each a real socket or directory.
+type usageNode struct {
+	runtime *critest.Server
+	kubelet *podresourcestest.Server
+	proc    string
+}
+
 // withUsage samples the simulated GPUs' processes, described by file,
-// every 20 ms.
-func withUsage(e *env, file string) envOption {
+// every 20 ms, and names their containers through u.
+func withUsage(e *env, file string, u *usageNode) envOption {
+	dir := sockettest.Dir(e.t)
+	u.runtime = critest.Start(e.t, filepath.Join(dir, "containerd.sock"))
+	u.kubelet = podresourcestest.Start(e.t, filepath.Join(dir, "kubelet.sock"))
+	u.proc = filepath.Join(dir, "proc")
+	runtime, err := cri.NewClient(u.runtime.Socket)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	kubelet, err := podresources.NewClient(u.kubelet.Socket)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = runtime.Close(); _ = kubelet.Close() })
 	return withOptions(func(o *draplugin.Options) {
 		e.sim.SetProcessesFile(file)
 		var gpus []gpuusage.GPU
@@ -32,41 +58,50 @@ func withUsage(e *env, file string) envOption {
 			gpus = append(gpus, gpuusage.GPU{Index: g.Index, UUID: g.UUID})
 		}
 		o.Usage = draplugin.PodUsage{Interval: 20 * time.Millisecond,
-			Sampler: gpuusage.NewSampler(e.sim.NVML(), gpus, e.sim.Cgroups(gpuusage.ProcCgroups{Root: "/proc"}))}
+			Sampler:    gpuusage.NewSampler(e.sim.NVML(), gpus, e.sim.Cgroups(gpuusage.ProcCgroups{Root: "/proc"})),
+			Containers: runtime, Mounts: gpuusage.ProcMounts{Root: u.proc}}
+		o.PodResources = kubelet
 	})
 }
 
-// seatPod is a pod of the fake API server whose one container references
-// claim, with the container ID the kubelet reports for it.
-func seatPod(uid, name, container, containerID string, claim *resourceapi.ResourceClaim, fromTemplate bool) *corev1.Pod {
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: claim.Namespace, Name: name, UID: types.UID(uid)},
-		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{
-			{Name: "sidecar"},
-			{Name: container, Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}},
-		}},
-		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{
-			{Name: "sidecar", ContainerID: "containerd://" + strings.Repeat("f", 64)},
-			{Name: container, ContainerID: "containerd://" + containerID},
-		}},
+// run makes a container of a pod run: the runtime knows it, and the
+// kubelet lists it with claims.
+func (u *usageNode) run(t *testing.T, podUID, namespace, pod, container, id string, claims ...*resourceapi.ResourceClaim) {
+	t.Helper()
+	u.runtime.Add(cri.Container{ID: id, PodUID: podUID, PodNamespace: namespace, PodName: pod, Name: container})
+	u.kubelet.SetPod(namespace, pod, ctr(container, claims...), ctr("sidecar"))
+}
+
+// mount gives process pid the mounts a runtime makes from a container's
+// OCI spec, as its /proc/PID/mountinfo shows them.
+func (u *usageNode) mount(t *testing.T, pid uint32, mounts []oci.Mount) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("1203 1150 0:312 / / rw,relatime - overlay overlay rw\n")
+	for i, m := range mounts {
+		// A bind mount from the host's root filesystem: its root is the
+		// source path.
+		fmt.Fprintf(&b, "%d 1203 259:2 %s %s ro,relatime - ext4 /dev/nvme0n1p2 rw\n", 1300+i, m.Source, m.Destination)
 	}
-	if fromTemplate {
-		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: new("one-seat")}}
-		pod.Status.ResourceClaimStatuses = []corev1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: &claim.Name}}
-	} else {
-		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}}
+	dir := filepath.Join(u.proc, strconv.FormatUint(uint64(pid), 10))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	return pod
+	if err := os.WriteFile(filepath.Join(dir, "mountinfo"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Each container's GPU memory and SM share is its seat's: processes are
 // read from the simulated NVML, their containers from their cgroups, the
-// containers' claims from the node's pods, the seats from the ledger.
+// containers from the runtime, their claims from the kubelet (whole: no
+// container here has device metadata), the seats from the ledger.
 // What no seat explains is reported apart, with why.
 func TestPerPodGPUUsageOverSockets(t *testing.T) {
 	var e *env
+	var u usageNode
 	file := filepath.Join(t.TempDir(), "processes")
-	e = newEnv(t, "nvlink-2x4", seed, func(x *env) { e = x; withUsage(x, file)(x) })
+	e = newEnv(t, "nvlink-2x4", seed, func(x *env) { e = x; withUsage(x, file, &u)(x) })
 	a, b := e.claim(class1x), e.claim(class1x)
 	envA, _ := e.container(e.prepareOK(a)...)
 	envB, _ := e.container(e.prepareOK(b)...)
@@ -84,14 +119,8 @@ func TestPerPodGPUUsageOverSockets(t *testing.T) {
 
 	const uidA, uidB = "aaaaaaaa-0000-4000-8000-00000000000a", "bbbbbbbb-0000-4000-8000-00000000000b"
 	idA, idB := strings.Repeat("a", 64), strings.Repeat("b", 64)
-	for _, p := range []*corev1.Pod{
-		seatPod(uidA, "trainer", "train", idA, a, false),
-		seatPod(uidB, "server-7f9c", "serve", idB, b, true),
-	} {
-		if _, err := e.client.CoreV1().Pods(p.Namespace).Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	u.run(t, uidA, a.Namespace, "trainer", "train", idA, a)
+	u.run(t, uidB, b.Namespace, "server-7f9c", "serve", idB, b)
 	cgA := "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(uidA, "-", "_") + ".slice/cri-containerd-" + idA + ".scope"
 	cgB := "0::/kubepods/besteffort/pod" + uidB + "/" + idB
 	procs := []simnode.Process{
@@ -147,20 +176,11 @@ func TestPerPodGPUUsageOverSockets(t *testing.T) {
 		t.Errorf("trainer's process on GPU %d, which it holds no seat of, is given to a seat", other)
 	}
 
-	// The pods are listed when a container is new, not at every sample.
-	lists := func() int {
-		n := 0
-		for _, act := range e.client.Actions() {
-			if act.GetVerb() == "list" && act.GetResource().Resource == "pods" {
-				n++
-			}
-		}
-		return n
-	}
-	before := lists()
+	// A container is looked up when it is new, not at every sample.
+	before, gets := u.runtime.Lists(), u.kubelet.Gets()
 	time.Sleep(200 * time.Millisecond)
-	if after := lists(); after != before || before == 0 {
-		t.Errorf("pods listed %d times, then %d more over 10 samples with no new container; want at least one, then none", before, after-before)
+	if after := u.runtime.Lists(); after != before || before == 0 || u.kubelet.Gets() != gets {
+		t.Errorf("containers looked up %d times, then %d more over 10 samples with no new container (PodResources: %d more); want at least one, then none", before, after-before, u.kubelet.Gets()-gets)
 	}
 
 	// A process that outlives its seat's release is no seat's any more.
@@ -177,7 +197,7 @@ func TestPerPodGPUUsageOverSockets(t *testing.T) {
 func TestTheDashboardQueriesWhatThePluginServes(t *testing.T) {
 	var e *env
 	file := filepath.Join(t.TempDir(), "processes")
-	e = newEnv(t, "nvlink-2x4", seed, func(x *env) { e = x; withUsage(x, file)(x) })
+	e = newEnv(t, "nvlink-2x4", seed, func(x *env) { e = x; withUsage(x, file, &usageNode{})(x) })
 	raw, err := os.ReadFile("../../deployments/helm/kyb-dra-driver/dashboards/kyb-gpu-seats.json")
 	if err != nil {
 		t.Fatal(err)

@@ -27,9 +27,12 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cri"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 )
 
 const name = "kyb-dra-plugin"
@@ -76,6 +79,9 @@ type options struct {
 	layout          *cli.OneOf
 	bootIDFile      string
 	deviceMetadata  bool
+	// Node-local sources of which containers hold which claims.
+	podResourcesSocket string
+	runtimeSocket      string
 }
 
 // dirs are the node directories the plugin uses, which the doctor examines.
@@ -116,7 +122,7 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	f.StringVar(&o.kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig file; empty: in-cluster configuration")
 	f.Float64Var(&o.kubeAPIQPS, "kube-api-qps", "KUBE_API_QPS", DefaultPrepareQPS, "queries per second to the API server on the prepare path (a claim GET per prepared claim)")
 	f.IntVar(&o.kubeAPIBurst, "kube-api-burst", "KUBE_API_BURST", DefaultPrepareBurst, "burst of queries to the API server on the prepare path: claims a node prepares at once without waiting for the rate limiter")
-	f.Float64Var(&o.backgroundQPS, "kube-api-background-qps", "KUBE_API_BACKGROUND_QPS", DefaultBackgroundQPS, "queries per second to the API server for work behind the calls: claim statuses, events, ResourceSlices, pod lists")
+	f.Float64Var(&o.backgroundQPS, "kube-api-background-qps", "KUBE_API_BACKGROUND_QPS", DefaultBackgroundQPS, "queries per second to the API server for work behind the calls: claim statuses, events, ResourceSlices")
 	f.IntVar(&o.backgroundBurst, "kube-api-background-burst", "KUBE_API_BACKGROUND_BURST", DefaultBackgroundBurst, "burst of queries to the API server for work behind the calls")
 	o.dirs.addFlags(f)
 	o.sharing.AddFlags(f)
@@ -129,6 +135,10 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	f.Var(o.layout, "device-layout", "KYB_DEVICE_LAYOUT", "ResourceSlice layout: auto (shared groups, one device per seat where the API server lacks consumable capacity), shared or per-seat")
 	f.BoolVar(&o.deviceMetadata, "device-metadata", "KYB_DEVICE_METADATA", true, "give containers each prepared device's attributes, seats, seat generations and GPU UUIDs in a metadata file (KEP-5304) under /var/run/kubernetes.io/dra-device-attributes/")
 	f.StringVar(&o.bootIDFile, "boot-id-file", "KYB_BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id", "file holding the node's boot ID")
+	f.StringVar(&o.podResourcesSocket, "pod-resources-socket", "POD_RESOURCES_SOCKET", podresources.DefaultSocket,
+		"the kubelet's PodResources API: which claims each container of a pod references, so that a claim alone in its containers names its own GPUs (and, for the per-pod GPU metrics, a container's claims where it has no device metadata); empty: not asked, and claims that may share a container name GPUs by index")
+	f.StringVar(&o.runtimeSocket, "container-runtime-socket", "KYB_CONTAINER_RUNTIME_SOCKET", "/run/containerd/containerd.sock",
+		"the container runtime's CRI socket (containerd: /run/containerd/containerd.sock, CRI-O: /var/run/crio/crio.sock), where the per-pod GPU metrics find the pod and container of a GPU process's container ID; empty: no process is given to a pod")
 }
 
 // Run is the kyb-dra-plugin command: the node plugin, or `plan`. It
@@ -167,6 +177,11 @@ func (o *options) check() error {
 	}
 	if err := o.dirs.check(); err != nil {
 		return err
+	}
+	for _, x := range []struct{ flag, path string }{{"--pod-resources-socket", o.podResourcesSocket}, {"--container-runtime-socket", o.runtimeSocket}} {
+		if x.path != "" && !filepath.IsAbs(x.path) {
+			return fmt.Errorf("%s %q must be an absolute path (or empty: off)", x.flag, x.path)
+		}
 	}
 	if o.healthPort < -1 || o.healthPort > 65535 {
 		return fmt.Errorf("--healthcheck-port %d is not a port (or -1 for off)", o.healthPort)
@@ -237,9 +252,25 @@ func (o *options) run(ctx context.Context) error {
 		Health:           mon,
 		Collectors:       []prometheus.Collector{mon.Collector()},
 	}
+	if o.podResourcesSocket != "" {
+		pr, err := podresources.NewClient(o.podResourcesSocket)
+		if err != nil {
+			return err
+		}
+		defer pr.Close()
+		opts.PodResources = pr
+	}
 	if o.metricsAddress != "" {
 		// Only the metrics show what is sampled.
-		opts.Usage = draplugin.PodUsage{Sampler: o.usage.Sampler(node), Interval: o.usage.Interval}
+		opts.Usage = draplugin.PodUsage{Sampler: o.usage.Sampler(node), Interval: o.usage.Interval, Mounts: gpuusage.ProcMounts{Root: o.usage.HostProc}}
+		if opts.Usage.Sampler != nil && o.runtimeSocket != "" {
+			containers, err := cri.NewClient(o.runtimeSocket)
+			if err != nil {
+				return err
+			}
+			defer containers.Close()
+			opts.Usage.Containers = containers
+		}
 	}
 	if h := node.Config.Health; h != nil {
 		opts.GPULostEffect = resourceapi.DeviceTaintEffect(h.GPULostEffect)
