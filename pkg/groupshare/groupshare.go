@@ -86,9 +86,12 @@ func (h *Hardware) Client(g *planner.Group, k int) (*containeredits.MPS, error) 
 	l := h.Share(g, k)
 	dir := h.MPS.Dir(g.DeviceName())
 	return &containeredits.MPS{
-		HostPipeDir: filepath.Join(dir, mps.PipeDir), ContainerPipeDir: mps.ContainerPipeDir, PipeWritable: h.MPS.ClientPipeWritable(),
-		HostShmDir: filepath.Join(dir, mps.ShmDir),
-		ActiveThreadPercentage: l.ActiveThreadPercentage, PinnedMemLimit: l.MemLimitEnv(),
+		HostPipeDir:            filepath.Join(dir, mps.PipeDir),
+		ContainerPipeDir:       mps.ContainerPipeDir,
+		PipeWritable:           h.MPS.ClientPipeWritable(),
+		HostShmDir:             filepath.Join(dir, mps.ShmDir),
+		ActiveThreadPercentage: l.ActiveThreadPercentage,
+		PinnedMemLimit:         l.MemLimitEnv(),
 	}, nil
 }
 

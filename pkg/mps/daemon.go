@@ -158,20 +158,32 @@ func (m *Manager) lock(name string) (func(), error) {
 	}
 	m.mu.Unlock()
 	l.Lock()
-	f, err := os.OpenFile(filepath.Join(m.opts.Root, name+".lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
-	if err == nil {
-		for err = unix.Flock(int(f.Fd()), unix.LOCK_EX); errors.Is(err, unix.EINTR); {
-			err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		}
-		if err != nil {
-			_ = f.Close()
-		}
-	}
+	f, err := lockFile(filepath.Join(m.opts.Root, name+".lock"))
 	if err != nil {
 		l.Unlock()
 		return nil, fmt.Errorf("lock MPS daemon %s: %w", name, err)
 	}
 	return func() { _ = f.Close(); l.Unlock() }, nil
+}
+
+// lockFile opens path and takes an exclusive flock on it, which closing
+// the file releases.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // Want says what a group's daemon must do now: the largest share a claim
@@ -231,8 +243,9 @@ func (m *Manager) Settle(ctx context.Context, g Group, want Want) error {
 // Revive is for a watcher of the daemons: it starts again the daemon of a
 // group in use whose recorded daemon ended (restarted: true), and stops
 // the daemon of a group no claim uses (finishing a stop that could not be
-// confirmed before). A daemon that runs is not asked anything, and a
-// group without a record (never started here, or halted) is left alone.
+// confirmed before). A daemon that runs is asked nothing unless its limits
+// changed, and a group without a record (never started here, or halted)
+// is left alone.
 func (m *Manager) Revive(ctx context.Context, g Group, want Want) (restarted bool, err error) {
 	unlock, err := m.lock(g.Name)
 	if err != nil {
@@ -247,8 +260,14 @@ func (m *Manager) Revive(ctx context.Context, g Group, want Want) (restarted boo
 		return false, m.stop(ctx, g, true)
 	}
 	rec, err := m.readRecord(g.Name)
-	if err != nil || rec == nil || rec.alive() {
+	switch {
+	case err != nil || rec == nil:
 		return false, err
+	case rec.alive() && m.applied[g.Name] == limitsKey(limits):
+		return false, nil
+	case rec.alive():
+		// A change of share the watcher saw first.
+		return false, m.ensure(ctx, g, limits)
 	}
 	klog.FromContext(ctx).Info("MPS control daemon ended while its group is in use: starting it again", "mpsDaemon", g.Name, "pid", rec.PID)
 	delete(m.applied, g.Name)

@@ -221,6 +221,14 @@ func TestReviveStartsADaemonThatDiedAgain(t *testing.T) {
 	if !md.get("GPU-a") {
 		t.Error("the GPU is not EXCLUSIVE_PROCESS under the restarted daemon")
 	}
+	// A change of share that the watcher sees before the release's settle
+	// does is applied, not lost.
+	if restarted, err := m.Revive(ctx, g, mps.Fixed(mps.Share(1, 4, []int64{40960}))); restarted || err != nil {
+		t.Fatalf("Revive with a new share: %v, %v", restarted, err)
+	}
+	if got := mpstest.LastCommand(t, filepath.Join(root, g.Name, mps.LogDir), "set_default_active_thread_percentage"); got != "set_default_active_thread_percentage 25" {
+		t.Errorf("the daemon's last default after Revive with a one-seat share: %q", got)
+	}
 }
 
 func waitUntil(t *testing.T, what string, ok func() bool) {
