@@ -334,10 +334,9 @@ func checkRBAC(t *testing.T, m *manifest, tc chartCase) {
 	sa := "kyb-kyb-dra-driver"
 	var cr rbacv1.ClusterRole
 	decode(t, m.one(t, "ClusterRole"), &cr)
+	// The same with or without the per-pod GPU metrics: they read the
+	// node, not the API (no pods rule, in any mode).
 	want := wantClusterRules
-	if !tc.noPodGPU {
-		want = append(slices.Clone(want), rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}})
-	}
 	if !reflect.DeepEqual(cr.Rules, want) {
 		t.Errorf("ClusterRole rules:\n got %+v\nwant %+v", cr.Rules, want)
 	}
@@ -353,8 +352,8 @@ func checkRBAC(t *testing.T, m *manifest, tc chartCase) {
 	}
 	policies := m.ofKind("ValidatingAdmissionPolicy")
 	bindings := m.ofKind("ValidatingAdmissionPolicyBinding")
-	if len(policies) != 2 || len(bindings) != 2 {
-		t.Fatalf("%d admission policies and %d bindings, want 2 and 2", len(policies), len(bindings))
+	if len(policies) != 3 || len(bindings) != 3 {
+		t.Fatalf("%d admission policies and %d bindings, want 3 and 3", len(policies), len(bindings))
 	}
 	for i := range bindings {
 		var b admissionv1.ValidatingAdmissionPolicyBinding

@@ -132,6 +132,8 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 		}
 	} else {
 		want["/var/lib/kubelet/plugins_registry"] = hostMount{container: "/var/lib/kubelet/plugins_registry"}
+		// Which claims each container references.
+		want["/var/lib/kubelet/pod-resources"] = hostMount{container: "/var/lib/kubelet/pod-resources", readOnly: true}
 		// The doctor reads the runtime's configuration.
 		want["/etc/containerd"] = hostMount{container: "/host/etc/containerd", readOnly: true}
 	}
@@ -139,8 +141,10 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 		// No /dev: the device numbers come from /proc/devices.
 		want["/etc/cdi"] = hostMount{container: "/etc/cdi", readOnly: true}
 		if !tc.deviceMode && !tc.noPodGPU {
-			// The per-pod GPU metrics read the host's processes' cgroups.
+			// The per-pod GPU metrics read the host's processes' cgroups
+			// and mounts, and ask the runtime whose containers they are.
 			want["/proc"] = hostMount{container: "/host/proc", readOnly: true}
+			want["/run/containerd"] = hostMount{container: "/host/run/containerd", readOnly: true}
 		}
 		for host, ctr := range tc.driverMount {
 			want[host] = hostMount{container: ctr, readOnly: true}
@@ -161,6 +165,20 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 			if tc.driverMount[host] == "/driver-root" && e["NVIDIA_HOST_DRIVER_ROOT"].Value != host {
 				t.Errorf("NVIDIA_HOST_DRIVER_ROOT=%q, want %q", e["NVIDIA_HOST_DRIVER_ROOT"].Value, host)
 			}
+		}
+	}
+	wantSockets := map[string]string{}
+	if !tc.deviceMode {
+		wantSockets["POD_RESOURCES_SOCKET"] = "/var/lib/kubelet/pod-resources/kubelet.sock"
+		if !tc.simulated && !tc.noPodGPU {
+			wantSockets["KYB_CONTAINER_RUNTIME_SOCKET"] = "/host/run/containerd/containerd.sock"
+		}
+	} else if tc.mps {
+		wantSockets["POD_RESOURCES_SOCKET"] = "/var/lib/kubelet/pod-resources/kubelet.sock"
+	}
+	for _, k := range []string{"POD_RESOURCES_SOCKET", "KYB_CONTAINER_RUNTIME_SOCKET"} {
+		if e[k].Value != wantSockets[k] {
+			t.Errorf("%s=%q, want %q", k, e[k].Value, wantSockets[k])
 		}
 	}
 	if e["KYB_CONFIG"].Value != "/etc/kyb-dra-driver/config.yaml" || e["NODE_NAME"].ValueFrom == nil || e["NODE_NAME"].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {

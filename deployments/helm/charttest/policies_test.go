@@ -145,7 +145,7 @@ func policies(t *testing.T) map[string]*admissionv1.ValidatingAdmissionPolicy {
 		decode(t, o, &vap)
 		out[strings.TrimPrefix(vap.Name, "kyb-kyb-dra-driver-kyb-system-")] = &vap
 	}
-	if len(out) != 2 || out["resourceslices"] == nil || out["claim-status"] == nil {
+	if len(out) != 3 || out["resourceslices"] == nil || out["claim-status"] == nil || out["events"] == nil {
 		t.Fatalf("admission policies %v", out)
 	}
 	return out
@@ -339,6 +339,82 @@ func TestClaimStatusPolicyKeepsEachPluginToItsOwnEntries(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got := evaluate(t, vap, tc.req)
 			checkVerdict(t, got, tc.wantMatched, tc.wantDenied, tc.wantMessage)
+		})
+	}
+}
+
+// nodeEvent is an event about a Node, as the plugin records it.
+func nodeEvent(t *testing.T, node string) map[string]any {
+	return obj(t, fmt.Sprintf(`{metadata: {namespace: default, name: %s.1}, regarding: {kind: Node, apiVersion: v1, name: %s},
+reportingController: gpu.kyb.ai, reportingInstance: gpu.kyb.ai-plugin-x, reason: GPUUnhealthy, type: Warning, note: GPU 0 lost}`, node, node))
+}
+
+// claimEvent is an event about a claim, recorded in namespace, naming
+// node as related, as the plugin records it.
+func claimEvent(t *testing.T, namespace, node string) map[string]any {
+	return obj(t, fmt.Sprintf(`{metadata: {namespace: %s, name: c.1},
+regarding: {kind: ResourceClaim, apiVersion: resource.k8s.io/v1, namespace: team-a, name: c, uid: u},
+related: {kind: Node, apiVersion: v1, name: %s},
+reportingController: gpu.kyb.ai, reportingInstance: gpu.kyb.ai-plugin-x, reason: Prepared, type: Normal, note: seat 0}`, namespace, node))
+}
+
+func TestEventPolicyKeepsEachPluginToItsOwnEvents(t *testing.T) {
+	vap := policies(t)["events"]
+	// with sets a field of an event; nil removes it.
+	with := func(e map[string]any, key string, v any) map[string]any {
+		if v == nil {
+			delete(e, key)
+			return e
+		}
+		e[key] = v
+		return e
+	}
+	for _, tc := range []struct {
+		name        string
+		req         admission
+		wantMatched bool
+		wantDenied  bool
+		wantMessage string
+	}{
+		{name: "its Node", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: nodeEvent(t, "node-a")}, wantMatched: true},
+		{name: "a claim it prepares", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: claimEvent(t, "team-a", "node-a")}, wantMatched: true},
+		{name: "a series of its claim event", req: admission{operation: "UPDATE", user: pluginUser, node: "node-a", object: claimEvent(t, "team-a", "node-a"), oldObject: claimEvent(t, "team-a", "node-a")}, wantMatched: true},
+		{
+			name: "another Node", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: nodeEvent(t, "node-b")},
+			wantMatched: true, wantDenied: true, wantMessage: `the kyb DRA plugin on node node-a may record events only about its own Node, not about node "node-b"`,
+		},
+		{
+			name: "a claim as another node", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: claimEvent(t, "team-a", "node-b")},
+			wantMatched: true, wantDenied: true, wantMessage: `may record events about ResourceClaims only as their node, not as node "node-b"`,
+		},
+		{
+			name: "a claim naming no node", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: with(claimEvent(t, "team-a", "node-a"), "related", nil)},
+			wantMatched: true, wantDenied: true, wantMessage: `not as node ""`,
+		},
+		{
+			name: "a claim's event in another namespace", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: claimEvent(t, "kube-system", "node-a")},
+			wantMatched: true, wantDenied: true, wantMessage: "only in the claim's namespace",
+		},
+		{
+			name: "a pod", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: with(claimEvent(t, "team-a", "node-a"), "regarding", map[string]any{"kind": "Pod", "namespace": "team-a", "name": "p"})},
+			wantMatched: true, wantDenied: true, wantMessage: `only about its Node and ResourceClaims, not about a "Pod"`,
+		},
+		{
+			name: "as another controller", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: with(nodeEvent(t, "node-a"), "reportingController", "kubelet")},
+			wantMatched: true, wantDenied: true, wantMessage: "only as controller gpu.kyb.ai",
+		},
+		{
+			name: "take over another node's event", req: admission{operation: "UPDATE", user: pluginUser, node: "node-a", object: nodeEvent(t, "node-a"), oldObject: nodeEvent(t, "node-b")},
+			wantMatched: true, wantDenied: true, wantMessage: `not about node "node-b"`,
+		},
+		{
+			name: "a token without a node", req: admission{operation: "CREATE", user: pluginUser, object: nodeEvent(t, "node-a")},
+			wantMatched: true, wantDenied: true, wantMessage: "the kyb DRA plugin's ServiceAccount token names no node",
+		},
+		{name: "another user is not the policy's business", req: admission{operation: "CREATE", user: "system:node:node-b", object: nodeEvent(t, "node-b")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkVerdict(t, evaluate(t, vap, tc.req), tc.wantMatched, tc.wantDenied, tc.wantMessage)
 		})
 	}
 }

@@ -215,6 +215,8 @@ realGPUs, kubeletDir, seamless, health, metrics).
   value: {{ $.Values.mps.shmSizeMiB | quote }}
 {{- end }}
 {{- if $.dra }}
+- name: POD_RESOURCES_SOCKET
+  value: {{ printf "%s/pod-resources/kubelet.sock" $.kubeletDir | quote }}
 - name: KUBELET_REGISTRAR_DIRECTORY_PATH
   value: {{ printf "%s/plugins_registry" $.kubeletDir | quote }}
 - name: KYB_DEVICE_LAYOUT
@@ -253,6 +255,8 @@ realGPUs, kubeletDir, seamless, health, metrics).
 # NVML names processes by their host PIDs.
 - name: KYB_HOST_PROC
   value: /host/proc
+- name: KYB_CONTAINER_RUNTIME_SOCKET
+  value: {{ printf "/host%s" $.Values.metrics.podGPU.runtimeSocket | quote }}
 {{- end }}
 {{- end }}
 {{- else }}
@@ -312,6 +316,9 @@ kyb.containerEnv.
 {{- if $.dra }}
 - name: plugins-registry
   mountPath: {{ printf "%s/plugins_registry" $.kubeletDir }}
+- name: pod-resources
+  mountPath: {{ printf "%s/pod-resources" $.kubeletDir }}
+  readOnly: true
 {{- else }}
 - name: device-plugins
   mountPath: {{ printf "%s/device-plugins" $.kubeletDir }}
@@ -333,6 +340,9 @@ kyb.containerEnv.
 {{- if and $.podGPU $.realGPUs }}
 - name: host-proc
   mountPath: /host/proc
+  readOnly: true
+- name: container-runtime
+  mountPath: {{ printf "/host%s" (dir $.Values.metrics.podGPU.runtimeSocket) }}
   readOnly: true
 {{- end }}
 {{- if $.mountNVIDIACDI }}
