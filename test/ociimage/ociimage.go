@@ -19,6 +19,10 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	// go-digest's sha256 is crypto/sha256, registered by this import:
+	// without it digest.FromBytes panics in a program that does not
+	// happen to import it elsewhere.
+	_ "crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -215,5 +216,15 @@ func TestWriteRefusesBadFiles(t *testing.T) {
 				t.Errorf("error %v; want one saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestDigestsInAProgramOfItsOwn: go-digest hashes with whatever
+// crypto/sha256 registered, and a test binary always links it (testing
+// does), so only a program of its own shows that ociimage registers it.
+func TestDigestsInAProgramOfItsOwn(t *testing.T) {
+	out, err := exec.Command("go", "run", "./testdata/writeone").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "sha256:") {
+		t.Errorf("a program writing an image with ociimage alone (%v) printed:\n%s", err, out)
 	}
 }
