@@ -102,13 +102,14 @@ func Build(ctx context.Context, opts Options) (ociimage.Image, error) {
 }
 
 // BuildBinaries runs the build stage's go build in dir, writing into out
-// what the Dockerfile's build writes into its OutDir. RUN's shell gets
-// the stage's ARGs as environment variables, as Docker gives them, and no
-// GOFLAGS, which the Dockerfile's build does not have either.
+// what the Dockerfile's build writes into its OutDir. The shell is as a
+// RUN's: the stage's ARGs as environment variables, as Docker gives them,
+// no GOFLAGS (the golang image sets none), and umask 022, which makes the
+// binaries' modes 0755 whatever the caller's umask.
 func (r Recipe) BuildBinaries(ctx context.Context, dir, out string, log io.Writer) error {
 	command := strings.ReplaceAll(r.BuildCommand, r.OutDir, strings.TrimSuffix(out, "/")+"/")
 	_, _ = fmt.Fprintf(log, "(cd %s && %s)\n", dir, command)
-	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", command)
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", "umask 022 && "+command)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = log, log
 	for _, kv := range os.Environ() {

@@ -1,17 +1,16 @@
 package realnode
 
 import (
-	"archive/tar"
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"maps"
-	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"time"
+
+	v1 "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/kyb-ai/kyb-dra-driver/test/ociimage"
 )
 
 // An image is one layer of files: enough for the pause container and a
@@ -23,12 +22,11 @@ type image struct {
 }
 
 type imageFile struct {
-	path   string // in the image, no leading slash
-	src    string // host file to copy; empty for a directory or a link
-	link   string // symlink target
-	mode   int64
-	isDir  bool
-	binary []byte
+	path  string // in the image, no leading slash
+	src   string // host file to copy; empty for a directory or a link
+	link  string // symlink target
+	mode  int64
+	isDir bool
 }
 
 // busyboxImage is the workload image: Debian's static busybox with the
@@ -76,104 +74,23 @@ func pauseImage(name, pause string) image {
 // writeArchive writes the image as an OCI image layout archive, the form
 // `ctr images import` reads.
 func (img image) writeArchive(file string) error {
-	layer, err := img.layer()
-	if err != nil {
-		return err
-	}
-	layerDigest := digest(layer)
-	config, err := json.Marshal(map[string]any{
-		"architecture": "amd64",
-		"os":           "linux",
-		"config":       map[string]any{"Entrypoint": img.entrypoint, "Env": []string{"PATH=/bin"}},
-		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
-	})
-	if err != nil {
-		return err
-	}
-	manifest, err := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
-		"config":        descriptor("application/vnd.oci.image.config.v1+json", config),
-		"layers":        []any{descriptor("application/vnd.oci.image.layer.v1.tar", layer)},
-	})
-	if err != nil {
-		return err
-	}
-	md := descriptor("application/vnd.oci.image.manifest.v1+json", manifest)
-	md["annotations"] = map[string]string{"io.containerd.image.name": img.name}
-	md["platform"] = map[string]string{"architecture": "amd64", "os": "linux"}
-	index, err := json.Marshal(map[string]any{"schemaVersion": 2, "manifests": []any{md}})
-	if err != nil {
-		return err
-	}
-	var out bytes.Buffer
-	tw := tar.NewWriter(&out)
-	for _, e := range []struct {
-		name string
-		data []byte
-	}{
-		{"oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)},
-		{"index.json", index},
-		{blobPath(layer), layer},
-		{blobPath(config), config},
-		{blobPath(manifest), manifest},
-	} {
-		if err := tw.WriteHeader(&tar.Header{Name: e.name, Mode: 0o644, Size: int64(len(e.data)), ModTime: time.Unix(0, 0)}); err != nil {
-			return err
-		}
-		if _, err := tw.Write(e.data); err != nil {
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return os.WriteFile(file, out.Bytes(), 0o644)
-}
-
-func (img image) layer() ([]byte, error) {
-	var b bytes.Buffer
-	tw := tar.NewWriter(&b)
+	layer := ociimage.Layer{CreatedBy: "realnode: " + img.name}
 	for _, f := range img.files {
-		h := &tar.Header{Name: f.path, Mode: f.mode, ModTime: time.Unix(0, 0)}
+		of := ociimage.File{Path: f.path, Mode: f.mode, Source: f.src}
 		switch {
 		case f.isDir:
-			h.Typeflag, h.Name = tar.TypeDir, f.path+"/"
+			of.Type = ociimage.Dir
 		case f.link != "":
-			h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, f.link, 0o777
-		default:
-			data, err := os.ReadFile(f.src)
-			if err != nil {
-				return nil, fmt.Errorf("image %s: %w", img.name, err)
-			}
-			h.Typeflag, h.Size = tar.TypeReg, int64(len(data))
-			f.binary = data
+			of.Type, of.Link, of.Mode = ociimage.Symlink, f.link, 0o777
 		}
-		if err := tw.WriteHeader(h); err != nil {
-			return nil, err
-		}
-		if f.binary != nil {
-			if _, err := tw.Write(f.binary); err != nil {
-				return nil, err
-			}
-		}
+		layer.Files = append(layer.Files, of)
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), nil
-}
-
-func digest(b []byte) string {
-	sum := sha256.Sum256(b)
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
-
-func blobPath(b []byte) string {
-	sum := sha256.Sum256(b)
-	return "blobs/sha256/" + hex.EncodeToString(sum[:])
-}
-
-func descriptor(mediaType string, b []byte) map[string]any {
-	return map[string]any{"mediaType": mediaType, "digest": digest(b), "size": len(b)}
+	_, err := ociimage.Image{
+		Name:     img.name,
+		Platform: v1.Platform{OS: "linux", Architecture: runtime.GOARCH},
+		Created:  time.Unix(0, 0),
+		Config:   v1.ImageConfig{Entrypoint: img.entrypoint, Env: []string{"PATH=/bin"}},
+		Layers:   []ociimage.Layer{layer},
+	}.WriteFile(file)
+	return err
 }
