@@ -30,7 +30,7 @@ GOLANGCI_LINT ?= $(CURDIR)/_output/bin/golangci-lint
 LOGCHECK_VERSION ?= v0.11.0
 LOGCHECK  ?= $(CURDIR)/_output/bin/logcheck
 
-.PHONY: help build test unit fuzz soak soak-mps bench e2e patched-bench e2e-node node-tools lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-check dashboard-picture
+.PHONY: help build test unit fuzz soak soak-mps bench e2e patched-bench e2e-node node-tools lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-oci image-check dashboard-picture
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -83,8 +83,8 @@ CONTAINERD_VERSION ?= v2.2.9
 node-tools: ## build containerd (CONTAINERD_VERSION) and the kubelet, install runc and podman: what e2e-node needs
 	GO=$(GO) CONTAINERD_VERSION=$(CONTAINERD_VERSION) E2E_LDFLAGS='$(E2E_LDFLAGS)' hack/node-tools.sh $(NODE_TOOLS)
 
-e2e-node: build node-tools ## real pods on real nodes: kubelet + containerd + runc (and podman), the driver's binaries (root)
-	cd test && KYB_NODE_TOOLS=$(NODE_TOOLS) KYB_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 20m -ldflags '$(E2E_LDFLAGS)' ./e2enode
+e2e-node: build node-tools image-oci ## real pods on real nodes: kubelet + containerd + runc (and podman), the driver's binaries and image (root)
+	cd test && KYB_NODE_TOOLS=$(NODE_TOOLS) KYB_BIN=$(abspath $(BIN)) KYB_IMAGE_ARCHIVE=$(abspath $(IMAGE_ARCHIVE)) KYB_IMAGE=$(IMAGE):$(VERSION) $(GO) test -count=1 -timeout 20m -ldflags '$(E2E_LDFLAGS)' ./e2enode
 
 unit: ## unit tests of the product module, with the race detector
 	$(GO) test -race -count=1 ./...
@@ -117,7 +117,7 @@ lint-tools: ## build golangci-lint and logcheck (pinned versions) into _output/b
 	@hack/go-tool.sh $(LOGCHECK) sigs.k8s.io/logtools/logcheck $(LOGCHECK_VERSION)
 
 clean: ## remove build outputs (keeps the tools in _output/bin)
-	rm -rf $(BIN)
+	rm -rf $(BIN) _output/image
 
 helm: ## build helm (HELM_VERSION, v4.3.1) from the Go module proxy into _output/bin, once
 	@hack/go-tool.sh $(HELM) helm.sh/helm/v4/cmd/helm $(HELM_VERSION)
@@ -125,11 +125,32 @@ helm: ## build helm (HELM_VERSION, v4.3.1) from the Go module proxy into _output
 chart-test: helm ## lint and render the Helm chart over several value sets and check what it renders
 	HELM=$(HELM) $(GO) test -tags charttest -count=1 ./deployments/helm/charttest/
 
-image: ## build the container image IMAGE:VERSION (needs a Docker engine)
-	$(DOCKER) build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+image: ## build the image IMAGE:VERSION: docker build where `docker info` answers, else the OCI archive of image-oci
+	@if $(DOCKER) info >/dev/null 2>&1; then \
+		echo "$(DOCKER) build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) ."; \
+		$(DOCKER) build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .; \
+	else \
+		echo "image: no Docker engine ($(DOCKER) info fails): building the OCI archive $(IMAGE_ARCHIVE)"; \
+		$(MAKE) --no-print-directory image-oci; \
+	fi
 
-image-check: ## check the Dockerfile offline: context, go build, linked libraries, versions
-	hack/image-check.sh $(IMAGE) $(VERSION)
+# The image without a container engine (test/cmd/kyb-image): the
+# Dockerfile's own go build line, on Debian's glibc and libgcc_s at the
+# machine's installed versions in place of distroless, as an OCI archive
+# for `ctr -n k8s.io images import` or `podman load`. Rebuilt only when
+# what goes into it changes; SOURCE_DATE_EPOCH (default 0) is its time.
+IMAGE_ARCHIVE ?= _output/image/kyb-dra-driver-$(VERSION).oci.tar
+IMAGE_SOURCES = Dockerfile go.mod go.sum $(shell find api cmd pkg -type f ! -name '*_test.go' ! -path '*/testdata/*' 2>/dev/null) \
+	$(wildcard test/go.mod test/go.sum test/ociimage/*.go test/productimage/*.go test/cmd/kyb-image/*.go /var/lib/dpkg/status)
+
+image-oci: $(IMAGE_ARCHIVE) ## build IMAGE:VERSION without Docker into _output/image/kyb-dra-driver-VERSION.oci.tar (ctr/podman import it)
+
+$(IMAGE_ARCHIVE): $(IMAGE_SOURCES)
+	cd test && $(GO) run ./cmd/kyb-image build -context $(CURDIR) -image $(IMAGE):$(VERSION) -build-arg VERSION=$(VERSION) \
+		-debs $(CURDIR)/_output/image/debs -o $(abspath $@)
+
+image-check: image-oci ## check the Dockerfile offline (context, go build, libraries, versions) and that image-oci builds the same image
+	hack/image-check.sh $(IMAGE) $(VERSION) $(IMAGE_ARCHIVE)
 
 generate: build ## regenerate the checked-in DeviceClasses
 	{ echo "# DeviceClasses of the default profiles: one per seat profile, each mapping its"; \

@@ -17,13 +17,25 @@
 #      binaries and where the Dockerfile puts them.
 #   5. The runtime stage has glibc (not distroless/static or scratch) and
 #      sets a non-root USER.
+#   6. The image without Docker (make image-oci, test/cmd/kyb-image), built
+#      here from the same context, holds in /usr/local/bin exactly the
+#      binaries of step 2, byte for byte (both builds run the RUN line with
+#      -trimpath and the same flags), and the runtime stage's USER,
+#      ENTRYPOINT and LABELs, read here independently of kyb-image; an
+#      archive given as ARCHIVE (make's) is the same image, digest for
+#      digest. Where a Docker engine answers and has IMAGE:VERSION (make
+#      image), `docker save` of it is compared too: names, modes and
+#      configuration must agree; its binaries' bytes may not (its golang
+#      image's Go release and gcc may differ from this machine's), so
+#      where they differ their build settings (go version -m) must agree.
 #
-# Usage: hack/image-check.sh [IMAGE] [VERSION]   (make image-check passes both)
+# Usage: hack/image-check.sh [IMAGE] [VERSION] [ARCHIVE]   (make image-check passes all three)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 image="${1:-}"
 version="${2:-}"
+archive="${3:-}"
 chart=deployments/helm/kyb-dra-driver
 fail=0
 problem() { echo "image-check: $*" >&2; fail=1; }
@@ -90,7 +102,8 @@ else
 		cmd=${cmd//\$\{$name\}/${arg[$name]}}
 	done
 	echo "image-check: (cd <context> && $cmd)"
-	if ! (cd "$ctx" && eval "$cmd"); then
+	# As a RUN runs it: umask 022, no GOFLAGS (kyb-image does the same).
+	if ! (cd "$ctx" && unset GOFLAGS && umask 022 && eval "$cmd"); then
 		problem "the Dockerfile's go build fails on its own build context"
 	fi
 fi
@@ -139,6 +152,9 @@ case $runtime in
 *distroless/static* | *scratch*) problem "the runtime stage ($runtime) has no glibc, which cgo binaries and libnvidia-ml need" ;;
 esac
 grep -qE '^USER [1-9][0-9]*' Dockerfile || problem "the runtime stage sets no non-root USER"
+
+# 6. The image without Docker.
+"$(dirname "$0")/image-check-oci.sh" "$ctx" "$out" "${image:-$repo}" "${version:-$app_version}" "$archive" "${want_bins[@]}" || fail=1
 
 if ((fail)); then
 	echo "image-check: FAILED" >&2
