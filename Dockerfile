@@ -9,7 +9,11 @@
 # the image. Nothing else: no shell, no study tools (those
 # live in the test/ module, which the build context leaves out). `make image`
 # builds it; `make image-check` checks offline what can be checked without a
-# Docker engine (hack/image-check.sh).
+# Docker engine (hack/image-check.sh). Without a Docker engine, `make
+# image-oci` builds the same image as an OCI archive (test/productimage):
+# it runs this file's go build line and reads the runtime stage, which may
+# hold only what that build reproduces (ARG, LABEL, ENV, USER, ENTRYPOINT
+# in exec form, the COPY from the build stage); it says so if not.
 #
 # Multi-arch: build per platform (docker buildx --platform linux/amd64,linux/arm64).
 # The build stage runs on the target platform, not $BUILDPLATFORM, because
