@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,7 +14,9 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -63,9 +66,12 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := harness.Start(t, harness.Options{
-		APIServerFlags: []string{"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-mode=blocking", "--audit-log-format=json"},
+		// RBAC on (the test server allows everything by default): the
+		// plugin gets what the chart grants and no more.
+		APIServerFlags: []string{"--authorization-mode=Node,RBAC",
+			"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-mode=blocking", "--audit-log-format=json"},
 		Nodes: []harness.NodeOptions{
-			{Name: "node-a", Preset: "single-gpu", NoPlugin: true},
+			{Name: "node-a", Preset: "single-gpu", NoPlugin: true, Metrics: true},
 			{Name: "node-b", Preset: "single-gpu"},
 		},
 	})
@@ -109,8 +115,8 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 
 	nodeA := c.Node("node-a")
 	// With the per-pod GPU metrics on, as the chart runs them: a pod's
-	// workload on its seat makes the plugin list its node's pods.
-	nodeA.Options.PluginArgs = []string{"--kubeconfig", kubeconfig, "--metrics-address", "127.0.0.1:0", "--gpu-usage-interval", "100ms"}
+	// workload on its seat is found from the node alone.
+	nodeA.Options.PluginArgs = []string{"--kubeconfig", kubeconfig}
 	nodeA.Options.GPUUse = func(*corev1.Pod, string) (uint64, uint32, bool) { return 1000, 10, true }
 	nodeA.StartPlugin()
 	nodeA.WaitForPlugin()
@@ -126,6 +132,18 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 	claimA := waitClaimStatus(t, c, "default", harness.PodClaim(p, "gpu"))
 	if len(claimA.Status.Devices) != 1 {
 		t.Fatalf("the plugin could not write the seat status with the chart's RBAC: %+v\n%s", claimA.Status.Devices, nodeA.PluginLog.Tail(20))
+	}
+	// The pod's GPU use is its seat's, with no pod read from the API.
+	err = wait.PollUntilContextTimeout(c.Ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		for _, s := range scrape(t, nodeA.MetricsURL, "kyb_container_gpu_memory_used_bytes")["kyb_container_gpu_memory_used_bytes"] {
+			if s.labels["pod"] == "on-a" && s.labels["container"] == "app" && s.labels["seat"] == ctrs["app"].Env["KYB_GPU_SEAT"] {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("the pod's GPU use is not on its seat: %v\n%s", scrape(t, nodeA.MetricsURL, "kyb_container_gpu_memory_used_bytes"), nodeA.PluginLog.Tail(20))
 	}
 
 	// The same credentials, aimed at node-b: refused.
@@ -189,30 +207,58 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 		t.Logf("refused as expected: %v", err)
 	}
 
+	// Events: about its own Node and claims only.
+	for _, ev := range []struct {
+		name string
+		ev   *eventsv1.Event
+		want string
+	}{
+		{"about node-b", pluginEvent("default", corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: "node-b"}, nil),
+			`may record events only about its own Node, not about node "node-b"`},
+		{"about node-b's claim, as node-b", pluginEvent("default", corev1.ObjectReference{Kind: "ResourceClaim", APIVersion: "resource.k8s.io/v1", Namespace: "default", Name: claimB},
+			&corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: "node-b"}), `only as their node, not as node "node-b"`},
+		{"about a pod", pluginEvent("default", corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: "default", Name: "on-b"}, nil),
+			`not about a "Pod"`},
+	} {
+		if _, err := asPlugin.EventsV1().Events(ev.ev.Namespace).Create(c.Ctx, ev.ev, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), ev.want) {
+			t.Errorf("node-a's plugin recorded an event %s: %v", ev.name, err)
+		} else {
+			t.Logf("refused as expected: %v", err)
+		}
+	}
+	// No pods: not even its own node's.
+	if _, err := asPlugin.CoreV1().Pods("").List(c.Ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=node-a"}); !apierrors.IsForbidden(err) {
+		t.Errorf("node-a's plugin listed pods: %v", err)
+	}
+
 	// The audit log: what the plugin called, and that the chart allows
 	// exactly those calls.
 	user := "system:serviceaccount:kyb-system:" + sa
-	// The GPU usage sampler lists the pods in the background.
+	// The claim's Prepared event is sent in the background.
 	_ = wait.PollUntilContextTimeout(c.Ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		return slices.Contains(auditCalls(t, auditLog, user), "list /pods allowed"), nil
+		return slices.Contains(auditCalls(t, auditLog, user), "create events.k8s.io/events allowed"), nil
 	})
 	calls := auditCalls(t, auditLog, user)
 	t.Logf("calls made with the chart's ServiceAccount: %s", strings.Join(calls, ", "))
 	// Also granted, but not exercised here: list (clients without streaming
 	// lists), update and delete of slices (republishing after a change),
-	// and events (fallback and health changes).
+	// and patch of events (a repeated event).
 	for _, want := range []string{
 		"watch resource.k8s.io/resourceslices", "create resource.k8s.io/resourceslices",
 		"get resource.k8s.io/resourceclaims", "patch resource.k8s.io/resourceclaims/status", "get /nodes",
-		"list /pods",
+		"create events.k8s.io/events",
 	} {
 		if !slices.Contains(calls, want+" allowed") {
 			t.Errorf("the plugin never made an allowed %q; is the rule still needed?", want)
 		}
 	}
 	for _, call := range calls {
-		if strings.HasSuffix(call, " forbidden") && !strings.Contains(call, "resourceslices") && !strings.Contains(call, "resourceclaims/status") {
+		refusedHere := strings.Contains(call, "resourceslices") || strings.Contains(call, "resourceclaims/status") || strings.Contains(call, "events") || call == "list /pods forbidden"
+		if strings.HasSuffix(call, " forbidden") && !refusedHere {
 			t.Errorf("the plugin was forbidden a call: %s", call)
+		}
+		if strings.Contains(call, " /pods ") && call != "list /pods forbidden" {
+			t.Errorf("the plugin read pods: %s", call)
 		}
 	}
 }
@@ -262,4 +308,15 @@ func auditCalls(t *testing.T, file, user string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// pluginEvent is an event as the plugin's recorder writes one.
+func pluginEvent(namespace string, regarding corev1.ObjectReference, related *corev1.ObjectReference) *eventsv1.Event {
+	now := metav1.NewMicroTime(time.Now())
+	return &eventsv1.Event{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: fmt.Sprintf("%s.%x", regarding.Name, now.UnixNano())},
+		EventTime:  now, ReportingController: driver.Name, ReportingInstance: driver.Name + "-kyb-plugin-node-a",
+		Action: "Prepared", Reason: "Prepared", Type: corev1.EventTypeNormal, Note: "seat 0 of G0",
+		Regarding: regarding, Related: related,
+	}
 }

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
@@ -159,5 +161,72 @@ func TestPerPodGPUMetricsEndToEnd(t *testing.T) {
 	})
 	if err != nil {
 		t.Errorf("after pod a went: %v", fmt.Sprint(got["kyb_container_gpu_memory_used_bytes"]))
+	}
+}
+
+// A container that references one request of a claim with two is counted
+// on that request's seat alone: two containers of one pod, each using one
+// of two seats of GPU 1 through its own request of one claim. The plugin
+// reads the requests from the containers' device metadata mounts.
+func TestPerPodGPUMetricsCountTheRequestAContainerUses(t *testing.T) {
+	use := map[string][2]uint64{"a": {1000, 10}, "b": {2000, 20}}
+	c := harness.Start(t, harness.Options{Nodes: []harness.NodeOptions{{
+		Name: "node-a", Preset: "dgx-h100", Config: consumableConfig, Metrics: true,
+		GPUUse: func(pod *v1.Pod, container string) (uint64, uint32, bool) {
+			u, ok := use[container]
+			return u[0], uint32(u[1]), ok && pod.Name == "split"
+		},
+	}}})
+	installClasses(t, c)
+	node := c.Node("node-a")
+	on1 := []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.attributes["gpu.kyb.ai"].gpuIndices == "1"`}}}
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "split"}, Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{
+			{Name: "for-a", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class1x, Selectors: on1}},
+			{Name: "for-b", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class1x, Selectors: on1}},
+		},
+	}}}
+	if _, err := c.Client.ResourceV1().ResourceClaims("default").Create(c.Ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "split", Namespace: "default"}, Spec: v1.PodSpec{
+		ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
+		Containers: []v1.Container{
+			{Name: "a", Image: "registry.k8s.io/pause:3.10", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu", Request: "for-a"}}}},
+			{Name: "b", Image: "registry.k8s.io/pause:3.10", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu", Request: "for-b"}}}},
+		},
+	}}
+	if _, err := c.Client.CoreV1().Pods("default").Create(c.Ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, _, ctrs := c.WaitForPodRunning(t, "default", "split", timeout)
+	seatA, seatB := ctrs["a"].Env["KYB_GPU_SEAT"], ctrs["b"].Env["KYB_GPU_SEAT"]
+	if seatA == "" || seatB == "" || seatA == seatB || ctrs["a"].Env["KYB_GPU_GROUP"] != "G1" || ctrs["b"].Env["KYB_GPU_GROUP"] != "G1" {
+		t.Fatalf("containers a and b: %v and %v; want one seat each of G1", ctrs["a"].Env, ctrs["b"].Env)
+	}
+	const mib = 1 << 20
+	want := map[string]map[string]string{
+		"a": {"pod": "split", "container": "a", "group": "G1", "seat": seatA, "gpu": "1"},
+		"b": {"pod": "split", "container": "b", "group": "G1", "seat": seatB, "gpu": "1"},
+	}
+	var got []series
+	err := wait.PollUntilContextTimeout(c.Ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		got = scrape(t, node.MetricsURL, "kyb_container_gpu_memory_used_bytes")["kyb_container_gpu_memory_used_bytes"]
+		found := 0
+		for name, labels := range want {
+			for _, s := range got {
+				match := s.value == float64(use[name][0]*mib)
+				for k, v := range labels {
+					match = match && s.labels[k] == v
+				}
+				if match {
+					found++
+				}
+			}
+		}
+		return found == len(want) && len(got) == len(want), nil
+	})
+	if err != nil {
+		t.Errorf("series %+v; want one per container, on its own request's seat: %v", got, want)
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cri"
 )
 
 // Container is what a container of a pod would get from the container
@@ -120,6 +122,9 @@ func (n *Node) sync(ctx context.Context, key types.NamespacedName) error {
 		}
 		views[ctr.Name] = view
 	}
+	for name := range views {
+		n.runtime.Add(cri.Container{ID: containerID(pod.UID, name), PodUID: string(pod.UID), PodNamespace: pod.Namespace, PodName: pod.Name, Name: name})
+	}
 	n.mu.Lock()
 	n.prepared[pod.UID] = pod
 	n.containers[pod.UID] = views
@@ -166,6 +171,9 @@ func (n *Node) unprepare(ctx context.Context, pod *v1.Pod) error {
 	// The containers stop, and their processes with them, before the
 	// kubelet unprepares the claims.
 	n.mu.Lock()
+	for name := range n.containers[pod.UID] {
+		n.runtime.Remove(containerID(pod.UID, name))
+	}
 	delete(n.containers, pod.UID)
 	err := n.writeProcessesLocked()
 	n.mu.Unlock()

@@ -29,6 +29,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 
 	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-dra-plugin/app"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cri/critest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
@@ -72,12 +73,18 @@ type Node struct {
 	ProcessesFile string
 	// MetricsURL is the plugin's /metrics with NodeOptions.Metrics.
 	MetricsURL string
+	// PodResourcesSocket is the kubelet's PodResources API; RuntimeSocket
+	// the container runtime's CRI API (its ListContainers, over the
+	// node's running containers); HostProc the host's procfs as far as
+	// the plugin reads it (the simulated processes' mounts).
+	PodResourcesSocket, RuntimeSocket, HostProc string
 	// PluginLog collects the plugin's output.
 	PluginLog *SyncBuffer
 
 	c           *Cluster
 	dra         *dra.Manager
 	stopKubelet func()
+	runtime     *critest.Server
 
 	mu          sync.Mutex
 	plugin      *pluginRun
@@ -104,20 +111,23 @@ func (c *Cluster) AddNode(opts NodeOptions) *Node {
 	dir := filepath.Join(c.Dir, "nodes", opts.Name)
 	n := &Node{
 		Name: opts.Name, Options: opts, c: c,
-		RegistryDir:     filepath.Join(dir, "plugins_registry"),
-		PluginsDir:      filepath.Join(dir, "plugins"),
-		DevicePluginDir: filepath.Join(dir, "device-plugins"),
-		CDIDir:          filepath.Join(dir, "cdi"),
-		StateDir:        filepath.Join(dir, "kubelet"),
-		BootIDFile:      filepath.Join(dir, "boot_id"),
-		FaultsFile:      filepath.Join(dir, "faults"),
-		ProcessesFile:   filepath.Join(dir, "processes"),
-		pids:            map[procKey]uint32{},
-		nextPID:         4000,
-		PluginLog:       &SyncBuffer{},
-		prepared:        map[types.UID]*v1.Pod{},
-		containers:      map[types.UID]map[string]*Container{},
-		failures:        map[types.UID]error{},
+		RegistryDir:        filepath.Join(dir, "plugins_registry"),
+		PluginsDir:         filepath.Join(dir, "plugins"),
+		DevicePluginDir:    filepath.Join(dir, "device-plugins"),
+		CDIDir:             filepath.Join(dir, "cdi"),
+		StateDir:           filepath.Join(dir, "kubelet"),
+		BootIDFile:         filepath.Join(dir, "boot_id"),
+		FaultsFile:         filepath.Join(dir, "faults"),
+		ProcessesFile:      filepath.Join(dir, "processes"),
+		PodResourcesSocket: filepath.Join(dir, "pod-resources", "kubelet.sock"),
+		RuntimeSocket:      filepath.Join(dir, "containerd.sock"),
+		HostProc:           filepath.Join(dir, "proc"),
+		pids:               map[procKey]uint32{},
+		nextPID:            4000,
+		PluginLog:          &SyncBuffer{},
+		prepared:           map[types.UID]*v1.Pod{},
+		containers:         map[types.UID]map[string]*Container{},
+		failures:           map[types.UID]error{},
 	}
 	for _, d := range []string{n.RegistryDir, n.PluginsDir, n.CDIDir, n.StateDir} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
@@ -138,6 +148,7 @@ func (c *Cluster) AddNode(opts NodeOptions) *Node {
 		}
 	}
 	n.createNodeObject()
+	n.runtime = critest.Start(tb, n.RuntimeSocket)
 	n.stopKubelet = n.startKubelet()
 	tb.Cleanup(func() {
 		n.stopKubelet()
@@ -221,6 +232,10 @@ func (n *Node) startKubelet() (stop func()) {
 		tb.Fatal(err)
 	}
 	n.dra = mgr
+	stopPodResources, err := n.servePodResources(ctx, mgr)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	healthDone := make(chan struct{})
 	go func() {
 		defer close(healthDone)
@@ -273,6 +288,7 @@ func (n *Node) startKubelet() (stop func()) {
 		<-done
 		cancel()
 		<-healthDone
+		stopPodResources()
 		mgr.Stop()
 		inf.Shutdown()
 	}
@@ -325,6 +341,9 @@ func (n *Node) pluginArgs() []string {
 		"--simulate-faults-file", n.FaultsFile,
 		"--kube-api-qps", "100", "--kube-api-burst", "200", "--kube-api-background-qps", "100", "--kube-api-background-burst", "200",
 		"--simulate-processes-file", n.ProcessesFile,
+		"--pod-resources-socket", n.PodResourcesSocket,
+		"--container-runtime-socket", n.RuntimeSocket,
+		"--host-proc", n.HostProc,
 	}
 	if n.metricsAddr != "" {
 		args = append(args, "--metrics-address", n.metricsAddr, "--gpu-usage-interval", "100ms")

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -73,9 +74,15 @@ func (n *Node) writeProcessesLocked() error {
 			}
 		}
 	}
-	for key := range n.pids {
+	for key, pid := range n.pids {
 		if !live[key] {
 			delete(n.pids, key)
+			_ = os.RemoveAll(filepath.Join(n.HostProc, strconv.FormatUint(uint64(pid), 10)))
+		}
+	}
+	for key := range live {
+		if err := n.writeMountinfo(n.pids[key], n.containers[key.pod][key.container]); err != nil {
+			return err
 		}
 	}
 	tmp := n.ProcessesFile + ".tmp"
@@ -121,4 +128,27 @@ func freeAddress() (string, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
+}
+
+// writeMountinfo writes a process's /proc/PID/mountinfo under HostProc:
+// its container's root and the mounts its CDI devices gave it (the
+// device metadata files among them), bind mounts from the host's root
+// filesystem, as the kernel lists them.
+func (n *Node) writeMountinfo(pid uint32, c *Container) error {
+	var b strings.Builder
+	b.WriteString("1203 1150 0:312 / / rw,relatime - overlay overlay rw\n")
+	for i, m := range c.Mounts {
+		fmt.Fprintf(&b, "%d 1203 259:2 %s %s ro,relatime - ext4 /dev/root rw\n", 1300+i, escapeMountPath(m.Source), escapeMountPath(m.Destination))
+	}
+	dir := filepath.Join(n.HostProc, strconv.FormatUint(uint64(pid), 10))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("write the simulated mounts: %w", err)
+	}
+	return os.WriteFile(filepath.Join(dir, "mountinfo"), []byte(b.String()), 0o644)
+}
+
+// escapeMountPath escapes a path as mountinfo does (space, tab, newline,
+// backslash in octal).
+func escapeMountPath(p string) string {
+	return strings.NewReplacer(" ", `\040`, "\t", `\011`, "\n", `\012`, `\`, `\134`).Replace(p)
 }

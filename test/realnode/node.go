@@ -181,11 +181,11 @@ func (n *Node) pluginArgs() []string {
 		"--device-plugin-directory-path", KubeletDevicePluginDir,
 		"-v", "2",
 	}
-	if n.Options.Shim {
-		// The kubelet serves it under its root directory.
-		args = append(args, "--pod-resources-socket", filepath.Join(n.RootDir, "pod-resources", "kubelet.sock"))
-	} else {
+	// The kubelet serves its PodResources API under its root directory.
+	args = append(args, "--pod-resources-socket", filepath.Join(n.RootDir, "pod-resources", "kubelet.sock"))
+	if !n.Options.Shim {
 		args = append(args,
+			"--container-runtime-socket", n.ContainerdSocket,
 			"--kubeconfig", n.c.Kubeconfig,
 			"--kubelet-registrar-directory-path", filepath.Join(n.RootDir, "plugins_registry"),
 			"--boot-id-file", filepath.Join(n.Dir, "boot_id"))
