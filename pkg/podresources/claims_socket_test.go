@@ -46,3 +46,25 @@ func TestPodClaimsOverRealSocket(t *testing.T) {
 		t.Errorf("a pod the kubelet does not know: %v", err)
 	}
 }
+
+// BenchmarkPodClaims is one Get over a real unix socket, as the DRA
+// plugin makes per reserving pod on its prepare path.
+func BenchmarkPodClaims(b *testing.B) {
+	srv := podresourcestest.Start(b, filepath.Join(sockettest.Dir(b), "kubelet.sock"))
+	srv.SetPod("ns", "p", podresources.ContainerClaims{Name: "app", Claims: []types.NamespacedName{{Namespace: "ns", Name: "a"}}})
+	client, err := podresources.NewClient(srv.Socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+	if _, err := client.PodClaims(ctx, "ns", "p"); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := client.PodClaims(ctx, "ns", "p"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
