@@ -33,7 +33,7 @@ LOGCHECK  ?= $(CURDIR)/_output/bin/logcheck
 .PHONY: help build test unit fuzz soak soak-mps bench e2e patched-bench e2e-node node-tools lint fmt vet deps-check golangci-lint logcheck lint-tools demo plan clean generate helm chart-test image image-oci image-check dashboard-picture
 
 help: ## list the targets
-	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## build the binaries into bin/
 	$(GO) build -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
