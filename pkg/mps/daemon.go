@@ -105,10 +105,31 @@ type Options struct {
 type Manager struct {
 	opts Options
 
+	// mu guards locks and applied; each group's own lock serialises
+	// what is done to its daemon, while other groups' go on at once.
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
 	// applied are the limits last set on each daemon by this process.
 	applied map[string]string
+}
+
+// appliedLimits are the limits last set on a group's daemon ("" for
+// none known).
+func (m *Manager) appliedLimits(name string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.applied[name]
+}
+
+// setApplied records the limits set on a group's daemon; "" forgets them.
+func (m *Manager) setApplied(name, limits string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if limits == "" {
+		delete(m.applied, name)
+		return
+	}
+	m.applied[name] = limits
 }
 
 // NewManager checks the options.
@@ -234,7 +255,7 @@ func (m *Manager) Settle(ctx context.Context, g Group, want Want) error {
 	case !inUse:
 		return m.stop(ctx, g, true)
 	}
-	if rec, err := m.readRecord(g.Name); err == nil && rec.alive() && m.applied[g.Name] == limitsKey(limits) {
+	if rec, err := m.readRecord(g.Name); err == nil && rec.alive() && m.appliedLimits(g.Name) == limitsKey(limits) {
 		return nil
 	}
 	return m.ensure(ctx, g, limits)
@@ -263,14 +284,14 @@ func (m *Manager) Revive(ctx context.Context, g Group, want Want) (restarted boo
 	switch {
 	case err != nil || rec == nil:
 		return false, err
-	case rec.alive() && m.applied[g.Name] == limitsKey(limits):
+	case rec.alive() && m.appliedLimits(g.Name) == limitsKey(limits):
 		return false, nil
 	case rec.alive():
 		// A change of share the watcher saw first.
 		return false, m.ensure(ctx, g, limits)
 	}
 	klog.FromContext(ctx).Info("MPS control daemon ended while its group is in use: starting it again", "mpsDaemon", g.Name, "pid", rec.PID)
-	delete(m.applied, g.Name)
+	m.setApplied(g.Name, "")
 	if err := m.ensure(ctx, g, limits); err != nil {
 		return false, err
 	}
@@ -350,7 +371,7 @@ func (m *Manager) ensure(ctx context.Context, g Group, limits Limits) error {
 		return err
 	}
 	logger.Info("Started MPS control daemon", "gpus", g.UUIDs, "dir", m.Dir(g.Name), "pid", rec.PID)
-	delete(m.applied, g.Name)
+	m.setApplied(g.Name, "")
 	return m.limit(ctx, g, rec, limits, nil)
 }
 
@@ -358,13 +379,13 @@ func (m *Manager) ensure(ctx context.Context, g Group, limits Limits) error {
 // start later get the daemon's defaults, which are the same limits.
 func (m *Manager) limit(ctx context.Context, g Group, rec *record, limits Limits, servers []int) error {
 	want := limitsKey(limits)
-	if m.applied[g.Name] == want {
+	if m.appliedLimits(g.Name) == want {
 		return nil
 	}
 	if err := m.setLimits(ctx, g.Name, rec, limits, servers); err != nil {
 		return err
 	}
-	m.applied[g.Name] = want
+	m.setApplied(g.Name, want)
 	klog.FromContext(ctx).V(2).Info("Set MPS limits", "mpsDaemon", g.Name, "activeThreadPercentage", limits.ActiveThreadPercentage, "pinnedMemLimit", limits.MemLimitEnv(), "servers", servers)
 	return nil
 }

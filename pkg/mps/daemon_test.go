@@ -190,3 +190,33 @@ func TestADaemonStoppedByNameGivesItsGPUsBack(t *testing.T) {
 		t.Errorf("its directory: %v", err)
 	}
 }
+
+// The daemons of different groups are started, limited and stopped at
+// once (each group has its own lock), as the prepares of two groups and
+// the watcher do: what the Manager keeps of all of them must allow it
+// (go test -race).
+func TestDaemonsOfTwoGroupsAtOnce(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	control := mpstest.Build(t)
+	m, _, _ := newManager(t, control)
+	groups := []mps.Group{{Name: "g0-1x", UUIDs: []string{"GPU-a"}}, {Name: "g1-1x", UUIDs: []string{"GPU-b"}}}
+	var wg sync.WaitGroup
+	errs := make([]error, len(groups))
+	for i, g := range groups {
+		wg.Go(func() {
+			if errs[i] = m.Ensure(ctx, g, mps.Fixed(mps.Share(1, 4, []int64{81559}))); errs[i] != nil {
+				return
+			}
+			if _, errs[i] = m.Revive(ctx, g, mps.Fixed(mps.Share(2, 4, []int64{81559}))); errs[i] != nil {
+				return
+			}
+			errs[i] = m.Settle(ctx, g, mps.Unused())
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("group %s: %v", groups[i].Name, err)
+		}
+	}
+}

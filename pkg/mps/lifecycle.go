@@ -148,7 +148,7 @@ func (m *Manager) stop(ctx context.Context, g Group, removeDirs bool) error {
 	if !m.dirExists(g.Name) {
 		return nil
 	}
-	delete(m.applied, g.Name)
+	m.setApplied(g.Name, "")
 	if len(g.UUIDs) == 0 {
 		if data, err := readNoFollow(filepath.Join(m.Dir(g.Name), gpusFile)); err == nil {
 			g.UUIDs = strings.Fields(string(data))
