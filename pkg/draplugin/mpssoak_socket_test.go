@@ -107,7 +107,7 @@ func newSoak(t *testing.T, rng *rand.Rand) *soak {
 	n := newMPSNodeWith(t, sharingConfig, func(o *mps.Options) {
 		// Daemons outlive their directory, as real ones do: one the
 		// plugin lost track of is seen, not hidden.
-		o.Env = []string{"MPSTEST_LOG=" + log, "MPSTEST_OUTLIVE_DIR=1"}
+		o.Env = []string{mpstest.LogEnv + "=" + log, mpstest.OutliveDirEnv + "=1"}
 		o.ClientPipeWritable = true
 		o.ControlTimeout, o.StopTimeout = 300*time.Millisecond, 300*time.Millisecond
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpssim"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
@@ -32,7 +33,7 @@ type SharingFlags struct {
 // AddFlags adds the sharing flags.
 func (s *SharingFlags) AddFlags(f *cli.FlagSet) {
 	f.StringVar(&s.MPSRoot, "mps-root", "KYB_MPS_ROOT", "", "host directory holding one directory per MPS daemon (pipe, log, shm), bind-mounted into its clients; it must have the same path in the plugin's container and on the host. Default: <plugin directory>/mps")
-	f.StringVar(&s.MPSControl, "mps-control", "KYB_MPS_CONTROL", "nvidia-cuda-mps-control", "command that runs nvidia-cuda-mps-control, with any prefix it needs; a bare name found neither on PATH nor by the prefix is looked for among the driver's tools under --driver-root, and then runs with the driver's libraries and tools")
+	f.StringVar(&s.MPSControl, "mps-control", "KYB_MPS_CONTROL", "", "command that runs nvidia-cuda-mps-control, with any prefix it needs; a bare name found neither on PATH nor by the prefix is looked for among the driver's tools under --driver-root, and then runs with the driver's libraries and tools. Default: nvidia-cuda-mps-control; on a simulated node (--simulate), this binary's own simulated daemon ('<this binary> "+mpssim.Command+"')")
 	f.IntVar(&s.MPSShmMiB, "mps-shm-size-mib", "KYB_MPS_SHM_SIZE_MIB", 0, "size of a tmpfs mounted as each MPS daemon's shm directory (its clients' /dev/shm); 0: a plain directory")
 	f.StringVar(&s.MPSCgroup, "mps-cgroup", "KYB_MPS_CGROUP", "", "cgroup v2 directory the MPS daemons are moved into, so that they outlive the plugin's container (for example /sys/fs/cgroup/kyb-mps); empty: they stay in the plugin's cgroup")
 	f.BoolVar(&s.MPSPipeReadOnly, "mps-pipe-read-only", "KYB_MPS_PIPE_READ_ONLY", true, "mount each MPS daemon's pipe directory read-only into its clients, which then cannot remove or replace the daemon's sockets; false mounts it read-write")
@@ -50,9 +51,9 @@ func (s *SharingFlags) MPSManager(ctx context.Context, node *Node, pluginDir, dr
 	if root == "" {
 		root = filepath.Join(pluginDir, "mps")
 	}
-	control := strings.Fields(s.MPSControl)
-	if len(control) == 0 {
-		return nil, fmt.Errorf("--mps-control is empty, but a profile uses MPS")
+	control, err := s.control(node)
+	if err != nil {
+		return nil, err
 	}
 	var env []string
 	if _, err := exec.LookPath(control[0]); err != nil {
@@ -73,6 +74,29 @@ func (s *SharingFlags) MPSManager(ctx context.Context, node *Node, pluginDir, dr
 	}
 	klog.FromContext(ctx).Info("MPS daemons of mps profiles run here", "root", root, "control", control, "env", env, "pipeReadOnly", s.MPSPipeReadOnly)
 	return m, nil
+}
+
+// control is the MPS control command: the operator's, else the driver's
+// nvidia-cuda-mps-control, else on a simulated node, which has no driver,
+// the simulated daemon this very binary runs (mpssim). It is named by its
+// absolute path, found now: the daemon outlives the plugin, and a plugin
+// started again must run the same binary to reach it.
+func (s *SharingFlags) control(node *Node) ([]string, error) {
+	if s.MPSControl != "" {
+		control := strings.Fields(s.MPSControl)
+		if len(control) == 0 {
+			return nil, fmt.Errorf("--mps-control %q names no command, but a profile uses MPS", s.MPSControl)
+		}
+		return control, nil
+	}
+	if node.Host.Simulated == nil {
+		return []string{"nvidia-cuda-mps-control"}, nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find this binary, whose simulated MPS daemon a simulated node runs (or set --mps-control): %w", err)
+	}
+	return []string{self, mpssim.Command}, nil
 }
 
 // driverControl finds a tool of the driver under its root, as a plugin in

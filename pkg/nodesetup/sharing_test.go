@@ -3,11 +3,13 @@ package nodesetup
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
 )
@@ -77,5 +79,50 @@ func TestMPSControlFromTheDriverRoot(t *testing.T) {
 	}
 	if target, err := os.Readlink(filepath.Join(links, "lib", "libcuda.so.1")); err != nil || target != filepath.Join(root, "usr/lib/x86_64-linux-gnu/libcuda.so.1") {
 		t.Errorf("libcuda.so.1 leads to %q (%v), want the driver's", target, err)
+	}
+}
+
+// The MPS control command: the operator's wins; without one, a real node
+// runs the driver's and a simulated node, which has no driver, the
+// simulated daemon of the binary that runs it, by its absolute path.
+func TestMPSControlCommand(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	f := Flags{NodeName: "node-1", Simulate: "single-gpu", DriverRoot: "/", DevRoot: "/", SysfsRoot: "/sys"}
+	simulated, err := f.Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer simulated.Close(ctx)
+	onGPU := &Node{Host: &gpuhost.Host{}}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		node    *Node
+		flag    string
+		want    []string
+		wantErr string
+	}{
+		{"real node, no flag", onGPU, "", []string{"nvidia-cuda-mps-control"}, ""},
+		{"simulated node, no flag", simulated, "", []string{self, "mps-control-sim"}, ""},
+		{"simulated node, the operator's command", simulated, "chroot /run/nvidia/driver nvidia-cuda-mps-control", []string{"chroot", "/run/nvidia/driver", "nvidia-cuda-mps-control"}, ""},
+		{"blank flag", onGPU, "  ", nil, `--mps-control "  " names no command, but a profile uses MPS`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := SharingFlags{MPSControl: tc.flag}
+			got, err := s.control(tc.node)
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Errorf("control %q (%v), want %q", got, err, tc.want)
+			}
+		})
 	}
 }

@@ -82,6 +82,9 @@ type options struct {
 	// Node-local sources of which containers hold which claims.
 	podResourcesSocket string
 	runtimeSocket      string
+
+	// clients, when set, are used instead of --kubeconfig's.
+	clients *Clients
 }
 
 // dirs are the node directories the plugin uses, which the doctor examines.
@@ -144,6 +147,24 @@ func (o *options) addFlags(f *cli.FlagSet) {
 // Run is the kyb-dra-plugin command: the node plugin, or `plan`. It
 // returns the exit code.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	return runCommand(ctx, nil, args, getenv, stdout, stderr)
+}
+
+// Clients are the node plugin's API clients: one for the prepare path,
+// one for the work behind the calls.
+type Clients struct {
+	Prepare, Background kubernetes.Interface
+}
+
+// RunWithClients is Run with the API clients given instead of made from
+// --kubeconfig: the node plugin exactly as the command line starts it,
+// for a caller that serves it an API of its own. make gpu-check prepares
+// a claim on a real node that way, with no cluster.
+func RunWithClients(ctx context.Context, clients Clients, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	return runCommand(ctx, &clients, args, getenv, stdout, stderr)
+}
+
+func runCommand(ctx context.Context, clients *Clients, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
 		case "plan":
@@ -153,7 +174,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 	}
 	f := cli.NewFlagSet(name, stderr)
-	var o options
+	o := options{clients: clients}
 	o.addFlags(f)
 	return cli.RunDaemon(f, usage, args, getenv, o.check, func() error {
 		if getenv("GOGC") == "" {
@@ -205,11 +226,7 @@ func (o *options) run(ctx context.Context) error {
 	if err := driver.CheckNoLiveShim(o.dirs.devicePluginDir); err != nil {
 		return err
 	}
-	client, err := kubeClient(o.kubeconfig, o.kubeAPIQPS, o.kubeAPIBurst, "prepare")
-	if err != nil {
-		return err
-	}
-	background, err := kubeClient(o.kubeconfig, o.backgroundQPS, o.backgroundBurst, "background")
+	client, background, err := o.kubeClients()
 	if err != nil {
 		return err
 	}
@@ -321,6 +338,20 @@ const (
 	DefaultBackgroundQPS   = 5
 	DefaultBackgroundBurst = 10
 )
+
+// kubeClients are the clients given, or those of --kubeconfig.
+func (o *options) kubeClients() (client, background kubernetes.Interface, err error) {
+	if o.clients != nil {
+		return o.clients.Prepare, o.clients.Background, nil
+	}
+	if client, err = kubeClient(o.kubeconfig, o.kubeAPIQPS, o.kubeAPIBurst, "prepare"); err != nil {
+		return nil, nil, err
+	}
+	if background, err = kubeClient(o.kubeconfig, o.backgroundQPS, o.backgroundBurst, "background"); err != nil {
+		return nil, nil, err
+	}
+	return client, background, nil
+}
 
 // kubeClient is a client with its own rate limiter; purpose goes into its
 // user agent, so that the API server's logs and metrics tell the two apart.

@@ -65,7 +65,14 @@ func LastCommand(t testing.TB, logDir, prefix string) string {
 // and returns what the daemon gives it: "thread=<pct> mem=<limits>".
 func Join(t testing.TB, control, pipe, threadPct, memLimit string) string {
 	t.Helper()
-	cmd := exec.Command(control, "--client")
+	return JoinCommand(t, []string{control}, pipe, threadPct, memLimit)
+}
+
+// JoinCommand is Join with a control command that takes arguments, such
+// as a simulated node's: kyb-dra-plugin mps-control-sim.
+func JoinCommand(t testing.TB, control []string, pipe, threadPct, memLimit string) string {
+	t.Helper()
+	cmd := exec.Command(control[0], append(control[1:], "--client")...)
 	cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + threadPct, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + memLimit}
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -1,11 +1,12 @@
-// Command nvidia-cuda-mps-control is a simulated MPS control daemon and
-// client, for tests only (package mpstest).
+// Command nvidia-cuda-mps-control is the simulated MPS control daemon and
+// client (package mpssim) under the real one's name, for tests
+// (mpstest.Build).
 package main
 
 import (
 	"os"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpssim"
 )
 
-func main() { os.Exit(mpstest.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+func main() { os.Exit(mpssim.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
