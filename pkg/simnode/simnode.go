@@ -212,6 +212,7 @@ func (n *Node) newDevice(gpus []v1alpha1.SimulatedGPU, i int) *mock.Device {
 	}
 	d.SetComputeModeFunc = func(mode nvml.ComputeMode) nvml.Return { return n.setComputeMode(g.Index, mode) }
 	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) { return n.computeMode(g.Index) }
+	describeModes(d, g)
 	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
 		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError | nvml.EventTypeGpuUnavailableError, nvml.SUCCESS
 	}
