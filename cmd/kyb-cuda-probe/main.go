@@ -2,16 +2,27 @@
 // process: the devices it can use, their UUIDs and memory, and the GPU
 // environment. `kyb-dra-plugin doctor --probe` runs it in a sandbox built
 // from a seat's CDI spec.
+//
+// With --hold <duration> it then keeps a context and its allocation on
+// each device for that long: a process that holds its GPUs, as a workload
+// does, for what reads NVML's process lists (make gpu-check). In the
+// doctor's sandbox, where it gets no arguments, KYB_CUDA_PROBE_HOLD says
+// the same.
 package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cudaprobe/driverapi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/sandbox"
 )
+
+// holdEnv is --hold in the environment.
+const holdEnv = "KYB_CUDA_PROBE_HOLD"
 
 func main() {
 	if len(os.Args) == 3 && os.Args[1] == sandbox.EnterArg {
@@ -19,10 +30,34 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kyb-cuda-probe:", err)
 		os.Exit(sandbox.ExitCode(err))
 	}
+	fs := flag.NewFlagSet("kyb-cuda-probe", flag.ContinueOnError)
+	hold := fs.Duration("hold", 0, "after printing, keep a context and 1 MiB on each device for this long (env "+holdEnv+")")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	if v := os.Getenv(holdEnv); v != "" && *hold == 0 {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kyb-cuda-probe: %s=%q: %v\n", holdEnv, v, err)
+			os.Exit(2)
+		}
+		*hold = d
+	}
+	if *hold < 0 || fs.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "usage: kyb-cuda-probe [--hold <duration>]")
+		os.Exit(2)
+	}
+	result := driverapi.Run
+	if *hold > 0 {
+		result = driverapi.Hold
+	}
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(driverapi.Run()); err != nil {
+	if err := enc.Encode(result()); err != nil {
 		fmt.Fprintln(os.Stderr, "kyb-cuda-probe:", err)
 		os.Exit(1)
 	}
+	// What it saw is printed before the wait: a caller reads it as soon as
+	// the contexts are held.
+	time.Sleep(*hold)
 }

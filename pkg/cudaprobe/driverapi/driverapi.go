@@ -52,8 +52,9 @@ static int call_uuid(void *f, unsigned char *buf, int dev) { return ((cu_device_
 static int call_total_mem(void *f, size_t *out, int dev) { return ((cu_device_total_mem_t)f)(out, dev); }
 
 // alloc retains the device's primary context, allocates bytes on it and
-// frees them again.
-static int call_alloc(void *retain, void *set, void *alloc, void *release, void *free_, int dev, size_t bytes, int *stage) {
+// frees them again; with keep, the context and the allocation stay until
+// the process exits.
+static int call_alloc(void *retain, void *set, void *alloc, void *release, void *free_, int dev, size_t bytes, int keep, int *stage) {
 	void *ctx = NULL;
 	int ret;
 	*stage = 0;
@@ -64,6 +65,7 @@ static int call_alloc(void *retain, void *set, void *alloc, void *release, void 
 	unsigned long long ptr = 0;
 	if ((ret = ((cu_mem_alloc_t)alloc)(&ptr, bytes)) != 0) { ((cu_ctx_release_t)release)(dev); return ret; }
 	*stage = 3;
+	if (keep) return 0;
 	ret = ((cu_mem_free_t)free_)(ptr);
 	((cu_ctx_release_t)release)(dev);
 	return ret;
@@ -90,7 +92,14 @@ const allocBytes = 1 << 20
 var envPrefixes = []string{"CUDA_", "NVIDIA_", "KYB_", "LD_LIBRARY_PATH"}
 
 // Run probes the CUDA driver of this process's environment.
-func Run() cudaprobe.Result {
+func Run() cudaprobe.Result { return run(false) }
+
+// Hold is Run, except that each device's primary context stays retained
+// and its allocation held until the process exits: a process that holds
+// a CUDA context on its GPUs, as NVML then lists it.
+func Hold() cudaprobe.Result { return run(true) }
+
+func run(keep bool) cudaprobe.Result {
 	r := cudaprobe.Result{Env: map[string]string{}, Devices: []cudaprobe.Device{}}
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")
@@ -134,12 +143,12 @@ func Run() cudaprobe.Result {
 		return r
 	}
 	for i := range int(count) {
-		r.Devices = append(r.Devices, probeDevice(syms, i))
+		r.Devices = append(r.Devices, probeDevice(syms, i, keep))
 	}
 	return r
 }
 
-func probeDevice(syms map[string]unsafe.Pointer, ordinal int) cudaprobe.Device {
+func probeDevice(syms map[string]unsafe.Pointer, ordinal int, keep bool) cudaprobe.Device {
 	d := cudaprobe.Device{Ordinal: ordinal}
 	var dev C.int
 	if ret := C.call_device_get(syms["cuDeviceGet"], &dev, C.int(ordinal)); ret != 0 {
@@ -158,8 +167,11 @@ func probeDevice(syms map[string]unsafe.Pointer, ordinal int) cudaprobe.Device {
 	if C.call_total_mem(syms["cuDeviceTotalMem_v2"], &mem, dev) == 0 {
 		d.MemoryBytes = uint64(mem)
 	}
-	var stage C.int
-	ret := C.call_alloc(syms["cuDevicePrimaryCtxRetain"], syms["cuCtxSetCurrent"], syms["cuMemAlloc_v2"], syms["cuDevicePrimaryCtxRelease_v2"], syms["cuMemFree_v2"], dev, allocBytes, &stage)
+	var stage, keepIt C.int
+	if keep {
+		keepIt = 1
+	}
+	ret := C.call_alloc(syms["cuDevicePrimaryCtxRetain"], syms["cuCtxSetCurrent"], syms["cuMemAlloc_v2"], syms["cuDevicePrimaryCtxRelease_v2"], syms["cuMemFree_v2"], dev, allocBytes, keepIt, &stage)
 	d.MemAlloc = "ok"
 	if ret != 0 {
 		steps := []string{"cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc", "cuMemFree"}
