@@ -86,6 +86,11 @@ node-tools: ## build containerd (CONTAINERD_VERSION) and the kubelet, install ru
 e2e-node: build node-tools image-oci ## real pods on real nodes: kubelet + containerd + runc (and podman), the driver's binaries and image (root)
 	cd test && KYB_NODE_TOOLS=$(NODE_TOOLS) KYB_BIN=$(abspath $(BIN)) KYB_IMAGE_ARCHIVE=$(abspath $(IMAGE_ARCHIVE)) KYB_IMAGE=$(IMAGE):$(VERSION) $(GO) test -count=1 -timeout 20m -ldflags '$(E2E_LDFLAGS)' ./e2enode
 
+.PHONY: gpu-check
+GPU_CHECK_ARGS ?=
+gpu-check: ## on a machine with an NVIDIA GPU (root): plan, doctor, CUDA probe, a claim prepared and probed, a CUDA process sampled; changes no GPU setting; report in _output/gpu-check/report.md
+	@GO=$(GO) TAGS='$(TAGS)' LDFLAGS='$(LDFLAGS)' hack/gpu-check.sh $(GPU_CHECK_ARGS)
+
 unit: ## unit tests of the product module, with the race detector
 	$(GO) test -race -count=1 ./...
 

@@ -1,0 +1,238 @@
+//go:build gpucheck
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
+)
+
+// Without NVML there is nothing to check: one line says so, and the exit
+// status is not 0.
+func TestNoGPUSaysSoInOneLine(t *testing.T) {
+	root := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"--driver-root", root}, &stdout, &stderr)
+	want := "gpu-check: no NVIDIA GPU here (libnvidia-ml.so.1 not found under driver root " + root +
+		" (looked in [usr/lib/x86_64-linux-gnu usr/lib/aarch64-linux-gnu usr/lib64 usr/lib lib64 lib/x86_64-linux-gnu])): nothing checked\n"
+	if code != exitNoGPU || stdout.String() != want || stderr.Len() != 0 {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit %d and %q", code, stdout.String(), stderr.String(), exitNoGPU, want)
+	}
+}
+
+// A plan under which the plugin would change a GPU's settings is refused
+// before anything runs.
+func TestRefusesAPlanThatChangesSettings(t *testing.T) {
+	tests := []struct {
+		name, config, want string
+	}{
+		{"defaults", "", ""},
+		{"MPS", "profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 2, sharing: {strategy: mps}}\n",
+			"profile kyb.ai/gpu-1x-seat shares its GPUs with MPS, which changes their compute mode: gpu-check prepares no such profile"},
+		{"time slice", "profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 2, sharing: {timeSlicing: {interval: Short}}}\n",
+			"profile kyb.ai/gpu-1x-seat sets a time slice (Short): gpu-check changes no GPU's time slice"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := changesNoSetting(simnodetest.New(t, "dgx-h100", tc.config).Plan)
+			if got := errString(err); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// The binaries, built once for the tests that run the steps.
+var (
+	binOnce sync.Once
+	binDir  string
+	binErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+func binaries(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the probes' sandbox needs mount and PID namespaces: run the test as root")
+	}
+	binOnce.Do(func() {
+		if binDir, binErr = os.MkdirTemp("", "kyb-gpu-check-bin-"); binErr != nil {
+			return
+		}
+		build := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", binDir+"/", "../../cmd/kyb-dra-plugin", "../../cmd/kyb-cuda-probe")
+		if out, err := build.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("%w: %s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatalf("build the binaries: %v", binErr)
+	}
+	return binDir
+}
+
+// runSimulated runs every step on a simulated dgx-h100 with the driver
+// root given, and returns the exit code, what was printed and the report.
+func runSimulated(t *testing.T, driverRoot string) (int, string, string) {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"--simulate", "dgx-h100", "--node-name", "node-1", "--bin", binaries(t), "--out", out, "--driver-root", driverRoot, "--hold", "20s"}, &stdout, &stderr)
+	report, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatalf("exit %d, no report: %v\n%s%s", code, err, stdout.String(), stderr.String())
+	}
+	t.Logf("report:\n%s", report)
+	if want := "gpu-check: report in " + filepath.Join(out, "report.md") + "\n"; !strings.HasSuffix(stdout.String(), want) || stderr.Len() != 0 {
+		t.Errorf("stdout does not end with %q, or stderr is not empty:\n%s%s", want, stdout.String(), stderr.String())
+	}
+	return code, stdout.String(), string(report)
+}
+
+// Every step runs on a simulated node, with the real binaries, the
+// doctor's sandbox and the doctor's stand-in libcuda: what the steps do
+// and the report they write, short of the hardware.
+func TestEveryStepRunsOnASimulatedNode(t *testing.T) {
+	code, stdout, report := runSimulated(t, fakeDriverRoot(t, "dgx-h100", "node-1"))
+	if code != exitOK {
+		t.Fatalf("exit %d:\n%s", code, stdout)
+	}
+	for _, want := range []string{
+		"Result: **pass**: 7 steps",
+		"| 1 | NVML discovery and `kyb-dra-plugin plan` | ok |",
+		"| 2 | `kyb-dra-plugin doctor` | ok |",
+		"| 3 | `kyb-dra-plugin doctor --probe`: a seat's container and the real libcuda | ok |",
+		"| 4 | a claim prepared over the plugin's sockets, its container probed | ok |",
+		"| 5 | a CUDA context in the claim's container, as the per-pod usage sampler reads NVML | ok |",
+		"| 6 | the claim unprepared | ok |",
+		"| 7 | the GPUs' settings, before and after | ok |",
+		"8x NVIDIA H100 80GB HBM3",
+		"**ok** in ",
+		"the probe check: seat 0 of G0 (kyb.ai/gpu-1x-seat): a container sees exactly its 1 GPU and allocates on each",
+		"its container sees exactly [",
+		"NVML lists the holder, PID ",
+		"Which pod a process belongs to is not known here",
+		"unprepared; its CDI spec removed; the plugin stopped cleanly",
+		"| 0 | ",
+		"| Default → Default | Disabled → Disabled | Enabled → Enabled |",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+}
+
+// A step that fails fails the run, and the steps after it run unless they
+// need what it made: with a GPU's device node gone, the probes see no GPU
+// (steps 3 and 4), no context can be held in the claim's container (5 is
+// not run), and the claim is still unprepared and the settings compared.
+func TestAFailedStepFailsTheRunNotTheStepsAfterIt(t *testing.T) {
+	root := fakeDriverRoot(t, "dgx-h100", "node-1")
+	if err := os.Remove(filepath.Join(root, "dev/nvidia0")); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, report := runSimulated(t, root)
+	if code != exitFailed {
+		t.Errorf("exit %d, want %d", code, exitFailed)
+	}
+	for _, want := range []string{
+		"Result: **FAIL**: step 3, 4 failed",
+		"| 2 | `kyb-dra-plugin doctor` | ok |",
+		"| 3 | `kyb-dra-plugin doctor --probe`: a seat's container and the real libcuda | FAIL |",
+		"| 4 | a claim prepared over the plugin's sockets, its container probed | FAIL |",
+		"| 5 | a CUDA context in the claim's container, as the per-pod usage sampler reads NVML | skipped |",
+		"| 6 | the claim unprepared | ok |",
+		"| 7 | the GPUs' settings, before and after | ok |",
+		"**FAIL** in ",
+		"the claim's container sees no GPU: cuInit: CUDA error 100",
+		"**skipped**: step 4 prepared no claim.",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	if !strings.Contains(stdout, "gpu-check: 3 FAIL    ") || !strings.Contains(stdout, "gpu-check: 5 skipped ") {
+		t.Errorf("stdout:\n%s", stdout)
+	}
+}
+
+// fakeDriverRoot is a driver root holding the doctor's stand-in
+// libcuda.so.1 and the node's device nodes, each a file naming its GPU,
+// as the stand-in reads them in the sandbox.
+func fakeDriverRoot(t *testing.T, preset, node string) string {
+	root := t.TempDir()
+	lib := filepath.Join(root, "usr/lib/x86_64-linux-gnu")
+	if err := os.MkdirAll(lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	gcc := exec.Command("gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", filepath.Join(lib, "libcuda.so.580.95.05"), "../../pkg/doctor/testdata/fakecuda.c")
+	if out, err := gcc.CombinedOutput(); err != nil {
+		t.Fatalf("build the stand-in libcuda: %v: %s", err, out)
+	}
+	if err := os.Symlink("libcuda.so.580.95.05", filepath.Join(lib, "libcuda.so.1")); err != nil {
+		t.Fatal(err)
+	}
+	_, inv := simnodetest.Inventory(t, preset, node)
+	files := map[string]string{}
+	for _, g := range inv.GPUs {
+		files["dev/nvidia"+strconv.Itoa(g.Minor)] = g.UUID + "\n"
+	}
+	for _, p := range containeredits.ControlDevices {
+		files[strings.TrimPrefix(p, "/")] = ""
+	}
+	for name, content := range files {
+		path := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+// A GPU whose compute mode changed between the first step and the last is
+// a failure that names it.
+func TestAChangedSettingIsNamed(t *testing.T) {
+	n := simnodetest.New(t, "dgx-h100", "")
+	before := readSettings(n.Sim.NVML(), n.Inv)
+	dev, ret := n.Sim.NVML().DeviceGetHandleByIndex(1)
+	if ret != nvml.SUCCESS || dev.SetComputeMode(nvml.COMPUTEMODE_EXCLUSIVE_PROCESS) != nvml.SUCCESS {
+		t.Fatal("set a compute mode on the simulated GPU")
+	}
+	got := changedSettings(before, readSettings(n.Sim.NVML(), n.Inv))
+	want := []string{"GPU 1 (" + n.Inv.GPUs[1].UUID + "): compute mode Default before, Exclusive_Process after"}
+	if !slices.Equal(got, want) {
+		t.Errorf("changes %q, want %q", got, want)
+	}
+}
