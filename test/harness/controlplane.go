@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -45,6 +46,18 @@ type Options struct {
 	EtcdLog string
 	// APIServerFlags are extra kube-apiserver flags (such as audit logging).
 	APIServerFlags []string
+	// APIServerAddress, when set, is an address of this machine, not a
+	// loopback one, where pods reach the API server: it serves there too,
+	// at the port it serves on 127.0.0.1, advertises it as the endpoint of
+	// the "kubernetes" Service and has a certificate for it and for the
+	// Service's ClusterIP (KubernetesServiceIP). Pods of a real node reach
+	// it through a service proxy that sends the ClusterIP there.
+	APIServerAddress string
+	// ControllerManager runs kube-controller-manager with what a chart's
+	// DaemonSets and Deployments need (controllermanager.go), and the
+	// ServiceAccount admission plugin, which gives pods their
+	// ServiceAccount's token.
+	ControllerManager bool
 }
 
 // Cluster is a running control plane with its nodes.
@@ -61,10 +74,15 @@ type Cluster struct {
 	// Dir holds the cluster's files.
 	Dir   string
 	Nodes []*Node
+
+	// stopControllerManager stops kube-controller-manager; nil when none
+	// runs.
+	stopControllerManager func()
 }
 
 // Start starts etcd, the API server, the scheduler, the resource-claim
-// controller and the nodes. Everything stops, and every file goes, when tb
+// controller, kube-controller-manager with Options.ControllerManager, and
+// the nodes. Everything stops, and every file goes, when tb
 // cleans up.
 func Start(tb ktesting.TB, opts Options) *Cluster {
 	tb.Helper()
@@ -83,9 +101,12 @@ func Start(tb ktesting.TB, opts Options) *Cluster {
 	tb.Cleanup(cancel)
 
 	etcdURL := c.startEtcd(opts.EtcdLog)
-	c.startAPIServer(etcdURL, opts.FeatureGates, opts.APIServerFlags)
+	rootCA := c.startAPIServer(etcdURL, opts)
 	c.startScheduler()
 	c.startClaimController()
+	if opts.ControllerManager {
+		c.startControllerManager(rootCA)
+	}
 	for _, no := range opts.Nodes {
 		c.AddNode(no)
 	}
@@ -140,15 +161,38 @@ func (c *Cluster) startEtcd(logFile string) string {
 	return urls[0].String()
 }
 
-func (c *Cluster) startAPIServer(etcdURL string, gates map[string]bool, extra []string) {
+// startAPIServer starts the API server and returns the CA that pods are to
+// trust for it: the file of the CA of its certificate for
+// Options.APIServerAddress, empty without one.
+func (c *Cluster) startAPIServer(etcdURL string, o Options) string {
 	tb := c.tb
 	storage := storagebackend.NewDefaultConfig(path.Join(uuid.New().String(), "registry"), nil)
 	storage.Transport.ServerList = []string{etcdURL}
 	opts := kubeapiservertesting.NewDefaultTestServerOptions()
 	opts.DisableInvariantChecks = true
-	flags := []string{
+	flags := []string{"--service-cluster-ip-range=" + ServiceCIDR}
+	if !o.ControllerManager {
 		// No controller creates default ServiceAccounts here.
-		"--disable-admission-plugins=ServiceAccount",
+		flags = append(flags, "--disable-admission-plugins=ServiceAccount")
+	}
+	var rootCA string
+	gates := maps.Clone(o.FeatureGates)
+	if o.APIServerAddress != "" {
+		certFlags, ca, err := apiServerCerts(filepath.Join(c.Dir, "pki"), o.APIServerAddress)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		rootCA = ca
+		// The advertised address also turns on the reconciler that
+		// keeps the "kubernetes" Service's endpoints.
+		flags = append(append(flags, certFlags...), "--advertise-address="+o.APIServerAddress)
+		// The upstream test server gives the proxy to peer API servers
+		// its own certificate's file as their CA, which is not written
+		// when the certificate is ours; one API server has no peers.
+		if gates == nil {
+			gates = map[string]bool{}
+		}
+		gates["UnknownVersionInteroperabilityProxy"] = false
 	}
 	if len(gates) > 0 {
 		var kv []string
@@ -158,12 +202,25 @@ func (c *Cluster) startAPIServer(etcdURL string, gates map[string]bool, extra []
 		slices.Sort(kv)
 		flags = append(flags, "--feature-gates="+strings.Join(kv, ","))
 	}
-	flags = append(flags, extra...)
+	flags = append(flags, o.APIServerFlags...)
 	server, err := kubeapiservertesting.StartTestServer(tb, opts, flags, storage)
 	if err != nil {
 		tb.Fatalf("start kube-apiserver: %v", err)
 	}
 	tb.Cleanup(server.TearDownFn)
+	if o.APIServerAddress != "" {
+		host, err := url.Parse(server.ClientConfig.Host)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		f, err := forward(o.APIServerAddress, host.Host)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		// Before the API server's teardown: it waits for its
+		// connections to end.
+		tb.Cleanup(f.close)
+	}
 	cfg := rest.CopyConfig(server.ClientConfig)
 	cfg.QPS, cfg.Burst = 200, 400
 	c.Config = cfg
@@ -177,6 +234,7 @@ func (c *Cluster) startAPIServer(etcdURL string, gates map[string]bool, extra []
 	if err := writeKubeconfig(cfg, c.Kubeconfig); err != nil {
 		tb.Fatal(err)
 	}
+	return rootCA
 }
 
 // WriteKubeconfig writes a kubeconfig for the cluster that authenticates
