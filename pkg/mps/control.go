@@ -3,6 +3,7 @@ package mps
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -27,16 +28,20 @@ const ControlSocket = "control"
 // mounted read-only by default, see Options.ClientPipeWritable) and cannot
 // reach the daemon's directory that holds it.
 func (m *Manager) checkSocket(name string, rec *record) (*unix.Stat_t, error) {
-	pipe := filepath.Join(m.Dir(name), PipeDir)
-	var st unix.Stat_t
-	if err := unix.Lstat(pipe, &st); err != nil {
+	dir, err := m.openGroup(name)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = dir.Close() }()
+	// openDir refuses a link and a directory of another user.
+	pipe, err := openDir(dir, PipeDir)
+	if err != nil {
 		return nil, fmt.Errorf("no pipe directory: %w", err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() {
-		return nil, fmt.Errorf("%s is not a directory of the plugin's user (mode %o, owner %d)", pipe, st.Mode, st.Uid)
-	}
-	sock := filepath.Join(pipe, ControlSocket)
-	if err := unix.Lstat(sock, &st); err != nil {
+	defer func() { _ = pipe.Close() }()
+	sock := filepath.Join(pipe.Name(), ControlSocket)
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(pipe.Fd()), ControlSocket, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return nil, fmt.Errorf("no control socket: %w", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
@@ -50,6 +55,10 @@ func (m *Manager) checkSocket(name string, rec *record) (*unix.Stat_t, error) {
 	}
 	return &st, nil
 }
+
+// errNoAnswer is a control client that connected (something listens on
+// the socket) and got no answer in time: a daemon stopped or hung.
+var errNoAnswer = errors.New("no answer")
 
 // servers asks the daemon for its servers' PIDs; an error means the
 // daemon does not answer on its own socket.
@@ -84,7 +93,7 @@ func (m *Manager) control(ctx context.Context, name string, rec *record, cmds ..
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		if ctx.Err() != nil {
-			err = fmt.Errorf("no answer within %s", m.opts.ControlTimeout)
+			err = fmt.Errorf("%w within %s", errNoAnswer, m.opts.ControlTimeout)
 		}
 		return "", fmt.Errorf("%s: %w: %s", strings.Join(cmds, "; "), err, strings.TrimSpace(stderr.String()))
 	}

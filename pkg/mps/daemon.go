@@ -18,7 +18,8 @@
 // Each daemon serves its group's GPUs (CUDA_VISIBLE_DEVICES, UUIDs), which
 // are put in compute mode EXCLUSIVE_PROCESS while it runs, so that no
 // process bypasses it, and set back to DEFAULT only once it is known to
-// have ended.
+// have ended. A GPU takes one daemon: groups that share a GPU never run
+// daemons at once, even while one's stop is pending (overlap.go).
 //
 // Containers get the daemon's pipe directory (read-only by default) and
 // its shm directory. Nothing the plugin reads or runs depends on what a
@@ -32,6 +33,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -39,7 +41,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
@@ -104,32 +105,16 @@ type Options struct {
 // Manager starts, adopts, limits and stops the daemons.
 type Manager struct {
 	opts Options
+	// root is Options.Root as it was opened and checked; dir is the same
+	// directory, for the *at system calls.
+	root *os.Root
+	dir  *os.File
 
-	// mu guards locks and applied; each group's own lock serialises
-	// what is done to its daemon, while other groups' go on at once.
+	// mu guards locks: the mutexes of the groups' and GPUs' locks
+	// (lock.go), so that what is done to one daemon is serialised while
+	// other groups' go on at once.
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
-	// applied are the limits last set on each daemon by this process.
-	applied map[string]string
-}
-
-// appliedLimits are the limits last set on a group's daemon ("" for
-// none known).
-func (m *Manager) appliedLimits(name string) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.applied[name]
-}
-
-// setApplied records the limits set on a group's daemon; "" forgets them.
-func (m *Manager) setApplied(name, limits string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if limits == "" {
-		delete(m.applied, name)
-		return
-	}
-	m.applied[name] = limits
 }
 
 // NewManager checks the options.
@@ -145,10 +130,15 @@ func NewManager(opts Options) (*Manager, error) {
 			*d.v = d.def
 		}
 	}
-	if err := checkRoot(opts.Root); err != nil {
+	st, err := checkRoot(opts.Root)
+	if err != nil {
 		return nil, err
 	}
-	return &Manager{opts: opts, locks: map[string]*sync.Mutex{}, applied: map[string]string{}}, nil
+	root, dir, err := openRoot(opts.Root, st)
+	if err != nil {
+		return nil, err
+	}
+	return &Manager{opts: opts, root: root, dir: dir, locks: map[string]*sync.Mutex{}}, nil
 }
 
 // Dir is the host directory of a group's daemon; its pipe, log and shm
@@ -163,49 +153,6 @@ func (m *Manager) Has(name string) bool { return m.dirExists(name) }
 // ClientPipeWritable says whether containers get the pipe directory
 // read-write (Options.ClientPipeWritable).
 func (m *Manager) ClientPipeWritable() bool { return m.opts.ClientPipeWritable }
-
-// lock serialises what is done to one group's daemon: within this process
-// by a mutex, and with another plugin process on the node (the other pod
-// of a rolling update) by a file lock in the root, which no stop removes.
-func (m *Manager) lock(name string) (func(), error) {
-	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
-		return nil, fmt.Errorf("mps: %q is not a daemon name", name)
-	}
-	m.mu.Lock()
-	l, ok := m.locks[name]
-	if !ok {
-		l = &sync.Mutex{}
-		m.locks[name] = l
-	}
-	m.mu.Unlock()
-	l.Lock()
-	f, err := lockFile(filepath.Join(m.opts.Root, name+".lock"))
-	if err != nil {
-		l.Unlock()
-		return nil, fmt.Errorf("lock MPS daemon %s: %w", name, err)
-	}
-	return func() { _ = f.Close(); l.Unlock() }, nil
-}
-
-// lockFile opens path and takes an exclusive flock on it, which closing
-// the file releases.
-func lockFile(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
-	if err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	return f, nil
-}
 
 // Want says what a group's daemon must do now: the largest share a claim
 // holds on the group, and whether any does; an error leaves the daemon as
@@ -223,7 +170,7 @@ func Unused() Want { return func() (Limits, bool, error) { return Limits{}, fals
 // the limits wanted, adopting a daemon that answers and starting one that
 // does not. A group no claim uses has its daemon stopped.
 func (m *Manager) Ensure(ctx context.Context, g Group, want Want) error {
-	unlock, err := m.lock(g.Name)
+	unlock, err := m.lock(g)
 	if err != nil {
 		return err
 	}
@@ -243,7 +190,7 @@ func (m *Manager) Ensure(ctx context.Context, g Group, want Want) error {
 // without asking a daemon whose limits stand. A recorded daemon that
 // ended is started again.
 func (m *Manager) Settle(ctx context.Context, g Group, want Want) error {
-	unlock, err := m.lock(g.Name)
+	unlock, err := m.lock(g)
 	if err != nil {
 		return err
 	}
@@ -255,20 +202,20 @@ func (m *Manager) Settle(ctx context.Context, g Group, want Want) error {
 	case !inUse:
 		return m.stop(ctx, g, true)
 	}
-	if rec, err := m.readRecord(g.Name); err == nil && rec.alive() && m.appliedLimits(g.Name) == limitsKey(limits) {
+	if rec, err := m.readRecord(g.Name); err == nil && rec.alive() && rec.limited(limits) {
 		return nil
 	}
 	return m.ensure(ctx, g, limits)
 }
 
 // Revive is for a watcher of the daemons: it starts again the daemon of a
-// group in use whose recorded daemon ended (restarted: true), and stops
-// the daemon of a group no claim uses (finishing a stop that could not be
-// confirmed before). A daemon that runs is asked nothing unless its limits
-// changed, and a group without a record (never started here, or halted)
-// is left alone.
+// group in use whose recorded daemon ended, or whose last start failed
+// (restarted: true once one answers), and stops the daemon of a group no
+// claim uses (finishing a stop that could not be confirmed before). A
+// daemon that runs is asked nothing unless its limits changed, and a
+// group without a record (never started here, or halted) is left alone.
 func (m *Manager) Revive(ctx context.Context, g Group, want Want) (restarted bool, err error) {
-	unlock, err := m.lock(g.Name)
+	unlock, err := m.lock(g)
 	if err != nil {
 		return false, err
 	}
@@ -284,14 +231,16 @@ func (m *Manager) Revive(ctx context.Context, g Group, want Want) (restarted boo
 	switch {
 	case err != nil || rec == nil:
 		return false, err
-	case rec.alive() && m.appliedLimits(g.Name) == limitsKey(limits):
+	case rec.alive() && rec.limited(limits):
 		return false, nil
 	case rec.alive():
 		// A change of share the watcher saw first.
 		return false, m.ensure(ctx, g, limits)
+	case rec.PID == 0:
+		klog.FromContext(ctx).V(2).Info("No MPS control daemon runs for a group in use (its last start failed): starting it", "mpsDaemon", g.Name)
+	default:
+		klog.FromContext(ctx).Info("MPS control daemon ended while its group is in use: starting it again", "mpsDaemon", g.Name, "pid", rec.PID)
 	}
-	klog.FromContext(ctx).Info("MPS control daemon ended while its group is in use: starting it again", "mpsDaemon", g.Name, "pid", rec.PID)
-	m.setApplied(g.Name, "")
 	if err := m.ensure(ctx, g, limits); err != nil {
 		return false, err
 	}
@@ -305,7 +254,7 @@ func (m *Manager) Revive(ctx context.Context, g Group, want Want) (restarted boo
 // today's plan is not the one its claims were given); its GPUs go back to
 // DEFAULT, and its directories stay until the group is free.
 func (m *Manager) Retire(ctx context.Context, g Group, held func() (bool, error)) error {
-	unlock, err := m.lock(g.Name)
+	unlock, err := m.lock(g)
 	if err != nil {
 		return err
 	}
@@ -328,7 +277,7 @@ func (m *Manager) Retire(ctx context.Context, g Group, held func() (bool, error)
 // pipe and shm directories mounted, and a daemon started again there
 // when the GPU comes back is where they look.
 func (m *Manager) Halt(ctx context.Context, g Group) error {
-	unlock, err := m.lock(g.Name)
+	unlock, err := m.lock(g)
 	if err != nil {
 		return err
 	}
@@ -336,23 +285,20 @@ func (m *Manager) Halt(ctx context.Context, g Group) error {
 	return m.stop(ctx, g, false)
 }
 
-func limitsKey(l Limits) string {
-	return fmt.Sprintf("%d %v", l.ActiveThreadPercentage, l.PinnedMemMiB)
-}
-
 // ensure makes the group's recorded daemon answer with limits: adopted
 // when it answers on its own socket; stopped by its PID and started anew
-// when it runs but does not; started when it ended or never ran.
+// when it runs but does not; started when it ended or never ran, once
+// no daemon without a record runs in its pipe directory and no other
+// group's daemon serves its GPUs.
 func (m *Manager) ensure(ctx context.Context, g Group, limits Limits) error {
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "mpsDaemon", g.Name)
 	rec, err := m.readRecord(g.Name)
 	if err != nil {
 		return err
 	}
-	var servers []int
-	switch {
-	case rec.alive():
-		if servers, err = m.servers(ctx, g.Name, rec); err == nil {
+	if rec.alive() {
+		servers, err := m.servers(ctx, g.Name, rec)
+		if err == nil {
 			return m.limit(ctx, g, rec, limits, servers)
 		}
 		// Its socket gone or replaced, or the daemon hung: its clients
@@ -362,30 +308,33 @@ func (m *Manager) ensure(ctx context.Context, g Group, limits Limits) error {
 		if terr := m.terminate(ctx, g.Name, rec, false); terr != nil {
 			return fmt.Errorf("MPS daemon %s does not answer on its control socket (%v), and %w", g.Name, err, terr)
 		}
-	case rec == nil:
-		if err := m.quitUnrecorded(ctx, g.Name); err != nil {
-			return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
-		}
+	} else if err := m.quitUnrecorded(ctx, g.Name); err != nil {
+		return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
+	}
+	if err := m.checkFree(ctx, g); err != nil {
+		return err
 	}
 	if rec, err = m.start(ctx, g); err != nil {
 		return err
 	}
 	logger.Info("Started MPS control daemon", "gpus", g.UUIDs, "dir", m.Dir(g.Name), "pid", rec.PID)
-	m.setApplied(g.Name, "")
 	return m.limit(ctx, g, rec, limits, nil)
 }
 
-// limit sets the limits wanted where they are not set yet. Servers that
-// start later get the daemon's defaults, which are the same limits.
+// limit sets the limits wanted where the record says they are not set
+// yet, and records them. Servers that start later get the daemon's
+// defaults, which are the same limits.
 func (m *Manager) limit(ctx context.Context, g Group, rec *record, limits Limits, servers []int) error {
-	want := limitsKey(limits)
-	if m.appliedLimits(g.Name) == want {
+	if rec.limited(limits) {
 		return nil
 	}
 	if err := m.setLimits(ctx, g.Name, rec, limits, servers); err != nil {
 		return err
 	}
-	m.setApplied(g.Name, want)
+	rec.Limits = &limits
+	if err := m.writeRecord(g.Name, rec); err != nil {
+		return fmt.Errorf("MPS daemon %s: %w", g.Name, err)
+	}
 	klog.FromContext(ctx).V(2).Info("Set MPS limits", "mpsDaemon", g.Name, "activeThreadPercentage", limits.ActiveThreadPercentage, "pinnedMemLimit", limits.MemLimitEnv(), "servers", servers)
 	return nil
 }
@@ -413,7 +362,7 @@ func (m *Manager) setLimits(ctx context.Context, name string, rec *record, l Lim
 // plugin that stopped before it could clean up, or kept for the
 // containers of a group whose GPU was lost.
 func (m *Manager) Known() ([]string, error) {
-	entries, err := os.ReadDir(m.opts.Root)
+	entries, err := fs.ReadDir(m.root.FS(), ".")
 	if err != nil {
 		return nil, fmt.Errorf("list MPS daemons: %w", err)
 	}
@@ -424,14 +373,6 @@ func (m *Manager) Known() ([]string, error) {
 		}
 	}
 	return names, nil
-}
-
-func (m *Manager) setDefault(ctx context.Context, uuids []string) {
-	for _, uuid := range uuids {
-		if err := m.opts.SetExclusive(ctx, uuid, false); err != nil {
-			klog.FromContext(ctx).Error(err, "Cannot set GPU back to compute mode DEFAULT", "gpu", uuid)
-		}
-	}
 }
 
 func (m *Manager) env(name string, uuids []string) []string {
@@ -452,7 +393,7 @@ func (m *Manager) env(name string, uuids []string) []string {
 func (m *Manager) logTail(name string) string {
 	var tail []string
 	for _, f := range []string{"daemon.out", "control.log"} {
-		data, err := readNoFollow(filepath.Join(m.Dir(name), LogDir, f))
+		data, err := m.readGroupFile(name, LogDir, f)
 		if err != nil || len(bytes.TrimSpace(data)) == 0 {
 			continue
 		}

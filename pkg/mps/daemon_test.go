@@ -134,6 +134,56 @@ func TestASecondManagerAdoptsTheRunningDaemon(t *testing.T) {
 	}
 }
 
+// The two plugin processes of a rolling update share the daemons, and
+// each sets limits on them. The new one set a one-seat share, the old one
+// raised it for its three-seat claim, and that claim is released through
+// the new one, whose largest share is one seat again: the daemon goes
+// back to the one-seat share, which a client that drops its environment
+// gets. What a daemon holds is kept with its record, not in a process.
+func TestAPeersLimitsAreLoweredAfterItsClaimsRelease(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	control := mpstest.Build(t)
+	root := mpstest.Root(t)
+	g := mps.Group{Name: "g0-1x", UUIDs: []string{"GPU-a"}}
+	killDaemonsAtEnd(t, control, root, g.Name)
+	one := mps.Share(1, 4, []int64{40960})
+	three := mps.Share(3, 4, []int64{40960})
+	old, _ := managerOn(t, control, root)
+	next, _ := managerOn(t, control, root)
+	t.Cleanup(func() { _ = next.Settle(context.Background(), g, mps.Unused()) })
+
+	if err := old.Ensure(ctx, g, mps.Fixed(one)); err != nil {
+		t.Fatal(err)
+	}
+	if err := next.Ensure(ctx, g, mps.Fixed(one)); err != nil { // the new process's start
+		t.Fatal(err)
+	}
+	if err := old.Ensure(ctx, g, mps.Fixed(three)); err != nil { // a prepare on the old one
+		t.Fatal(err)
+	}
+	if err := next.Settle(ctx, g, mps.Fixed(one)); err != nil { // the release, on the new one
+		t.Fatal(err)
+	}
+	if _, err := next.Revive(ctx, g, mps.Fixed(one)); err != nil { // and its watcher
+		t.Fatal(err)
+	}
+	logDir := filepath.Join(root, g.Name, mps.LogDir)
+	if got := mpstest.LastCommand(t, logDir, "set_default_active_thread_percentage"); got != "set_default_active_thread_percentage 25" {
+		t.Errorf("the daemon's default after the release: %q, want the one-seat share (25)", got)
+	}
+	if got := mpstest.Join(t, control, filepath.Join(root, g.Name, mps.PipeDir), "", ""); got != "thread=25 mem=0=10240M" {
+		t.Errorf("a client without the limits in its environment got %q, want the largest share held (thread=25 mem=0=10240M)", got)
+	}
+	// Limits that stand are not set again, whichever process set them.
+	before := len(mpstest.Commands(t, logDir))
+	if err := old.Settle(ctx, g, mps.Fixed(one)); err != nil {
+		t.Fatal(err)
+	}
+	if cmds := mpstest.Commands(t, logDir); len(cmds) != before {
+		t.Errorf("the daemon was told %q again, with its limits as wanted", cmds[before:])
+	}
+}
+
 func TestADaemonThatWillNotStartFailsWithItsOutput(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	script := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")

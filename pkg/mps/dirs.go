@@ -1,6 +1,7 @@
 package mps
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -17,35 +18,6 @@ import (
 // directory the plugin owns, and changed through that descriptor (fchmod,
 // a mount on /proc/self/fd/N). A link or anything else planted where a
 // directory belongs is refused with an error naming it, never followed.
-
-// checkRoot makes the root and checks that no one but the plugin's user
-// can write in it: whoever can plants the directories the plugin trusts.
-func checkRoot(root string) error {
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return fmt.Errorf("create the MPS directory: %w", err)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(root, &st); err != nil {
-		return fmt.Errorf("the MPS directory %s: %w", root, err)
-	}
-	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
-		return fmt.Errorf("the MPS directory %s is not a directory", root)
-	case int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("the MPS directory %s belongs to user %d, not to the plugin's user %d", root, st.Uid, os.Geteuid())
-	case st.Mode&0o022 != 0:
-		return fmt.Errorf("others than its owner may write in the MPS directory %s (mode %o): they could plant the directories the plugin gives to containers", root, st.Mode&0o7777)
-	}
-	return nil
-}
-
-func (m *Manager) openRoot() (*os.File, error) {
-	f, err := os.OpenFile(m.opts.Root, os.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return nil, fmt.Errorf("open the MPS directory: %w", err)
-	}
-	return f, nil
-}
 
 // makeDir makes (or finds) the directory name in parent, with mode, and
 // returns it open. What is there already must be a directory of the
@@ -128,12 +100,7 @@ func fileType(parent *os.File, name string) string {
 // groupDir makes (or finds) a daemon's directory and its pipe and log
 // directories, and returns the daemon's directory open.
 func (m *Manager) groupDir(name string) (*os.File, error) {
-	root, err := m.openRoot()
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = root.Close() }()
-	dir, err := makeDir(root, name, 0o755)
+	dir, err := makeDir(m.dir, name, 0o755)
 	if err != nil {
 		return nil, err
 	}
@@ -148,10 +115,13 @@ func (m *Manager) groupDir(name string) (*os.File, error) {
 	return dir, nil
 }
 
+// openGroup opens a daemon's directory in the root (see openDir).
+func (m *Manager) openGroup(name string) (*os.File, error) { return openDir(m.dir, name) }
+
 // clearPipeDir removes what a daemon that ended left in its pipe
 // directory (its sockets), so that the next one can bind there. Links are
 // removed, not followed.
-func clearPipeDir(dir *os.File) error {
+func (m *Manager) clearPipeDir(name string, dir *os.File) error {
 	pipe, err := openDir(dir, PipeDir)
 	if err != nil {
 		return err
@@ -162,7 +132,7 @@ func clearPipeDir(dir *os.File) error {
 		return fmt.Errorf("read %s: %w", pipe.Name(), err)
 	}
 	for _, n := range names {
-		if err := os.RemoveAll(filepath.Join(pipe.Name(), n)); err != nil {
+		if err := m.root.RemoveAll(filepath.Join(name, PipeDir, n)); err != nil {
 			return fmt.Errorf("clear %s: %w", pipe.Name(), err)
 		}
 	}
@@ -172,6 +142,49 @@ func clearPipeDir(dir *os.File) error {
 // dirExists tells whether the daemon's directory is there (a link or file
 // in its place counts, so that it is reported when used).
 func (m *Manager) dirExists(name string) bool {
-	_, err := os.Lstat(m.Dir(name))
+	_, err := m.root.Lstat(name)
 	return err == nil
+}
+
+// readAt reads the regular file name in dir; a link there is refused.
+func readAt(dir *os.File, name string) ([]byte, error) {
+	f, err := openAt(dir, name, unix.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", f.Name())
+	}
+	var buf bytes.Buffer
+	_, err = buf.ReadFrom(f)
+	return buf.Bytes(), err
+}
+
+// writeAt writes the file name in dir, replacing what it held; a link
+// there is refused.
+func writeAt(dir *os.File, name string, data []byte, mode uint32) error {
+	f, err := openAt(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// openAt opens name in dir without following a link there.
+func openAt(dir *os.File, name string, flags int, mode uint32) (*os.File, error) {
+	path := filepath.Join(dir.Name(), name)
+	fd, err := unix.Openat(int(dir.Fd()), name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }

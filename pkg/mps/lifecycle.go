@@ -30,40 +30,42 @@ import (
 // the process has gone.
 
 // start starts a daemon for the group, records it, and waits until it
-// answers. On failure the GPUs go back to compute mode DEFAULT and the
-// error carries the end of the daemon's log. The directories of an
-// earlier daemon of the group are kept (containers may have them
-// mounted); what that daemon left in its pipe directory goes.
-func (m *Manager) start(ctx context.Context, g Group) (_ *record, err error) {
+// answers. On failure the daemon is killed and, once it has ended, the
+// GPUs go back to compute mode DEFAULT; the error carries the end of the
+// daemon's log, and the record stays, without a PID, for the watcher to
+// try again. The directories of an earlier daemon of the group are kept
+// (containers may have them mounted); what that daemon left in its pipe
+// directory goes.
+func (m *Manager) start(ctx context.Context, g Group) (*record, error) {
 	dir, err := m.groupDir(g.Name)
 	if err != nil {
 		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
 	defer func() { _ = dir.Close() }()
-	if err := clearPipeDir(dir); err != nil {
+	// Its GPUs, for a stop by name alone (a later plugin whose plan lacks
+	// the group must still set them back to DEFAULT) and for the groups
+	// that share them; then the record, with no PID yet.
+	if err := writeAt(dir, gpusFile, []byte(strings.Join(g.UUIDs, "\n")), 0o644); err != nil {
+		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
+	}
+	if err := m.writeRecord(g.Name, &record{}); err != nil {
+		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
+	}
+	if err := m.clearPipeDir(g.Name, dir); err != nil {
 		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
 	if err := m.makeShm(ctx, dir); err != nil {
 		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
-	// Its GPUs, for a stop by name alone: a later plugin whose plan lacks
-	// the group must still set them back to DEFAULT.
-	if err := writeNoFollow(filepath.Join(dir.Name(), gpusFile), []byte(strings.Join(g.UUIDs, "\n"))); err != nil {
-		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
-	}
 	for i, uuid := range g.UUIDs {
 		if err := m.opts.SetExclusive(ctx, uuid, true); err != nil {
-			m.setDefault(ctx, g.UUIDs[:i])
+			m.giveBack(ctx, g.Name, g.UUIDs[:i])
 			return nil, fmt.Errorf("start MPS daemon %s: set GPU %s to EXCLUSIVE_PROCESS: %w", g.Name, uuid, err)
 		}
 	}
-	defer func() {
-		if err != nil {
-			m.setDefault(ctx, g.UUIDs)
-		}
-	}()
-	logFile, err := os.OpenFile(filepath.Join(dir.Name(), LogDir, "daemon.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND|unix.O_NOFOLLOW, 0o644)
+	logFile, err := m.openLog(dir)
 	if err != nil {
+		m.giveBack(ctx, g.Name, g.UUIDs)
 		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
 	defer func() { _ = logFile.Close() }()
@@ -73,23 +75,30 @@ func (m *Manager) start(ctx context.Context, g Group) (_ *record, err error) {
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
+		m.giveBack(ctx, g.Name, g.UUIDs)
 		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
+	// The process is this one's child until it is waited for: its PID
+	// cannot be reused before it is killed here, and its start time can
+	// be read even if it has exited already.
+	rec, err := newRecord(cmd.Process.Pid)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	// The process is this one's child until it is waited for, so its PID
-	// cannot be reused before it is killed here.
-	kill := func() {
+	abort := func(err error) error {
 		_ = cmd.Process.Kill()
-		_ = m.removeRecord(g.Name)
+		select {
+		case <-exited:
+		case <-time.After(m.opts.StopTimeout):
+			return fmt.Errorf("start MPS daemon %s: %w; killed, it still runs %s after: it is left as it is, its GPUs in EXCLUSIVE_PROCESS", g.Name, err, m.opts.StopTimeout)
+		}
+		m.ended(ctx, g)
+		return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
-	rec, err := newRecord(cmd.Process.Pid)
 	if err == nil {
 		err = m.writeRecord(g.Name, rec)
 	}
 	if err != nil {
-		kill()
-		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
+		return nil, abort(err)
 	}
 	if m.opts.Cgroup != "" {
 		if err := moveToCgroup(m.opts.Cgroup, cmd.Process.Pid); err != nil {
@@ -102,25 +111,50 @@ func (m *Manager) start(ctx context.Context, g Group) (_ *record, err error) {
 			// From now on only this socket is the daemon's.
 			rec.Socket = sock
 			if err := m.writeRecord(g.Name, rec); err != nil {
-				kill()
-				return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
+				return nil, abort(err)
 			}
 			return rec, nil
 		}
 		select {
 		case werr := <-exited:
-			_ = m.removeRecord(g.Name)
+			m.ended(ctx, g)
 			return nil, fmt.Errorf("start MPS daemon %s: %s exited (%v): %s", g.Name, m.opts.Control[0], werr, m.logTail(g.Name))
 		case <-ctx.Done():
-			kill()
-			return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, ctx.Err())
+			return nil, abort(ctx.Err())
 		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			kill()
-			return nil, fmt.Errorf("start MPS daemon %s: no answer on %s after %s: %s", g.Name, filepath.Join(dir.Name(), PipeDir), m.opts.StartTimeout, m.logTail(g.Name))
+			return nil, abort(fmt.Errorf("no answer on %s after %s: %s", filepath.Join(dir.Name(), PipeDir), m.opts.StartTimeout, m.logTail(g.Name)))
 		}
 	}
+}
+
+// ended is a start that failed once its daemon has ended: the GPUs go
+// back to DEFAULT, and the record, without a PID, says a daemon is still
+// wanted.
+func (m *Manager) ended(ctx context.Context, g Group) {
+	if err := m.writeRecord(g.Name, &record{}); err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot record the failed start of an MPS daemon", "mpsDaemon", g.Name)
+	}
+	m.giveBack(ctx, g.Name, g.UUIDs)
+}
+
+// giveBack sets GPUs back to DEFAULT after a start that failed before its
+// daemon ran, or once it has ended.
+func (m *Manager) giveBack(ctx context.Context, name string, uuids []string) {
+	if err := m.setDefault(ctx, name, uuids); err != nil {
+		klog.FromContext(ctx).Error(err, "MPS daemon did not start, and its GPUs stay in compute mode EXCLUSIVE_PROCESS", "mpsDaemon", name)
+	}
+}
+
+// openLog opens the daemon's output file, in its log directory.
+func (m *Manager) openLog(dir *os.File) (*os.File, error) {
+	logDir, err := openDir(dir, LogDir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = logDir.Close() }()
+	return openAt(logDir, "daemon.out", unix.O_CREAT|unix.O_WRONLY|unix.O_APPEND, 0o644)
 }
 
 // answers asks a daemon just started whether it answers, and returns the
@@ -141,18 +175,16 @@ func (m *Manager) answers(ctx context.Context, name string) (*socketID, bool) {
 }
 
 // stop ends the group's daemon and, once it is known to have ended, sets
-// its GPUs back to compute mode DEFAULT and removes its directory
-// (removeDirs) or only its record. A group without a directory has no
-// daemon.
+// its GPUs back to compute mode DEFAULT (but those another group's daemon
+// serves) and removes its directory (removeDirs) or only its record. A
+// group without a directory has no daemon.
 func (m *Manager) stop(ctx context.Context, g Group, removeDirs bool) error {
 	if !m.dirExists(g.Name) {
 		return nil
 	}
-	m.setApplied(g.Name, "")
-	if len(g.UUIDs) == 0 {
-		if data, err := readNoFollow(filepath.Join(m.Dir(g.Name), gpusFile)); err == nil {
-			g.UUIDs = strings.Fields(string(data))
-		}
+	// The GPUs its daemon was started on.
+	if uuids := m.recordedGPUs(g.Name); len(uuids) > 0 {
+		g.UUIDs = uuids
 	}
 	rec, err := m.readRecord(g.Name)
 	switch {
@@ -162,12 +194,16 @@ func (m *Manager) stop(ctx context.Context, g Group, removeDirs bool) error {
 		if err := m.terminate(ctx, g.Name, rec, true); err != nil {
 			return fmt.Errorf("stop MPS daemon %s: %w", g.Name, err)
 		}
-	case rec == nil:
+	default:
+		// A record of a daemon that ended, or none, does not tell that no
+		// daemon runs there.
 		if err := m.quitUnrecorded(ctx, g.Name); err != nil {
 			return fmt.Errorf("stop MPS daemon %s: %w", g.Name, err)
 		}
 	}
-	m.setDefault(ctx, g.UUIDs)
+	if err := m.setDefault(ctx, g.Name, g.UUIDs); err != nil {
+		return fmt.Errorf("stop MPS daemon %s: %w", g.Name, err)
+	}
 	logger := klog.FromContext(ctx)
 	if !removeDirs {
 		if err := m.removeRecord(g.Name); err != nil {
@@ -177,7 +213,7 @@ func (m *Manager) stop(ctx context.Context, g Group, removeDirs bool) error {
 		return nil
 	}
 	m.removeShm(ctx, filepath.Join(m.Dir(g.Name), ShmDir))
-	if err := os.RemoveAll(m.Dir(g.Name)); err != nil {
+	if err := m.root.RemoveAll(g.Name); err != nil {
 		return fmt.Errorf("stop MPS daemon %s: %w", g.Name, err)
 	}
 	logger.Info("Stopped MPS control daemon", "mpsDaemon", g.Name)
@@ -208,39 +244,32 @@ func (m *Manager) terminate(ctx context.Context, name string, rec *record, tryQu
 	return fmt.Errorf("the MPS control daemon (PID %d) still runs %s after SIGTERM: it is left as it is, its GPUs in EXCLUSIVE_PROCESS, and stopped once it ends", rec.PID, m.opts.StopTimeout)
 }
 
-// quitUnrecorded asks a daemon that answers in a group's pipe directory
-// without a record (started by a plugin that kept none) to quit, and
-// waits until nothing answers there: its PID is not known, so nothing
-// else can be done to it.
+// quitUnrecorded makes sure that no daemon runs in the group's pipe
+// directory that no record names, before a daemon starts there or the
+// group's stop is reported done: one a plugin started and died before it
+// recorded, beside no record or the record of a daemon that ended. One
+// that answers is asked to quit, and waited for until nothing listens
+// there; one that listens and does not answer (stopped, or hung) cannot
+// be stopped without its PID, and is an error.
 func (m *Manager) quitUnrecorded(ctx context.Context, name string) error {
-	if _, err := m.servers(ctx, name, nil); err != nil {
-		return nil // nothing answers
+	sock := filepath.Join(m.Dir(name), PipeDir, ControlSocket)
+	switch m.listener(ctx, name) {
+	case absent:
+		return nil
+	case silent:
+		return fmt.Errorf("an MPS control daemon that no record names listens on %s and does not answer: it is left as it is, and the GPUs it may serve with it", sock)
 	}
-	klog.FromContext(ctx).Info("An MPS control daemon without a record answers: asking it to quit", "mpsDaemon", name)
+	logger := klog.FromContext(ctx)
+	logger.Info("An MPS control daemon that no record names answers: asking it to quit", "mpsDaemon", name)
 	if _, err := m.control(ctx, name, nil, "quit"); err != nil {
-		klog.FromContext(ctx).V(2).Info("MPS control daemon did not take quit", "mpsDaemon", name, "reason", err.Error())
+		logger.V(2).Info("MPS control daemon did not take quit", "mpsDaemon", name, "reason", err.Error())
 	}
 	deadline := time.Now().Add(m.opts.StopTimeout)
-	for {
-		if _, err := m.servers(ctx, name, nil); err != nil {
-			return nil
-		}
+	for m.listener(ctx, name) != absent {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("an MPS control daemon without a record still answers on %s %s after quit", filepath.Join(m.Dir(name), PipeDir), m.opts.StopTimeout)
+			return fmt.Errorf("an MPS control daemon that no record names still listens on %s %s after quit", sock, m.opts.StopTimeout)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// writeNoFollow writes a regular file, refusing a link in its place.
-func writeNoFollow(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return nil
 }

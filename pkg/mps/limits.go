@@ -2,6 +2,7 @@ package mps
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -10,8 +11,12 @@ import (
 // GPU in the order the client and the daemon enumerate them (the group's
 // GPUs by index), the device memory it may pin.
 type Limits struct {
-	ActiveThreadPercentage int
-	PinnedMemMiB           []int64
+	ActiveThreadPercentage int     `json:"activeThreadPercentage"`
+	PinnedMemMiB           []int64 `json:"pinnedMemMiB"`
+}
+
+func (l Limits) equal(o Limits) bool {
+	return l.ActiveThreadPercentage == o.ActiveThreadPercentage && slices.Equal(l.PinnedMemMiB, o.PinnedMemMiB)
 }
 
 // Share is what a claim holding k of a group's S seats gets: 100·k/S per

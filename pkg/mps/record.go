@@ -27,7 +27,15 @@ const bootIDFile = "/proc/sys/kernel/random/boot_id"
 // the very process again (a PID alone may have been reused by the time a
 // restarted plugin reads it) and its control socket (a path alone may
 // have been replaced, by anyone who can write in the pipe directory).
+//
+// A record is written before the daemon is started, with no PID, and
+// kept when a start fails: a group with a record wants a daemon, and the
+// watcher (Revive) starts one where none runs. Only a stop removes it.
+// A plugin that dies between the start and the PID's write leaves a
+// daemon no record names; it answers on the group's control socket, and
+// is asked to quit there before any other starts (quitUnrecorded).
 type record struct {
+	// PID is 0 while a start is under way, or after one failed.
 	PID int `json:"pid"`
 	// StartTime is field 22 of /proc/<pid>/stat: when the process
 	// started, in clock ticks after boot. With BootID it names one
@@ -36,6 +44,15 @@ type record struct {
 	BootID    string `json:"bootID,omitempty"`
 	// Socket is the control socket the daemon answered on first.
 	Socket *socketID `json:"socket,omitempty"`
+	// Limits are the limits last set on the daemon, by whichever plugin
+	// process set them: the two processes of a rolling update set limits
+	// on the one daemon, and each must know what the other set.
+	Limits *Limits `json:"limits,omitempty"`
+}
+
+// limited tells whether the daemon holds limits already.
+func (r *record) limited(l Limits) bool {
+	return r.Limits != nil && r.Limits.equal(l)
 }
 
 // socketID names one control socket: a socket bound again at the same
@@ -161,7 +178,15 @@ func (r *record) waitGone(d time.Duration) bool {
 }
 
 func (m *Manager) readRecord(name string) (*record, error) {
-	data, err := readNoFollow(filepath.Join(m.Dir(name), recordFile))
+	dir, err := m.openGroup(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the record of MPS daemon %s: %w", name, err)
+	}
+	defer func() { _ = dir.Close() }()
+	data, err := readAt(dir, recordFile)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -182,40 +207,44 @@ func (m *Manager) writeRecord(name string, r *record) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(m.Dir(name), recordFile)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+	dir, err := m.openGroup(name)
+	if err != nil {
 		return fmt.Errorf("write the record of MPS daemon %s: %w", name, err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	defer func() { _ = dir.Close() }()
+	tmp := recordFile + ".tmp"
+	if err := writeAt(dir, tmp, data, 0o600); err != nil {
 		return fmt.Errorf("write the record of MPS daemon %s: %w", name, err)
+	}
+	if err := unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), recordFile); err != nil {
+		return fmt.Errorf("write the record of MPS daemon %s: rename %s: %w", name, filepath.Join(dir.Name(), tmp), err)
 	}
 	return nil
 }
 
 func (m *Manager) removeRecord(name string) error {
-	err := os.Remove(filepath.Join(m.Dir(name), recordFile))
+	err := m.root.Remove(filepath.Join(name, recordFile))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove the record of MPS daemon %s: %w", name, err)
 	}
 	return nil
 }
 
-// readNoFollow reads a regular file that must not be a symbolic link.
-func readNoFollow(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+// readGroupFile reads a file of the daemon's directory (gpusFile, or one
+// of its log directory).
+func (m *Manager) readGroupFile(name string, path ...string) ([]byte, error) {
+	dir, err := m.openGroup(name)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = f.Close() }()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
+	defer func() { _ = dir.Close() }()
+	for _, sub := range path[:len(path)-1] {
+		next, err := openDir(dir, sub)
+		if err != nil {
+			return nil, err
+		}
+		_ = dir.Close()
+		dir = next
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	var buf bytes.Buffer
-	_, err = buf.ReadFrom(f)
-	return buf.Bytes(), err
+	return readAt(dir, path[len(path)-1])
 }

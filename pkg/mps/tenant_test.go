@@ -231,6 +231,54 @@ func TestReviveStartsADaemonThatDiedAgain(t *testing.T) {
 	}
 }
 
+// A daemon of a group in use dies, and its first restart fails (the
+// daemon exits at once: a transient failure). The group still wants a
+// daemon: once a start can succeed again, the watcher's next round
+// starts it, and the GPU, given back to DEFAULT while none ran, is
+// EXCLUSIVE_PROCESS again.
+func TestAFailedRestartIsTriedAgainByTheWatcher(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	control := mpstest.Build(t)
+	marker := filepath.Join(t.TempDir(), "fail")
+	wrapper := filepath.Join(t.TempDir(), "control.sh")
+	script := "#!/bin/sh\nif [ \"$1\" = -f ] && [ -e " + marker + " ]; then echo transient failure >&2; exit 1; fi\nexec " + control + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m, md, root := tenantManager(t, wrapper)
+	g := mps.Group{Name: "g0-1x", UUIDs: []string{"GPU-a"}}
+	killDaemonsAtEnd(t, control, root, g.Name)
+	t.Cleanup(func() { _ = m.Settle(context.Background(), g, mps.Unused()) })
+	limits := mps.Fixed(mps.Share(1, 4, []int64{40960}))
+	if err := m.Ensure(ctx, g, limits); err != nil {
+		t.Fatal(err)
+	}
+	signalAll(t, daemonsOf(t, control, root, g.Name), syscall.SIGKILL)
+	waitUntil(t, "the killed daemon to end", func() bool { return len(daemonsOf(t, control, root, g.Name)) == 0 })
+
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if restarted, err := m.Revive(ctx, g, limits); restarted || err == nil || !strings.Contains(err.Error(), "transient failure") {
+		t.Fatalf("Revive with a daemon that exits at once: %v, %v; want a failure with the daemon's words", restarted, err)
+	}
+	if md.get("GPU-a") {
+		t.Error("GPU-a stays EXCLUSIVE_PROCESS while no daemon runs")
+	}
+	if err := os.Remove(marker); err != nil {
+		t.Fatal(err)
+	}
+	if restarted, err := m.Revive(ctx, g, limits); !restarted || err != nil {
+		t.Errorf("the watcher's next round, once a start can succeed: restarted %v, %v; want the daemon started", restarted, err)
+	}
+	if got := daemonsOf(t, control, root, g.Name); len(got) != 1 || !md.get("GPU-a") {
+		t.Errorf("daemons of group %s, in use: %v, GPU-a exclusive %v; want one daemon, GPU-a EXCLUSIVE_PROCESS", g.Name, got, md.get("GPU-a"))
+	}
+	if got := mpstest.Join(t, control, filepath.Join(root, g.Name, mps.PipeDir), "", ""); got != "thread=25 mem=0=10240M" {
+		t.Errorf("a client of the restarted daemon got %q", got)
+	}
+}
+
 func waitUntil(t *testing.T, what string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -281,4 +329,28 @@ func TestARetiredDaemonThatEndsGivesItsGPUBack(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, g.Name)); !os.IsNotExist(err) {
 		t.Errorf("the directory once the group is free: %v", err)
 	}
+}
+
+// managerOn is another Manager over root, as a restarted plugin or the
+// other process of a rolling update has, with its own compute modes.
+func managerOn(t *testing.T, control, root string) (*mps.Manager, *modes) {
+	t.Helper()
+	md := &modes{exclusive: map[string]bool{}}
+	m, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set,
+		ControlTimeout: 500 * time.Millisecond, StopTimeout: 500 * time.Millisecond, StartTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, md
+}
+
+// killDaemonsAtEnd kills, when the test ends, every simulated daemon of
+// the group, whatever the plugin recorded (some outlive their directory).
+func killDaemonsAtEnd(t *testing.T, control, root, group string) {
+	t.Cleanup(func() {
+		for _, pid := range daemonsOf(t, control, root, group) {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
 }

@@ -1,0 +1,124 @@
+package mps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"k8s.io/klog/v2"
+)
+
+// A GPU takes one MPS daemon. The ledger never lets two groups that share
+// a GPU be held at once, but a group's release succeeds even when its
+// daemon's stop cannot be confirmed (the daemon ignores quit and SIGTERM:
+// stopped, or stuck in the driver), and the ledger then frees its GPUs
+// while the daemon still runs on them. So before a daemon starts, and
+// before a stopped daemon's GPUs go back to compute mode DEFAULT, the
+// Manager asks which other groups' daemons still serve those GPUs, under
+// the locks of the GPUs (lock.go): a start is refused while one does (the
+// claim's prepare fails with the reason and the kubelet retries it), and a
+// stop leaves EXCLUSIVE_PROCESS the GPUs one serves. A daemon serves its
+// group's GPUs (the directory's gpus file) while its record names a
+// process that runs, or, without such a record, while something listens
+// on its group's control socket (a daemon whose plugin died before it
+// recorded it).
+
+// presence is what listens on a group's control socket.
+type presence int
+
+const (
+	absent    presence = iota // nothing: no socket, or no one listening on it
+	answering                 // a daemon that answers
+	silent                    // something that takes the connection and does not answer: a daemon stopped or hung
+)
+
+// listener tells what listens on the group's control socket, checked as
+// for any command but whoever bound it.
+func (m *Manager) listener(ctx context.Context, name string) presence {
+	_, err := m.servers(ctx, name, nil)
+	switch {
+	case err == nil:
+		return answering
+	case errors.Is(err, errNoAnswer):
+		return silent
+	}
+	return absent
+}
+
+// othersOn are the daemons of groups other than self that serve any of
+// gpus, by GPU: what serves it, in words.
+func (m *Manager) othersOn(ctx context.Context, self string, gpus []string) (map[string]string, error) {
+	names, err := m.Known()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, name := range names {
+		if name == self {
+			continue
+		}
+		shared := slices.DeleteFunc(m.recordedGPUs(name), func(uuid string) bool { return !slices.Contains(gpus, uuid) })
+		if len(shared) == 0 {
+			continue
+		}
+		rec, err := m.readRecord(name)
+		if err != nil {
+			return nil, err
+		}
+		var what string
+		switch {
+		case rec.alive():
+			what = fmt.Sprintf("the MPS daemon of group %s (PID %d), which still runs", name, rec.PID)
+		case m.listener(ctx, name) != absent:
+			what = fmt.Sprintf("an MPS daemon no record names, which listens on %s", filepath.Join(m.Dir(name), PipeDir, ControlSocket))
+		default:
+			continue
+		}
+		for _, uuid := range shared {
+			out[uuid] = what
+		}
+	}
+	return out, nil
+}
+
+// checkFree refuses to start the group's daemon while another group's
+// daemon serves one of its GPUs.
+func (m *Manager) checkFree(ctx context.Context, g Group) error {
+	others, err := m.othersOn(ctx, g.Name, g.UUIDs)
+	if err != nil {
+		return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
+	}
+	if len(others) == 0 {
+		return nil
+	}
+	var served []string
+	for _, uuid := range slices.Sorted(maps.Keys(others)) {
+		served = append(served, fmt.Sprintf("GPU %s is served by %s", uuid, others[uuid]))
+	}
+	return fmt.Errorf("start MPS daemon %s: %s: a GPU takes one MPS daemon, so this one starts only once that one has ended (a stop of it that could not be confirmed is finished by the watcher of the daemons when it ends)", g.Name, strings.Join(served, "; "))
+}
+
+// setDefault sets the GPUs of the group's daemon, which has ended, back
+// to compute mode DEFAULT, but for those another group's daemon serves.
+// An error means that is not known, and all stay EXCLUSIVE_PROCESS.
+func (m *Manager) setDefault(ctx context.Context, self string, uuids []string) error {
+	others, err := m.othersOn(ctx, self, uuids)
+	if err != nil {
+		return fmt.Errorf("tell which of GPUs %v other MPS daemons serve: %w", uuids, err)
+	}
+	logger := klog.FromContext(ctx)
+	for _, uuid := range uuids {
+		if what, ok := others[uuid]; ok {
+			logger.Info("GPU stays in compute mode EXCLUSIVE_PROCESS: another group's MPS daemon serves it", "mpsDaemon", self, "gpu", uuid, "servedBy", what)
+			continue
+		}
+		if err := m.opts.SetExclusive(ctx, uuid, false); err != nil {
+			logger.Error(err, "Cannot set GPU back to compute mode DEFAULT", "gpu", uuid)
+		}
+	}
+	return nil
+}
