@@ -1,0 +1,53 @@
+// Package app is kyb-scheduler: kube-scheduler's own command
+// (k8s.io/kubernetes/cmd/kube-scheduler/app), built against the patched
+// allocator and scheduler (hack/kyb-scheduler-patch.sh), with the
+// KybPlacement score registered, gang scheduling on, and defaults that
+// make `schedulerName: kyb-scheduler` work without a configuration file.
+// Every kube-scheduler flag works as it does there.
+//
+// Why a scheduler build and not an extender: the score must see the
+// allocations of pods reserved but not yet bound, which only the
+// scheduler's own claim tracker holds, and it runs on the scheduler's
+// snapshot with no network hop. The build is tied to one Kubernetes
+// minor version, hence a module of its own.
+package app
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/component-base/featuregate"
+	schedulerapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	"k8s.io/kubernetes/pkg/features"
+	"k8s.io/kubernetes/pkg/scheduler/apis/config/scheme"
+
+	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-scheduler/placement"
+)
+
+// DefaultGates are the feature gates kyb-scheduler turns on where
+// kube-scheduler 1.37 leaves them off; --feature-gates still sets them
+// either way. GenericWorkload (beta, off by default upstream) is gang
+// scheduling: the Workload and PodGroup API (scheduling.k8s.io/v1beta1)
+// and the scheduler's pod group cycle and GangScheduling plugin. The API
+// server must serve that API too: --feature-gates=GenericWorkload=true
+// and --runtime-config=scheduling.k8s.io/v1beta1=true.
+var DefaultGates = map[featuregate.Feature]bool{
+	features.GenericWorkload: true,
+}
+
+// NewCommand returns kyb-scheduler's command. It changes two process-wide
+// defaults, as a component's main does: the feature gates' (DefaultGates)
+// and the scheduler configuration's (RegisterDefaults). Call it once,
+// before the command parses its flags.
+func NewCommand() (*cobra.Command, error) {
+	for name, on := range DefaultGates {
+		if err := utilfeature.DefaultMutableFeatureGate.OverrideDefault(name, on); err != nil {
+			return nil, fmt.Errorf("default feature gate %s=%t: %w", name, on, err)
+		}
+	}
+	RegisterDefaults(scheme.Scheme)
+	cmd := schedulerapp.NewSchedulerCommand(schedulerapp.WithPlugin(placement.Name, placement.New))
+	cmd.Use = "kyb-scheduler"
+	return cmd, nil
+}

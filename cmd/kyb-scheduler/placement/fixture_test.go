@@ -1,0 +1,325 @@
+package placement
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/deviceclass/extendedresourcecache"
+	resourceslicetracker "k8s.io/dynamic-resource-allocation/resourceslice/tracker"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
+	"k8s.io/kubernetes/pkg/scheduler/util/assumecache"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+)
+
+// The fixture is a small cluster as the scheduler sees it: simulated
+// nodes' slices as the plugin publishes them (pkg/draresources), the
+// DeviceClasses, and claims in a fake API server, read through the
+// scheduler's real DRA manager (assume cache, slice tracker, claim
+// tracker with its in-flight allocations). The real allocator
+// (pkg/schedulertest) is the Filter and chooses the devices; the plugin
+// scores the nodes that fit, as kube-scheduler calls it.
+
+const (
+	class1x = "gpu-1x-seat.kyb.ai"
+	class2x = "gpu-2x-seat.kyb.ai"
+	class4x = "gpu-4x-seat.kyb.ai"
+)
+
+// threeProfiles is one seat per group of 1, 2 and 4 GPUs.
+const threeProfiles = `
+profiles:
+- {resource: kyb.ai/gpu-1x-seat}
+- {resource: kyb.ai/gpu-2x-seat}
+- {resource: kyb.ai/gpu-4x-seat}
+`
+
+type nodeSpec struct{ name, preset, config string }
+
+type fixture struct {
+	t      *testing.T
+	ctx    context.Context
+	client *fake.Clientset
+	dra    *dynamicresources.DefaultDRAManager
+	sim    *schedulertest.Cluster
+	plugin *Plugin
+	nodes  []string
+	n      int
+}
+
+func newFixture(t *testing.T, args Args, nodes ...nodeSpec) *fixture {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	f := &fixture{t: t, ctx: ctx, client: fake.NewClientset(), sim: schedulertest.New(schedulertest.SchedulerFeatures())}
+	classes := map[string]*resourceapi.DeviceClass{}
+	for _, n := range nodes {
+		plan, inv := planNode(t, ctx, n)
+		f.sim.AddNode(n.name, draresources.Resources(plan, inv, n.name, draresources.LayoutShared), driver.Name)
+		for _, dc := range draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{ExtendedResources: true}) {
+			dc.UID = types.UID("uid-" + dc.Name)
+			dc.ResourceVersion = "1"
+			classes[dc.Name] = dc
+		}
+		f.nodes = append(f.nodes, n.name)
+	}
+	for _, s := range f.sim.Slices() {
+		s := s.DeepCopy()
+		s.UID, s.ResourceVersion = types.UID("uid-"+s.Name), "1"
+		f.create(s)
+	}
+	for _, name := range slices.Sorted(maps.Keys(classes)) {
+		f.sim.AddClasses(classes[name])
+		f.create(classes[name])
+	}
+
+	factory := informers.NewSharedInformerFactory(f.client, 0)
+	claims := assumecache.NewAssumeCache(klog.FromContext(ctx), factory.Resource().V1().ResourceClaims().Informer(), "ResourceClaim", "", nil)
+	tracker, err := resourceslicetracker.StartTracker(ctx, resourceslicetracker.Options{
+		SliceInformer: factory.Resource().V1().ResourceSlices(), KubeClient: f.client, EnableConsumableCapacity: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.dra = dynamicresources.NewDRAManager(ctx, claims, tracker, factory)
+	// As the scheduler's event handlers do: classes feed the resolver of
+	// extended resources.
+	if _, err := factory.Resource().V1().DeviceClasses().Informer().AddEventHandler(f.dra.DeviceClassResolver().(*extendedresourcecache.ExtendedResourceCache)); err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	f.waitFor("the slices", func() bool {
+		s, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
+		return err == nil && len(s) == len(f.sim.Slices())
+	})
+	f.waitFor("the classes", func() bool { return f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/gpu-1x-seat") != nil })
+	f.plugin = NewWithManager(args, f.dra)
+	return f
+}
+
+func planNode(t *testing.T, ctx context.Context, n nodeSpec) (*planner.Plan, *inventory.Inventory) {
+	t.Helper()
+	sim, err := simnode.Load(n.preset, n.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := inventory.Discover(ctx, sim.NVML(), sim.PCIe())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := v1alpha1.LoadNodeConfig([]byte(n.config), "test config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := planner.New(inv, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return plan, inv
+}
+
+func (f *fixture) create(obj any) {
+	f.t.Helper()
+	var err error
+	switch o := obj.(type) {
+	case *resourceapi.ResourceSlice:
+		_, err = f.client.ResourceV1().ResourceSlices().Create(f.ctx, o, metav1.CreateOptions{})
+	case *resourceapi.DeviceClass:
+		_, err = f.client.ResourceV1().DeviceClasses().Create(f.ctx, o, metav1.CreateOptions{})
+	case *resourceapi.ResourceClaim:
+		_, err = f.client.ResourceV1().ResourceClaims(o.Namespace).Create(f.ctx, o, metav1.CreateOptions{})
+	default:
+		f.t.Fatalf("create %T", obj)
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) waitFor(what string, cond func() bool) {
+	f.t.Helper()
+	if err := wait.PollUntilContextTimeout(f.ctx, 5*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+		f.t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// seatPod is a pod with one claim for count devices of class; its claim
+// is created in the API server (and so reaches the claim tracker).
+func (f *fixture) seatPod(class string, count int64, mutate ...func(*resourceapi.DeviceRequest)) (*v1.Pod, *resourceapi.ResourceClaim) {
+	f.t.Helper()
+	f.n++
+	name := fmt.Sprintf("pod-%d", f.n)
+	claim := schedulertest.Claim(name+"-gpu", class, count, mutate...)
+	claim.ResourceVersion = "1"
+	f.create(claim)
+	f.waitFor("claim "+claim.Name, func() bool { _, err := f.dra.ResourceClaims().Get(claim.Namespace, claim.Name); return err == nil })
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
+		Spec: v1.PodSpec{
+			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
+			Containers:     []v1.Container{{Name: "app", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}},
+		},
+	}
+	return pod, claim
+}
+
+// extendedPod asks for quantity of an extended resource in its limits.
+func (f *fixture) extendedPod(name v1.ResourceName, quantity int64) *v1.Pod {
+	f.n++
+	q := *resource.NewQuantity(quantity, resource.DecimalSI)
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("pod-%d", f.n), Namespace: "default", UID: types.UID(fmt.Sprintf("uid-pod-%d", f.n))},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "app", Resources: v1.ResourceRequirements{
+			Limits: v1.ResourceList{name: q}, Requests: v1.ResourceList{name: q},
+		}}}},
+	}
+	return pod
+}
+
+// feasible are the nodes where the real allocator fits claim (Filter).
+func (f *fixture) feasible(claim *resourceapi.ResourceClaim) []string {
+	f.t.Helper()
+	a, err := f.sim.Allocator(f.ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []string
+	for _, n := range f.nodes {
+		r, err := f.sim.Try(f.ctx, a, claim, n)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if r != nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// scores runs PreScore, Score and NormalizeScore over nodes, as the
+// framework does. When PreScore skips, every node scores 0 (the framework
+// calls no Score) and the status says so; on an error the map is nil.
+func (f *fixture) scores(pod *v1.Pod, nodes []string) (map[string]int64, *fwk.Status) {
+	f.t.Helper()
+	state := framework.NewCycleState()
+	infos := make([]fwk.NodeInfo, len(nodes))
+	for i, n := range nodes {
+		ni := framework.NewNodeInfo()
+		ni.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+		infos[i] = ni
+	}
+	if st := f.plugin.PreScore(f.ctx, state, pod, infos); st.Code() == fwk.Skip {
+		zero := map[string]int64{}
+		for _, n := range nodes {
+			zero[n] = 0
+		}
+		return zero, st
+	} else if !st.IsSuccess() {
+		return nil, st
+	}
+	list := make(fwk.NodeScoreList, len(nodes))
+	for i, ni := range infos {
+		s, st := f.plugin.Score(f.ctx, state, pod, ni)
+		if !st.IsSuccess() {
+			f.t.Fatalf("Score %s: %v", nodes[i], st)
+		}
+		list[i] = fwk.NodeScore{Name: nodes[i], Score: s}
+	}
+	if st := f.plugin.ScoreExtensions().NormalizeScore(f.ctx, state, pod, list); !st.IsSuccess() {
+		f.t.Fatalf("NormalizeScore: %v", st)
+	}
+	out := map[string]int64{}
+	for _, s := range list {
+		if s.Score < fwk.MinNodeScore || s.Score > fwk.MaxNodeScore {
+			f.t.Fatalf("%s scored %d, outside %d..%d", s.Name, s.Score, fwk.MinNodeScore, fwk.MaxNodeScore)
+		}
+		out[s.Name] = s.Score
+	}
+	return out, nil
+}
+
+// best is the node with the highest score. Among equals kube-scheduler
+// picks at random; here the pick rotates with turn, so that a test cannot
+// pass by the order of the nodes alone.
+func best(nodes []string, scores map[string]int64, turn int) string {
+	var top []string
+	for _, n := range nodes {
+		switch {
+		case len(top) == 0 || scores[n] > scores[top[0]]:
+			top = []string{n}
+		case scores[n] == scores[top[0]]:
+			top = append(top, n)
+		}
+	}
+	return top[turn%len(top)]
+}
+
+// schedule places a seat pod as kube-scheduler would with this score:
+// Filter with the real allocator, score, pick the best node, allocate
+// there, and hand the allocation to the claim tracker: in flight (as
+// Reserve does) or written to the API server and seen by the informer
+// (after PreBind), as written says.
+func (f *fixture) schedule(pod *v1.Pod, claim *resourceapi.ResourceClaim, written bool) string {
+	f.t.Helper()
+	nodes := f.feasible(claim)
+	if len(nodes) == 0 {
+		f.t.Fatalf("%s fits nowhere", pod.Name)
+	}
+	scores, st := f.scores(pod, nodes)
+	if scores == nil {
+		f.t.Fatalf("PreScore %s: %v", pod.Name, st)
+	}
+	node := best(nodes, scores, f.n)
+	f.allocate(claim, node, written)
+	return node
+}
+
+func (f *fixture) allocate(claim *resourceapi.ResourceClaim, node string, written bool) *resourceapi.AllocationResult {
+	f.t.Helper()
+	r, err := f.sim.Allocate(f.ctx, claim, node)
+	if err != nil || r == nil {
+		f.t.Fatalf("allocate %s on %s: %v", claim.Name, node, err)
+	}
+	allocated := claim.DeepCopy()
+	allocated.Status.Allocation = r
+	// The assume cache takes an update only with a newer version.
+	allocated.ResourceVersion = "2"
+	if !written {
+		if err := f.dra.ResourceClaims().SignalClaimPendingAllocation(claim.UID, allocated); err != nil {
+			f.t.Fatal(err)
+		}
+		return r
+	}
+	if _, err := f.client.ResourceV1().ResourceClaims(claim.Namespace).UpdateStatus(f.ctx, allocated, metav1.UpdateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.waitFor("the allocation of "+claim.Name, func() bool {
+		c, err := f.dra.ResourceClaims().Get(claim.Namespace, claim.Name)
+		return err == nil && c.Status.Allocation != nil
+	})
+	return r
+}

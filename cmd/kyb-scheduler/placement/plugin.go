@@ -1,0 +1,217 @@
+// Package placement is kyb-scheduler's score for the driver's GPU seats,
+// the framework plugin KybPlacement. Among the nodes that fit a pod (the
+// DynamicResources plugin's Filter ran the allocator on each), it ranks
+// them by what the pod's seats would take there, under a policy: pack
+// (the default: nodes, then groups, already in use first, so that whole
+// groups stay free elsewhere), topology (the node where the pod's group
+// breaks the fewest idle larger groups, packing among equals) or spread.
+// The policy comes from the pod's annotation gpu.kyb.ai/placement, else
+// from the configuration (a per-DeviceClass map, then a default).
+//
+// It reads what the DynamicResources plugin reads, through the
+// framework's SharedDRAManager: the ResourceSlices, the DeviceClasses,
+// and the allocated state, which includes the claims of pods reserved but
+// not yet bound; a second informer would lag behind a burst of pods and
+// see none of those. Everything is computed once per pod in PreScore, and
+// Score is a map lookup: a node's pool is parsed once per version of its
+// slices and a class's selectors evaluated once per version of class and
+// pool; per pod the work is one pass over the allocated devices and, per
+// node, a walk over its few devices. No allocator runs here (see
+// predict.go for why the Filter's own choice cannot be read).
+//
+// Pods that ask for DRA-served extended resources (KEP-5004,
+// kyb.ai/gpu-1x-seat in limits) are scored the same way, through the
+// DeviceClass that serves the resource.
+package placement
+
+import (
+	"context"
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+)
+
+// Name is the plugin's name in the scheduler's configuration.
+const Name = "KybPlacement"
+
+const stateKey fwk.StateKey = Name
+
+// gatherAttempts bounds the retries of the claim tracker's allocated
+// state, which reports a concurrent change (a claim moving from in flight
+// to the assume cache while it is read) instead of a torn view.
+const gatherAttempts = 5
+
+// Plugin is the score.
+type Plugin struct {
+	args  Args
+	dra   fwk.SharedDRAManager
+	pools poolCache
+	cel   *cel.Cache
+}
+
+var (
+	_ fwk.PreScorePlugin  = &Plugin{}
+	_ fwk.ScorePlugin     = &Plugin{}
+	_ fwk.ScoreExtensions = &Plugin{}
+	_ fwk.SignPlugin      = &Plugin{}
+)
+
+// New is the plugin's factory, for app.WithPlugin.
+func New(_ context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
+	args, err := DecodeArgs(obj)
+	if err != nil {
+		return nil, err
+	}
+	dra := fh.SharedDRAManager()
+	if dra == nil {
+		return nil, fmt.Errorf("%s needs the scheduler's DRA manager: is the DynamicResourceAllocation feature gate off?", Name)
+	}
+	return NewWithManager(args, dra), nil
+}
+
+// NewWithManager returns the plugin over a DRA manager: the scheduler's
+// (New), or one over other informers.
+func NewWithManager(args Args, dra fwk.SharedDRAManager) *Plugin {
+	// The class selectors of a cluster are few; compiled once each.
+	return &Plugin{args: args, dra: dra, cel: cel.NewCache(32, cel.Features{EnableConsumableCapacity: true})}
+}
+
+// Name returns the plugin's name.
+func (pl *Plugin) Name() string { return Name }
+
+// scores are a pod's keys by node name, kept from PreScore for Score.
+type scores struct {
+	policy Policy
+	keys   map[string]int64
+}
+
+func (s *scores) Clone() fwk.StateData { return s }
+
+// PreScore predicts what the pod takes on each node that fits it, and
+// keeps each node's key under the pod's policy. Pods that ask for none of
+// our devices skip the score.
+func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
+	if !needsDevices(pod, pl.dra) {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	reqs := podRequests(pod, pl.dra)
+	if len(reqs) == 0 {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	logger := klog.FromContext(ctx)
+	policy, err := pl.args.podPolicy(pod.Annotations, classNames(reqs))
+	if err != nil {
+		return fwk.AsStatus(fmt.Errorf("pod %s: %w", klog.KObj(pod), err))
+	}
+	slices, err := pl.dra.ResourceSlices().ListWithDeviceTaintRules()
+	if err != nil {
+		return fwk.AsStatus(fmt.Errorf("list ResourceSlices: %w", err))
+	}
+	pools := pl.pools.update(slices)
+	state0, err := pl.allocatedState()
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	alloc := ourAllocations(state0)
+	s := &scores{policy: policy, keys: make(map[string]int64, len(nodes))}
+	ours := false
+	for _, n := range nodes {
+		node := n.Node().Name
+		p, ok := pools[node]
+		if !ok {
+			s.keys[node] = 0
+			continue
+		}
+		o := predict(ctx, pl.cel, p, alloc, reqs)
+		ours = ours || o.ours
+		s.keys[node] = o.key(policy)
+		if loggerV := logger.V(5); loggerV.Enabled() {
+			loggerV.Info("Placement predicted", "pod", klog.KObj(pod), "node", node, "policy", policy, "key", s.keys[node],
+				"predicted", o.predicted, "gpus", o.gpus, "busyGPUs", o.busy, "devices", o.picks, "joinedGroups", o.joined, "brokenGroups", o.broken)
+		}
+	}
+	if !ours {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	logger.V(4).Info("Scoring GPU seats", "pod", klog.KObj(pod), "policy", policy, "nodes", len(nodes), "requests", len(reqs))
+	state.Write(stateKey, s)
+	return nil
+}
+
+func (pl *Plugin) allocatedState() (*structured.AllocatedState, error) {
+	var err error
+	for range gatherAttempts {
+		var s *structured.AllocatedState
+		if s, err = pl.dra.ResourceClaims().GatherAllocatedState(); err == nil {
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("gather the allocated devices: %w", err)
+}
+
+// Score returns the node's key from PreScore; NormalizeScore maps the
+// keys onto 0..MaxNodeScore.
+func (pl *Plugin) Score(_ context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
+	s, err := readScores(state)
+	if err != nil {
+		return 0, fwk.AsStatus(fmt.Errorf("pod %s: %w", klog.KObj(pod), err))
+	}
+	return s.keys[nodeInfo.Node().Name], nil
+}
+
+// ScoreExtensions returns the normalization.
+func (pl *Plugin) ScoreExtensions() fwk.ScoreExtensions { return pl }
+
+// NormalizeScore maps the keys linearly onto 0..MaxNodeScore, the best
+// node at the top and the worst at 0: a key orders the nodes, its scale
+// means nothing to the other plugins' scores. All equal: 0, no
+// preference.
+func (pl *Plugin) NormalizeScore(_ context.Context, _ fwk.CycleState, _ *v1.Pod, list fwk.NodeScoreList) *fwk.Status {
+	normalize(list)
+	return nil
+}
+
+func normalize(list fwk.NodeScoreList) {
+	if len(list) == 0 {
+		return
+	}
+	lo, hi := list[0].Score, list[0].Score
+	for _, s := range list {
+		lo, hi = min(lo, s.Score), max(hi, s.Score)
+	}
+	for i := range list {
+		if hi == lo {
+			list[i].Score = 0
+			continue
+		}
+		list[i].Score = (list[i].Score - lo) * fwk.MaxNodeScore / (hi - lo)
+	}
+}
+
+func readScores(state fwk.CycleState) (*scores, error) {
+	d, err := state.Read(stateKey)
+	if err != nil {
+		return nil, fmt.Errorf("read %s state: %w", Name, err)
+	}
+	s, ok := d.(*scores)
+	if !ok {
+		return nil, fmt.Errorf("%s state is a %T", Name, d)
+	}
+	return s, nil
+}
+
+// SignPod refuses to sign pods that ask for devices: their score depends
+// on the allocations, which every placement changes, so a result cannot
+// be reused for the next pod alike (KEP-5598 batching). Other pods sign
+// with nothing of ours, so that the profile's batching stays on for them.
+func (pl *Plugin) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragment, *fwk.Status) {
+	if needsDevices(pod, pl.dra) {
+		return nil, fwk.NewStatus(fwk.Unschedulable, "pods that ask for devices are scored on the allocations of the moment")
+	}
+	return nil, nil
+}

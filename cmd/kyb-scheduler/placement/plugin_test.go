@@ -1,0 +1,239 @@
+package placement
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
+)
+
+func threeNodes() []nodeSpec {
+	return []nodeSpec{
+		{"node-a", "dgx-h100", threeProfiles},
+		{"node-b", "dgx-h100", threeProfiles},
+		{"node-c", "dgx-h100", threeProfiles},
+	}
+}
+
+// placeSeats schedules n one-GPU seat pods one after the other and
+// returns their nodes; every other allocation is written to the API
+// server, the others stay in flight, as in a burst.
+func placeSeats(t *testing.T, f *fixture, n int, class string, annotate map[string]string) []string {
+	t.Helper()
+	var got []string
+	for i := range n {
+		pod, claim := f.seatPod(class, 1)
+		pod.Annotations = annotate
+		got = append(got, f.schedule(pod, claim, i%2 == 0))
+	}
+	return got
+}
+
+func TestPackFillsOneNodeBeforeTheNext(t *testing.T) {
+	f := newFixture(t, Args{DefaultPolicy: Pack}, threeNodes()...)
+	got := placeSeats(t, f, 10, class1x, nil)
+	// The first pod finds three empty nodes and takes one of them
+	// (node-b); the next seven fill it; the ninth finds two empty nodes.
+	want := []string{"node-b", "node-b", "node-b", "node-b", "node-b", "node-b", "node-b", "node-b", "node-c", "node-c"}
+	if !slices.Equal(got, want) {
+		t.Errorf("pack placed consecutive 1x seats on\n%v\nwant\n%v", got, want)
+	}
+}
+
+// Four seats per one-GPU group: pack joins the group in use on the node
+// in use before it takes another GPU anywhere.
+func TestPackFillsSharedGroupsFirst(t *testing.T) {
+	const fourSeats = "profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 4}\n- {resource: kyb.ai/gpu-2x-seat}\n"
+	f := newFixture(t, Args{}, nodeSpec{"node-a", "dgx-h100", fourSeats}, nodeSpec{"node-b", "dgx-h100", fourSeats})
+	got := placeSeats(t, f, 6, class1x, nil)
+	want := []string{"node-b", "node-b", "node-b", "node-b", "node-b", "node-b"}
+	if !slices.Equal(got, want) {
+		t.Errorf("pack placed consecutive seats on %v, want %v", got, want)
+	}
+}
+
+func TestSpreadSpreadsOverNodes(t *testing.T) {
+	f := newFixture(t, Args{DefaultPolicy: Spread}, threeNodes()...)
+	got := placeSeats(t, f, 6, class1x, nil)
+	// Each pod takes one of the emptiest nodes: never a node with more
+	// seats taken than another.
+	want := []string{"node-b", "node-a", "node-c", "node-b", "node-c", "node-a"}
+	if !slices.Equal(got, want) {
+		t.Errorf("spread placed consecutive 1x seats on %v, want %v", got, want)
+	}
+}
+
+// node-a holds 1x seats on GPUs 0 and 2: its next seat (GPU 1) breaks no
+// idle larger group. node-b holds a 2x seat on GPUs 0-1 and a 1x seat on
+// GPU 4: fuller, but its next seat (GPU 2) breaks the idle pair 2-3.
+// Topology chooses node-a, pack node-b.
+func TestTopologyKeepsLargerGroupsWhole(t *testing.T) {
+	for _, tc := range []struct {
+		policy Policy
+		want   string
+	}{
+		{Topology, "node-a"},
+		{Pack, "node-b"},
+	} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			f := newFixture(t, Args{DefaultPolicy: tc.policy}, nodeSpec{"node-a", "dgx-h100", threeProfiles}, nodeSpec{"node-b", "dgx-h100", threeProfiles})
+			onGPU := func(node, class, gpus string) {
+				_, claim := f.seatPod(class, 1, schedulertest.WithSelector(`device.attributes["gpu.kyb.ai"].gpuIndices == "`+gpus+`"`))
+				f.allocate(claim, node, true)
+			}
+			onGPU("node-a", class1x, "0")
+			onGPU("node-a", class1x, "2")
+			onGPU("node-b", class2x, "0,1")
+			onGPU("node-b", class1x, "4")
+			pod, claim := f.seatPod(class1x, 1)
+			scores, st := f.scores(pod, f.feasible(claim))
+			if st != nil {
+				t.Fatal(st)
+			}
+			if got := best(f.nodes, scores, 0); got != tc.want || scores[got] != 100 {
+				t.Errorf("%s chose %s (scores %v), want %s at 100", tc.policy, got, scores, tc.want)
+			}
+		})
+	}
+}
+
+// A pod asking for kyb.ai/gpu-1x-seat in its limits is scored through the
+// DeviceClass that serves the resource, exactly as a pod with a claim.
+func TestExtendedResourcePodScoredAsAClaim(t *testing.T) {
+	f := newFixture(t, Args{}, threeNodes()...)
+	_, claim := f.seatPod(class1x, 1)
+	f.allocate(claim, "node-b", true)
+
+	extended := f.extendedPod("kyb.ai/gpu-1x-seat", 1)
+	got, st := f.scores(extended, f.nodes)
+	if st != nil {
+		t.Fatal(st)
+	}
+	pod, _ := f.seatPod(class1x, 1)
+	want, st := f.scores(pod, f.nodes)
+	if st != nil {
+		t.Fatal(st)
+	}
+	if got["node-b"] != 100 || got["node-a"] != 0 || got["node-c"] != 0 {
+		t.Errorf("extended-resource pod scored %v, want node-b 100, others 0", got)
+	}
+	for _, n := range f.nodes {
+		if got[n] != want[n] {
+			t.Errorf("on %s the extended-resource pod scored %d, the claim pod %d", n, got[n], want[n])
+		}
+	}
+}
+
+// The pod's annotation chooses the policy over the configuration's; a
+// DeviceClass's entry over the default. node-a holds one seat.
+func TestPolicyFromAnnotationClassAndDefault(t *testing.T) {
+	f := newFixture(t, Args{DefaultPolicy: Pack, DeviceClassPolicies: map[string]Policy{class2x: Spread}}, threeNodes()...)
+	_, claim := f.seatPod(class1x, 1)
+	f.allocate(claim, "node-a", false)
+	packed := map[string]int64{"node-a": 100, "node-b": 0, "node-c": 0}
+	spread := map[string]int64{"node-a": 0, "node-b": 100, "node-c": 100}
+	for _, tc := range []struct {
+		name     string
+		class    string
+		annotate string
+		want     map[string]int64
+	}{
+		{"default pack", class1x, "", packed},
+		{"annotation spread", class1x, "spread", spread},
+		{"class spread", class2x, "", spread},
+		{"annotation over class", class2x, "pack", packed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod, claim := f.seatPod(tc.class, 1)
+			if tc.annotate != "" {
+				pod.Annotations = map[string]string{PolicyAnnotation: tc.annotate}
+			}
+			scores, st := f.scores(pod, f.feasible(claim))
+			if st != nil {
+				t.Fatal(st)
+			}
+			if !maps.Equal(scores, tc.want) {
+				t.Errorf("scores %v, want %v", scores, tc.want)
+			}
+		})
+	}
+}
+
+func TestBadAnnotationIsAnErrorNamingIt(t *testing.T) {
+	f := newFixture(t, Args{}, threeNodes()...)
+	pod, claim := f.seatPod(class1x, 1)
+	pod.Annotations = map[string]string{PolicyAnnotation: "binpack"}
+	_, st := f.scores(pod, f.feasible(claim))
+	if st.Code() != fwk.Error {
+		t.Fatalf("PreScore returned %v, want an error", st)
+	}
+	for _, want := range []string{pod.Name, PolicyAnnotation, `"binpack"`, "pack", "topology", "spread"} {
+		if !strings.Contains(st.Message(), want) {
+			t.Errorf("error %q does not name %s", st.Message(), want)
+		}
+	}
+}
+
+func TestPodsWithoutDevicesSkipTheScore(t *testing.T) {
+	f := newFixture(t, Args{}, threeNodes()...)
+	pod := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Name: "app"}}}}
+	if _, st := f.scores(pod, f.nodes); st.Code() != fwk.Skip {
+		t.Errorf("PreScore of a pod without devices returned %v, want Skip", st)
+	}
+	if _, st := f.plugin.SignPod(f.ctx, pod); !st.IsSuccess() {
+		t.Errorf("a pod without devices is not signable: %v", st)
+	}
+	seat, _ := f.seatPod(class1x, 1)
+	if _, st := f.plugin.SignPod(f.ctx, seat); st.IsSuccess() {
+		t.Error("a seat pod is signable: batching would reuse a score the placement changes")
+	}
+	if _, st := f.plugin.SignPod(f.ctx, f.extendedPod("kyb.ai/gpu-1x-seat", 1)); st.IsSuccess() {
+		t.Error("an extended-resource seat pod is signable")
+	}
+}
+
+func TestNormalizeMapsKeysOntoTheScoreRange(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		keys, out []int64
+	}{
+		{"ordered", []int64{10, 30, 20}, []int64{0, 100, 50}},
+		{"all equal: no preference", []int64{7, 7}, []int64{0, 0}},
+		{"large keys", []int64{0, 998 * packSpan, 999 * packSpan}, []int64{0, 99, 100}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			list := make(fwk.NodeScoreList, len(tc.keys))
+			for i, k := range tc.keys {
+				list[i] = fwk.NodeScore{Name: string(rune('a' + i)), Score: k}
+			}
+			normalize(list)
+			for i, s := range list {
+				if s.Score != tc.out[i] {
+					t.Errorf("key %d normalized to %d, want %d", tc.keys[i], s.Score, tc.out[i])
+				}
+			}
+		})
+	}
+}
+
+// Allocations in flight (reserved, not yet written) count as the
+// scheduler's claim tracker counts them: a burst of pods packs as one
+// pod after the other does.
+func TestInFlightAllocationsCount(t *testing.T) {
+	f := newFixture(t, Args{}, threeNodes()...)
+	_, claim := f.seatPod(class1x, 1)
+	f.allocate(claim, "node-c", false)
+	pod, _ := f.seatPod(class1x, 1)
+	scores, st := f.scores(pod, f.nodes)
+	if st != nil {
+		t.Fatal(st)
+	}
+	if want := map[string]int64{"node-a": 0, "node-b": 0, "node-c": 100}; !maps.Equal(scores, want) {
+		t.Errorf("with a seat in flight on node-c: scores %v, want %v", scores, want)
+	}
+}

@@ -1,0 +1,285 @@
+package placement
+
+import (
+	"cmp"
+	"context"
+	"math/bits"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/klog/v2"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+)
+
+// What the driver publishes (pkg/draresources, docs/design.md "The DRA
+// representation"); a test keeps these equal to the driver's own.
+const (
+	// counterSet holds one counter per GPU, named counterPrefix+index.
+	counterSet    = "gpus"
+	counterPrefix = "gpu"
+	// seatsCapacity is a group's seats.
+	seatsCapacity resourceapi.QualifiedName = "seats"
+)
+
+// gpuSet is a set of GPU indices of one node.
+type gpuSet []uint64
+
+func (s *gpuSet) add(i int) {
+	for len(*s) <= i/64 {
+		*s = append(*s, 0)
+	}
+	(*s)[i/64] |= 1 << (i % 64)
+}
+
+func (s gpuSet) has(i int) bool { return i/64 < len(s) && s[i/64]&(1<<(i%64)) != 0 }
+
+func (s *gpuSet) addAll(o gpuSet) {
+	for i, w := range o {
+		for len(*s) <= i {
+			*s = append(*s, 0)
+		}
+		(*s)[i] |= w
+	}
+}
+
+func (s gpuSet) overlaps(o gpuSet) bool {
+	for i := range min(len(s), len(o)) {
+		if s[i]&o[i] != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (s gpuSet) count() int {
+	n := 0
+	for _, w := range s {
+		n += bits.OnesCount64(w)
+	}
+	return n
+}
+
+func (s gpuSet) clone() gpuSet { return slices.Clone(s) }
+
+// bound is one more than the highest GPU index in the set, 0 if empty.
+func (s gpuSet) bound() int {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] != 0 {
+			return 64*i + bits.Len64(s[i])
+		}
+	}
+	return 0
+}
+
+// device is one of our published devices, as the score needs it.
+type device struct {
+	pool, name string
+	// gpus are the GPUs of its group; size is how many.
+	gpus gpuSet
+	size int
+	// seats is its "seats" capacity (1 where it publishes none).
+	seats int64
+	// shared: allowMultipleAllocations; a share takes seats.
+	shared bool
+	// exclusive: it consumes its GPUs' counters, so that no overlapping
+	// group can be allocated while it is in use (every profile but an
+	// overprovisioning one).
+	exclusive bool
+	// tainted with NoSchedule or NoExecute: the allocator takes it only
+	// for a request that tolerates the taint, which the score does not
+	// predict, so it counts as unavailable.
+	tainted bool
+	// api is the device as published, for the classes' selectors.
+	api *resourceapi.Device
+}
+
+// pool is the node's pool of our driver: its devices in the order the
+// allocator tries them (first fit), and which devices each DeviceClass
+// selects, computed once per version of the slices and of the class.
+type pool struct {
+	node    string
+	key     string
+	gpus    int
+	devices []*device
+
+	mu      sync.Mutex
+	matches map[string][]bool
+}
+
+// sliceKey identifies one version of a slice.
+type sliceKey struct {
+	uid     types.UID
+	version string
+}
+
+// poolCache keeps the parsed pools from one scheduling cycle to the next:
+// a node's slices change when its GPUs' health does, not when claims come
+// and go, so parsing them again for every pod would be wasted work.
+type poolCache struct {
+	mu    sync.Mutex
+	pools map[string]*pool
+}
+
+// update returns the pools of our driver among slices, by node name,
+// parsing only the pools whose slices changed since the last call.
+func (c *poolCache) update(all []*resourceapi.ResourceSlice) map[string]*pool {
+	byNode := map[string][]*resourceapi.ResourceSlice{}
+	for _, s := range all {
+		if s.Spec.Driver != driver.Name || s.Spec.NodeName == nil {
+			continue
+		}
+		byNode[*s.Spec.NodeName] = append(byNode[*s.Spec.NodeName], s)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	next := make(map[string]*pool, len(byNode))
+	for node, ss := range byNode {
+		ss = currentGeneration(ss)
+		key := poolKey(ss)
+		if p, ok := c.pools[node]; ok && p.key == key {
+			next[node] = p
+			continue
+		}
+		next[node] = parsePool(node, key, ss)
+	}
+	c.pools = next
+	return next
+}
+
+// currentGeneration keeps the slices of each pool's newest generation, as
+// the allocator does while a pool is being republished, sorted by name:
+// the allocator's order between a pool's slices is its listing's, which
+// the score cannot see; our pools hold one slice of devices up to 64
+// groups, so the order within it is what matters.
+func currentGeneration(ss []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
+	newest := map[string]int64{}
+	for _, s := range ss {
+		newest[s.Spec.Pool.Name] = max(newest[s.Spec.Pool.Name], s.Spec.Pool.Generation)
+	}
+	out := ss[:0:0]
+	for _, s := range ss {
+		if s.Spec.Pool.Generation == newest[s.Spec.Pool.Name] {
+			out = append(out, s)
+		}
+	}
+	slices.SortFunc(out, func(a, b *resourceapi.ResourceSlice) int {
+		return cmp.Or(cmp.Compare(a.Spec.Pool.Name, b.Spec.Pool.Name), cmp.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+func poolKey(ss []*resourceapi.ResourceSlice) string {
+	var b strings.Builder
+	for _, s := range ss {
+		b.WriteString(string(s.UID))
+		b.WriteByte('/')
+		b.WriteString(s.ResourceVersion)
+		b.WriteByte(';')
+	}
+	return b.String()
+}
+
+func parsePool(node, key string, ss []*resourceapi.ResourceSlice) *pool {
+	p := &pool{node: node, key: key, matches: map[string][]bool{}}
+	counters := 0
+	for _, s := range ss {
+		for _, cs := range s.Spec.SharedCounters {
+			if cs.Name == counterSet {
+				counters = max(counters, len(cs.Counters))
+			}
+		}
+		for i := range s.Spec.Devices {
+			d := parseDevice(&s.Spec.Devices[i])
+			d.pool = s.Spec.Pool.Name
+			p.devices = append(p.devices, d)
+			p.gpus = max(p.gpus, d.gpus.bound())
+		}
+	}
+	p.gpus = max(p.gpus, counters)
+	return p
+}
+
+// parseDevice reads a device's GPUs from the counters it consumes (the
+// counter set's "gpuN"), else from its gpuIndices attribute ("0,1"),
+// which the per-seat layout, without counters, publishes.
+func parseDevice(api *resourceapi.Device) *device {
+	d := &device{name: api.Name, api: api, seats: 1, shared: api.AllowMultipleAllocations != nil && *api.AllowMultipleAllocations}
+	for _, cc := range api.ConsumesCounters {
+		if cc.CounterSet != counterSet {
+			continue
+		}
+		for name := range cc.Counters {
+			if i, err := strconv.Atoi(strings.TrimPrefix(name, counterPrefix)); err == nil && strings.HasPrefix(name, counterPrefix) && i >= 0 {
+				d.gpus.add(i)
+				d.exclusive = true
+			}
+		}
+	}
+	if !d.exclusive {
+		if a, ok := api.Attributes[resourceapi.QualifiedName(v1alpha1.AttrGPUIndices)]; ok && a.StringValue != nil {
+			for _, f := range strings.Split(*a.StringValue, ",") {
+				if i, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && i >= 0 {
+					d.gpus.add(i)
+				}
+			}
+		}
+	}
+	d.size = d.gpus.count()
+	if c, ok := api.Capacity[seatsCapacity]; ok && c.Value.Value() > 0 {
+		d.seats = c.Value.Value()
+	}
+	for _, t := range api.Taints {
+		if t.Effect == resourceapi.DeviceTaintEffectNoSchedule || t.Effect == resourceapi.DeviceTaintEffectNoExecute {
+			d.tainted = true
+		}
+	}
+	return d
+}
+
+// classMatches says which of the pool's devices a DeviceClass selects,
+// evaluating its CEL selectors once per version of the class and the
+// pool. A selector that does not compile or fails selects nothing here;
+// the allocator reports it to the pod.
+func (p *pool) classMatches(ctx context.Context, celCache *cel.Cache, class *resourceapi.DeviceClass) []bool {
+	key := string(class.UID) + "/" + class.ResourceVersion
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if m, ok := p.matches[key]; ok {
+		return m
+	}
+	if len(p.matches) > 64 {
+		// Versions of classes long gone.
+		clear(p.matches)
+	}
+	m := make([]bool, len(p.devices))
+	for i, d := range p.devices {
+		m[i] = selects(ctx, celCache, class, d.api)
+	}
+	p.matches[key] = m
+	return m
+}
+
+func selects(ctx context.Context, celCache *cel.Cache, class *resourceapi.DeviceClass, api *resourceapi.Device) bool {
+	for _, sel := range class.Spec.Selectors {
+		if sel.CEL == nil {
+			continue
+		}
+		expr := celCache.GetOrCompile(sel.CEL.Expression)
+		if expr.Error != nil {
+			klog.FromContext(ctx).V(4).Info("DeviceClass selector does not compile", "deviceClass", klog.KObj(class), "err", expr.Error)
+			return false
+		}
+		ok, _, err := expr.DeviceMatches(ctx, cel.Device{Driver: driver.Name, AllowMultipleAllocations: api.AllowMultipleAllocations, Attributes: api.Attributes, Capacity: api.Capacity})
+		if err != nil || !ok {
+			return false
+		}
+	}
+	return true
+}
