@@ -5,12 +5,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
@@ -109,6 +112,65 @@ func TestAnMPSDaemonThatDiesIsStartedAgain(t *testing.T) {
 	n.unprepare(one)
 	if got := n.daemons("g0-1x"); len(got) != 0 {
 		t.Errorf("daemons %v after the group's last release", got)
+	}
+}
+
+// A daemon that dies while a claim holds its group, and whose restarts
+// fail for a while (the daemon exits at once): the watcher tries again at
+// every check, logs the failure once rather than at each, and starts the
+// daemon as soon as a start succeeds; only that restart is counted.
+func TestAnMPSDaemonWhoseRestartsFailIsStartedOnceOneCan(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "fail")
+	wrapper := filepath.Join(t.TempDir(), "control.sh")
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	n := newMPSNodeWith(t, sharingConfig, func(o *mps.Options) {
+		script := "#!/bin/sh\nif [ \"$1\" = -f ] && [ -e " + marker + " ]; then echo transient failure; exit 1; fi\nexec " + o.Control[0] + " \"$@\"\n"
+		if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		o.Control = []string{wrapper}
+	}, func(e *env) { e.ctx = klog.NewContext(e.ctx, logger) })
+	logs := func() string { return logger.GetSink().(ktesting.Underlier).GetBuffer().String() }
+	one := n.claim(class1x)
+	env, _ := n.container(n.prepareOK(one)...)
+	first := n.daemons("g0-1x")
+	if len(first) != 1 {
+		t.Fatalf("daemons of g0-1x %v, want one", first)
+	}
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(first[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	daemonOut := filepath.Join(n.root, "g0-1x", mps.LogDir, "daemon.out")
+	waitFor(t, "five failed restarts", func() bool {
+		data, _ := os.ReadFile(daemonOut)
+		return strings.Count(string(data), "transient failure") >= 5
+	})
+	if got := strings.Count(logs(), "Cannot settle MPS daemon"); got != 1 {
+		t.Errorf("the watcher logged %d failures of the group's restarts, want 1 (then at most one a minute)", got)
+	}
+	if v, ok := n.gathered("kyb_mps_daemon_restarts_total", map[string]string{"group": "g0-1x"}); ok && v != 0 {
+		t.Errorf("kyb_mps_daemon_restarts_total{group=g0-1x} = %v after failed restarts only, want 0", v)
+	}
+
+	if err := os.Remove(marker); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the watcher to start the daemon once it can", func() bool { return len(n.daemons("g0-1x")) == 1 })
+	if got := joinMPS(t, n.control, n.pipe("g0-1x"), env); got != "thread=25 mem=0=20480M" {
+		t.Errorf("the seat's container got %q from the restarted daemon", got)
+	}
+	if m := n.sim.ComputeMode(0); m != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+		t.Errorf("GPU 0 is %s under the restarted daemon", simnode.ComputeModeName(m))
+	}
+	waitFor(t, "the restart to be counted", func() bool {
+		v, ok := n.gathered("kyb_mps_daemon_restarts_total", map[string]string{"group": "g0-1x"})
+		return ok && v == 1
+	})
+	if !strings.Contains(logs(), "MPS daemon settled after failed attempts") {
+		t.Error("the watcher did not log that the group's daemon runs again after failed attempts")
 	}
 }
 

@@ -70,6 +70,10 @@ type sharing struct {
 	// down are the MPS groups with a lost GPU, whose daemons are halted
 	// until the GPU comes back.
 	down map[string]bool
+
+	// failing are the groups whose daemon the watcher keeps failing to
+	// settle (its goroutine's alone).
+	failing map[string]*watchFailure
 }
 
 func newSharing(s Sharing, node nodePlan) *sharing {
@@ -77,7 +81,7 @@ func newSharing(s Sharing, node nodePlan) *sharing {
 		s.WatchInterval = 5 * time.Second
 	}
 	hw := &groupshare.Hardware{Inv: node.inv, MPS: s.MPS, SetTimeSlice: s.SetTimeSlice}
-	return &sharing{Sharing: s, node: node, hw: hw, largest: map[string]int{}, changed: map[string]bool{}, down: map[string]bool{},
+	return &sharing{Sharing: s, node: node, hw: hw, largest: map[string]int{}, changed: map[string]bool{}, down: map[string]bool{}, failing: map[string]*watchFailure{},
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kyb_mps_daemon_restarts_total", Help: "MPS control daemons started again after they ended while their group was in use, by group.",
 		}, []string{"group"})}

@@ -21,10 +21,28 @@ import (
 // children, so their end cannot be waited for. Every WatchInterval, and at
 // every change of the GPUs' health, the watcher reads each recorded
 // daemon's PID and start time from /proc (no daemon is asked anything):
-// a daemon of a group in use that ended is started again, with the limits
-// wanted, counted (kyb_mps_daemon_restarts_total) and reported (a Warning
-// event on the node); a daemon of a group no claim holds any more, whose
-// stop could not be confirmed at its release, is stopped now.
+// a daemon of a group in use that ended, or whose last start failed, is
+// started again, with the limits wanted, counted
+// (kyb_mps_daemon_restarts_total) and reported (a Warning event on the
+// node) once it answers; a daemon of a group no claim holds any more,
+// whose stop could not be confirmed at its release, is stopped now. What
+// keeps failing (a start the driver refuses, a daemon that will not end)
+// is tried again at every check but logged at most once a
+// failureLogInterval, with how many attempts failed.
+
+// failureLogInterval is how often the watcher logs a group whose daemon
+// it keeps failing to settle.
+const failureLogInterval = time.Minute
+
+// watchFailure is a group whose daemon the watcher failed to settle, at
+// each of its last attempts.
+type watchFailure struct {
+	attempts int
+	// logged is when a failure was last logged; unlogged are the
+	// failures since.
+	logged   time.Time
+	unlogged int
+}
 
 // reportTo makes the watcher's restarts known: as events on the node and
 // a counter in registry.
@@ -127,10 +145,36 @@ func (s *sharing) checkDaemons(ctx context.Context) {
 					fmt.Sprintf("the MPS control daemon of group %s (GPUs %s) ended while claims hold the group; it was started again, and clients that were connected to it must start again", g.Name, gpuListOf(g.GPUs)))
 			}
 		}
-		if err != nil {
-			logger.Error(err, "Cannot settle MPS daemon", "mpsDaemon", name)
-		}
+		s.report(ctx, name, err)
 	}
+}
+
+// report logs what the watcher could not do to a group's daemon: the
+// first failure at once, then at most one each failureLogInterval while
+// the group keeps failing, and, once it no longer does, after how many
+// attempts. Only the watcher's goroutine calls it.
+func (s *sharing) report(ctx context.Context, name string, err error) {
+	logger := klog.FromContext(ctx)
+	f := s.failing[name]
+	if err == nil {
+		if f != nil {
+			logger.Info("MPS daemon settled after failed attempts", "mpsDaemon", name, "failedAttempts", f.attempts)
+			delete(s.failing, name)
+		}
+		return
+	}
+	if f == nil {
+		f = &watchFailure{}
+		s.failing[name] = f
+	}
+	f.attempts++
+	now := time.Now()
+	if f.attempts > 1 && now.Sub(f.logged) < failureLogInterval {
+		f.unlogged++
+		return
+	}
+	logger.Error(err, "Cannot settle MPS daemon", "mpsDaemon", name, "failedAttempts", f.attempts, "unloggedFailures", f.unlogged)
+	f.logged, f.unlogged = now, 0
 }
 
 func gpuListOf(gpus []int) string {
