@@ -3,7 +3,9 @@ package draplugin
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,6 +56,15 @@ func (d *Driver) holders(ctx context.Context, claims []*resourceapi.ResourceClai
 		}
 		h.Containers[claim.UID] = containers
 	}
+	// Every container of the pods asked about, also those holding none of
+	// the call's claims: one may hold two claims prepared before.
+	for _, key := range slices.SortedFunc(maps.Keys(answers), func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) }) {
+		if a := answers[key]; a.err == nil {
+			for _, ctr := range a.pod.Containers {
+				h.Pods = append(h.Pods, ctr.Claims)
+			}
+		}
+	}
 	if len(unknown) > 0 {
 		h.Beside, h.BesideHeld = d.besideStandalone(ctx, unknown)
 	}
@@ -84,9 +95,7 @@ func (d *Driver) claimHolders(ctx context.Context, claim *resourceapi.ResourceCl
 		key := types.NamespacedName{Namespace: claim.Namespace, Name: ref.Name}
 		a, asked := answers[key]
 		if !asked {
-			getCtx, cancel := context.WithTimeout(ctx, podResourcesTimeout)
-			a.pod, a.err = d.opts.PodResources.PodClaims(getCtx, key.Namespace, key.Name)
-			cancel()
+			a.pod, a.err = d.podClaims(ctx, key)
 			answers[key] = a
 		}
 		if a.err != nil {
@@ -106,6 +115,41 @@ func (d *Driver) claimHolders(ctx context.Context, claim *resourceapi.ResourceCl
 	}
 	return containers, ""
 }
+
+// podClaims asks the kubelet for one pod's claims, within
+// podResourcesTimeout. The kubelet rate-limits its PodResources server as
+// a whole, for every client on the node (1.37: a burst of 10, then 100 a
+// second), and refuses a call over the limit at once: in a burst of pod
+// starts, more than ten prepares ask within a few milliseconds. A refused
+// call is made again once a token is back rather than deciding the claim
+// the conservative way.
+func (d *Driver) podClaims(ctx context.Context, key types.NamespacedName) (podresources.PodClaims, error) {
+	ctx, cancel := context.WithTimeout(ctx, podResourcesTimeout)
+	defer cancel()
+	wait := podResourcesRetry
+	for {
+		pod, err := d.opts.PodResources.PodClaims(ctx, key.Namespace, key.Name)
+		if err == nil || !podresources.RateLimited(err) {
+			return pod, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return pod, err
+		case <-t.C:
+		}
+		wait = min(2*wait, podResourcesRetryMax)
+	}
+}
+
+// podResourcesRetry and podResourcesRetryMax space the calls the kubelet
+// refused for its rate limit: a token comes back every 10 ms at its
+// default rate.
+const (
+	podResourcesRetry    = 10 * time.Millisecond
+	podResourcesRetryMax = 100 * time.Millisecond
+)
 
 // holdsOtherThan reports whether the node holds a claim of this driver
 // other than uid.

@@ -1,11 +1,13 @@
 package draplugin_test
 
 import (
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"golang.org/x/time/rate"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -14,6 +16,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources/podresourcestest"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
 
@@ -160,6 +163,155 @@ func TestSpecsFollowTheContainersHoldingTheClaims(t *testing.T) {
 	if got, want := cuda(firstIDs), e.ownGPUs(firstIDs); got != want {
 		t.Errorf("an unrelated claim: CUDA_VISIBLE_DEVICES=%s, want %s", got, want)
 	}
+}
+
+// A later pod's container holds two standalone claims that the node
+// prepared before for other pods, and its other container a new claim:
+// the kubelet calls for the new claim alone, and lists the first container
+// with the two held claims. Those are combined and their specs written
+// again before the call answers, so that the container sees both GPUs
+// whichever spec the runtime applies last.
+func TestHeldClaimsTogetherInAnotherContainerAreCombined(t *testing.T) {
+	var kubelet *podresourcestest.Server
+	e := newEnv(t, "nvlink-2x4", seed, withPodResources(t, &kubelet))
+	s := e.reserveFor(e.standaloneOnGPU(0), "pod-a")
+	kubelet.SetPod(s.Namespace, "pod-a", ctr("app", s))
+	idsS := e.prepareOK(s)
+	tt := e.reserveFor(e.standaloneOnGPU(5), "pod-b")
+	kubelet.SetPod(tt.Namespace, "pod-b", ctr("app", tt))
+	idsT := e.prepareOK(tt)
+
+	c := e.reserveFor(e.claim(class1x), "pod-p")
+	s = e.reserveFor(s, "pod-p")
+	tt = e.reserveFor(tt, "pod-p")
+	kubelet.SetPod(c.Namespace, "pod-p", ctr("both", s, tt), ctr("other", c))
+	idsC := e.prepareOK(c)
+
+	union := e.unionOf(idsS, idsT)
+	if len(union) != 2 {
+		t.Fatalf("the held claims hold %v, want 2 GPUs", union)
+	}
+	for _, order := range [][]string{slices.Concat(idsS, idsT), slices.Concat(idsT, idsS)} {
+		env, devs := e.container(order...)
+		sees := e.cudaSees(env, devs)
+		slices.Sort(sees)
+		if env["CUDA_VISIBLE_DEVICES"] != "0,1" || !slices.Equal(sees, union) {
+			t.Errorf("container holding both held claims, injected as %v: CUDA_VISIBLE_DEVICES=%s, CUDA sees %v, want 0,1 and %v", order, env["CUDA_VISIBLE_DEVICES"], sees, union)
+		}
+	}
+	if got, want := cuda(e, idsC), e.ownGPUs(idsC); got != want {
+		t.Errorf("the new claim, alone in its container: CUDA_VISIBLE_DEVICES=%s, want its own GPU %s", got, want)
+	}
+}
+
+// A container holds two claims of its pod; one is refused for a while
+// (its group shares a GPU with a claim another pod still holds), so the
+// kubelet calls again with both until it succeeds, and no container
+// starts before. The other claim's spec then names the GPUs the container
+// holds, not every GPU of the node: the failure gave its partner no width
+// to keep.
+func TestTransientFailureOfAPartnerLeavesNoWidth(t *testing.T) {
+	var kubelet *podresourcestest.Server
+	e := newEnv(t, "nvlink-2x4", seed, withPodResources(t, &kubelet))
+	x := e.reserveFor(e.claim(class1x), "pod-x") // g0-1x
+	kubelet.SetPod(x.Namespace, "pod-x", ctr("app", x))
+	e.prepareOK(x)
+
+	a := e.reserveFor(e.claimOnGPU("default", 4), "pod-p")
+	b := e.claimOn(nodeName+"-per-seat", class2x)
+	b.Status.Allocation.Devices.Results[0].Device = "g01-2x"
+	b = e.update(b)
+	b = e.reserveFor(b, "pod-p")
+	kubelet.SetPod(a.Namespace, "pod-p", ctr("app", a, b))
+
+	if r := e.prepare(a, b)[string(b.UID)]; r == nil || r.Error == "" {
+		t.Fatalf("the test wants the 2x claim refused while claim %s holds GPU 0: %+v", x.Name, r)
+	}
+	if r := e.unprepare(x)[string(x.UID)]; r == nil || r.Error != "" {
+		t.Fatalf("unprepare %s: %+v", x.Name, r)
+	}
+	ids := e.prepareAll(a, b)
+	union := e.unionOf(ids...)
+	if len(union) != 3 {
+		t.Fatalf("the two claims hold %v, want 3 GPUs", union)
+	}
+	for _, order := range [][]string{slices.Concat(ids[0], ids[1]), slices.Concat(ids[1], ids[0])} {
+		env, devs := e.container(order...)
+		sees := e.cudaSees(env, devs)
+		slices.Sort(sees)
+		if env["CUDA_VISIBLE_DEVICES"] != "0,1,2" || !slices.Equal(sees, union) {
+			t.Errorf("both claims in one container, injected as %v: CUDA_VISIBLE_DEVICES=%s, CUDA sees %v, want 0,1,2 and %v", order, env["CUDA_VISIBLE_DEVICES"], sees, union)
+		}
+	}
+}
+
+// The kubelet refuses PodResources calls over its rate limit, for every
+// client of the node together. A prepare refused so waits for the next
+// token instead of taking its claims for ones that may share a container:
+// two claims of a pod, each alone in its container, keep their UUIDs.
+func TestPrepareWaitsOutThePodResourcesRateLimit(t *testing.T) {
+	var kubelet *podresourcestest.Server
+	e := newEnv(t, "nvlink-2x4", seed, withPodResources(t, &kubelet))
+	a, b := e.reserveFor(e.claim(class1x), "pod-p"), e.reserveFor(e.claim(class1x), "pod-p")
+	kubelet.SetPod(a.Namespace, "pod-p", ctr("a", a), ctr("b", b))
+	// The bucket is empty when the prepare asks: other clients took it.
+	kubelet.Limit(rate.NewLimiter(rate.Limit(20), 1))
+	client, err := podresources.NewClient(kubelet.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	if _, err := client.PodClaims(e.ctx, a.Namespace, "pod-p"); err != nil {
+		t.Fatal(err)
+	}
+	gets := kubelet.Gets()
+	ids := e.prepareAll(a, b)
+	for i, c := range []*resourceapi.ResourceClaim{a, b} {
+		if got, want := cuda(e, ids[i]), e.ownGPUs(ids[i]); got != want {
+			t.Errorf("claim %s alone in its container: CUDA_VISIBLE_DEVICES=%s, want its own GPU %s", c.Name, got, want)
+		}
+	}
+	if kubelet.Gets()-gets < 2 {
+		t.Errorf("the kubelet was asked %d times; the test wants a refused call and one answered", kubelet.Gets()-gets)
+	}
+}
+
+// cuda is the CUDA_VISIBLE_DEVICES a container of the CDI devices gets.
+func cuda(e *env, ids []string) string {
+	env, _ := e.container(ids...)
+	return env["CUDA_VISIBLE_DEVICES"]
+}
+
+// claimOnGPU is a pod's one-request claim in namespace, on GPU gpu.
+func (e *env) claimOnGPU(namespace string, gpu int) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	e.claimN++
+	c := schedulertest.Claim(fmt.Sprintf("claim-%d", e.claimN), class1x, 1,
+		schedulertest.WithSelector(fmt.Sprintf(`device.attributes["gpu.kyb.ai"].gpuIndices == "%d"`, gpu)))
+	c.Namespace = namespace
+	c.UID = types.UID(fmt.Sprintf("0000000%d-1111-2222-3333-444444444444", e.claimN))
+	c.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "pod", UID: "pod-uid", Controller: new(true)}}
+	alloc, err := e.cluster.Allocate(e.ctx, c, nodeName)
+	if err != nil || alloc == nil {
+		e.t.Fatalf("allocate on GPU %d: %v %v", gpu, alloc, err)
+	}
+	for i := range alloc.Devices.Results {
+		alloc.Devices.Results[i].Pool = nodeName
+	}
+	c.Status.Allocation = alloc
+	return e.store(c)
+}
+
+// standaloneOnGPU is a standalone one-seat claim on GPU gpu.
+func (e *env) standaloneOnGPU(gpu int) *resourceapi.ResourceClaim {
+	e.t.Helper()
+	c := e.claimOnGPU("default", gpu)
+	c.OwnerReferences = nil
+	c, err := e.client.ResourceV1().ResourceClaims(c.Namespace).Update(e.ctx, c, metav1.UpdateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
 }
 
 // unionOf is the UUIDs of the GPUs whose device nodes the CDI devices give,

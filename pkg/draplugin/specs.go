@@ -10,6 +10,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
 // claimSpecs are the CDI specs of prepared claims: one transient spec per
@@ -81,9 +82,13 @@ func (s *claimSpecs) devices(c *checkpoint.Claim) ([]cdi.Device, error) {
 		}
 	}
 	edits := map[string]*containeredits.Edits{}
-	// A container that takes the whole claim gets every request's
-	// device; one of a pod's containers may hold several claims.
-	combined := c.Combined || len(order) > 1
+	// The ledger marks a claim combined where a container holds it beside
+	// another, or holds several of its requests. An entry it did not mark
+	// (recorded before it decided this, or rebuilt with no spec to read)
+	// is combined where it has several requests that one container may
+	// hold: all of them, unless their names put each in a container of its
+	// own (an extended-resource claim's, seatledger.RequestsApart).
+	combined := c.Combined || len(order) > 1 && !seatledger.RequestsApart(c)
 	for _, r := range order {
 		opts := s.edits
 		opts.VisibleDevices = visible[r]

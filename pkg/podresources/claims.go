@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
@@ -79,4 +81,12 @@ func (c *Client) PodClaims(ctx context.Context, namespace, name string) (PodClai
 		out.Containers = append(out.Containers, cc)
 	}
 	return out, nil
+}
+
+// RateLimited reports whether the kubelet refused a call for its rate
+// limit: it limits its PodResources server as a whole, every client of
+// the node together (Kubernetes 1.37: a burst of 10, then 100 a second),
+// and answers a call over the limit at once with ResourceExhausted.
+func RateLimited(err error) bool {
+	return status.Code(err) == codes.ResourceExhausted
 }

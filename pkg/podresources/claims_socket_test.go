@@ -6,7 +6,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
@@ -44,6 +46,32 @@ func TestPodClaimsOverRealSocket(t *testing.T) {
 	}
 	if _, err := client.PodClaims(context.Background(), "ns", "unknown"); err == nil || !strings.Contains(err.Error(), "ns/unknown") {
 		t.Errorf("a pod the kubelet does not know: %v", err)
+	}
+}
+
+// A call the kubelet refuses for its rate limit says so, through the
+// error's wrapping; other errors do not.
+func TestRateLimitedOverRealSocket(t *testing.T) {
+	srv := podresourcestest.Start(t, filepath.Join(sockettest.Dir(t), "kubelet.sock"))
+	srv.SetPod("ns", "p", podresources.ContainerClaims{Name: "app"})
+	client, err := podresources.NewClient(srv.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+	if _, err := client.PodClaims(ctx, "ns", "unknown"); err == nil || podresources.RateLimited(err) {
+		t.Errorf("a pod the kubelet does not know: %v, rate limited %v", err, podresources.RateLimited(err))
+	}
+	srv.Limit(rate.NewLimiter(rate.Every(time.Hour), 1))
+	if _, err := client.PodClaims(ctx, "ns", "p"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.PodClaims(ctx, "ns", "p"); !podresources.RateLimited(err) {
+		t.Errorf("a call over the limit: %v, want one the rate limit refused", err)
+	}
+	if podresources.RateLimited(nil) {
+		t.Error("no error is rate limited")
 	}
 }
 

@@ -29,11 +29,16 @@ import (
 // prepare call; the plugin asks the kubelet's PodResources API (Holders,
 // filled in by the caller). It names claims whole, so a container that
 // references a claim with several requests counts as holding them all,
-// and such a claim is combined. A held claim that a container of a later
-// pod holds beside a new one is combined from then on, and its spec is
-// written again before that pod's prepare answers (Widened). A combined
-// claim stays combined, and its n only grows: a spec a container already
-// read is never narrowed under it.
+// and such a claim is combined; except an extended-resource claim, whose
+// requests are each one container's (see requestGroups). A held claim
+// that a container of a later pod holds beside a new one, or beside
+// another held claim, is combined from then on, and its spec is written
+// again before that pod's prepare answers (Widened). A combined claim
+// stays combined, and its n only grows: a spec a container already read
+// is never narrowed under it. So a claim of the call that fails adds no
+// GPU to its partners' n: the kubelet marks a pod's claims prepared only
+// once the whole call succeeded, and calls again with all of them before
+// any container starts; that call counts them.
 //
 // Where the kubelet could not say (Holders lacks the claim), the rule is
 // the conservative one that needs no pod: the kubelet prepares a pod's
@@ -42,7 +47,8 @@ import (
 // those. So a claim is combined, over every GPU of the node, when its call
 // holds several claims, when it is standalone, or when its pod references
 // a standalone claim the node holds (Holders.Beside; that one is combined
-// too).
+// too); and, over its own GPUs, when one container may hold several of
+// its requests.
 
 // Holders are the containers that hold the claims of a prepare call.
 type Holders struct {
@@ -50,6 +56,11 @@ type Holders struct {
 	// kubelet named, the containers of the pods reserving it that
 	// reference it, each as every claim it references (any driver's).
 	Containers map[types.UID][][]types.NamespacedName
+	// Pods are every container of the pods the kubelet named them for,
+	// each as every claim it references: a container holding none of the
+	// call's claims may hold two held claims, which no call of their own
+	// will combine (the kubelet prepares them no more).
+	Pods [][]types.NamespacedName
 	// Beside marks claims of the call, decided conservatively, whose pod
 	// also references a standalone claim the node holds: BesideHeld.
 	Beside     map[types.UID]bool
@@ -90,8 +101,9 @@ func combineTo(c *checkpoint.Claim, n int) bool {
 // one with. Claims recorded before and sent again get their spec written
 // again whenever they are combined (a rewrite that failed, or a crash
 // after the save, is not left behind); so do held claims a container
-// holds beside one of the call (Widened). It reports whether an entry
-// changed. Call with the ledger's lock held.
+// holds beside one of the call, or beside another held claim in a pod of
+// the call (Widened). It reports whether an entry changed. Call with the
+// ledger's lock held.
 func (r *Reservation) combine(st *checkpoint.State) bool {
 	call := make(map[types.NamespacedName]types.UID, len(r.claims))
 	claims := make(map[types.UID]*resourceapi.ResourceClaim, len(r.claims))
@@ -121,9 +133,12 @@ func (r *Reservation) combine(st *checkpoint.State) bool {
 		}
 		widened[uid] = true
 	}
+	in := func(refs []types.NamespacedName) ([]types.UID, int) {
+		return r.oursIn(refs, call, claims, heldUID, st)
+	}
 	// Counted over the call's claims, not its entries: a claim that
-	// failed here is prepared again alone, and its partner must already
-	// agree with it.
+	// failed here is prepared again with the others, and whether they
+	// may share a container does not depend on it.
 	several := len(claims) >= 2
 	for uid, c := range r.Entries {
 		if s := Standalone(claims[uid]); c.Standalone != s {
@@ -131,23 +146,24 @@ func (r *Reservation) combine(st *checkpoint.State) bool {
 		}
 		var w width
 		containers, known := r.holders.Containers[uid]
-		if !known {
-			if several || c.Standalone || r.holders.Beside[uid] {
-				w.widen(allGPUs)
-			}
-		} else {
-			if requests(c) > 1 {
-				w.widen(gpus(c, nil))
-			}
-			for _, refs := range containers {
-				ours, n := r.oursIn(refs, call, heldUID, st)
-				if len(ours) < 2 {
-					continue
+		switch {
+		case !known && (several || c.Standalone || r.holders.Beside[uid]):
+			w.widen(allGPUs)
+		default:
+			for _, g := range requestGroups(c, extendedResourceClaim(claims[uid])) {
+				if len(g.requests) > 1 {
+					w.widen(len(g.gpus))
 				}
-				w.widen(n)
-				for _, o := range ours {
-					widenHeld(o, n)
-				}
+			}
+		}
+		for _, refs := range containers {
+			ours, n := in(refs)
+			if len(ours) < 2 {
+				continue
+			}
+			w.widen(n)
+			for _, o := range ours {
+				widenHeld(o, n)
 			}
 		}
 		if w.set && combineTo(c, w.n) {
@@ -155,6 +171,15 @@ func (r *Reservation) combine(st *checkpoint.State) bool {
 		}
 		if !r.Fresh[uid] && c.Combined {
 			r.Rewrite[uid] = true
+		}
+	}
+	for _, refs := range r.holders.Pods {
+		ours, n := in(refs)
+		if len(ours) < 2 {
+			continue
+		}
+		for _, o := range ours {
+			widenHeld(o, n)
 		}
 	}
 	for _, name := range r.holders.BesideHeld {
@@ -167,20 +192,29 @@ func (r *Reservation) combine(st *checkpoint.State) bool {
 }
 
 // oursIn finds, among the claims one container references, those of this
-// driver (of the call, or held), and how many GPUs they give the
-// container; allGPUs where one of the call's has no entry (it failed: its
-// GPUs are not known yet).
-func (r *Reservation) oursIn(refs []types.NamespacedName, call map[types.NamespacedName]types.UID, held func(types.NamespacedName) (types.UID, bool), st *checkpoint.State) ([]types.UID, int) {
+// driver (of the call, or held), and the most GPUs they may give the
+// container. A claim of the call that failed here (no entry) gives none:
+// the kubelet calls again with it before any container starts. Of an
+// extended-resource claim the container holds one container's requests,
+// which ones is not known: the group that gives the most counts.
+func (r *Reservation) oursIn(refs []types.NamespacedName, call map[types.NamespacedName]types.UID, claims map[types.UID]*resourceapi.ResourceClaim, held func(types.NamespacedName) (types.UID, bool), st *checkpoint.State) ([]types.UID, int) {
 	var ours []types.UID
 	seen := map[int]bool{}
-	known := true
+	var choices [][]requestGroup
 	for _, ref := range refs {
 		if uid, ok := call[ref]; ok {
+			if slices.Contains(ours, uid) {
+				continue
+			}
 			ours = append(ours, uid)
-			if c := r.Entries[uid]; c != nil {
-				gpus(c, seen)
+			c := r.Entries[uid]
+			if c == nil {
+				continue
+			}
+			if groups := requestGroups(c, extendedResourceClaim(claims[uid])); len(groups) > 1 {
+				choices = append(choices, groups)
 			} else {
-				known = false
+				gpus(c, seen)
 			}
 			continue
 		}
@@ -189,10 +223,22 @@ func (r *Reservation) oursIn(refs []types.NamespacedName, call map[types.Namespa
 			gpus(st.Claims[uid], seen)
 		}
 	}
-	if !known {
-		return ours, allGPUs
+	return ours, widest(seen, choices)
+}
+
+// widest is the most GPUs seen and one group of each choice give
+// together.
+func widest(seen map[int]bool, choices [][]requestGroup) int {
+	if len(choices) == 0 {
+		return len(seen)
 	}
-	return ours, len(seen)
+	most := 0
+	for _, g := range choices[0] {
+		with := maps.Clone(seen)
+		maps.Copy(with, g.gpus)
+		most = max(most, widest(with, choices[1:]))
+	}
+	return most
 }
 
 // gpus adds the GPUs of c's devices to seen (a new set where nil) and
@@ -204,17 +250,6 @@ func gpus(c *checkpoint.Claim, seen map[int]bool) int {
 	for _, dev := range c.Devices {
 		for _, g := range dev.GPUs {
 			seen[g] = true
-		}
-	}
-	return len(seen)
-}
-
-// requests counts the distinct requests c's devices serve.
-func requests(c *checkpoint.Claim) int {
-	seen := map[string]bool{}
-	for _, dev := range c.Devices {
-		for _, r := range dev.Requests {
-			seen[r] = true
 		}
 	}
 	return len(seen)

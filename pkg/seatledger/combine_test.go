@@ -124,3 +124,113 @@ func TestCombineConservativeWidensTheStandaloneClaimBeside(t *testing.T) {
 		}
 	}
 }
+
+// The scheduler names an extended-resource claim's requests
+// container-<i>-request-<j>; any other name is not one container's.
+func TestExtendedRequestContainer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		i    int
+		ok   bool
+	}{
+		{"container-0-request-0", 0, true},
+		{"container-12-request-3", 12, true},
+		{"container--request-0", 0, false},
+		{"container-1-request-", 0, false},
+		{"container-+1-request-0", 0, false},
+		{"container-1-request-0-x", 0, false},
+		{"gpu", 0, false},
+	} {
+		if i, ok := extendedRequestContainer(tc.name); i != tc.i || ok != tc.ok {
+			t.Errorf("%q: %d, %v; want %d, %v", tc.name, i, ok, tc.i, tc.ok)
+		}
+	}
+}
+
+// With the holders known, an extended-resource claim is combined only
+// where one container holds several of its requests (over their GPUs), or
+// holds it beside another claim (over the most GPUs its requests and the
+// other claim give).
+func TestCombineExtendedResourceClaim(t *testing.T) {
+	r := newRig(t, "dgx-h100", fourSeats)
+	l := r.open()
+	defer l.Close(r.ctx)
+	extended := func(name string, requests []string, devices ...string) *resourceapi.ResourceClaim {
+		c := podClaim(name, devices...)
+		c.Annotations = map[string]string{resourceapi.ExtendedResourceClaimAnnotation: "true"}
+		for i := range c.Status.Allocation.Devices.Results {
+			c.Status.Allocation.Devices.Results[i].Request = requests[i]
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name     string
+		claim    *resourceapi.ResourceClaim
+		beside   *resourceapi.ResourceClaim
+		combined bool
+		n        int
+	}{
+		{name: "one request per container",
+			claim: extended("apart", []string{"container-0-request-0", "container-1-request-0"}, "g0-1x", "g1-1x")},
+		{name: "two requests of one container",
+			claim:    extended("together", []string{"container-0-request-0", "container-0-request-1", "container-1-request-0"}, "g23-2x", "g45-2x", "g6-1x"),
+			combined: true, n: 4},
+		{name: "names not the scheduler's",
+			claim:    extended("named", []string{"a", "b"}, "g7-1x", "g0-1x"),
+			combined: true, n: 2},
+		{name: "beside another claim",
+			claim:  extended("beside", []string{"container-0-request-0", "container-1-request-0"}, "g1-1x", "g23-2x"),
+			beside: podClaim("other", "g45-2x"), combined: true, n: 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			claims := []*resourceapi.ResourceClaim{tc.claim}
+			refs := []types.NamespacedName{nameOf(tc.claim)}
+			if tc.beside != nil {
+				claims = append(claims, tc.beside)
+				refs = append(refs, nameOf(tc.beside))
+			}
+			containers := map[types.UID][][]types.NamespacedName{tc.claim.UID: {refs, {nameOf(tc.claim)}}}
+			res := reserveFor(r, l, claims, containers)
+			c := res.Entries[tc.claim.UID]
+			if c == nil {
+				t.Fatalf("not prepared: %v", res.Errs[tc.claim.UID])
+			}
+			if c.Combined != tc.combined || c.CombinedGPUs != tc.n {
+				t.Errorf("combined %v over %d GPUs, want %v over %d", c.Combined, c.CombinedGPUs, tc.combined, tc.n)
+			}
+			if _, err := l.Release(r.ctx, []types.UID{tc.claim.UID}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// A spec on disk names GPUs by index where the claim was combined: where
+// its configuration says UUIDs, or for requests that one container may
+// hold together; not for an extended-resource claim's requests, each one
+// container's, configured to name their GPUs by index.
+func TestCombinedWidthByConfiguration(t *testing.T) {
+	dev := func(name, request, visible string) checkpoint.Device {
+		d := checkpoint.Device{Requests: []string{request}, CDIDevice: name, VisibleDevices: visible}
+		d.GPUUUIDs = []string{"GPU-" + name}
+		return d
+	}
+	for _, tc := range []struct {
+		name     string
+		devices  []checkpoint.Device
+		combined bool
+	}{
+		{"one GPU by index, configured uuid", []checkpoint.Device{dev("d0", "gpu", "")}, true},
+		{"one GPU by index, configured index", []checkpoint.Device{dev("d0", "gpu", "index")}, false},
+		{"one request per container, configured index", []checkpoint.Device{dev("d0", "container-0-request-0", "index"), dev("d1", "container-1-request-0", "index")}, false},
+		{"two requests, configured index", []checkpoint.Device{dev("d0", "a", "index"), dev("d1", "b", "index")}, true},
+	} {
+		env := map[string]map[string]string{}
+		for _, d := range tc.devices {
+			env[d.CDIDevice] = map[string]string{"CUDA_VISIBLE_DEVICES": "0"}
+		}
+		if n, combined := combinedWidth(&checkpoint.Claim{Devices: tc.devices}, env); combined != tc.combined || n != 1 {
+			t.Errorf("%s: %d, %v; want 1, %v", tc.name, n, combined, tc.combined)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 )
@@ -197,8 +198,9 @@ func (l *Ledger) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.St
 }
 
 // combinedWidth reports whether a claim's spec on disk names GPUs as a
-// combined claim's does: by index, for a claim with several requests or
-// more GPUs than its request holds; and how many.
+// combined claim's does, and how many: by index where its configuration
+// says UUIDs, by more indices than its request holds, or by index for a
+// claim with several requests that one container may hold together.
 func combinedWidth(c *checkpoint.Claim, env map[string]map[string]string) (int, bool) {
 	perRequest := map[string]map[string]bool{}
 	for _, dev := range c.Devices {
@@ -219,12 +221,15 @@ func combinedWidth(c *checkpoint.Claim, env map[string]map[string]string) (int, 
 	for _, gpus := range perRequest {
 		most = max(most, len(gpus))
 	}
-	n := 0
-	for _, e := range env {
+	n, unasked := 0, false
+	for name, e := range env {
 		v := e["CUDA_VISIBLE_DEVICES"]
-		if v != "" && !strings.HasPrefix(v, "GPU-") {
-			n = max(n, len(strings.Split(v, ",")))
+		if v == "" || strings.HasPrefix(v, "GPU-") {
+			continue
 		}
+		n = max(n, len(strings.Split(v, ",")))
+		i := slices.IndexFunc(c.Devices, func(d checkpoint.Device) bool { return d.CDIDevice == name })
+		unasked = unasked || i >= 0 && c.Devices[i].VisibleDevices != string(v1alpha1.VisibleDevicesIndex)
 	}
-	return n, n > 0 && (n > most || len(perRequest) > 1)
+	return n, n > 0 && (unasked || n > most || len(perRequest) > 1 && !RequestsApart(c))
 }

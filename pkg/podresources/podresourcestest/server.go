@@ -16,7 +16,10 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
@@ -32,6 +35,9 @@ type Server struct {
 	mu   sync.Mutex
 	pods map[types.NamespacedName][]podresources.ContainerClaims
 	gets atomic.Int64
+	// limiter, when set, refuses calls over its rate as the kubelet's
+	// server does.
+	limiter *rate.Limiter
 }
 
 // TB is what Start needs of a test (testing.TB, or a harness's).
@@ -73,6 +79,23 @@ func (s *Server) RemovePod(namespace, name string) {
 	delete(s.pods, types.NamespacedName{Namespace: namespace, Name: name})
 }
 
+// Limit refuses calls over limiter's rate from now on, as the kubelet
+// does (its server interceptor: ResourceExhausted, "rejected by rate
+// limit").
+func (s *Server) Limit(limiter *rate.Limiter) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.limiter = limiter
+}
+
+// allow applies the rate limit. Call with s.mu held.
+func (s *Server) allow() error {
+	if s.limiter != nil && !s.limiter.Allow() {
+		return status.Error(codes.ResourceExhausted, "rejected by rate limit")
+	}
+	return nil
+}
+
 // Gets counts the Get calls answered so far.
 func (s *Server) Gets() int { return int(s.gets.Load()) }
 
@@ -93,6 +116,9 @@ func (s *Server) Get(_ context.Context, req *podresourcesapi.GetPodResourcesRequ
 	s.gets.Add(1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.allow(); err != nil {
+		return nil, err
+	}
 	key := types.NamespacedName{Namespace: req.GetPodNamespace(), Name: req.GetPodName()}
 	if _, ok := s.pods[key]; !ok {
 		return nil, fmt.Errorf("pod %s in namespace %s not found", key.Name, key.Namespace)
@@ -104,6 +130,9 @@ func (s *Server) Get(_ context.Context, req *podresourcesapi.GetPodResourcesRequ
 func (s *Server) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.allow(); err != nil {
+		return nil, err
+	}
 	resp := &podresourcesapi.ListPodResourcesResponse{}
 	for _, key := range slices.SortedFunc(maps.Keys(s.pods), func(a, b types.NamespacedName) int {
 		return strings.Compare(a.String(), b.String())
