@@ -14,9 +14,13 @@ package draplugin
 // prepared claims, so that every CDI device a prepare returned resolves
 // whether or not the kubelet prepares the claim again before a container
 // starts (a container restarted in its running pod is not prepared
-// again). Where the seat ledger restores a claim's own spec, the
-// metadata's specs come back with it, and the metadata files too if they
-// are gone.
+// again). Where the seat ledger restores a claim's own spec, or finds a
+// metadata spec missing, the metadata's specs come back, and the metadata
+// files too if they are gone. Whatever --device-metadata says now: a
+// claim prepared while it was on named its metadata's CDI device to the
+// kubelet, and a metadata file on disk for the claim says so. A release
+// removes them too (metadatacleanup.go), since the helper removes only
+// what it writes while device metadata is on.
 //
 // The helper has no call that writes them outside a prepare
 // (UpdateRequestMetadata rewrites an existing metadata file, without the
@@ -89,6 +93,7 @@ func metadataVersions() []schema.GroupVersion {
 // metadata after the prepare answers.
 type restoringSpecs struct {
 	*claimSpecs
+	files           *deviceMetadataFiles
 	restoreMetadata func(types.UID, *checkpoint.Claim) error
 }
 
@@ -100,17 +105,33 @@ func (s restoringSpecs) Write(uid types.UID, c *checkpoint.Claim) error {
 	return s.restoreMetadata(uid, c)
 }
 
-// ledgerSpecs are the specs the seat ledger restores: the claims' own,
-// and their device metadata's where the plugin gives device metadata.
-func (d *Driver) ledgerSpecs(ctx context.Context) (seatledger.Specs, error) {
-	if !d.opts.DeviceMetadata {
-		return d.specs, nil
+// Complete reports whether the claim's spec is there, and the spec of
+// each of its metadata files.
+func (s restoringSpecs) Complete(uid types.UID, c *checkpoint.Claim) bool {
+	return s.claimSpecs.Exists(uid) && s.files.specsPresent(uid, c)
+}
+
+// Remove removes the claim's device metadata, then its spec: should the
+// first fail, the claim keeps its spec and its seats, and the release is
+// retried.
+func (s restoringSpecs) Remove(uid types.UID, claim types.NamespacedName) error {
+	if err := s.files.remove(uid, claim); err != nil {
+		return err
 	}
+	return s.claimSpecs.Remove(uid)
+}
+
+// ledgerSpecs are the specs the seat ledger keeps in step with its
+// record: the claims' own and their device metadata's. A metadata file
+// that is gone is written again only while the plugin gives device
+// metadata.
+func (d *Driver) ledgerSpecs(ctx context.Context) (seatledger.Specs, error) {
 	files, err := newDeviceMetadataFiles(d.opts.PluginDataDir, d.opts.CDIRoot, d.metadata, d.opts.Client.ResourceV1(), d.clock)
 	if err != nil {
 		return nil, err
 	}
-	return restoringSpecs{claimSpecs: d.specs, restoreMetadata: func(uid types.UID, c *checkpoint.Claim) error {
+	files.writeLost = d.opts.DeviceMetadata
+	return restoringSpecs{claimSpecs: d.specs, files: files, restoreMetadata: func(uid types.UID, c *checkpoint.Claim) error {
 		return files.restore(ctx, uid, c)
 	}}, nil
 }
@@ -126,6 +147,9 @@ type deviceMetadataFiles struct {
 	// name for it.
 	claims resourceclient.ResourceClaimsGetter
 	clock  clock.PassiveClock
+	// writeLost writes a metadata file that is gone (device metadata on);
+	// else only the specs of files that are there are restored.
+	writeLost bool
 
 	mu sync.Mutex
 	// unanswered is when the API server last failed to answer: for a
@@ -171,9 +195,9 @@ func metadataRequests(c *checkpoint.Claim) map[string]metadataRequest {
 }
 
 // restore writes what a reboot (or a lost file) took of a prepared claim's
-// device metadata: each request's CDI spec, and its metadata file when
-// that is gone or belongs to an earlier claim of the same name. Files that
-// are there are left alone.
+// device metadata: each request's CDI spec, and, with device metadata on,
+// its metadata file when that is gone or belongs to an earlier claim of
+// the same name. Files that are there are left alone.
 func (f *deviceMetadataFiles) restore(ctx context.Context, uid types.UID, c *checkpoint.Claim) error {
 	if err := cdi.CheckClaimUID(uid); err != nil {
 		return err
@@ -194,6 +218,11 @@ func (f *deviceMetadataFiles) restore(ctx context.Context, uid types.UID, c *che
 				continue
 			}
 		} else {
+			if !f.writeLost {
+				// Device metadata is off: only a file that is there
+				// says the prepare named the metadata's CDI device.
+				continue
+			}
 			if !lookedUp {
 				fromClaim, lookupErr = f.podClaimName(ctx, c.Namespace, c.Name, uid)
 				lookedUp = true

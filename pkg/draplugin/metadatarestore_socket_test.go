@@ -1,15 +1,19 @@
 package draplugin_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/dynamic-resource-allocation/api/metadata"
@@ -150,6 +154,141 @@ func TestRebootRestoresDeviceMetadataSocket(t *testing.T) {
 				t.Errorf("metadata files after every claim was unprepared: %v", left)
 			}
 		})
+	}
+}
+
+// Turning device metadata off does not take back what a prepare returned
+// while it was on: after a reboot the claim's metadata CDI device still
+// resolves (its file is on disk, its spec is written again), and the
+// kubelet's unprepare, without a reboot, removes the metadata's spec and
+// file, which the helper no longer does.
+func TestDeviceMetadataTurnedOff(t *testing.T) {
+	for _, reboot := range []bool{true, false} {
+		name := "unprepare"
+		if reboot {
+			name = "reboot"
+		}
+		t.Run(name, func(t *testing.T) {
+			metadataOn := true
+			e := newEnv(t, "nvlink-2x4", seed, withOptions(func(o *draplugin.Options) { o.DeviceMetadata = metadataOn }))
+			c := e.standaloneClaim(class1x)
+			ids := e.prepareOK(c)
+			if len(e.metadataMounts(ids...)) != 1 {
+				t.Fatalf("CDI devices %v give no metadata mount", ids)
+			}
+			e.stop()
+			if reboot {
+				removeAll(t, filepath.Join(e.dirs.cdi, "*"))
+				e.setBootID("boot-2")
+			}
+			metadataOn = false
+			e.start()
+			if reboot {
+				cache, err := cdiapiCache(e.dirs.cdi)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if unresolved, err := cache.InjectDevices(ociSpec(), ids...); err != nil {
+					t.Errorf("after the reboot: CDI devices %v the prepare returned do not resolve (unresolved %v): %v", ids, unresolved, err)
+				}
+			}
+			if r := e.unprepare(c)[string(c.UID)]; r == nil || r.Error != "" {
+				t.Fatalf("unprepare: %+v", r)
+			}
+			if left, _ := filepath.Glob(filepath.Join(e.dirs.cdi, "*")); len(left) != 0 {
+				t.Errorf("CDI specs after the claim was unprepared: %v", left)
+			}
+			if left, _ := filepath.Glob(filepath.Join(e.dirs.plugin, "dra-device-metadata", "*")); len(left) != 0 {
+				t.Errorf("metadata files after the claim was unprepared: %v", left)
+			}
+		})
+	}
+}
+
+// A start checks every spec a prepared claim's CDI devices name: where
+// the claim's own spec is there and its metadata's is not, the metadata's
+// is written again.
+func TestStartRestoresAMissingMetadataSpec(t *testing.T) {
+	e := newEnv(t, "nvlink-2x4", seed, withOptions(func(o *draplugin.Options) { o.DeviceMetadata = true }))
+	c := e.standaloneClaim(class1x)
+	ids := e.prepareOK(c)
+	e.stop()
+	removeAll(t, filepath.Join(e.dirs.cdi, "gpu.kyb.ai_metadata_*"))
+	e.start()
+	cache, err := cdiapiCache(e.dirs.cdi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unresolved, err := cache.InjectDevices(ociSpec(), ids...); err != nil {
+		t.Errorf("after the start: CDI devices %v do not resolve (unresolved %v): %v", ids, unresolved, err)
+	}
+}
+
+// A claim the ledger releases itself (deleted while the plugin was down,
+// so the kubelet never unprepares it here) loses its device metadata with
+// its seats, whether or not device metadata is on now; a claim of the same
+// name created since keeps the files that record it.
+func TestStaleClaimReleaseRemovesDeviceMetadata(t *testing.T) {
+	for _, metadataAfter := range []bool{true, false} {
+		t.Run(fmt.Sprintf("device metadata %v after", metadataAfter), func(t *testing.T) {
+			metadataOn := true
+			e := newEnv(t, "nvlink-2x4", seed, withOptions(func(o *draplugin.Options) { o.DeviceMetadata = metadataOn }))
+			gone := e.standaloneClaim(class1x)
+			e.prepareOK(gone)
+			kept := e.standaloneClaim(class1x)
+			e.prepareOK(kept)
+			e.stop()
+			if err := e.client.ResourceV1().ResourceClaims(gone.Namespace).Delete(e.ctx, gone.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			// Another request directory under the deleted claim's name,
+			// recording another claim (one made anew under that name).
+			other := filepath.Join(e.dirs.plugin, "dra-device-metadata", gone.Namespace+"_"+gone.Name, "other")
+			copyFile(t, filepath.Join(e.dirs.plugin, "dra-device-metadata", kept.Namespace+"_"+kept.Name, "gpu", "metadata.json"), filepath.Join(other, "metadata.json"))
+			metadataOn = metadataAfter
+			e.start()
+			err := wait.PollUntilContextTimeout(e.ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+				left, _ := filepath.Glob(filepath.Join(e.dirs.cdi, "*"+string(gone.UID)+"*"))
+				return len(left) == 0, nil
+			})
+			if err != nil {
+				left, _ := filepath.Glob(filepath.Join(e.dirs.cdi, "*"))
+				t.Fatalf("CDI specs after the deleted claim's release: %v", left)
+			}
+			if _, err := os.Stat(filepath.Join(e.dirs.plugin, "dra-device-metadata", gone.Namespace+"_"+gone.Name, "gpu")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the released claim's metadata file: %v, want it gone", err)
+			}
+			if _, err := os.Stat(filepath.Join(other, "metadata.json")); err != nil {
+				t.Errorf("another claim's metadata file under the released claim's name: %v, want it kept", err)
+			}
+			if _, err := os.Stat(filepath.Join(e.dirs.plugin, "dra-device-metadata", kept.Namespace+"_"+kept.Name, "gpu", "metadata.json")); err != nil {
+				t.Errorf("a held claim's metadata file: %v", err)
+			}
+		})
+	}
+}
+
+func removeAll(t *testing.T, pattern string) {
+	t.Helper()
+	files, _ := filepath.Glob(pattern)
+	for _, f := range files {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	data, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, data, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 

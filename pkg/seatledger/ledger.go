@@ -54,10 +54,16 @@ import (
 type Specs interface {
 	// Exists reports whether the claim's spec is on disk.
 	Exists(uid types.UID) bool
-	// Write writes the claim's spec from its entry alone.
+	// Complete reports whether every spec the claim's prepare named is on
+	// disk: its own, and those written beside it (its device metadata's).
+	Complete(uid types.UID, c *checkpoint.Claim) bool
+	// Write writes the claim's spec from its entry alone, and what of the
+	// specs written beside it is missing.
 	Write(uid types.UID, c *checkpoint.Claim) error
-	// Remove removes the claim's spec; a missing one is no error.
-	Remove(uid types.UID) error
+	// Remove removes the claim's spec and those written beside it, with
+	// the files they bring into containers; a missing one is no error.
+	// claim is the claim's name where the ledger knows it (else zero).
+	Remove(uid types.UID, claim types.NamespacedName) error
 	// Claims lists the claims that have a spec, and the files that look
 	// like specs but are not the plugin's (skipped).
 	Claims() (uids []types.UID, skipped []string, err error)

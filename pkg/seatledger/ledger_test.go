@@ -60,7 +60,9 @@ func (m *memSpecs) Write(uid types.UID, c *checkpoint.Claim) error {
 	return nil
 }
 
-func (m *memSpecs) Remove(uid types.UID) error {
+func (m *memSpecs) Complete(uid types.UID, _ *checkpoint.Claim) bool { return m.Exists(uid) }
+
+func (m *memSpecs) Remove(uid types.UID, _ types.NamespacedName) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.failRemove || m.stuck[uid] {

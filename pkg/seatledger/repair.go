@@ -71,7 +71,7 @@ func (l *Ledger) repair(ctx context.Context) error {
 	st.BootID = bootID
 	for uid, c := range st.Claims {
 		// A fenced claim's spec is not known: whatever is on disk stays.
-		if c.Phase != checkpoint.PrepareCompleted || c.Fenced() || l.opts.Specs.Exists(uid) {
+		if c.Phase != checkpoint.PrepareCompleted || c.Fenced() || l.opts.Specs.Complete(uid, c) {
 			continue
 		}
 		if err := l.opts.Specs.Write(uid, c); err != nil {
@@ -292,7 +292,7 @@ func (l *Ledger) removeOrphanSpecs(ctx context.Context, keep func(types.UID) boo
 		if keep(uid) {
 			continue
 		}
-		if err := l.opts.Specs.Remove(uid); err != nil {
+		if err := l.opts.Specs.Remove(uid, types.NamespacedName{}); err != nil {
 			l.countError("prepare", "cdi")
 			logger.Error(err, "Cannot remove a CDI spec that no prepared claim owns; leaving it", "uid", uid)
 			continue

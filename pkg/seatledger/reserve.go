@@ -197,7 +197,7 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 					// unprepare): the old seats are nobody's now. Their
 					// spec goes first: should the new prepare fail, no
 					// container may start from the old seats.
-					if err := l.opts.Specs.Remove(claim.UID); err != nil {
+					if err := l.opts.Specs.Remove(claim.UID, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}); err != nil {
 						l.countError("prepare", "cdi")
 						r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s), allocated anew: remove the CDI spec of its earlier allocation: %w", claim.Namespace, claim.Name, claim.UID, err)
 						continue
@@ -261,7 +261,7 @@ func (l *Ledger) Release(ctx context.Context, uids []types.UID) (map[types.UID]e
 	}
 	results := map[types.UID]error{}
 	for _, uid := range uids {
-		results[uid] = l.opts.Specs.Remove(uid)
+		results[uid] = l.opts.Specs.Remove(uid, types.NamespacedName{})
 		// The API server may show the claim allocated for a while yet.
 		l.releasedWhileLost[uid] = true
 	}
@@ -285,7 +285,11 @@ func (l *Ledger) releaseRecorded(ctx context.Context, uids []types.UID) (map[typ
 	changed := false
 	for _, uid := range uids {
 		results[uid] = nil
-		if err := l.opts.Specs.Remove(uid); err != nil {
+		var name types.NamespacedName
+		if c, ok := st.Claims[uid]; ok {
+			name = types.NamespacedName{Namespace: c.Namespace, Name: c.Name}
+		}
+		if err := l.opts.Specs.Remove(uid, name); err != nil {
 			results[uid] = err
 			continue
 		}
@@ -345,7 +349,8 @@ func (r *Reservation) Confirm(ctx context.Context, uid types.UID) error {
 		}
 		return fmt.Errorf("the other plugin pod of a rolling update prepared the claim anew while this one prepared it; the kubelet prepares it again if it still needs it")
 	}
-	if err := l.opts.Specs.Remove(uid); err != nil {
+	mine := r.Entries[uid]
+	if err := l.opts.Specs.Remove(uid, types.NamespacedName{Namespace: mine.Namespace, Name: mine.Name}); err != nil {
 		klog.FromContext(ctx).Error(err, "Cannot remove the spec of a claim released while it was prepared", "uid", uid)
 	}
 	return fmt.Errorf("the other plugin pod of a rolling update released the claim while this one prepared it; the kubelet prepares it again if it still needs it")

@@ -144,7 +144,7 @@ func (l *Ledger) releaseStale(ctx context.Context, stale map[types.UID]staleClai
 		if !ok {
 			continue
 		}
-		if err := l.opts.Specs.Remove(uid); err != nil {
+		if err := l.opts.Specs.Remove(uid, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}); err != nil {
 			l.countError("unprepare", "cdi")
 			failed = append(failed, fmt.Errorf("claim %s/%s (%s) keeps its seats: %w", c.Namespace, c.Name, uid, err))
 			continue
