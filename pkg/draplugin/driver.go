@@ -251,7 +251,7 @@ func (d *Driver) open(ctx context.Context) error {
 	}
 	d.statuses = newStatusWriter(opts.BackgroundClient.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
 	if opts.Usage.Sampler != nil {
-		d.usage = newPodUsage(opts.Usage, d.ledger, opts.PodResources)
+		d.usage = newPodUsage(ctx, opts.Usage, d.ledger, opts.PodResources, opts.PluginDataDir)
 		if err := d.metrics.registry.Register(usageCollector{d.usage}); err != nil {
 			return fmt.Errorf("register the GPU usage metrics: %w", err)
 		}

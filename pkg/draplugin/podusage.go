@@ -2,6 +2,7 @@ package draplugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cri"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
@@ -32,8 +34,8 @@ type PodUsage struct {
 	// container runtime's CRI API); nil: no process is given to a seat.
 	Containers ContainerFinder
 	// Mounts reads a process's mounts, which name the requests of the
-	// claims its container uses (device metadata on); nil, or a container
-	// without such mounts: its claims come whole from the PodResources
+	// claims its container uses (device metadata on); nil, or a claim
+	// without such a mount: the claim comes whole from the PodResources
 	// API (Options.PodResources).
 	Mounts MountReader
 }
@@ -119,22 +121,36 @@ type podUsage struct {
 	opts   PodUsage
 	ledger *seatledger.Ledger
 	claims PodClaimsReader
+	// dataDevice is the major:minor of the plugin's data directory, where
+	// the metadata files containers mount are ("": not known, and no
+	// mount counts).
+	dataDevice string
 
-	// containers and missed belong to the sampling goroutine.
+	// containers, missed and refused belong to the sampling goroutine.
 	containers map[gpuusage.Container]*containerInfo
 	missed     map[gpuusage.Container]missing
+	// refused are the containers whose refused mounts were logged, by ID.
+	refused map[string]bool
 
 	mu   sync.Mutex
 	last usageSnapshot
 	errs map[string]string
 }
 
-func newPodUsage(opts PodUsage, ledger *seatledger.Ledger, claims PodClaimsReader) *podUsage {
+func newPodUsage(ctx context.Context, opts PodUsage, ledger *seatledger.Ledger, claims PodClaimsReader, dataDir string) *podUsage {
 	if opts.Interval <= 0 {
 		opts.Interval = 10 * time.Second
 	}
-	return &podUsage{opts: opts, ledger: ledger, claims: claims,
-		containers: map[gpuusage.Container]*containerInfo{}, missed: map[gpuusage.Container]missing{}, errs: map[string]string{}}
+	u := &podUsage{opts: opts, ledger: ledger, claims: claims,
+		containers: map[gpuusage.Container]*containerInfo{}, missed: map[gpuusage.Container]missing{}, refused: map[string]bool{}, errs: map[string]string{}}
+	if opts.Mounts != nil {
+		dev, err := gpuusage.DeviceOf(dataDir)
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "Cannot tell the device metadata files containers mount from others; the GPU metrics take each container's claims whole")
+		}
+		u.dataDevice = dev
+	}
+	return u
 }
 
 // run samples until ctx ends.
@@ -186,16 +202,18 @@ func (u *podUsage) noteError(ctx context.Context, what string, err error) {
 // error of this sample.
 func (u *podUsage) resolveContainers(ctx context.Context, gpus []gpuusage.Usage) error {
 	now := time.Now()
-	// One process of each container: its mounts are the container's.
-	running := map[gpuusage.Container]uint32{}
+	// The processes of each container: their mounts are the container's,
+	// as long as one of them still runs.
+	running := map[gpuusage.Container][]uint32{}
 	for _, g := range gpus {
 		for _, p := range g.Processes {
-			if _, seen := running[p.Container]; p.InPod && !seen {
-				running[p.Container] = p.PID
+			if p.InPod && !slices.Contains(running[p.Container], p.PID) {
+				running[p.Container] = append(running[p.Container], p.PID)
 			}
 		}
 	}
 	var first error
+	var answers podAnswers
 	for _, c := range slices.SortedFunc(maps.Keys(running), func(a, b gpuusage.Container) int { return strings.Compare(a.ID, b.ID) }) {
 		if _, ok := u.containers[c]; ok {
 			continue
@@ -204,10 +222,14 @@ func (u *podUsage) resolveContainers(ctx context.Context, gpus []gpuusage.Usage)
 		if ok && !m.due(now, u.opts.Interval) {
 			continue
 		}
-		info, err := u.resolve(ctx, c, running[c])
+		info, err := u.resolve(ctx, c, running[c], &answers)
 		if err == nil {
 			u.containers[c] = info
 			delete(u.missed, c)
+			continue
+		}
+		if errors.Is(err, errNoBudget) || podresources.RateLimited(err) {
+			// Asked about at a later sample; no container is missing.
 			continue
 		}
 		if first == nil {
@@ -229,6 +251,15 @@ func (u *podUsage) resolveContainers(ctx context.Context, gpus []gpuusage.Usage)
 	for c := range u.missed {
 		if _, ok := running[c]; !ok {
 			delete(u.missed, c)
+		}
+	}
+	ids := map[string]bool{}
+	for c := range running {
+		ids[c.ID] = true
+	}
+	for id := range u.refused {
+		if !ids[id] {
+			delete(u.refused, id)
 		}
 	}
 	return first

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -73,15 +74,19 @@ func (u *usageNode) run(t *testing.T, podUID, namespace, pod, container, id stri
 }
 
 // mount gives process pid the mounts a runtime makes from a container's
-// OCI spec, as its /proc/PID/mountinfo shows them.
-func (u *usageNode) mount(t *testing.T, pid uint32, mounts []oci.Mount) {
+// OCI spec, as its /proc/PID/mountinfo shows them, and extra lines as they
+// are. Every running process has the file.
+func (u *usageNode) mount(t *testing.T, pid uint32, mounts []oci.Mount, extra ...string) {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString("1203 1150 0:312 / / rw,relatime - overlay overlay rw\n")
 	for i, m := range mounts {
-		// A bind mount from the host's root filesystem: its root is the
-		// source path.
-		fmt.Fprintf(&b, "%d 1203 259:2 %s %s ro,relatime - ext4 /dev/nvme0n1p2 rw\n", 1300+i, m.Source, m.Destination)
+		// A bind mount from the host's filesystem the source is on,
+		// taken to be mounted at /: its root is the source path.
+		fmt.Fprintf(&b, "%d 1203 %s %s %s ro,relatime - ext4 /dev/nvme0n1p2 rw\n", 1300+i, mountDevice(m.Source), m.Source, m.Destination)
+	}
+	for _, l := range extra {
+		b.WriteString(l + "\n")
 	}
 	dir := filepath.Join(u.proc, strconv.FormatUint(uint64(pid), 10))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -90,6 +95,16 @@ func (u *usageNode) mount(t *testing.T, pid uint32, mounts []oci.Mount) {
 	if err := os.WriteFile(filepath.Join(dir, "mountinfo"), []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// mountDevice is the major:minor mountinfo shows for the filesystem path
+// is on (259:2, a disk's partition, where path is not on this machine).
+func mountDevice(path string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return "259:2"
+	}
+	return fmt.Sprintf("%d:%d", unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev)))
 }
 
 // Each container's GPU memory and SM share is its seat's: processes are
@@ -129,6 +144,9 @@ func TestPerPodGPUUsageOverSockets(t *testing.T) {
 		{GPU: gpu, PID: 201, MemoryMiB: 4096, SMPercent: 25, Cgroup: cgB},
 		{GPU: gpu, PID: 300, MemoryMiB: 512, SMPercent: 0, Cgroup: "0::/system.slice/nvidia-mps.service"},
 		{GPU: other, PID: 103, MemoryMiB: 100, SMPercent: 5, Cgroup: cgA},
+	}
+	for _, pid := range []uint32{101, 102, 201, 103} {
+		u.mount(t, pid, nil)
 	}
 	if err := os.WriteFile(file, simnode.FormatProcesses(procs), 0o644); err != nil {
 		t.Fatal(err)

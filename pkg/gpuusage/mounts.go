@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // A container's claims, and which of their requests it uses, are in its
@@ -22,8 +24,11 @@ import (
 // root, the source path within its filesystem. The root names the claim
 // itself, also for a claim made from a template; the mount point confirms
 // the driver and the request. The kernel writes the file: the container
-// cannot change what it says of its mounts, short of mounting over them
-// with privileges it would need for far worse.
+// cannot change what it says of its mounts. It can add mounts, though,
+// given a user and mount namespace of its own: a bind mount of a file it
+// made at such a path would name any claim. So a caller takes a mount
+// only from the filesystem of its data directory (Device against
+// DeviceOf), and only for a claim its container is known to hold.
 
 // metadataDir is where the kubelet mounts the device metadata in a
 // container (k8s.io/dynamic-resource-allocation/api/metadata.ContainerDir).
@@ -37,6 +42,8 @@ const hostMetadataDir = "/dra-device-metadata/"
 // container has mounted.
 type ClaimRequest struct {
 	Namespace, Claim, Request string
+	// Device is the major:minor of the filesystem the mounted file is on.
+	Device string
 }
 
 // MetadataRequests reads from a process's /proc/PID/mountinfo the requests
@@ -61,6 +68,7 @@ func MetadataRequests(mountinfo, driver string) (reqs []ClaimRequest, ok bool) {
 			ok = false
 			continue
 		}
+		r.Device = fields[2]
 		reqs = append(reqs, r)
 	}
 	return reqs, ok
@@ -115,6 +123,17 @@ func unescapeMountPath(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// DeviceOf is the major:minor of the filesystem path is on, as mountinfo
+// writes it. (On btrfs a subvolume's files report a device of their own,
+// which mountinfo does not show: no mount matches then.)
+func DeviceOf(path string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return "", fmt.Errorf("the device of %s: %w", path, err)
+	}
+	return fmt.Sprintf("%d:%d", unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev))), nil
 }
 
 // ProcMounts reads processes' mountinfo from a procfs mount, the host's

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -33,12 +34,12 @@ func TestMetadataRequests(t *testing.T) {
 		ok        bool
 	}{
 		{"template and standalone claims", containerMountinfo, []ClaimRequest{
-			{Namespace: "team-a", Claim: "trainer-gpu-x7k2p", Request: "gpus"},
-			{Namespace: "team-a", Claim: "shared.pair", Request: "a"},
+			{Namespace: "team-a", Claim: "trainer-gpu-x7k2p", Request: "gpus", Device: "259:2"},
+			{Namespace: "team-a", Claim: "shared.pair", Request: "a", Device: "259:5"},
 		}, true},
 		{"no claim", "1203 1150 0:312 / / rw - overlay overlay rw\n", nil, true},
 		{"escaped path", `7 1 8:1 /var/lib/kube\040let/plugins/gpu.kyb.ai/dra-device-metadata/ns_c/r/metadata.json /var/run/kubernetes.io/dra-device-attributes/resourceclaims/c/r/gpu.kyb.ai-metadata.json ro - ext4 /dev/sda1 rw`,
-			[]ClaimRequest{{Namespace: "ns", Claim: "c", Request: "r"}}, true},
+			[]ClaimRequest{{Namespace: "ns", Claim: "c", Request: "r", Device: "8:1"}}, true},
 		{"request differs", `7 1 8:1 /p/dra-device-metadata/ns_c/r/metadata.json /var/run/kubernetes.io/dra-device-attributes/resourceclaims/c/other/gpu.kyb.ai-metadata.json ro - ext4 /dev/sda1 rw`, nil, false},
 		{"claim differs", `7 1 8:1 /p/dra-device-metadata/ns_c/r/metadata.json /var/run/kubernetes.io/dra-device-attributes/resourceclaims/d/r/gpu.kyb.ai-metadata.json ro - ext4 /dev/sda1 rw`, nil, false},
 		{"unknown root", `7 1 8:1 /elsewhere/metadata.json /var/run/kubernetes.io/dra-device-attributes/resourceclaims/c/r/gpu.kyb.ai-metadata.json ro - ext4 /dev/sda1 rw`, nil, false},
@@ -49,6 +50,38 @@ func TestMetadataRequests(t *testing.T) {
 				t.Errorf("MetadataRequests = %+v, %v; want %+v, %v", got, ok, tc.want, tc.ok)
 			}
 		})
+	}
+}
+
+// A file's device is written as mountinfo writes it: the device a mount
+// of the file's filesystem shows.
+func TestDeviceOf(t *testing.T) {
+	dir := t.TempDir()
+	got, err := DeviceOf(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The mount with the longest mount point above dir is dir's.
+	var want, longest string
+	for _, line := range strings.Split(string(self), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMountPath(f[4])
+		if (dir == mp || strings.HasPrefix(dir, strings.TrimSuffix(mp, "/")+"/")) && len(mp) >= len(longest) {
+			want, longest = f[2], mp
+		}
+	}
+	if got != want {
+		t.Errorf("DeviceOf(%s) = %s; mountinfo shows %s for %s", dir, got, want, longest)
+	}
+	if _, err := DeviceOf(filepath.Join(dir, "gone")); err == nil {
+		t.Error("DeviceOf a path that does not exist: no error")
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
@@ -132,13 +133,17 @@ func freeAddress() (string, error) {
 
 // writeMountinfo writes a process's /proc/PID/mountinfo under HostProc:
 // its container's root and the mounts its CDI devices gave it (the
-// device metadata files among them), bind mounts from the host's root
-// filesystem, as the kernel lists them.
+// device metadata files among them), bind mounts from the filesystem each
+// source is on, taken to be mounted at /, as the kernel lists them.
 func (n *Node) writeMountinfo(pid uint32, c *Container) error {
 	var b strings.Builder
 	b.WriteString("1203 1150 0:312 / / rw,relatime - overlay overlay rw\n")
 	for i, m := range c.Mounts {
-		fmt.Fprintf(&b, "%d 1203 259:2 %s %s ro,relatime - ext4 /dev/root rw\n", 1300+i, escapeMountPath(m.Source), escapeMountPath(m.Destination))
+		dev, err := gpuusage.DeviceOf(m.Source)
+		if err != nil {
+			dev = "259:2"
+		}
+		fmt.Fprintf(&b, "%d 1203 %s %s %s ro,relatime - ext4 /dev/root rw\n", 1300+i, dev, escapeMountPath(m.Source), escapeMountPath(m.Destination))
 	}
 	dir := filepath.Join(n.HostProc, strconv.FormatUint(uint64(pid), 10))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
