@@ -1,10 +1,12 @@
 // Package cdi writes the driver's CDI specs: one transient spec per
 // prepared claim, vendor kyb.ai, class gpu, in the CDI directory the
-// container runtime reads. It uses the CNCF CDI library for naming,
-// validation and atomic writes.
+// container runtime reads; and reads the specs of CDI directories, its
+// own and NVIDIA's, as regular files of bounded size only (specfile.go).
+// It uses the CNCF CDI library for naming, parsing and validation.
 package cdi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,20 +48,16 @@ type Device struct {
 
 // Writer writes and removes claim specs in one directory.
 type Writer struct {
-	dir   string
-	cache *cdiapi.Cache
+	dir string
 }
 
-// NewWriter prepares dir (creating it if needed).
+// NewWriter prepares dir (creating it if needed). It reads nothing there:
+// the directory holds files others write.
 func NewWriter(dir string) (*Writer, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create CDI directory %s: %w", dir, err)
 	}
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return nil, fmt.Errorf("open CDI directory %s: %w", dir, err)
-	}
-	return &Writer{dir: dir, cache: cache}, nil
+	return &Writer{dir: dir}, nil
 }
 
 // Dir is the directory the writer writes to.
@@ -113,7 +111,8 @@ func checkUID(claimUID types.UID) error {
 	return nil
 }
 
-// Write writes a claim's spec atomically, replacing an older one.
+// Write writes a claim's spec atomically, replacing an older one. The
+// spec is validated as the CDI library validates what a runtime reads.
 func (w *Writer) Write(claimUID types.UID, devices []Device) error {
 	if err := checkUID(claimUID); err != nil {
 		return err
@@ -122,16 +121,45 @@ func (w *Writer) Write(claimUID types.UID, devices []Device) error {
 	if err != nil {
 		return err
 	}
-	if err := w.cache.WriteSpec(spec, SpecName(claimUID)+specExt); err != nil {
-		return fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
+	data, err := json.Marshal(spec)
+	if err == nil {
+		err = validate(data)
 	}
-	// Readable by all, as the runtimes' own spec directories are: a spec
-	// holds device nodes, GPU UUIDs and paths, nothing secret, and
-	// rootless tools (podman, cdi validators) read it as their user.
-	if err := os.Chmod(filepath.Join(w.dir, SpecName(claimUID)+specExt), specMode); err != nil {
+	if err == nil {
+		err = writeAtomic(w.dir, SpecName(claimUID)+specExt, data)
+	}
+	if err != nil {
 		return fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
 	}
 	return nil
+}
+
+// writeAtomic writes a file through a temporary one in the same
+// directory, renamed over it: a runtime reads the old spec or the new,
+// never part of one. The temporary name does not end in .json or .yaml,
+// so runtimes do not read it.
+func writeAtomic(dir, name string, data []byte) error {
+	tmp, err := os.CreateTemp(dir, "spec.*.tmp")
+	if err != nil {
+		return err
+	}
+	_, err = tmp.Write(data)
+	// Readable by all, as the runtimes' own spec directories are: a spec
+	// holds device nodes, GPU UUIDs and paths, nothing secret, and
+	// rootless tools (podman, cdi validators) read it as their user.
+	if err == nil {
+		err = tmp.Chmod(specMode)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), filepath.Join(dir, name))
+	}
+	if err != nil {
+		_ = os.Remove(tmp.Name()) // the error says what failed
+	}
+	return err
 }
 
 // Remove removes a claim's spec; a missing one is not an error.
@@ -139,7 +167,7 @@ func (w *Writer) Remove(claimUID types.UID) error {
 	if err := checkUID(claimUID); err != nil {
 		return err
 	}
-	if err := w.cache.RemoveSpec(SpecName(claimUID) + specExt); err != nil {
+	if err := os.Remove(filepath.Join(w.dir, SpecName(claimUID)+specExt)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove CDI spec of claim %s: %w", claimUID, err)
 	}
 	return nil
@@ -153,7 +181,7 @@ func (w *Writer) ReadEnv(claimUID types.UID) (env map[string]map[string]string, 
 	if err := checkUID(claimUID); err != nil {
 		return nil, false, err
 	}
-	raw, err := os.ReadFile(filepath.Join(w.dir, SpecName(claimUID)+specExt))
+	raw, err := readRegular(filepath.Join(w.dir, SpecName(claimUID)+specExt), MaxSpecSize)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, false, nil
 	}
@@ -258,14 +286,19 @@ const NVIDIAKind = "nvidia.com/gpu"
 
 // FindNVIDIADevices looks in dirs for NVIDIA's CDI spec and returns, per
 // GPU index, the qualified name of its device there: by UUID where the
-// spec names devices by UUID, else by index (nvidia-ctk's default).
-func FindNVIDIADevices(dirs []string, gpus []inventory.GPU) (map[int]string, error) {
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dirs...), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return nil, err
-	}
+// spec names devices by UUID, else by index (nvidia-ctk's default). It
+// logs the files it leaves out.
+func FindNVIDIADevices(ctx context.Context, dirs []string, gpus []inventory.GPU) (map[int]string, error) {
+	specs := ReadSpecDirs(dirs)
+	specs.Warn(ctx)
+	return specs.NVIDIADevices(gpus)
+}
+
+// NVIDIADevices returns, per GPU index, the qualified name of its device
+// in NVIDIA's spec, as FindNVIDIADevices does.
+func (s *Specs) NVIDIADevices(gpus []inventory.GPU) (map[int]string, error) {
 	names := map[string]bool{}
-	for _, id := range cache.ListDevices() {
+	for id := range s.Devices() {
 		vendor, class, name, err := parser.ParseQualifiedName(id)
 		if err != nil || vendor+"/"+class != NVIDIAKind {
 			continue
@@ -285,50 +318,6 @@ func FindNVIDIADevices(dirs []string, gpus []inventory.GPU) (map[int]string, err
 		}
 	}
 	return out, nil
-}
-
-// MissingHostPaths returns the files that the specs of kind in dirs mount
-// or run as hooks and that do not exist: a spec generated for an earlier
-// driver names libraries that are gone, and every container given one of
-// its devices then fails to start. Device nodes are left out: runtimes
-// make them from their numbers.
-func MissingHostPaths(dirs []string, kind string) ([]string, error) {
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dirs...), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return nil, err
-	}
-	var missing []string
-	seen := map[string]bool{}
-	check := func(p string) {
-		if p == "" || seen[p] {
-			return
-		}
-		seen[p] = true
-		if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
-			missing = append(missing, p)
-		}
-	}
-	edits := func(e cdispec.ContainerEdits) {
-		for _, m := range e.Mounts {
-			check(m.HostPath)
-		}
-		for _, h := range e.Hooks {
-			check(h.Path)
-		}
-	}
-	vendor, class, _ := strings.Cut(kind, "/")
-	for _, spec := range cache.GetVendorSpecs(vendor) {
-		if spec.GetClass() != class {
-			continue
-		}
-		raw := spec.Spec
-		edits(raw.ContainerEdits)
-		for _, d := range raw.Devices {
-			edits(d.ContainerEdits)
-		}
-	}
-	slices.Sort(missing)
-	return missing, nil
 }
 
 // InjectionOrder orders the CDI device IDs of one of our devices for the

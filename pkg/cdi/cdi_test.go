@@ -9,6 +9,7 @@ import (
 
 	ocispec "github.com/opencontainers/runtime-spec/specs-go"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2/ktesting"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
@@ -72,7 +73,8 @@ func TestWriteListRemove(t *testing.T) {
 func TestFindNVIDIADevices(t *testing.T) {
 	dir := t.TempDir()
 	gpus := []inventory.GPU{{Index: 0, UUID: "GPU-aaaa"}, {Index: 1, UUID: "GPU-bbbb"}}
-	if _, err := FindNVIDIADevices([]string{dir}, gpus); err == nil {
+	_, ctx := ktesting.NewTestContext(t)
+	if _, err := FindNVIDIADevices(ctx, []string{dir}, gpus); err == nil {
 		t.Error("no spec must be an error")
 	}
 	spec := `cdiVersion: 0.5.0
@@ -90,7 +92,7 @@ containerEdits:
 	if err := os.WriteFile(filepath.Join(dir, "nvidia.yaml"), []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	got, err := FindNVIDIADevices([]string{dir}, gpus)
+	got, err := FindNVIDIADevices(ctx, []string{dir}, gpus)
 	if err != nil || got[0] != "nvidia.com/gpu=0" || got[1] != "nvidia.com/gpu=GPU-bbbb" {
 		t.Errorf("found %v %v", got, err)
 	}

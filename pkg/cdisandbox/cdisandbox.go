@@ -29,9 +29,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/sandbox"
 )
 
@@ -175,19 +175,15 @@ func plan(opts Options) (*sandbox.Config, error) {
 	}
 	cfg := &sandbox.Config{Binds: base}
 	env := slices.Clone(opts.BaseEnv)
-	var edits []edits
-	for _, id := range opts.Devices {
-		e, err := deviceEdits(opts.Specs, id)
-		if err != nil {
-			return nil, err
-		}
-		edits = append(edits, e...)
+	edits, err := DeviceEdits(opts.Specs, opts.Devices)
+	if err != nil {
+		return nil, err
 	}
 	for _, e := range edits {
 		env = mergeEnv(env, e.Env)
 		for _, d := range e.DeviceNodes {
 			if err := checkPaths(d.Path, d.HostPath); err != nil {
-				return nil, fmt.Errorf("%s: device node %q: %w", e.from, d.Path, err)
+				return nil, fmt.Errorf("%s: device node %q: %w", e.From, d.Path, err)
 			}
 			src := d.HostPath
 			if src == "" {
@@ -195,19 +191,19 @@ func plan(opts Options) (*sandbox.Config, error) {
 			}
 			src = hostPath(src)
 			if _, err := os.Stat(src); err == nil {
-				cfg.Binds = append(cfg.Binds, sandbox.Bind{Source: src, Target: d.Path, From: e.from})
+				cfg.Binds = append(cfg.Binds, sandbox.Bind{Source: src, Target: d.Path, From: e.From})
 				continue
 			}
 			if d.Major == 0 && d.Minor == 0 {
-				return nil, fmt.Errorf("%s: device node %s: %s does not exist and the spec gives no numbers", e.from, d.Path, src)
+				return nil, fmt.Errorf("%s: device node %s: %s does not exist and the spec gives no numbers", e.From, d.Path, src)
 			}
-			cfg.Nodes = append(cfg.Nodes, sandbox.Node{Path: d.Path, Major: d.Major, Minor: d.Minor, From: e.from})
+			cfg.Nodes = append(cfg.Nodes, sandbox.Node{Path: d.Path, Major: d.Major, Minor: d.Minor, From: e.From})
 		}
 		for _, m := range e.Mounts {
 			if err := checkPaths(m.ContainerPath, m.HostPath); err != nil {
-				return nil, fmt.Errorf("%s: mount of %q at %q: %w", e.from, m.HostPath, m.ContainerPath, err)
+				return nil, fmt.Errorf("%s: mount of %q at %q: %w", e.From, m.HostPath, m.ContainerPath, err)
 			}
-			cfg.Binds = append(cfg.Binds, sandbox.Bind{Source: hostPath(m.HostPath), Target: m.ContainerPath, ReadOnly: slices.Contains(m.Options, "ro"), From: e.from})
+			cfg.Binds = append(cfg.Binds, sandbox.Bind{Source: hostPath(m.HostPath), Target: m.ContainerPath, ReadOnly: slices.Contains(m.Options, "ro"), From: e.From})
 		}
 		for _, h := range e.Hooks {
 			cfg.Hooks = append(cfg.Hooks, h.HookName+": "+h.Path)
@@ -232,25 +228,39 @@ func checkPaths(target, source string) error {
 	return nil
 }
 
-// edits are a device's or its spec's container edits, with where they
+// Edits are a device's or its spec's container edits, with where they
 // come from for errors.
-type edits struct {
+type Edits struct {
 	cdispec.ContainerEdits
-	from string
+	From string
 }
 
-// deviceEdits finds a device in the specs and returns its spec's edits and
-// its own, in the order a runtime applies them.
-func deviceEdits(specs []string, id string) ([]edits, error) {
-	for _, path := range specs {
-		spec, err := cdiapi.ReadSpec(path, 0)
+// DeviceEdits are the container edits of devices (qualified names) found
+// in specs, in the order a runtime applies them: for each device, its
+// spec's edits and then its own. Each spec is read as package cdi reads
+// spec files: a regular file of bounded size, validated as the CDI
+// library validates it.
+func DeviceEdits(specs, devices []string) ([]Edits, error) {
+	var out []Edits
+	for _, id := range devices {
+		e, err := deviceEdits(specs, id)
 		if err != nil {
-			return nil, fmt.Errorf("read CDI spec %s: %w", path, err)
+			return nil, err
 		}
-		kind := spec.GetVendor() + "/" + spec.GetClass()
+		out = append(out, e...)
+	}
+	return out, nil
+}
+
+func deviceEdits(specs []string, id string) ([]Edits, error) {
+	for _, path := range specs {
+		spec, err := cdi.ReadSpecFile(path)
+		if err != nil {
+			return nil, err
+		}
 		for _, d := range spec.Devices {
-			if kind+"="+d.Name == id {
-				return []edits{
+			if spec.Kind()+"="+d.Name == id {
+				return []Edits{
 					{spec.ContainerEdits, fmt.Sprintf("CDI spec %s (edits for every device)", path)},
 					{d.ContainerEdits, fmt.Sprintf("CDI device %s in %s", id, path)},
 				}, nil

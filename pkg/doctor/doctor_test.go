@@ -7,12 +7,16 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/fifotest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
@@ -288,5 +292,37 @@ func TestUnknownPCIePlacementIsAWarning(t *testing.T) {
 	inv.GPUs[1].NUMANode, inv.GPUs[1].PCIeRoot = 1, "pci0000:80"
 	if c := topologyCheck(inv); c.Status != OK || c.Details[0] != "GPU0  X     SYS" {
 		t.Errorf("topology with sysfs: %+v", c)
+	}
+}
+
+// blockBound is far beyond what an examination of a simulated node takes;
+// a read blocked on a FIFO never ends.
+const blockBound = 30 * time.Second
+
+// A FIFO in the CDI root, named as NVIDIA's spec or as a claim's, is left
+// out wherever the CDI directories are read, and the report names it;
+// nothing blocks on it, --probe-claim of the claim whose spec it is
+// included: that check fails, naming it.
+func TestDoctorLeavesOutAFIFOInTheCDIRoot(t *testing.T) {
+	const uid = types.UID("1c2d3e4f-0000-4000-8000-00000000000a")
+	n, inv := probeNode(t)
+	n.recordClaim(inv, uid, "G0", []int{0})
+	spec, nvidia := filepath.Join(n.opts.CDIRoot, cdi.SpecName(uid)+".json"), filepath.Join(n.opts.CDIRoot, "nvidia.yaml")
+	fifotest.Make(t, spec)
+	fifotest.Make(t, nvidia)
+	n.opts.Probe.Claim = uid
+	var r *Report
+	if !fifotest.Returns(t, blockBound, func() { r = n.run(t) }, spec, nvidia) {
+		t.Fatalf("the doctor blocked on a FIFO in the CDI root (%s, %s)", spec, nvidia)
+	}
+	c := check(t, r, "nvidia-cdi")
+	details := strings.Join(c.Details, "\n")
+	for _, p := range []string{spec, nvidia} {
+		if want := "left out: read CDI spec: " + p + " is a FIFO, not a regular file"; c.Status != Warn || !strings.Contains(details, want) || c.Fix == "" {
+			t.Errorf("nvidia-cdi: %s %q, want warn with %q", c.Status, details, want)
+		}
+	}
+	if c := check(t, r, "probe"); c.Status != Fail || !strings.Contains(c.Summary, spec+" is a FIFO, not a regular file") {
+		t.Errorf("probe of the claim whose spec is a FIFO: %s %q", c.Status, c.Summary)
 	}
 }

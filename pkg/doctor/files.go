@@ -98,8 +98,13 @@ func (e *examination) checkNVIDIACDI() {
 		return
 	}
 	dirs := nodesetup.NVIDIACDIDirs(e.opts.CDIRoot)
-	found, err := cdi.FindNVIDIADevices(dirs, e.node.Inv.GPUs)
+	specs := cdi.ReadSpecDirs(dirs)
+	found, err := specs.NVIDIADevices(e.node.Inv.GPUs)
 	c := Check{Name: "nvidia-cdi", Status: OK}
+	for _, err := range specs.Skipped {
+		c.Status, c.Fix = Warn, "remove or correct the files left out: neither the plugin nor the container runtime uses them, and a FIFO or device named as a spec blocks a runtime that reads it (the plugin and the doctor read only regular files)"
+		c.Details = append(c.Details, "left out: "+err.Error())
+	}
 	switch {
 	case err != nil || len(found) == 0:
 		c.Summary = fmt.Sprintf("no NVIDIA CDI spec in %s", strings.Join(dirs, ", "))
@@ -115,11 +120,7 @@ func (e *examination) checkNVIDIACDI() {
 	default:
 		c.Summary = fmt.Sprintf("NVIDIA's CDI spec covers every GPU (%s)", strings.Join(dirs, ", "))
 	}
-	missing, err := cdi.MissingHostPaths(dirs, cdi.NVIDIAKind)
-	if err != nil {
-		c.Status, c.Fix = Warn, "check the spec: nvidia-ctk cdi list"
-		c.Details = append(c.Details, err.Error())
-	}
+	missing := specs.MissingHostPaths(cdi.NVIDIAKind)
 	for _, p := range missing {
 		c.Details = append(c.Details, "names a file that does not exist: "+p)
 	}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
-	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdisandbox"
@@ -37,6 +36,13 @@ type ProbeOptions struct {
 	// Timeout bounds the probe; 0: DefaultProbeTimeout. A wedged GPU
 	// hangs cuInit for ever.
 	Timeout time.Duration
+}
+
+func (o *ProbeOptions) timeout() time.Duration {
+	if o.Timeout <= 0 {
+		return DefaultProbeTimeout
+	}
+	return o.Timeout
 }
 
 // DefaultProbeTimeout is how long the probe may take: far more than
@@ -70,10 +76,7 @@ func (e *examination) checkProbe(ctx context.Context) {
 		return
 	}
 	want, what := target.want, target.what
-	timeout := e.opts.Probe.Timeout
-	if timeout <= 0 {
-		timeout = DefaultProbeTimeout
-	}
+	timeout := e.opts.Probe.timeout()
 	probeCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	out, cfg, err := cdisandbox.Run(probeCtx, cdisandbox.Options{Specs: target.specs, Devices: target.devices, Program: e.opts.Probe.Program, BaseEnv: imageEnv, HostPath: e.seenPath})
@@ -148,7 +151,7 @@ func (e *examination) probeTarget() (probeTarget, error) {
 			return t, err
 		}
 		path := filepath.Join(e.opts.CDIRoot, cdi.SpecName(uid)+".json")
-		spec, err := cdiapi.ReadSpec(path, 0)
+		spec, err := cdi.ReadSpecFile(path)
 		if err != nil {
 			return t, fmt.Errorf("claim %s: %w", uid, err)
 		}
@@ -245,16 +248,9 @@ func (e *examination) probeGroup() (*planner.Group, error) {
 }
 
 // nvidiaSpecFiles are the spec files NVIDIA's toolkit may have written,
-// where the plugin looks for them.
+// where the plugin looks for them; files it would leave out are left out.
 func nvidiaSpecFiles(cdiRoot string) []string {
-	var out []string
-	for _, dir := range nodesetup.NVIDIACDIDirs(cdiRoot) {
-		for _, pattern := range []string{"*.json", "*.yaml"} {
-			m, _ := filepath.Glob(filepath.Join(dir, pattern))
-			out = append(out, m...)
-		}
-	}
-	return out
+	return cdi.ReadSpecDirs(nodesetup.NVIDIACDIDirs(cdiRoot)).Paths()
 }
 
 // seenPath maps a host path in a spec to where the doctor sees it: device

@@ -79,7 +79,7 @@ func (d *DriverFilesFlags) ChooseDriverFiles(ctx context.Context, node *Node, sr
 	}
 	if (mode == DriverFilesAuto && nvidiaCDIUsable) || mode == DriverFilesNVIDIACDI {
 		dirs := NVIDIACDIDirs(cdiRoot)
-		found, err := cdi.FindNVIDIADevices(dirs, node.Inv.GPUs)
+		found, err := cdi.FindNVIDIADevices(ctx, dirs, node.Inv.GPUs)
 		if err == nil && len(found) == len(node.Inv.GPUs) {
 			df := DriverFiles{NVIDIACDI: func(index int, _ string) string { return found[index] }, Mode: DriverFilesNVIDIACDI,
 				Reason: "the node has NVIDIA's CDI spec for every GPU; its entries bring the driver files"}

@@ -8,11 +8,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/fifotest"
 )
 
 func TestOpenSaysWhatToFix(t *testing.T) {
@@ -223,5 +225,36 @@ func TestDeviceNodesUnderTheDriverRoot(t *testing.T) {
 				t.Errorf("device host root %s, want %s", got, tt.wantHostRoot)
 			}
 		})
+	}
+}
+
+// A FIFO among the files of NVIDIA's spec directories, named as a spec,
+// would block the choice for ever (a FIFO with no writer blocks its
+// reader), and with it the plugin's start: it is left out with a warning
+// naming it, and NVIDIA's spec beside it is taken.
+func TestChooseDriverFilesLeavesOutAFIFO(t *testing.T) {
+	cdiRoot := t.TempDir()
+	nvidiaSpec(t, cdiRoot, 8)
+	fifo := filepath.Join(cdiRoot, "nvidia-other.json")
+	fifotest.Make(t, fifo)
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	ctx := klog.NewContext(context.Background(), logger)
+	src := Flags{NodeName: "node-1", Simulate: "dgx-h100", DriverRoot: driverRoot(t), DevRoot: "/", SysfsRoot: "/sys"}
+	node, err := src.Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close(ctx)
+	flags := DriverFilesFlags{Mode: cli.NewOneOf(DriverFilesNVIDIACDI, DriverFilesAuto, DriverFilesNVIDIACDI, DriverFilesDriverRoot, DriverFilesNone)}
+	var got DriverFiles
+	if !fifotest.Returns(t, 20*time.Second, func() { got, err = flags.ChooseDriverFiles(ctx, node, &src, cdiRoot, true) }, fifo) {
+		t.Fatalf("ChooseDriverFiles blocked on %s, a FIFO", fifo)
+	}
+	if err != nil || got.Mode != DriverFilesNVIDIACDI {
+		t.Fatalf("chose %q, %v; want nvidia-cdi", got.Mode, err)
+	}
+	logs := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
+	if want := `CDI spec left out warning="read CDI spec: ` + fifo + ` is a FIFO, not a regular file"`; !strings.Contains(logs, want) {
+		t.Errorf("no warning %s in the logs:\n%s", want, logs)
 	}
 }
