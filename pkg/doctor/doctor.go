@@ -10,10 +10,18 @@
 // writable) and, with --probe, a seat's spec outside the CDI root; it
 // takes no lock the plugin takes and talks to no API server, so that it is
 // safe beside a running plugin.
+//
+// Each step of the examination runs under a deadline (--check-timeout):
+// what it reads is the node's, and a read that never returns (a FIFO or a
+// device where a file was expected, a hung network file system, a wedged
+// driver) fails that step's checks and the doctor goes on, rather than
+// hold the node's init container for ever without a word.
 package doctor
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
@@ -78,7 +86,15 @@ type Options struct {
 	// Probe, when set, runs the CUDA probe in a sandbox built from a
 	// seat's CDI spec.
 	Probe *ProbeOptions
+	// CheckTimeout bounds each step of the examination (the probe's step:
+	// beyond the probe's own timeout); 0: DefaultCheckTimeout.
+	CheckTimeout time.Duration
 }
+
+// DefaultCheckTimeout is how long a step may take: NVML's start on a node
+// of many GPUs without persistence mode takes tens of seconds, a directory
+// or file read far less.
+const DefaultCheckTimeout = 2 * time.Minute
 
 // examination is what the checks learn on the way: later checks build on
 // what earlier ones opened.
@@ -106,15 +122,67 @@ func Run(ctx context.Context, opts Options) *Report {
 			_ = e.host.Close() // nothing is left to do about a failed shutdown
 		}
 	}()
-	e.checkNode(ctx)
-	e.checkDriverFiles(ctx)
-	e.checkNVIDIACDI()
-	e.checkCDIRoot()
-	e.checkKubeletDirs()
-	e.checkRuntime()
-	e.checkCheckpoint()
+	timeout := opts.CheckTimeout
+	if timeout <= 0 {
+		timeout = DefaultCheckTimeout
+	}
+	steps := []struct {
+		checks []string
+		run    func(*examination, context.Context)
+	}{
+		{[]string{"config", "nvml", "gpus", "topology", "plan"}, (*examination).checkNode},
+		{[]string{"driver-files"}, (*examination).checkDriverFiles},
+		{[]string{"nvidia-cdi"}, func(e *examination, _ context.Context) { e.checkNVIDIACDI() }},
+		{[]string{"cdi-root"}, func(e *examination, _ context.Context) { e.checkCDIRoot() }},
+		{[]string{"kubelet"}, func(e *examination, _ context.Context) { e.checkKubeletDirs() }},
+		{[]string{"runtime-cdi"}, func(e *examination, _ context.Context) { e.checkRuntime() }},
+		{[]string{"checkpoint"}, func(e *examination, _ context.Context) { e.checkCheckpoint() }},
+	}
+	for _, s := range steps {
+		e.step(ctx, timeout, s.checks, s.run)
+	}
 	if opts.Probe != nil {
-		e.checkProbe(ctx)
+		e.step(ctx, opts.Probe.timeout()+timeout, []string{"probe"}, (*examination).checkProbe)
 	}
 	return e.report
+}
+
+// step runs one step of the examination, which adds checks, under a
+// deadline. The step works on a copy of what the examination learnt so
+// far, taken back when it finishes in time. One that does not is left
+// behind, blocked where it is, and never touches the examination again;
+// the checks it would have added fail, saying so.
+func (e *examination) step(ctx context.Context, timeout time.Duration, checks []string, run func(*examination, context.Context)) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	sub := *e
+	sub.report = &Report{Counts: map[Status]int{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		run(&sub, ctx)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		select {
+		case <-done:
+		default:
+			why := fmt.Sprintf("not finished within %s (--check-timeout): a read or call of the check never returned", timeout)
+			if ctx.Err() != context.DeadlineExceeded {
+				why = "interrupted: " + context.Cause(ctx).Error()
+			}
+			for _, name := range checks {
+				e.add(Check{Name: name, Status: Fail, Summary: why,
+					Fix: "something the check reads blocks: a FIFO or a device where a file belongs (in the CDI, kubelet or runtime configuration directories), a hung network file system, or a wedged driver (dmesg); fix that, or raise --check-timeout on a slow node"})
+			}
+			return
+		}
+	}
+	report := e.report
+	*e = sub
+	e.report = report
+	for _, c := range sub.report.Checks {
+		e.add(c)
+	}
 }

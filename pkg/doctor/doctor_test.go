@@ -326,3 +326,32 @@ func TestDoctorLeavesOutAFIFOInTheCDIRoot(t *testing.T) {
 		t.Errorf("probe of the claim whose spec is a FIFO: %s %q", c.Status, c.Summary)
 	}
 }
+
+// A step whose read never returns (the containerd configuration is a FIFO
+// here) fails its checks when --check-timeout runs out, and the doctor
+// goes on with the next.
+func TestAStepThatBlocksFailsItsChecksAndTheDoctorGoesOn(t *testing.T) {
+	n := newNode(t)
+	config := filepath.Join(n.opts.HostRoot, n.opts.ContainerdConfig)
+	if err := os.Remove(config); err != nil {
+		t.Fatal(err)
+	}
+	fifotest.Make(t, config)
+	// The step left behind reads an empty file once let go.
+	t.Cleanup(func() { fifotest.Release(t, config) })
+	n.opts.CheckTimeout = time.Second
+	var r *Report
+	if !fifotest.Returns(t, blockBound, func() { r = n.run(t) }, config) {
+		t.Fatalf("the doctor blocked reading %s, a FIFO", config)
+	}
+	c := check(t, r, "runtime-cdi")
+	if want := "not finished within 1s (--check-timeout)"; c.Status != Fail || !strings.HasPrefix(c.Summary, want) || c.Fix == "" {
+		t.Errorf("runtime-cdi: %s %q, want fail with %q", c.Status, c.Summary, want)
+	}
+	if c := check(t, r, "checkpoint"); c.Status != OK {
+		t.Errorf("the check after the one that blocked: %+v", c)
+	}
+	if r.Counts[Fail] != 1 || len(r.Checks) != 11 {
+		t.Errorf("%d checks, %v; want 11, 1 failed", len(r.Checks), r.Counts)
+	}
+}

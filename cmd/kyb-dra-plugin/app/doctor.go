@@ -26,7 +26,8 @@ container runtime's CDI setting, the plugin's checkpoint. With --probe it
 also runs a CUDA probe in a sandbox built only from a seat's CDI spec: what
 a container holding that seat would see. The probe is killed when it
 takes longer than --probe-timeout (a wedged GPU hangs cuInit), and the
-check fails saying so.
+check fails saying so. Every other step is bounded by --check-timeout: a
+read that never returns fails its checks, and the doctor goes on.
 
 It reads and never writes the node's state, and needs no API server: safe
 beside a running plugin. The exit status is 1 when a check fails.
@@ -57,6 +58,7 @@ func Doctor(ctx context.Context, args []string, getenv func(string) string, stdo
 	f.Var(output, "output", "", "same as -o")
 	var reportOnly bool
 	f.BoolVar(&reportOnly, "report-only", "KYB_DOCTOR_REPORT_ONLY", false, "print the report and exit 0 even when a check fails (an init container that must not block the plugin)")
+	f.DurationVar(&opts.CheckTimeout, "check-timeout", "KYB_DOCTOR_CHECK_TIMEOUT", doctor.DefaultCheckTimeout, "how long each step of the examination may take before its checks fail (a read that never returns: a FIFO where a file belongs, a hung file system, a wedged driver); the probe's step gets --probe-timeout on top")
 	var probe probeFlags
 	probe.addFlags(f)
 	if code, ok := f.ParseOrExit(args, getenv, doctorUsage); !ok {
@@ -64,6 +66,9 @@ func Doctor(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	if err := d.check(); err != nil {
 		return f.Fail(cli.ExitUsage, err)
+	}
+	if opts.CheckTimeout <= 0 {
+		return f.Fail(cli.ExitUsage, fmt.Errorf("--check-timeout %s must be positive", opts.CheckTimeout))
 	}
 	if opts.Node.NodeName == "" {
 		// Simulated GPUs' UUIDs derive from the node name: the plugin's

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/doctor"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/fifotest"
 )
 
 // TestDoctorCommand runs the doctor as the chart's init container does:
@@ -59,6 +60,33 @@ func TestDoctorCommand(t *testing.T) {
 	}
 }
 
+// TestDoctorCheckTimeoutFlag: a check whose read never returns (the
+// containerd configuration is a FIFO) fails after --check-timeout, and
+// the doctor reports the rest.
+func TestDoctorCheckTimeoutFlag(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"cdi", "plugins", "registry"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	config := filepath.Join(root, "etc/containerd/config.toml")
+	fifotest.Make(t, config)
+	t.Cleanup(func() { fifotest.Release(t, config) })
+	var code int
+	var out string
+	if !fifotest.Returns(t, 30*time.Second, func() {
+		code, out, _ = run(t, nil, "doctor", "--simulate", "dgx-h100", "--node-name", "node-1", "--cdi-root", filepath.Join(root, "cdi"),
+			"--kubelet-plugins-directory-path", filepath.Join(root, "plugins"), "--kubelet-registrar-directory-path", filepath.Join(root, "registry"),
+			"--host-root", root, "--check-timeout", "1s")
+	}, config) {
+		t.Fatalf("the doctor with --check-timeout 1s blocked reading %s, a FIFO", config)
+	}
+	if code != 1 || !strings.Contains(out, "runtime-cdi   fail    not finished within 1s (--check-timeout)") || !strings.Contains(out, "node node-1: 10 ok, 0 warn, 1 fail") {
+		t.Errorf("exit %d\n%s", code, out)
+	}
+}
+
 func TestDoctorRefusesBadFlags(t *testing.T) {
 	for _, tt := range []struct {
 		args []string
@@ -72,6 +100,7 @@ func TestDoctorRefusesBadFlags(t *testing.T) {
 		{[]string{"doctor", "--probe", "--probe-binary", "/bin/sh", "--probe-claim", "x", "--probe-group", "G0"}, "exclude each other"},
 		{[]string{"doctor", "--cdi-root", "relative"}, `--cdi-root "relative" must be an absolute path`},
 		{[]string{"doctor", "-o", "yaml"}, "must be one of table, json"},
+		{[]string{"doctor", "--check-timeout", "0s"}, "--check-timeout 0s must be positive"},
 	} {
 		code, _, errOut := run(t, nil, tt.args...)
 		if code != 2 || !strings.Contains(errOut, tt.want) {
