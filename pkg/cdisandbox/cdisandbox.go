@@ -48,6 +48,9 @@ type Options struct {
 	// HostPath maps a host path named in a spec to where this process sees
 	// it (a driver root or /dev mounted elsewhere); nil: the same path.
 	HostPath func(string) string
+	// Unset are variables removed from the environment after the edits,
+	// as a process in the container may remove them.
+	Unset []string
 }
 
 // killGrace is how long Run waits for the program's processes to go once
@@ -209,7 +212,7 @@ func plan(opts Options) (*sandbox.Config, error) {
 			cfg.Hooks = append(cfg.Hooks, h.HookName+": "+h.Path)
 		}
 	}
-	cfg.Env = env
+	cfg.Env = slices.DeleteFunc(env, func(kv string) bool { k, _, _ := strings.Cut(kv, "="); return slices.Contains(opts.Unset, k) })
 	return cfg, nil
 }
 

@@ -25,6 +25,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
 )
 
@@ -102,6 +103,7 @@ type examination struct {
 	opts   Options
 	report *Report
 	host   *gpuhost.Host
+	inv    *inventory.Inventory
 	node   *nodesetup.Node
 	files  *nodesetup.DriverFiles
 	// state is the plugin's checkpoint, nil when it could not be read.

@@ -47,6 +47,7 @@ func (e *examination) checkNode(ctx context.Context) {
 		e.skip("topology", "plan")
 		return
 	}
+	e.inv = inv
 	e.add(Check{Name: "nvml", Status: OK, Summary: fmt.Sprintf("%s; driver %s, CUDA %s", host.Description, inv.DriverVersion, inv.CUDADriverVersion)})
 	e.add(gpusCheck(inv))
 	e.add(topologyCheck(inv))

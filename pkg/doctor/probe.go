@@ -63,7 +63,8 @@ var imageEnv = []string{
 
 // checkProbe runs the CUDA probe in a sandbox built only from a seat's CDI
 // spec and says whether it saw exactly the seat's GPUs, and could use
-// each.
+// each; and whether the spec gives the container the device node of
+// another GPU, which CUDA does not enumerate but the container can open.
 func (e *examination) checkProbe(ctx context.Context) {
 	c := Check{Name: "probe", Status: Fail}
 	target, err := e.probeTarget()
@@ -77,9 +78,89 @@ func (e *examination) checkProbe(ctx context.Context) {
 	}
 	want, what := target.want, target.what
 	timeout := e.opts.Probe.timeout()
+	// One deadline for every run of the probe.
 	probeCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	out, cfg, err := cdisandbox.Run(probeCtx, cdisandbox.Options{Specs: target.specs, Devices: target.devices, Program: e.opts.Probe.Program, BaseEnv: imageEnv, HostPath: e.seenPath})
+	opts := cdisandbox.Options{Specs: target.specs, Devices: target.devices, Program: e.opts.Probe.Program, BaseEnv: imageEnv, HostPath: e.seenPath}
+	r, cfg, err := runProbe(probeCtx, opts)
+	if err != nil {
+		e.add(probeFailed(ctx, c, what, timeout, err))
+		return
+	}
+	c.Details = probeDetails(cfg, r)
+	saw, allocated := probeSaw(r)
+	foreign, entries, nodesErr := e.foreignGPUNodes(target)
+	c.Details = append(c.Details, entries...)
+	switch {
+	case r.Error != "":
+		c.Summary = fmt.Sprintf("%s: the probe saw no GPU: %s", what, r.Error)
+		c.Fix = "a container holding this seat would not run CUDA either: see the driver-files check (with no driver files, only the NVIDIA container runtime brings libcuda)"
+	case !slices.Equal(saw, want):
+		c.Summary = fmt.Sprintf("%s: the probe saw %v, %s", what, saw, target.expected)
+		c.Fix = "the CDI spec gives a container other GPUs than the seat's: report this as a bug with the spec and this output"
+	case nodesErr != nil:
+		c.Summary, c.Fix = what+": "+nodesErr.Error(), "see the gpus check: the GPUs' minor numbers say which GPU a device node is"
+	case len(foreign) > 0:
+		c.Summary = fmt.Sprintf("%s: the spec gives the device node of %s, which CUDA did not enumerate; %s", what, strings.Join(foreign, ", "), target.expected)
+		c.Fix = "a container can open every GPU device node its spec gives, whatever CUDA_VISIBLE_DEVICES says and whatever the node's path: find what wrote the spec; the plugin gives a container only its own GPUs' nodes"
+	case !allocated:
+		c.Summary = what + ": the probe saw the seat's GPUs but could not allocate on each"
+		c.Fix = "see the devices' lines: the device nodes are there but CUDA cannot use them"
+	default:
+		c.Status = OK
+	}
+	if c.Status != OK || !slices.ContainsFunc(cfg.Env, func(kv string) bool { return strings.HasPrefix(kv, cudaVisibleDevices+"=") }) {
+		if c.Status == OK {
+			c.Summary = fmt.Sprintf("%s: a container sees exactly its %s and allocates on each", what, count(len(want), "GPU"))
+		}
+		e.add(c)
+		return
+	}
+	// A process in the container may unset CUDA_VISIBLE_DEVICES: CUDA
+	// then enumerates every GPU whose node the container has.
+	opts.Unset = []string{cudaVisibleDevices}
+	unset := what + " with " + cudaVisibleDevices + " unset"
+	r, _, err = runProbe(probeCtx, opts)
+	if err != nil {
+		e.add(probeFailed(ctx, c, unset, timeout, err))
+		return
+	}
+	for _, d := range r.Devices {
+		c.Details = append(c.Details, fmt.Sprintf("%s unset: CUDA device %d: %s", cudaVisibleDevices, d.Ordinal, d.UUID))
+	}
+	switch saw, _ := probeSaw(r); {
+	case r.Error != "":
+		c.Status, c.Summary = Fail, fmt.Sprintf("%s: the probe saw no GPU: %s", unset, r.Error)
+		c.Fix = "see the probe's lines: CUDA found the seat's GPUs only through CUDA_VISIBLE_DEVICES"
+	case !slices.Equal(saw, want):
+		c.Status, c.Summary = Fail, fmt.Sprintf("%s: the probe saw %v, %s", unset, saw, target.expected)
+		c.Fix = "the container can open other GPUs than its own, which CUDA_VISIBLE_DEVICES only hides: find what wrote the spec; the plugin gives a container only its own GPUs' nodes"
+	default:
+		c.Summary = fmt.Sprintf("%s: a container sees exactly its %s and allocates on each, with %s unset too", what, count(len(want), "GPU"), cudaVisibleDevices)
+	}
+	e.add(c)
+}
+
+const cudaVisibleDevices = "CUDA_VISIBLE_DEVICES"
+
+// runProbe runs the probe in a sandbox and reads what it printed.
+func runProbe(ctx context.Context, opts cdisandbox.Options) (*cudaprobe.Result, *sandbox.Config, error) {
+	out, cfg, err := cdisandbox.Run(ctx, opts)
+	if err != nil {
+		return nil, cfg, err
+	}
+	var r cudaprobe.Result
+	if err := json.Unmarshal(out, &r); err != nil {
+		return nil, cfg, fmt.Errorf("%w: %v: %.200s", errProbeOutput, err, out)
+	}
+	return &r, cfg, nil
+}
+
+var errProbeOutput = errors.New("the probe's output is not its JSON")
+
+// probeFailed is the check when the probe could not run or say what it
+// saw.
+func probeFailed(ctx context.Context, c Check, what string, timeout time.Duration, err error) Check {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		c.Summary = fmt.Sprintf("%s: the probe did not finish within %s (--probe-timeout) and was killed", what, timeout)
@@ -88,20 +169,17 @@ func (e *examination) checkProbe(ctx context.Context) {
 	case errors.Is(err, sandbox.ErrRefused):
 		c.Summary = what + ": the sandbox refuses the spec: " + err.Error()
 		c.Fix = "the spec names a path a container must not be given (outside the container's root, through a symlink of a bound host directory, or new files in one): find what wrote it; the plugin writes no such path"
-	case err != nil:
+	case errors.Is(err, errProbeOutput):
+		c.Summary, c.Fix = err.Error(), "run kyb-cuda-probe by hand to see what it prints"
+	default:
 		c.Summary, c.Fix = "the sandbox did not run: "+err.Error(), "run the doctor as root with kyb-cuda-probe beside it (--probe-binary)"
 	}
-	if err != nil {
-		e.add(c)
-		return
-	}
-	var r cudaprobe.Result
-	if err := json.Unmarshal(out, &r); err != nil {
-		c.Summary, c.Fix = fmt.Sprintf("the probe's output is not its JSON: %v: %.200s", err, out), "run kyb-cuda-probe by hand to see what it prints"
-		e.add(c)
-		return
-	}
-	c.Details = probeDetails(cfg, &r)
+	return c
+}
+
+// probeSaw are the UUIDs of the GPUs the probe saw, sorted, and whether
+// it allocated on each.
+func probeSaw(r *cudaprobe.Result) ([]string, bool) {
 	var saw []string
 	allocated := true
 	for _, d := range r.Devices {
@@ -109,21 +187,7 @@ func (e *examination) checkProbe(ctx context.Context) {
 		allocated = allocated && d.MemAlloc == "ok"
 	}
 	slices.Sort(saw)
-	switch {
-	case r.Error != "":
-		c.Summary = fmt.Sprintf("%s: the probe saw no GPU: %s", what, r.Error)
-		c.Fix = "a container holding this seat would not run CUDA either: see the driver-files check (with no driver files, only the NVIDIA container runtime brings libcuda)"
-	case !slices.Equal(saw, want):
-		c.Summary = fmt.Sprintf("%s: the probe saw %v, %s", what, saw, target.expected)
-		c.Fix = "the CDI spec gives a container other GPUs than the seat's: report this as a bug with the spec and this output"
-	case !allocated:
-		c.Summary = what + ": the probe saw the seat's GPUs but could not allocate on each"
-		c.Fix = "see the devices' lines: the device nodes are there but CUDA cannot use them"
-	default:
-		c.Status = OK
-		c.Summary = fmt.Sprintf("%s: a container sees exactly its %s and allocates on each", what, count(len(want), "GPU"))
-	}
-	e.add(c)
+	return saw, allocated
 }
 
 // probeTarget is what the probe runs with: the spec files and CDI

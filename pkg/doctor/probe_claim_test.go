@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -47,7 +48,7 @@ func (n *node) writeClaimSpec(inv *inventory.Inventory, uid types.UID, group str
 		seat.GPUs = append(seat.GPUs, inv.GPUs[x])
 	}
 	edits, err := containeredits.Build([]containeredits.Seat{seat},
-		containeredits.Options{DeviceNumbers: func(string) (int64, int64, error) { return 195, 0, nil }, Driver: files})
+		containeredits.Options{DeviceNumbers: n.deviceNumbers(), Driver: files})
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -129,5 +130,67 @@ func TestProbeOfAClaimWithoutACheckpoint(t *testing.T) {
 	c := check(t, n.run(t), "probe")
 	if want := "is not in the plugin's checkpoint, which records 0 claims"; c.Status != Fail || !strings.Contains(c.Summary, want) {
 		t.Errorf("probe: %s %q, want fail with %q", c.Status, c.Summary, want)
+	}
+}
+
+// A spec can give a container the device node of a GPU the checkpoint
+// does not record for the claim and keep CUDA from enumerating it: hide it
+// with CUDA_VISIBLE_DEVICES, which a process in the container may unset;
+// or put it where CUDA does not look, which root in the container may
+// link to /dev/nvidia<N>. The container can open that GPU either way, so
+// the probe fails the spec as it fails one that gives the GPU in plain
+// sight: by what the spec's device nodes are on the host (their host
+// path, under a driver root too, or their numbers), and by what CUDA sees
+// with CUDA_VISIBLE_DEVICES unset.
+func TestProbeOfAClaimFailsASpecThatGivesAnotherGPUOutOfCUDAsSight(t *testing.T) {
+	const uid = types.UID("1c2d3e4f-0000-4000-8000-000000000009")
+	tests := []struct {
+		name string
+		// env, nodes and mounts are JSON list entries, each followed by a
+		// comma; %U0% is GPU 0's UUID, %DRIVER% the driver root and %ROOT%
+		// the test's root.
+		env, nodes, mounts string
+		// unset: only the probe with CUDA_VISIBLE_DEVICES unset sees it.
+		unset bool
+	}{
+		{name: "the node hidden by CUDA_VISIBLE_DEVICES", env: `"CUDA_VISIBLE_DEVICES=%U0%",`, nodes: `{"path":"/dev/nvidia1"},`},
+		{name: "the node at a path CUDA does not scan", nodes: `{"path":"/dev/nvidia-spare","hostPath":"/dev/nvidia1"},`},
+		{name: "the node under a driver root, at a path CUDA does not scan", nodes: `{"path":"/dev/nvidia-spare","hostPath":"%DRIVER%/dev/nvidia1"},`},
+		{name: "the node by its numbers, at a path CUDA does not scan", nodes: `{"path":"/dev/nvidia-spare","hostPath":"/dev/nvidia0","type":"c","major":195,"minor":1},`},
+		{name: "the node bind-mounted at a path CUDA does not scan", mounts: `{"hostPath":"/dev/nvidia1","containerPath":"/dev/nvidia-spare","options":["ro","bind"]},`},
+		{name: "a directory of nodes mounted at /dev, hidden by CUDA_VISIBLE_DEVICES", env: `"CUDA_VISIBLE_DEVICES=%U0%",`,
+			mounts: `{"hostPath":"%ROOT%/gpus","containerPath":"/dev","options":["rw","rbind"]},`, unset: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n, inv := probeNode(t)
+			n.write(filepath.Join(n.opts.Node.DriverRoot, "dev/nvidia1"), inv.GPUs[1].UUID+"\n")
+			for i, name := range []string{"nvidia0", "nvidia1", "nvidiactl"} {
+				text := ""
+				if i < 2 {
+					text = inv.GPUs[i].UUID + "\n"
+				}
+				n.write(filepath.Join(n.root, "gpus", name), text)
+			}
+			nodes := `{"path":"/dev/nvidia0"},` + tt.nodes + `{"path":"/dev/nvidiactl"}`
+			if tt.unset {
+				nodes = ""
+			}
+			expand := strings.NewReplacer("%U0%", inv.GPUs[0].UUID, "%DRIVER%", n.opts.Node.DriverRoot, "%ROOT%", n.root)
+			n.write(filepath.Join(n.opts.CDIRoot, cdi.SpecName(uid)+".json"), expand.Replace(`{"cdiVersion":"0.6.0","kind":"kyb.ai/gpu","devices":[{"name":"`+string(uid)+`-g0-1x-0","containerEdits":{
+				"env":[`+tt.env+`"NVIDIA_VISIBLE_DEVICES=%U0%"],
+				"deviceNodes":[`+nodes+`],
+				"mounts":[`+tt.mounts+`{"hostPath":"%DRIVER%/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05","containerPath":"/usr/lib/x86_64-linux-gnu/libcuda.so.1","options":["ro","bind"]}]}}]}`))
+			n.recordClaim(inv, uid, "G0", []int{0})
+			n.opts.Probe.Claim = uid
+			c := check(t, n.run(t), "probe")
+			want := "claim " + string(uid) + ": the spec gives the device node of GPU 1 " + inv.GPUs[1].UUID + ", which CUDA did not enumerate; the checkpoint records " + uuids(inv, 0) + " for the claim"
+			if tt.unset {
+				want = "claim " + string(uid) + " with CUDA_VISIBLE_DEVICES unset: the probe saw " + uuids(inv, 0, 1) + ", the checkpoint records " + uuids(inv, 0) + " for the claim"
+			}
+			if c.Status != Fail || c.Summary != want || c.Fix == "" {
+				t.Errorf("probe: %s %q\nwant fail with %q", c.Status, c.Summary, want)
+			}
+		})
 	}
 }

@@ -119,6 +119,18 @@ func probeNodeWith(t *testing.T, libcuda string) (*node, *inventory.Inventory) {
 	return n, inv
 }
 
+// deviceNumbers are the simulated node's device numbers, which the plugin
+// writes into a spec: a runtime makes a container's nodes from them.
+func (n *node) deviceNumbers() func(string) (int64, int64, error) {
+	_, ctx := ktesting.NewTestContext(n.t)
+	host, err := n.opts.Node.OpenHost(ctx)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(func() { _ = host.Close() })
+	return host.DeviceNumbers
+}
+
 func TestProbeSeesExactlyTheSeatsGPUs(t *testing.T) {
 	n, inv := probeNode(t)
 	n.opts.Probe.Group = "G23"
@@ -152,7 +164,7 @@ func TestProbeOfAPreparedClaim(t *testing.T) {
 	}
 	// The spec the plugin writes for a claim holding seat 2 of G5.
 	edits, err := containeredits.Build([]containeredits.Seat{{Group: "G5", Seats: []int{2}, Generations: []int64{7}, GPUs: []inventory.GPU{inv.GPUs[5]}}},
-		containeredits.Options{DeviceNumbers: func(string) (int64, int64, error) { return 195, 0, nil }, Driver: files})
+		containeredits.Options{DeviceNumbers: n.deviceNumbers(), Driver: files})
 	if err != nil {
 		t.Fatal(err)
 	}
