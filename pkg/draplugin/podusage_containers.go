@@ -97,7 +97,7 @@ func (u *podUsage) resolve(ctx context.Context, c gpuusage.Container, pids []uin
 	case podresources.RateLimited(err) || errors.Is(err, errNoBudget):
 		return nil, err
 	case err != nil && len(mounts) == 0:
-		return nil, err
+		return nil, fmt.Errorf("container %s of pod %s/%s has no device metadata mounts, and its claims cannot be listed: %w", ctr.Name, ctr.PodNamespace, ctr.PodName, err)
 	}
 	info := &containerInfo{namespace: ctr.PodNamespace, pod: ctr.PodName, name: ctr.Name}
 	var held map[types.NamespacedName]bool
