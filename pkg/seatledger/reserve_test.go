@@ -286,10 +286,11 @@ func podClaim(name string, devices ...string) *resourceapi.ResourceClaim {
 	return c
 }
 
-// The claims of one call are combined even when one of them fails there:
-// it is prepared again alone, and its partner must already agree with it.
-// A pod's own claim alone is not combined; sent again once combined, an
-// entry's spec is written again.
+// Where the kubelet does not say which containers hold them, the claims
+// of one call are combined even when one of them fails there: whether
+// they may share a container does not depend on it. A pod's own claim
+// alone is not combined; sent again once combined, an entry's spec is
+// written again.
 func TestCombine(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
