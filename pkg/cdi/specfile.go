@@ -8,11 +8,13 @@ package cdi
 // /dev/zero; its cache reads every *.json and *.yaml of a directory as it
 // is created. So no spec file here reaches the library by its path. It is
 // read here, only if it is a regular file of at most MaxSpecSize bytes,
-// opened without following a symlink and without waiting; what was read
+// opened without waiting; what was read
 // is then parsed and validated by the library, from an anonymous memory
 // file, so that it validates exactly the bytes read. A file refused is
 // left out with an error naming it, as the library's cache leaves out a
-// spec it cannot read, and the caller says so.
+// spec it cannot read, and the caller says so. A symlink is followed, as
+// the runtimes follow it when they read the same directory, but only to
+// a regular file.
 
 import (
 	"context"
@@ -92,19 +94,21 @@ func validate(data []byte) error {
 	return err
 }
 
-// readRegular reads a file that must be a regular file of at most limit
-// bytes. It neither follows a symlink nor waits on a FIFO or device
-// swapped in after the Lstat, and reads no more than limit+1 bytes of a
-// file that grows meanwhile.
+// readRegular reads a file that must be a regular file (or a symlink to
+// one) of at most limit bytes. It does not wait on a FIFO or device
+// swapped in after the Stat (the open does not block and the open file is
+// checked again), and reads no more than limit+1 bytes of a file that
+// grows meanwhile. The Stat before the open keeps it from opening a
+// device at all: opening some (a watchdog) has effects of its own.
 func readRegular(path string, limit int64) ([]byte, error) {
-	fi, err := os.Lstat(path)
+	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, err
 	}
 	if !fi.Mode().IsRegular() {
 		return nil, notRegular(path, fi.Mode())
 	}
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}

@@ -27,9 +27,10 @@ devices:
 `
 
 // Whoever can write in a CDI directory decides what is there: a FIFO, a
-// device, a symlink, a file too large, named as a spec. Each is left out,
-// with an error naming it and what it is, and nothing blocks on it; the
-// spec beside them is read.
+// device, a symlink to either, a file too large, named as a spec. Each is
+// left out, with an error naming it and what it is, and nothing blocks on
+// it; the specs beside them are read, a symlink to a regular file
+// included, as the runtimes read it.
 func TestReadSpecDirsLeavesOutWhatIsNotARegularFileOfBoundedSize(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, text string) string {
@@ -50,6 +51,10 @@ func TestReadSpecDirsLeavesOutWhatIsNotARegularFileOfBoundedSize(t *testing.T) {
 	if err := os.Symlink(outside, link); err != nil {
 		t.Fatal(err)
 	}
+	fifoLink := filepath.Join(dir, "fifo-link.yaml")
+	if err := os.Symlink(fifo, fifoLink); err != nil {
+		t.Fatal(err)
+	}
 	device := filepath.Join(dir, "zero.json")
 	// /dev/zero's numbers: a reader that does not stop reads for ever.
 	if err := syscall.Mknod(device, syscall.S_IFCHR|0o644, int(unix.Mkdev(1, 5))); err != nil {
@@ -66,15 +71,15 @@ func TestReadSpecDirsLeavesOutWhatIsNotARegularFileOfBoundedSize(t *testing.T) {
 	if !fifotest.Returns(t, blockBound, func() { specs = ReadSpecDirs([]string{dir, filepath.Join(dir, "none")}) }, fifo) {
 		t.Fatalf("ReadSpecDirs blocked on %s", fifo)
 	}
-	if got := specs.Paths(); len(got) != 1 || got[0] != valid {
-		t.Errorf("read %v, want only %s", got, valid)
+	if got := specs.Paths(); len(got) != 2 || got[0] != link || got[1] != valid {
+		t.Errorf("read %v, want %s and %s", got, link, valid)
 	}
 	want := map[string]string{
-		fifo:   fifo + " is a FIFO, not a regular file",
-		link:   link + " is a symbolic link, not a regular file",
-		device: device + " is a device, not a regular file",
-		large:  "more than the 4194304 a CDI spec may have",
-		empty:  "empty device edits",
+		fifo:     fifo + " is a FIFO, not a regular file",
+		fifoLink: fifoLink + " is a FIFO, not a regular file",
+		device:   device + " is a device, not a regular file",
+		large:    "more than the 4194304 a CDI spec may have",
+		empty:    "empty device edits",
 	}
 	if len(specs.Skipped) != len(want) {
 		t.Errorf("left out %v, want %d files", specs.Skipped, len(want))
@@ -94,8 +99,8 @@ func TestReadSpecDirsLeavesOutWhatIsNotARegularFileOfBoundedSize(t *testing.T) {
 	if got, err := specs.NVIDIADevices(nil); err != nil || len(got) != 0 {
 		t.Errorf("NVIDIA devices %v %v", got, err)
 	}
-	if d := specs.Devices(); len(d) != 1 || d["nvidia.com/gpu=0"] == nil {
-		t.Errorf("devices %v, want nvidia.com/gpu=0 alone", d)
+	if d := specs.Devices(); len(d) != 2 || d["nvidia.com/gpu=0"] == nil || d["nvidia.com/gpu=1"] == nil {
+		t.Errorf("devices %v, want nvidia.com/gpu=0 and =1", d)
 	}
 }
 
