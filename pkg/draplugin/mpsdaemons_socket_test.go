@@ -158,17 +158,20 @@ func TestAnMPSDaemonWhoseRestartsFailIsStartedOnceOneCan(t *testing.T) {
 	if err := os.Remove(marker); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the watcher to start the daemon once it can", func() bool { return len(n.daemons("g0-1x")) == 1 })
+	// Counted once the daemon answers with its limits.
+	waitFor(t, "the watcher to start the daemon once it can, and count it", func() bool {
+		v, ok := n.gathered("kyb_mps_daemon_restarts_total", map[string]string{"group": "g0-1x"})
+		return ok && v == 1
+	})
+	if got := n.daemons("g0-1x"); len(got) != 1 {
+		t.Errorf("daemons of g0-1x %v after the restart, want one", got)
+	}
 	if got := joinMPS(t, n.control, n.pipe("g0-1x"), env); got != "thread=25 mem=0=20480M" {
 		t.Errorf("the seat's container got %q from the restarted daemon", got)
 	}
 	if m := n.sim.ComputeMode(0); m != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
 		t.Errorf("GPU 0 is %s under the restarted daemon", simnode.ComputeModeName(m))
 	}
-	waitFor(t, "the restart to be counted", func() bool {
-		v, ok := n.gathered("kyb_mps_daemon_restarts_total", map[string]string{"group": "g0-1x"})
-		return ok && v == 1
-	})
 	if !strings.Contains(logs(), "MPS daemon settled after failed attempts") {
 		t.Error("the watcher did not log that the group's daemon runs again after failed attempts")
 	}

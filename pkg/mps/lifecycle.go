@@ -87,12 +87,12 @@ func (m *Manager) start(ctx context.Context, g Group) (*record, error) {
 	abort := func(err error) error {
 		_ = cmd.Process.Kill()
 		select {
-		case <-exited:
+		case werr := <-exited:
+			m.ended(ctx, g)
+			return fmt.Errorf("start MPS daemon %s: %w (the daemon was stopped: %v)", g.Name, err, werr)
 		case <-time.After(m.opts.StopTimeout):
 			return fmt.Errorf("start MPS daemon %s: %w; killed, it still runs %s after: it is left as it is, its GPUs in EXCLUSIVE_PROCESS", g.Name, err, m.opts.StopTimeout)
 		}
-		m.ended(ctx, g)
-		return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
 	if err == nil {
 		err = m.writeRecord(g.Name, rec)
