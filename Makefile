@@ -35,8 +35,31 @@ LOGCHECK  ?= $(CURDIR)/_output/bin/logcheck
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-build: ## build the binaries into bin/
+build: ## build the binaries into bin/ (kyb-scheduler too)
 	$(GO) build -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+	@$(MAKE) --no-print-directory $(BIN)/kyb-scheduler
+
+# kyb-scheduler, a module of its own (cmd/kyb-scheduler): kube-scheduler of
+# the version the test module pins, built against the allocator and
+# scheduler patched by hack/kyb-scheduler-patch.sh under _output (the
+# module's go.mod replaces both with those copies; without them its build
+# fails). Built with the flags of the test module's builds, so that the two
+# share the compiled k8s.io packages; rebuilt only when what goes into it
+# changes.
+SCHEDULER_DIR := cmd/kyb-scheduler
+SCHEDULER_SOURCES = go.mod go.sum hack/kyb-scheduler-patch.sh $(wildcard test/allocpatch/*.patch) \
+	$(shell find $(SCHEDULER_DIR) api pkg -type f ! -name '*_test.go' ! -path '*/testdata/*' 2>/dev/null)
+
+.PHONY: kyb-scheduler scheduler-patch
+kyb-scheduler: $(BIN)/kyb-scheduler ## build bin/kyb-scheduler (kube-scheduler with the placement score; docs/kyb-scheduler.md)
+
+$(BIN)/kyb-scheduler: $(SCHEDULER_SOURCES)
+	@GO=$(GO) hack/kyb-scheduler-patch.sh
+	cd $(SCHEDULER_DIR) && $(GO) build -ldflags '$(E2E_LDFLAGS)' -o $(abspath $(BIN))/kyb-scheduler .
+
+# The patched copies kyb-scheduler's module builds against (for its tests and linters).
+scheduler-patch:
+	@GO=$(GO) hack/kyb-scheduler-patch.sh
 
 demo: ## run the product on a simulated cluster (NODES=dgx-h100[,pcie-8gpu] KEEP=1 to keep it running)
 	NODES=$(NODES) KEEP=$(KEEP) hack/demo.sh
@@ -68,8 +91,8 @@ soak-mps: ## 500 random MPS prepares, releases, restarts, profile changes and te
 bench: ## every benchmark of docs/performance.md in one run (ROUNDS=3); tables in _output/bench/report.md
 	ROUNDS=$(or $(ROUNDS),3) hack/bench.sh
 
-e2e: helm patched-bench ## end-to-end tests against etcd, kube-apiserver, kube-scheduler and the kubelet's DRA manager, in-process
-	cd test && HELM=$(HELM) KYB_PATCHED_BENCH=$(abspath $(BIN))/kyb-bench-patched $(GO) test -count=1 -timeout 25m -ldflags '$(E2E_LDFLAGS)' $$($(GO) list ./... | grep -v /e2enode)
+e2e: helm patched-bench kyb-scheduler scheduler-patch ## end-to-end tests against etcd, kube-apiserver, kube-scheduler (and kyb-scheduler) and the kubelet's DRA manager, in-process
+	cd test && HELM=$(HELM) KYB_PATCHED_BENCH=$(abspath $(BIN))/kyb-bench-patched KYB_SCHEDULER=$(abspath $(BIN))/kyb-scheduler $(GO) test -count=1 -timeout 25m -ldflags '$(E2E_LDFLAGS)' $$($(GO) list ./... | grep -v /e2enode)
 
 # kyb-bench built against the allocator patches of test/allocpatch, applied
 # to a copy of the stock module under _output (hack/allocator-patch.sh).
@@ -91,38 +114,43 @@ GPU_CHECK_ARGS ?=
 gpu-check: ## on a machine with an NVIDIA GPU (root): plan, doctor, CUDA probe, a claim prepared and probed, a CUDA process sampled; changes no GPU setting; report in _output/gpu-check/report.md
 	@GO=$(GO) TAGS='$(TAGS)' LDFLAGS='$(LDFLAGS)' hack/gpu-check.sh $(GPU_CHECK_ARGS)
 
-unit: ## unit tests of the product module, with the race detector
+unit: scheduler-patch ## unit tests of the product module and kyb-scheduler's, with the race detector
 	$(GO) test -race -count=1 ./...
+	cd $(SCHEDULER_DIR) && $(GO) test -race -count=1 ./...
 
-lint: fmt vet deps-check golangci-lint logcheck ## gofmt, go vet, what the binaries link, golangci-lint and logcheck (both modules)
+lint: fmt vet deps-check golangci-lint logcheck ## gofmt, go vet, what the binaries link, golangci-lint and logcheck (every module)
 
 fmt: ## fail if gofmt would change a file
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-vet: ## go vet, both modules
+vet: scheduler-patch ## go vet, every module
 	$(GO) vet ./...
 	cd test && $(GO) vet ./...
+	cd $(SCHEDULER_DIR) && $(GO) vet ./...
 
 deps-check: ## fail if a binary links what it must not (the shim: client-go, the DRA helpers; both: text/template, test helpers)
 	TAGS='$(TAGS)' hack/deps-check.sh
 
-golangci-lint: lint-tools ## golangci-lint over both modules (.golangci.yml)
+golangci-lint: lint-tools scheduler-patch ## golangci-lint over every module (.golangci.yml)
 	$(GOLANGCI_LINT) run ./...
 	cd test && $(GOLANGCI_LINT) run ./...
+	cd $(SCHEDULER_DIR) && $(GOLANGCI_LINT) run ./...
 
 # The product logs only through loggers from contexts (contextual logging,
-# as Kubernetes components do); the test module drives upstream components
-# that log through klog's globals, so it gets the structured checks only.
-logcheck: lint-tools ## Kubernetes' logcheck: structured, contextual logging
+# as Kubernetes components do), kyb-scheduler's own code too; the test
+# module drives upstream components that log through klog's globals, so it
+# gets the structured checks only.
+logcheck: lint-tools scheduler-patch ## Kubernetes' logcheck: structured, contextual logging
 	$(LOGCHECK) -check-contextual -check-with-helpers ./...
 	cd test && $(LOGCHECK) ./...
+	cd $(SCHEDULER_DIR) && $(LOGCHECK) -check-contextual -check-with-helpers ./...
 
 lint-tools: ## build golangci-lint and logcheck (pinned versions) into _output/bin, once
 	@hack/go-tool.sh $(GOLANGCI_LINT) github.com/golangci/golangci-lint/v2/cmd/golangci-lint $(GOLANGCI_LINT_VERSION)
 	@hack/go-tool.sh $(LOGCHECK) sigs.k8s.io/logtools/logcheck $(LOGCHECK_VERSION)
 
 clean: ## remove build outputs (keeps the tools in _output/bin)
-	rm -rf $(BIN) _output/image
+	rm -rf $(BIN) _output/image _output/kyb-scheduler
 
 helm: ## build helm (HELM_VERSION, v4.3.1) from the Go module proxy into _output/bin, once
 	@hack/go-tool.sh $(HELM) helm.sh/helm/v4/cmd/helm $(HELM_VERSION)
@@ -145,7 +173,7 @@ image: ## build the image IMAGE:VERSION: docker build where `docker info` answer
 # for `ctr -n k8s.io images import` or `podman load`. Rebuilt only when
 # what goes into it changes; SOURCE_DATE_EPOCH (default 0) is its time.
 IMAGE_ARCHIVE ?= _output/image/kyb-dra-driver-$(VERSION).oci.tar
-IMAGE_SOURCES = Dockerfile go.mod go.sum $(shell find api cmd pkg -type f ! -name '*_test.go' ! -path '*/testdata/*' 2>/dev/null) \
+IMAGE_SOURCES = Dockerfile go.mod go.sum hack/kyb-scheduler-patch.sh $(wildcard test/allocpatch/*.patch) $(shell find api cmd pkg -type f ! -name '*_test.go' ! -path '*/testdata/*' 2>/dev/null) \
 	$(wildcard test/go.mod test/go.sum test/ociimage/*.go test/productimage/*.go test/cmd/kyb-image/*.go /var/lib/dpkg/status)
 
 image-oci: $(IMAGE_ARCHIVE) ## build IMAGE:VERSION without Docker into _output/image/kyb-dra-driver-VERSION.oci.tar (ctr/podman import it)

@@ -58,6 +58,9 @@ type Options struct {
 	// ServiceAccount admission plugin, which gives pods their
 	// ServiceAccount's token.
 	ControllerManager bool
+	// KybScheduler, if set, runs kyb-scheduler beside the default
+	// scheduler (kybscheduler.go).
+	KybScheduler *KybSchedulerOptions
 }
 
 // Cluster is a running control plane with its nodes.
@@ -74,6 +77,8 @@ type Cluster struct {
 	// Dir holds the cluster's files.
 	Dir   string
 	Nodes []*Node
+	// KybScheduler is kyb-scheduler where Options.KybScheduler runs it.
+	KybScheduler *KybScheduler
 
 	// stopControllerManager stops kube-controller-manager; nil when none
 	// runs.
@@ -103,6 +108,9 @@ func Start(tb ktesting.TB, opts Options) *Cluster {
 	etcdURL := c.startEtcd(opts.EtcdLog)
 	rootCA := c.startAPIServer(etcdURL, opts)
 	c.startScheduler()
+	if opts.KybScheduler != nil {
+		c.startKybScheduler(*opts.KybScheduler)
+	}
 	c.startClaimController()
 	if opts.ControllerManager {
 		c.startControllerManager(rootCA)

@@ -4,6 +4,10 @@ package upstream
 
 import (
 	"context"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +24,10 @@ import (
 	"k8s.io/utils/ptr"
 )
 
+// TestInFlightShareCountedTwice (stock kube-scheduler) and
+// TestKybSchedulerCountsInFlightShareOnce (kyb-scheduler, with
+// cmd/kyb-scheduler/patches/kubernetes) pin the two sides of one fix.
+//
 // TestInFlightShareCountedTwice: kube-scheduler 1.37's DRA plugin, in
 // PreBind, writes a claim's allocation, stores the written claim in its
 // assume cache (which adds the claim's shares to its tracker of allocated
@@ -85,12 +93,46 @@ func TestInFlightShareCountedTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	between := seats("written, still in flight")
+	t.Logf("stock kube-scheduler: written, still in flight: the share consumes %d seat(s)", between)
 	claims.MaybeRemoveClaimPendingAllocation(claim.UID, true)
 	if got := seats("written"); got != 1 {
 		t.Fatalf("once written, the share consumes %d seats, want 1", got)
 	}
 	if between != 2 {
 		t.Fatalf("between PreBind's write and the end of PreBind the share consumes %d seats (2 until now): "+
-			"if 1, upstream no longer counts it twice; update docs/design.md and the e2e tests that create pods one after the other", between)
+			"if 1, upstream no longer counts it twice; update docs/design.md and the e2e tests that create pods one after the other, "+
+			"and drop cmd/kyb-scheduler/patches/kubernetes/1-inflight-share-counted-once.patch", between)
+	}
+}
+
+// TestKybSchedulerCountsInFlightShareOnce runs the same steps against
+// kyb-scheduler's build (its module, with the patched scheduler that
+// hack/kyb-scheduler-patch.sh prepares): there every step counts the
+// share once (cmd/kyb-scheduler/app TestInFlightShareCountedOnce).
+func TestKybSchedulerCountsInFlightShareOnce(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(filepath.Join(root, "hack", "kyb-scheduler-patch.sh")).CombinedOutput(); err != nil {
+		t.Fatalf("hack/kyb-scheduler-patch.sh: %v\n%s", err, out)
+	}
+	cmd := exec.Command("go", "test", "-count=1", "-v", "-run", "^TestInFlightShareCountedOnce$", "./app")
+	cmd.Dir = filepath.Join(root, "cmd", "kyb-scheduler")
+	out, err := cmd.CombinedOutput()
+	var steps []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, "the share consumes") {
+			steps = append(steps, strings.TrimSpace(line))
+		}
+	}
+	t.Logf("kyb-scheduler:\n%s", strings.Join(steps, "\n"))
+	if err != nil {
+		t.Fatalf("kyb-scheduler counts the in-flight share twice or fails to build: %v\n%s", err, out)
+	}
+	if !slices.ContainsFunc(steps, func(s string) bool {
+		return strings.Contains(s, "written, still in flight: the share consumes 1 seat(s)")
+	}) {
+		t.Errorf("kyb-scheduler's test did not report the step between the write and the end of PreBind:\n%s", out)
 	}
 }
