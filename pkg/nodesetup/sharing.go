@@ -32,7 +32,7 @@ type SharingFlags struct {
 
 // AddFlags adds the sharing flags.
 func (s *SharingFlags) AddFlags(f *cli.FlagSet) {
-	f.StringVar(&s.MPSRoot, "mps-root", "KYB_MPS_ROOT", "", "host directory holding one directory per MPS daemon (pipe, log, shm), bind-mounted into its clients; it must have the same path in the plugin's container and on the host. Default: <plugin directory>/mps")
+	f.StringVar(&s.MPSRoot, "mps-root", "KYB_MPS_ROOT", "", "host directory holding one directory per MPS daemon (pipe, log, shm), bind-mounted into its clients; it must have the same path in the plugin's container and on the host, belong to the plugin's user, be writable by no one else, and be reached through directories only root or that user can change (docs/security.md). Default: <plugin directory>/mps")
 	f.StringVar(&s.MPSControl, "mps-control", "KYB_MPS_CONTROL", "", "command that runs nvidia-cuda-mps-control, with any prefix it needs; a bare name found neither on PATH nor by the prefix is looked for among the driver's tools under --driver-root, and then runs with the driver's libraries and tools. Default: nvidia-cuda-mps-control; on a simulated node (--simulate), this binary's own simulated daemon ('<this binary> "+mpssim.Command+"')")
 	f.IntVar(&s.MPSShmMiB, "mps-shm-size-mib", "KYB_MPS_SHM_SIZE_MIB", 0, "size of a tmpfs mounted as each MPS daemon's shm directory (its clients' /dev/shm); 0: a plain directory")
 	f.StringVar(&s.MPSCgroup, "mps-cgroup", "KYB_MPS_CGROUP", "", "cgroup v2 directory the MPS daemons are moved into, so that they outlive the plugin's container (for example /sys/fs/cgroup/kyb-mps); empty: they stay in the plugin's cgroup")
