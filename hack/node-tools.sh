@@ -3,8 +3,10 @@
 # only, into one directory: hack/node-tools.sh DIR.
 #
 #   runc, podman, busybox   Debian packages (installed when missing)
+#   CNI plugins, nft, iptables   Debian packages: the pod network (bridge and
+#                           host-local in /usr/lib/cni) and kube-proxy's rules
 #   containerd, ctr, containerd-shim-runc-v2   go install, CONTAINERD_VERSION
-#   kubelet                 built from the test module (its k8s.io/kubernetes)
+#   kubelet, kube-proxy     built from the test module (its k8s.io/kubernetes)
 #   pause                   the kubelet's pause.c from that module, static
 #   busybox                 the Debian static busybox, copied
 #
@@ -22,7 +24,9 @@ dir=$(cd "$dir" && pwd)
 need=()
 command -v runc >/dev/null || need+=(runc)
 command -v podman >/dev/null || need+=(podman)
-dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || need+=(busybox-static)
+for pkg in busybox-static containernetworking-plugins nftables iptables; do
+	dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || need+=("$pkg")
+done
 if ((${#need[@]})); then
 	if [[ $(id -u) != 0 ]]; then
 		echo "node-tools: missing Debian packages ${need[*]}; install them as root" >&2
@@ -37,14 +41,16 @@ for cmd in containerd ctr containerd-shim-runc-v2; do
 	"$root/hack/go-tool.sh" "$dir/$cmd" "github.com/containerd/containerd/v2/cmd/$cmd" "$CONTAINERD_VERSION"
 done
 
-# The kubelet is the test module's tool: the same k8s.io/kubernetes as the
-# in-process control plane it joins.
+# The kubelet and kube-proxy are the test module's tools: the same
+# k8s.io/kubernetes as the in-process control plane they join.
 kver=$(cd "$root/test" && $GO list -m -f '{{.Version}}' k8s.io/kubernetes)
-if ! [[ -x $dir/kubelet ]] || [[ $(cat "$dir/kubelet.version" 2>/dev/null) != "$kver" ]]; then
-	echo "node-tools: building kubelet $kver (once)"
-	(cd "$root/test" && $GO build -ldflags "$E2E_LDFLAGS" -o "$dir/kubelet" k8s.io/kubernetes/cmd/kubelet)
-	echo "$kver" >"$dir/kubelet.version"
-fi
+for cmd in kubelet kube-proxy; do
+	if ! [[ -x $dir/$cmd ]] || [[ $(cat "$dir/$cmd.version" 2>/dev/null) != "$kver" ]]; then
+		echo "node-tools: building $cmd $kver (once)"
+		(cd "$root/test" && $GO build -ldflags "$E2E_LDFLAGS" -o "$dir/$cmd" "k8s.io/kubernetes/cmd/$cmd")
+		echo "$kver" >"$dir/$cmd.version"
+	fi
+done
 if ! [[ -x $dir/pause ]] || [[ $(cat "$dir/pause.version" 2>/dev/null) != "$kver" ]]; then
 	src=$(cd "$root/test" && $GO list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
 	gcc -Os -static -DVERSION="$kver" -o "$dir/pause" "$src"

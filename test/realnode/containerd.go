@@ -23,10 +23,11 @@ const (
 // containerdConfig is containerd's configuration for one node. The
 // settings beyond CDI are what an unprivileged-enough VM needs: it lacks
 // CAP_SYS_RESOURCE, so the pause container may not lower its OOM score,
-// and network namespaces stay under the node's directory. Pods use the
-// host network; the loopback-only CNI configuration only lets the runtime
-// report its network ready.
-func containerdConfig(dir, cdiDir string) string {
+// and network namespaces stay under the node's directory. Without a
+// Network, pods use the host network; the loopback-only CNI configuration
+// only lets the runtime report its network ready. cniBin is where the CNI
+// plugins are.
+func containerdConfig(dir, cdiDir, cniBin string) string {
 	return fmt.Sprintf(`version = 3
 root = %[1]q
 state = %[2]q
@@ -43,7 +44,7 @@ state = %[2]q
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
   [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = [%[6]q]
+    bin_dirs = [%[8]q]
     conf_dir = %[6]q
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
@@ -56,7 +57,7 @@ state = %[2]q
 [plugins.'io.containerd.grpc.v1.cri']
   disable_tcp_service = true
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "containerd.sock"),
-		filepath.Join(dir, "containerd.ttrpc.sock"), cdiDir, filepath.Join(dir, "cni"), PauseImage)
+		filepath.Join(dir, "containerd.ttrpc.sock"), cdiDir, filepath.Join(dir, "cni"), PauseImage, cniBin)
 }
 
 const loopbackCNI = `{"cniVersion": "1.0.0", "name": "kyb-loopback", "plugins": [{"type": "loopback"}]}`
@@ -68,13 +69,23 @@ func (n *Node) startContainerd(tb ktesting.TB) {
 	if err := os.MkdirAll(filepath.Join(dir, "cni"), 0o755); err != nil {
 		tb.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cni", "10-loopback.conflist"), []byte(loopbackCNI), 0o644); err != nil {
+	cni, cniBin := loopbackCNI, filepath.Join(dir, "cni")
+	if n.Options.Network != nil {
+		cni, cniBin = n.Options.Network.cniConfig(dir), CNIPluginDir
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cni", "10-kyb.conflist"), []byte(cni), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	conf := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(conf, []byte(containerdConfig(dir, n.CDIDir)), 0o644); err != nil {
+	// Apart from containerd's own directories, so that a pod can mount
+	// the configuration alone (the chart's doctor reads it).
+	conf := filepath.Join(n.Dir, "etc", "containerd", "config.toml")
+	if err := os.MkdirAll(filepath.Dir(conf), 0o755); err != nil {
 		tb.Fatal(err)
 	}
+	if err := os.WriteFile(conf, []byte(containerdConfig(dir, n.CDIDir, cniBin)), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	n.ContainerdConfig = conf
 	n.ContainerdSocket = filepath.Join(dir, "containerd.sock")
 	// The shim and runc are found on PATH: the node's tools first.
 	env := []string{"PATH=" + n.tools.Dir + ":" + os.Getenv("PATH")}

@@ -19,7 +19,10 @@ import (
 // the kubelet lets anonymous requests through: a test node only. Pods go
 // under the node's own cgroup root, so that two nodes on one machine and
 // the tests after them do not meet. Eviction is off: the test machine's
-// disk and memory are not the node's to guard.
+// disk and memory are not the node's to guard. The kubelet makes no
+// iptables chains (its hint for an iptables kube-proxy, its martian packet
+// guard): they would outlive the node, and the node's kube-proxy uses
+// nftables.
 func kubeletConfig(n *Node, port int) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -45,6 +48,7 @@ syncFrequency: 5s
 fileCheckFrequency: 5s
 nodeStatusUpdateFrequency: 5s
 shutdownGracePeriod: 0s
+makeIPTablesUtilChains: false
 `, n.cgroupRoot, n.ContainerdSocket, filepath.Join(n.Dir, "pod-logs"), port)
 }
 

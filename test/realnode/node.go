@@ -17,8 +17,8 @@ import (
 // Tools are the programs a node runs: the node's own (hack/node-tools.sh)
 // and the driver's binaries (make build).
 type Tools struct {
-	// Dir holds containerd, ctr, containerd-shim-runc-v2, kubelet, pause
-	// and busybox.
+	// Dir holds containerd, ctr, containerd-shim-runc-v2, kubelet,
+	// kube-proxy, pause and busybox.
 	Dir string
 	// Bin holds kyb-dra-plugin, kyb-device-plugin and kyb-cuda-probe.
 	Bin string
@@ -31,7 +31,7 @@ func ToolsFromEnv() (Tools, error) {
 	if t.Dir == "" || t.Bin == "" {
 		return t, fmt.Errorf("KYB_NODE_TOOLS and KYB_BIN are not set: run these tests with make e2e-node")
 	}
-	if err := lookTools(t.Dir, "containerd", "ctr", "containerd-shim-runc-v2", "kubelet", "pause", "busybox"); err != nil {
+	if err := lookTools(t.Dir, "containerd", "ctr", "containerd-shim-runc-v2", "kubelet", "kube-proxy", "pause", "busybox"); err != nil {
 		return t, fmt.Errorf("node tools (make e2e-node builds them): %w", err)
 	}
 	if err := lookTools(t.Bin, "kyb-dra-plugin", "kyb-device-plugin", "kyb-cuda-probe"); err != nil {
@@ -58,6 +58,15 @@ type Options struct {
 	// ImageFiles are more files of the workload image: its path (no
 	// leading slash) to the host file.
 	ImageFiles map[string]string
+	// Network, when set, gives pods that do not use the host's network an
+	// address on it (CNI) and runs kube-proxy: pods reach the API server
+	// at the "kubernetes" Service. The cluster must serve pods at its
+	// APIServerAddress.
+	Network *Network
+	// NoPlugin starts no plugin of the driver as a process of the node:
+	// something else brings it, such as the chart's DaemonSet. Start
+	// returns once the node is Ready.
+	NoPlugin bool
 }
 
 // KubeletDevicePluginDir is where the kubelet's device manager listens
@@ -72,18 +81,22 @@ type Node struct {
 	Options Options
 	// Dir holds everything of the node; RootDir is the kubelet's.
 	Dir, RootDir, CDIDir, ContainerdSocket string
+	// ContainerdConfig is containerd's configuration file, alone in its
+	// directory.
+	ContainerdConfig string
 
-	c                           *harness.Cluster
-	tools                       Tools
-	cgroupRoot                  string
-	kubeletPort                 int
-	containerd, kubelet, plugin *process
+	c                                      *harness.Cluster
+	tools                                  Tools
+	cgroupRoot                             string
+	kubeletPort                            int
+	containerd, kubelet, plugin, kubeProxy *process
 }
 
 // Start starts a real node joined to the cluster: containerd with the
-// node's images, the driver's DRA plugin, and the kubelet; it returns once
-// the node is Ready and the plugin has published its slices. Everything
-// stops and goes when tb cleans up.
+// node's images, the driver's DRA plugin (unless Options.NoPlugin), the
+// kubelet and, on a Network, kube-proxy; it returns once the node is Ready
+// and the plugin has published its slices. Everything stops and goes when
+// tb cleans up.
 func Start(tb ktesting.TB, c *harness.Cluster, tools Tools, opts Options) *Node {
 	tb.Helper()
 	started := time.Now()
@@ -107,7 +120,7 @@ func Start(tb ktesting.TB, c *harness.Cluster, tools Tools, opts Options) *Node 
 		keep := filepath.Join(os.TempDir(), "kyb-node-logs-"+opts.Name)
 		_ = os.RemoveAll(keep)
 		_ = os.MkdirAll(keep, 0o755)
-		for _, f := range []string{"containerd.log", "kubelet.log", "plugin.log"} {
+		for _, f := range []string{"containerd.log", "kubelet.log", "plugin.log", "kube-proxy.log"} {
 			_ = os.Rename(filepath.Join(dir, f), filepath.Join(keep, f))
 		}
 		tb.Logf("logs of node %s kept in %s", opts.Name, keep)
@@ -137,12 +150,20 @@ func Start(tb ktesting.TB, c *harness.Cluster, tools Tools, opts Options) *Node 
 		n.drain(tb)
 		n.StopKubelet()
 		n.plugin.stop(10 * time.Second)
+		n.stopKubeProxy()
 	})
-	n.StartPlugin(tb)
+	if !opts.NoPlugin {
+		n.StartPlugin(tb)
+	}
 	n.startKubelet(tb)
-	if opts.Shim {
+	if opts.Network != nil {
+		n.startKubeProxy(tb)
+	}
+	switch {
+	case opts.NoPlugin:
+	case opts.Shim:
 		n.WaitForResources(tb)
-	} else {
+	default:
 		n.waitForSlices(tb)
 	}
 	tb.Logf("real node %s up in %v (dir %s)", n.Name, time.Since(started).Round(time.Millisecond), dir)
@@ -151,7 +172,10 @@ func Start(tb ktesting.TB, c *harness.Cluster, tools Tools, opts Options) *Node 
 
 // drain deletes every pod bound to the node and waits until the kubelet
 // has stopped them, so that their claims are unprepared by the plugin.
+// The cluster's controllers stop first: a DaemonSet would put its pod
+// back.
 func (n *Node) drain(tb ktesting.TB) {
+	n.c.StopControllerManager()
 	pods, err := n.c.Client.CoreV1().Pods("").List(n.c.Ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
 	if err != nil {
 		return
@@ -361,5 +385,6 @@ func Leftovers() []string {
 	for _, p := range processesUnder(prefix) {
 		out = append(out, fmt.Sprintf("process %d: %s", p.pid, p.cmdline))
 	}
+	out = append(out, networkLeftovers()...)
 	return append(out, devicePluginFiles()...)
 }
