@@ -43,12 +43,14 @@ type chartCase struct {
 	deviceMode  bool // mode device-plugin
 	extended    bool // DeviceClasses map extended resources
 	privileged  bool
-	mps         bool // pods as MPS daemons need them
+	mps         bool   // pods as MPS daemons need them
+	mpsControl  string // KYB_MPS_CONTROL; empty: unset
 	seamless    bool
 	simulated   bool
 	noPodGPU    bool              // metrics.podGPU.enabled=false
 	monitoring  bool              // ServiceMonitor, PodMonitor and dashboard
 	driverMount map[string]string // host path -> container path of the driver root
+	kubeletRoot string            // kubeletRootDir; empty: /var/lib/kubelet
 	profiles    []wantProfile     // nil: the driver's defaults
 	groups      map[string][]int
 }
@@ -117,6 +119,14 @@ var cases = []chartCase{
 		profiles: []wantProfile{{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 4, sharing: "mps"}, {resource: "kyb.ai/gpu-2x-seat", name: "2x", size: 2, seats: 2, sharing: "timeSlicing/Long"}},
 	},
 	{
+		name:     "MPS with a control command of its own",
+		files:    []string{"testdata/mps-values.yaml"},
+		set:      []string{"mps.control=chroot /host nvidia-cuda-mps-control"},
+		extended: true, seamless: true, driverMount: hostUsr,
+		privileged: true, mps: true, mpsControl: "chroot /host nvidia-cuda-mps-control",
+		profiles: []wantProfile{{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 4, sharing: "mps"}, {resource: "kyb.ai/gpu-2x-seat", name: "2x", size: 2, seats: 2, sharing: "timeSlicing/Long"}},
+	},
+	{
 		name:       "MPS with the device-plugin shim",
 		files:      []string{"testdata/mps-values.yaml"},
 		set:        []string{"mode=device-plugin"},
@@ -134,6 +144,20 @@ var cases = []chartCase{
 		name:     "per-pod GPU metrics off",
 		set:      []string{"metrics.podGPU.enabled=false"},
 		extended: true, seamless: true, driverMount: hostUsr, noPodGPU: true,
+	},
+	{
+		name:     "kubelet root directory moved (k0s)",
+		set:      []string{"kubeletRootDir=/var/lib/k0s/kubelet"},
+		extended: true, seamless: true, driverMount: hostUsr, kubeletRoot: "/var/lib/k0s/kubelet",
+	},
+	{
+		// The kubelet's device manager listens in /var/lib/kubelet/device-plugins
+		// whatever its root directory.
+		name:       "device-plugin shim, kubelet root directory moved (k0s)",
+		files:      []string{"../kyb-dra-driver/examples/device-plugin-values.yaml"},
+		set:        []string{"kubeletRootDir=/var/lib/k0s/kubelet"},
+		deviceMode: true, driverMount: hostUsr, kubeletRoot: "/var/lib/k0s/kubelet",
+		profiles: seedProfiles, groups: seedGroups,
 	},
 	{
 		name:     "driver container of the GPU operator",

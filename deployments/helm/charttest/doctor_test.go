@@ -38,6 +38,9 @@ func checkDoctor(t *testing.T, m *manifest, tc chartCase) {
 	if docEnv["KYB_HOST_ROOT"].Value != "/host" {
 		t.Errorf("doctor's KYB_HOST_ROOT = %q, want /host", docEnv["KYB_HOST_ROOT"].Value)
 	}
+	if docEnv["KYB_CONTAINERD_CONFIG"].Value != "/etc/containerd/config.toml" {
+		t.Errorf("doctor's KYB_CONTAINERD_CONFIG = %q, want /etc/containerd/config.toml", docEnv["KYB_CONTAINERD_CONFIG"].Value)
+	}
 	if _, ok := docEnv["KYB_DOCTOR_REPORT_ONLY"]; ok {
 		t.Error("the doctor blocks by default, but KYB_DOCTOR_REPORT_ONLY is set")
 	}
@@ -73,6 +76,16 @@ func TestDoctorValues(t *testing.T) {
 	}
 	if vm := spec.InitContainers[0].VolumeMounts; vm[len(vm)-1].MountPath != "/host/etc/crio" {
 		t.Errorf("doctor.runtimeConfigDirs={/etc/crio}: mounts %+v", vm)
+	}
+	// k3s keeps containerd's configuration under its own directory.
+	k3s := "/var/lib/rancher/k3s/agent/etc/containerd"
+	m = render(t, nil, "doctor.runtimeConfigDirs={"+k3s+"}", "doctor.containerdConfig="+k3s+"/config.toml")
+	doc := daemonSet(t, m).Spec.Template.Spec.InitContainers[0]
+	if got := env(doc)["KYB_CONTAINERD_CONFIG"].Value; got != k3s+"/config.toml" {
+		t.Errorf("doctor.containerdConfig: KYB_CONTAINERD_CONFIG = %q", got)
+	}
+	if vm := doc.VolumeMounts; vm[len(vm)-1].MountPath != "/host"+k3s {
+		t.Errorf("doctor.runtimeConfigDirs={%s}: mounts %+v", k3s, vm)
 	}
 	m = render(t, nil, "doctor.enabled=false")
 	spec = daemonSet(t, m).Spec.Template.Spec

@@ -3,6 +3,7 @@
 package charttest
 
 import (
+	"cmp"
 	"reflect"
 	"strings"
 	"testing"
@@ -39,7 +40,7 @@ func checkPodSecurity(t *testing.T, m *manifest, tc chartCase) {
 	}
 	e := env(c)
 	if tc.mps {
-		wantEnv := map[string]string{"KYB_MPS_CONTROL": "nvidia-cuda-mps-control", "KYB_MPS_CGROUP": "/sys/fs/cgroup/kyb-mps", "KYB_MPS_SHM_SIZE_MIB": "256"}
+		wantEnv := map[string]string{"KYB_MPS_CGROUP": "/sys/fs/cgroup/kyb-mps", "KYB_MPS_SHM_SIZE_MIB": "256"}
 		if tc.deviceMode {
 			wantEnv["POD_RESOURCES_SOCKET"] = "/var/lib/kubelet/pod-resources/kubelet.sock"
 		}
@@ -47,6 +48,11 @@ func checkPodSecurity(t *testing.T, m *manifest, tc chartCase) {
 			if e[k].Value != v {
 				t.Errorf("%s=%q, want %q", k, e[k].Value, v)
 			}
+		}
+		// Unset by default: the plugin's own default, the driver's
+		// command, or on a simulated node its built-in simulator.
+		if mc, set := e["KYB_MPS_CONTROL"]; set != (tc.mpsControl != "") || mc.Value != tc.mpsControl {
+			t.Errorf("KYB_MPS_CONTROL=%q (set %v), want %q", mc.Value, set, tc.mpsControl)
 		}
 		if tc.deviceMode && (e["POD_NAME"].ValueFrom == nil || e["POD_NAMESPACE"].ValueFrom == nil) {
 			t.Error("the shim does not know its own pod, so it would believe a kubelet that has just started and lists no pod")
@@ -121,19 +127,21 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 		}
 		got[v.HostPath.Path] = hostMount{container: vm.MountPath, readOnly: vm.ReadOnly}
 	}
+	root := cmp.Or(tc.kubeletRoot, "/var/lib/kubelet")
 	want := map[string]hostMount{
-		"/var/lib/kubelet/plugins/gpu.kyb.ai": {container: "/var/lib/kubelet/plugins/gpu.kyb.ai"},
-		"/var/run/cdi":                        {container: "/var/run/cdi"},
+		root + "/plugins/gpu.kyb.ai": {container: root + "/plugins/gpu.kyb.ai"},
+		"/var/run/cdi":               {container: "/var/run/cdi"},
 	}
 	if tc.deviceMode {
+		// Fixed in the kubelet, whatever its root directory.
 		want["/var/lib/kubelet/device-plugins"] = hostMount{container: "/var/lib/kubelet/device-plugins"}
 		if tc.mps {
-			want["/var/lib/kubelet/pod-resources"] = hostMount{container: "/var/lib/kubelet/pod-resources", readOnly: true}
+			want[root+"/pod-resources"] = hostMount{container: root + "/pod-resources", readOnly: true}
 		}
 	} else {
-		want["/var/lib/kubelet/plugins_registry"] = hostMount{container: "/var/lib/kubelet/plugins_registry"}
+		want[root+"/plugins_registry"] = hostMount{container: root + "/plugins_registry"}
 		// Which claims each container references.
-		want["/var/lib/kubelet/pod-resources"] = hostMount{container: "/var/lib/kubelet/pod-resources", readOnly: true}
+		want[root+"/pod-resources"] = hostMount{container: root + "/pod-resources", readOnly: true}
 		// The doctor reads the runtime's configuration.
 		want["/etc/containerd"] = hostMount{container: "/host/etc/containerd", readOnly: true}
 	}
@@ -169,14 +177,19 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 	}
 	wantSockets := map[string]string{}
 	if !tc.deviceMode {
-		wantSockets["POD_RESOURCES_SOCKET"] = "/var/lib/kubelet/pod-resources/kubelet.sock"
+		wantSockets["POD_RESOURCES_SOCKET"] = root + "/pod-resources/kubelet.sock"
+		wantSockets["KUBELET_REGISTRAR_DIRECTORY_PATH"] = root + "/plugins_registry"
 		if !tc.simulated && !tc.noPodGPU {
 			wantSockets["KYB_CONTAINER_RUNTIME_SOCKET"] = "/host/run/containerd/containerd.sock"
 		}
-	} else if tc.mps {
-		wantSockets["POD_RESOURCES_SOCKET"] = "/var/lib/kubelet/pod-resources/kubelet.sock"
+	} else {
+		wantSockets["DEVICE_PLUGIN_DIRECTORY_PATH"] = "/var/lib/kubelet/device-plugins/"
+		if tc.mps {
+			wantSockets["POD_RESOURCES_SOCKET"] = root + "/pod-resources/kubelet.sock"
+		}
 	}
-	for _, k := range []string{"POD_RESOURCES_SOCKET", "KYB_CONTAINER_RUNTIME_SOCKET"} {
+	wantSockets["KUBELET_PLUGINS_DIRECTORY_PATH"] = root + "/plugins"
+	for _, k := range []string{"POD_RESOURCES_SOCKET", "KYB_CONTAINER_RUNTIME_SOCKET", "KUBELET_REGISTRAR_DIRECTORY_PATH", "KUBELET_PLUGINS_DIRECTORY_PATH", "DEVICE_PLUGIN_DIRECTORY_PATH"} {
 		if e[k].Value != wantSockets[k] {
 			t.Errorf("%s=%q, want %q", k, e[k].Value, wantSockets[k])
 		}

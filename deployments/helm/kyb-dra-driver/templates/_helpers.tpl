@@ -126,6 +126,14 @@ defaults stay the driver's (an empty profiles list would be an error).
 {{- toYaml $c }}
 {{- end }}
 
+{{/*
+The kubelet's device-plugin directory. Fixed in the kubelet
+(k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 DevicePluginPath): its
+device manager listens there whatever its root directory, so it does not
+follow kubeletRootDir.
+*/}}
+{{- define "kyb.devicePluginDir" -}}/var/lib/kubelet/device-plugins{{- end }}
+
 {{/* Where the plugin keeps its sockets and checkpoint on the host. */}}
 {{- define "kyb.pluginDataDir" -}}
 {{- printf "%s/plugins/%s" (trimSuffix "/" .Values.kubeletRootDir) (include "kyb.driverName" .) }}
@@ -207,8 +215,12 @@ realGPUs, kubeletDir, seamless, health, metrics).
     fieldRef:
       fieldPath: metadata.name
 {{- end }}
+{{- with $.Values.mps.control }}
+# Empty: the plugin's default (the driver's own; on a simulated node,
+# the simulated daemon of its own binary).
 - name: KYB_MPS_CONTROL
-  value: {{ $.Values.mps.control | quote }}
+  value: {{ . | quote }}
+{{- end }}
 - name: KYB_MPS_CGROUP
   value: {{ $.Values.mps.cgroup | quote }}
 - name: KYB_MPS_SHM_SIZE_MIB
@@ -261,7 +273,7 @@ realGPUs, kubeletDir, seamless, health, metrics).
 {{- end }}
 {{- else }}
 - name: DEVICE_PLUGIN_DIRECTORY_PATH
-  value: {{ printf "%s/device-plugins/" $.kubeletDir | quote }}
+  value: {{ printf "%s/" (include "kyb.devicePluginDir" .) | quote }}
 {{- with $.Values.devicePlugin.injection }}
 - name: KYB_INJECTION
   value: {{ . | quote }}
@@ -321,7 +333,7 @@ kyb.containerEnv.
   readOnly: true
 {{- else }}
 - name: device-plugins
-  mountPath: {{ printf "%s/device-plugins" $.kubeletDir }}
+  mountPath: {{ include "kyb.devicePluginDir" . }}
 {{- if $.mps }}
 - name: pod-resources
   mountPath: {{ printf "%s/pod-resources" $.kubeletDir }}
