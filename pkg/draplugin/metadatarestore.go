@@ -108,7 +108,7 @@ func (s restoringSpecs) Write(uid types.UID, c *checkpoint.Claim) error {
 // Complete reports whether the claim's spec is there, and the spec of
 // each of its metadata files.
 func (s restoringSpecs) Complete(uid types.UID, c *checkpoint.Claim) bool {
-	return s.claimSpecs.Exists(uid) && s.files.specsPresent(uid, c)
+	return s.Exists(uid) && s.files.specsPresent(uid, c)
 }
 
 // Remove removes the claim's device metadata, then its spec: should the
