@@ -1,10 +1,12 @@
 # syntax=docker/dockerfile:1
 #
-# The kyb-dra-driver image holds the three commands under cmd/ in
+# The kyb-dra-driver image holds the four commands under cmd/ in
 # /usr/local/bin: kyb-dra-plugin (the DRA kubelet plugin and its `plan` and
 # `doctor` subcommands; the entrypoint), kyb-device-plugin (the
-# device-plugin shim, for clusters without DRA) and kyb-cuda-probe (what the
-# CUDA driver shows a process; `doctor --probe` runs it in a sandbox).
+# device-plugin shim, for clusters without DRA), kyb-cuda-probe (what the
+# CUDA driver shows a process; `doctor --probe` runs it in a sandbox) and
+# kyb-scheduler (kube-scheduler with the placement score for seats; a
+# Deployment runs it with command /usr/local/bin/kyb-scheduler).
 # kubectl-kyb, the kubectl plugin, runs on operators' machines, not in
 # the image. Nothing else: no shell, no study tools (those
 # live in the test/ module, which the build context leaves out). `make image`
@@ -31,13 +33,26 @@ RUN go mod download
 COPY api/ api/
 COPY cmd/ cmd/
 COPY pkg/ pkg/
+# kyb-scheduler's patches and the script that applies them to copies of
+# the scheduler and its allocator (.dockerignore lets these two in).
+COPY hack/kyb-scheduler-patch.sh hack/
+COPY test/allocpatch/ test/allocpatch/
 # go-nvml needs cgo to build, but not libnvidia-ml to link: NVML is dlopened
 # at run time from the node's driver, so its symbols stay unresolved here
 # (the same flags as the Makefile's LDFLAGS). -trimpath and -buildvcs=false
 # keep the binaries free of the build machine's paths and of .git.
 # grpcnotrace: as the Makefile's TAGS, a third off the plugin's memory.
 ARG LDFLAGS="-s -w -extldflags=-Wl,--unresolved-symbols=ignore-in-object-files"
-RUN CGO_ENABLED=1 go build -tags grpcnotrace -trimpath -buildvcs=false -ldflags "${LDFLAGS}" -o /out/ ./cmd/kyb-dra-plugin ./cmd/kyb-device-plugin ./cmd/kyb-cuda-probe
+# kyb-scheduler is a module of its own (cmd/kyb-scheduler) that builds
+# against patched copies of k8s.io/kubernetes and
+# k8s.io/dynamic-resource-allocation, which hack/kyb-scheduler-patch.sh
+# makes under _output from the module cache (it needs git and the module
+# proxy); static, as kube-scheduler is, and reporting the Kubernetes
+# version it is (hack/image-check.sh keeps that equal to its go.mod's).
+ARG SCHEDULER_LDFLAGS="-s -w -X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
+# One RUN line with every go build: make image-oci (test/productimage) and
+# hack/image-check.sh run it as written.
+RUN CGO_ENABLED=1 go build -tags grpcnotrace -trimpath -buildvcs=false -ldflags "${LDFLAGS}" -o /out/ ./cmd/kyb-dra-plugin ./cmd/kyb-device-plugin ./cmd/kyb-cuda-probe && hack/kyb-scheduler-patch.sh && cd cmd/kyb-scheduler && CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags "${SCHEDULER_LDFLAGS}" -o /out/ .
 
 # The runtime is distroless "cc": glibc (the binaries use cgo, and the node's
 # libnvidia-ml.so needs glibc, libdl, libpthread, libm, librt) plus libgcc_s,

@@ -12,7 +12,8 @@
 #   3. The binaries need nothing from the host but glibc: libnvidia-ml stays
 #      unresolved (it is dlopened from the node's driver at run time).
 #   4. Versions agree: the Dockerfile's Go with go.mod, its VERSION with the
-#      chart's appVersion and the Makefile's VERSION; the chart's image
+#      chart's appVersion and the Makefile's VERSION, the Kubernetes version
+#      kyb-scheduler reports with the one its go.mod builds; the chart's image
 #      repository with the Makefile's IMAGE; the chart's commands with the
 #      binaries and where the Dockerfile puts them.
 #   5. The runtime stage has glibc (not distroless/static or scratch) and
@@ -53,16 +54,23 @@ ctx=$(mktemp -d)
 out=$(mktemp -d)
 trap 'rm -rf "$ctx" "$out"' EXIT
 mapfile -t ignore < <(grep -v '^[[:space:]]*#' .dockerignore | sed '/^[[:space:]]*$/d')
+# As Docker reads it: the last pattern that matches decides, and a
+# pattern starting with ! lets back in what an earlier one kept out.
 ignored() {
-	local p=$1 pat
+	local p=$1 pat out=1
 	for pat in "${ignore[@]}"; do
+		local keep=1
+		if [[ $pat == '!'* ]]; then
+			keep=0
+			pat=${pat#!}
+		fi
 		local bare=${pat#\*\*/}
 		# shellcheck disable=SC2053 # glob matching is the point
 		if [[ $p == $pat || $p == $pat/* || $p == $bare || $p == $bare/* || $p == */$bare || $p == */$bare/* ]]; then
-			return 0
+			out=$((1 - keep))
 		fi
 	done
-	return 1
+	return $out
 }
 sources=()
 while IFS= read -r line; do
@@ -133,6 +141,9 @@ done
 # 4. Versions and names agree.
 gomod_go=$(sed -n 's/^go \([0-9]*\.[0-9]*\).*/\1/p' go.mod)
 [[ ${arg[GO_VERSION]:-} == "$gomod_go" ]] || problem "Dockerfile GO_VERSION ${arg[GO_VERSION]:-unset} differs from go.mod's go $gomod_go"
+kube_version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' cmd/kyb-scheduler/go.mod)
+[[ " ${arg[SCHEDULER_LDFLAGS]:-} " == *" -X k8s.io/component-base/version.gitVersion=$kube_version "* ]] ||
+	problem "Dockerfile SCHEDULER_LDFLAGS does not report k8s.io/kubernetes $kube_version, which cmd/kyb-scheduler/go.mod builds"
 app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' $chart/Chart.yaml)
 [[ ${arg[VERSION]:-} == "$app_version" ]] || problem "Dockerfile VERSION ${arg[VERSION]:-unset} differs from the chart's appVersion $app_version"
 [[ -z $version || $version == "$app_version" ]] || problem "Makefile VERSION $version differs from the chart's appVersion $app_version"
