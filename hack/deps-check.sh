@@ -20,7 +20,7 @@
 #
 # kubectl-kyb runs on an operator's machine and reads the API: client-go,
 # none of the node's code (no NVML, no kubelet plugin helper, no plugin
-# packages).
+# packages). kyb-scheduler: see below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -52,5 +52,18 @@ for cmd in kyb-dra-plugin kyb-device-plugin kyb-cuda-probe kubectl-kyb; do
 	done
 	echo "deps-check: cmd/$cmd links $(wc -l <<<"$deps") packages"
 done
+# kyb-scheduler is kube-scheduler, a module of its own (cmd/kyb-scheduler),
+# and links what kube-scheduler links; of the driver it reads only the
+# names of what the plugin publishes: no node code, no NVML (it is built
+# without cgo), no test helpers. Its module builds against the patched
+# copies hack/kyb-scheduler-patch.sh makes.
+GO=$GO hack/kyb-scheduler-patch.sh
+deps=$(cd cmd/kyb-scheduler && $GO list -deps .)
+found=$(grep -E '^github.com/NVIDIA/|^'$module'/(pkg|api)/' <<<"$deps" | grep -vE '^'$module'/(pkg/driver|api/kyb.ai/v1alpha1)$' || true)
+for pkg in $found; do
+	echo "deps-check: cmd/kyb-scheduler links $pkg; see hack/deps-check.sh for why it must not" >&2
+	status=1
+done
+echo "deps-check: cmd/kyb-scheduler links $(wc -l <<<"$deps") packages"
 [[ $status == 0 ]] && echo "deps-check: no binary links a package banned for it (tags: $TAGS)"
 exit $status
