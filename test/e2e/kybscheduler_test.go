@@ -49,10 +49,6 @@ func inGang(group string) podOpt {
 	return func(p *v1.Pod) { p.Spec.SchedulingGroup = &v1.PodSchedulingGroup{PodGroupName: &group} }
 }
 
-func scheduledBy(name string) podOpt {
-	return func(p *v1.Pod) { p.Spec.SchedulerName = name }
-}
-
 // kybPod creates a pod that kyb-scheduler schedules (unless an option
 // names another scheduler).
 func kybPod(t *testing.T, c *harness.Cluster, name string, opts ...podOpt) {

@@ -88,11 +88,16 @@ func (c *Cluster) startKybScheduler(opts KybSchedulerOptions) {
 	go func() { exited <- cmd.Wait() }()
 	tb.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
+		var err error
 		select {
-		case <-exited:
+		case err = <-exited:
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
-			<-exited
+			err = <-exited
+		}
+		// kube-scheduler exits 0 on SIGTERM.
+		if err != nil {
+			tb.Logf("kyb-scheduler: %v", err)
 		}
 		_ = logFile.Close()
 	})

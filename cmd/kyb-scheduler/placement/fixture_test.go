@@ -254,8 +254,8 @@ func (f *fixture) scores(pod *v1.Pod, nodes []string) (map[string]int64, *fwk.St
 	}
 	out := map[string]int64{}
 	for _, s := range list {
-		if s.Score < fwk.MinNodeScore || s.Score > fwk.MaxNodeScore {
-			f.t.Fatalf("%s scored %d, outside %d..%d", s.Name, s.Score, fwk.MinNodeScore, fwk.MaxNodeScore)
+		if s.Score < fwk.MinScore || s.Score > fwk.MaxScore {
+			f.t.Fatalf("%s scored %d, outside %d..%d", s.Name, s.Score, fwk.MinScore, fwk.MaxScore)
 		}
 		out[s.Name] = s.Score
 	}

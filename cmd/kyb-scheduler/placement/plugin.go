@@ -155,7 +155,7 @@ func (pl *Plugin) allocatedState() (*structured.AllocatedState, error) {
 }
 
 // Score returns the node's key from PreScore; NormalizeScore maps the
-// keys onto 0..MaxNodeScore.
+// keys onto 0..MaxScore.
 func (pl *Plugin) Score(_ context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	s, err := readScores(state)
 	if err != nil {
@@ -167,7 +167,7 @@ func (pl *Plugin) Score(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 // ScoreExtensions returns the normalization.
 func (pl *Plugin) ScoreExtensions() fwk.ScoreExtensions { return pl }
 
-// NormalizeScore maps the keys linearly onto 0..MaxNodeScore, the best
+// NormalizeScore maps the keys linearly onto 0..MaxScore, the best
 // node at the top and the worst at 0: a key orders the nodes, its scale
 // means nothing to the other plugins' scores. All equal: 0, no
 // preference.
@@ -189,7 +189,7 @@ func normalize(list fwk.NodeScoreList) {
 			list[i].Score = 0
 			continue
 		}
-		list[i].Score = (list[i].Score - lo) * fwk.MaxNodeScore / (hi - lo)
+		list[i].Score = (list[i].Score - lo) * fwk.MaxScore / (hi - lo)
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/klog/v2"
 
@@ -37,8 +36,6 @@ func (s *gpuSet) add(i int) {
 	}
 	(*s)[i/64] |= 1 << (i % 64)
 }
-
-func (s gpuSet) has(i int) bool { return i/64 < len(s) && s[i/64]&(1<<(i%64)) != 0 }
 
 func (s *gpuSet) addAll(o gpuSet) {
 	for i, w := range o {
@@ -111,12 +108,6 @@ type pool struct {
 
 	mu      sync.Mutex
 	matches map[string][]bool
-}
-
-// sliceKey identifies one version of a slice.
-type sliceKey struct {
-	uid     types.UID
-	version string
 }
 
 // poolCache keeps the parsed pools from one scheduling cycle to the next:
