@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -59,7 +60,7 @@ profiles:
 type nodeSpec struct{ name, preset, config string }
 
 type fixture struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	client *fake.Clientset
 	dra    *dynamicresources.DefaultDRAManager
@@ -69,15 +70,31 @@ type fixture struct {
 	n      int
 }
 
-func newFixture(t *testing.T, args Args, nodes ...nodeSpec) *fixture {
+func newFixture(t testing.TB, args Args, nodes ...nodeSpec) *fixture {
 	t.Helper()
-	_, ctx := ktesting.NewTestContext(t)
+	ctx := klog.NewContext(context.Background(), logr.Discard())
+	if tt, ok := t.(*testing.T); ok {
+		// Tests log; benchmarks measure the plugin, not the logging.
+		_, ctx = ktesting.NewTestContext(tt)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	f := &fixture{t: t, ctx: ctx, client: fake.NewClientset(), sim: schedulertest.New(schedulertest.SchedulerFeatures())}
 	classes := map[string]*resourceapi.DeviceClass{}
+	type planned struct {
+		plan *planner.Plan
+		inv  *inventory.Inventory
+	}
+	plans := map[nodeSpec]planned{}
 	for _, n := range nodes {
-		plan, inv := planNode(t, ctx, n)
+		// Nodes alike have the same plan; only the pool's name differs.
+		key := nodeSpec{preset: n.preset, config: n.config}
+		p, ok := plans[key]
+		if !ok {
+			p.plan, p.inv = planNode(t, ctx, n)
+			plans[key] = p
+		}
+		plan, inv := p.plan, p.inv
 		f.sim.AddNode(n.name, draresources.Resources(plan, inv, n.name, draresources.LayoutShared), driver.Name)
 		for _, dc := range draresources.DeviceClasses(plan.Profiles, draresources.DeviceClassOptions{ExtendedResources: true}) {
 			dc.UID = types.UID("uid-" + dc.Name)
@@ -121,7 +138,7 @@ func newFixture(t *testing.T, args Args, nodes ...nodeSpec) *fixture {
 	return f
 }
 
-func planNode(t *testing.T, ctx context.Context, n nodeSpec) (*planner.Plan, *inventory.Inventory) {
+func planNode(t testing.TB, ctx context.Context, n nodeSpec) (*planner.Plan, *inventory.Inventory) {
 	t.Helper()
 	sim, err := simnode.Load(n.preset, n.name)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
@@ -77,7 +78,9 @@ func (s gpuSet) bound() int {
 
 // device is one of our published devices, as the score needs it.
 type device struct {
-	pool, name string
+	// id is the device as the allocated state names it.
+	id   structured.DeviceID
+	name string
 	// gpus are the GPUs of its group; size is how many.
 	gpus gpuSet
 	size int
@@ -101,7 +104,9 @@ type device struct {
 // allocator tries them (first fit), and which devices each DeviceClass
 // selects, computed once per version of the slices and of the class.
 type pool struct {
-	node    string
+	node string
+	// slices are the objects parsed; key names their versions.
+	slices  []*resourceapi.ResourceSlice
 	key     string
 	gpus    int
 	devices []*device
@@ -133,12 +138,17 @@ func (c *poolCache) update(all []*resourceapi.ResourceSlice) map[string]*pool {
 	next := make(map[string]*pool, len(byNode))
 	for node, ss := range byNode {
 		ss = currentGeneration(ss)
-		key := poolKey(ss)
-		if p, ok := c.pools[node]; ok && p.key == key {
-			next[node] = p
-			continue
+		p, ok := c.pools[node]
+		switch {
+		case ok && slices.Equal(p.slices, ss):
+			// The informer's objects are replaced, never changed: the
+			// same objects are the same versions.
+		case ok && p.key == poolKey(ss):
+			p.slices = ss
+		default:
+			p = parsePool(node, poolKey(ss), ss)
 		}
-		next[node] = parsePool(node, key, ss)
+		next[node] = p
 	}
 	c.pools = next
 	return next
@@ -178,7 +188,7 @@ func poolKey(ss []*resourceapi.ResourceSlice) string {
 }
 
 func parsePool(node, key string, ss []*resourceapi.ResourceSlice) *pool {
-	p := &pool{node: node, key: key, matches: map[string][]bool{}}
+	p := &pool{node: node, slices: ss, key: key, matches: map[string][]bool{}}
 	counters := 0
 	for _, s := range ss {
 		for _, cs := range s.Spec.SharedCounters {
@@ -188,7 +198,7 @@ func parsePool(node, key string, ss []*resourceapi.ResourceSlice) *pool {
 		}
 		for i := range s.Spec.Devices {
 			d := parseDevice(&s.Spec.Devices[i])
-			d.pool = s.Spec.Pool.Name
+			d.id = structured.MakeDeviceID(driver.Name, s.Spec.Pool.Name, d.name)
 			p.devices = append(p.devices, d)
 			p.gpus = max(p.gpus, d.gpus.bound())
 		}

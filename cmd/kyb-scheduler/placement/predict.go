@@ -47,12 +47,12 @@ type nodeUse struct {
 func newNodeUse(p *pool, a allocated) *nodeUse {
 	u := &nodeUse{inUse: make([]bool, len(p.devices)), seats: make([]int64, len(p.devices))}
 	for i, d := range p.devices {
-		k := devKey{d.pool, d.name}
-		if !a.inUse[k] {
+		inUse, seats := a.use(d.id)
+		if !inUse {
 			continue
 		}
 		u.inUse[i] = true
-		u.seats[i] = a.seats[k]
+		u.seats[i] = seats
 		u.busy.addAll(d.gpus)
 		if d.exclusive {
 			u.held.addAll(d.gpus)

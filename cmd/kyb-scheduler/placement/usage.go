@@ -1,46 +1,41 @@
 package placement
 
 import (
+	"k8s.io/apimachinery/pkg/util/sets"
+	draapi "k8s.io/dynamic-resource-allocation/api"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
-// devKey names a device of ours: its pool and its name.
-type devKey struct{ pool, device string }
-
 // allocated is what the scheduler's allocated state holds of our
 // devices: the allocations in the API, those it has assumed after writing
 // them, and those of pods in flight (reserved, not yet bound), which the
-// DRA plugin's claim tracker adds (SharedDRAManager).
+// DRA plugin's claim tracker adds (SharedDRAManager). Devices are looked
+// up by their interned IDs, so that a pod's score costs no copy of the
+// cluster's allocations; only the shares, which the state keys by share,
+// are gathered by device.
 type allocated struct {
-	// inUse: an ordinary device allocated, or a shared one with a share.
-	inUse map[devKey]bool
-	// seats consumed of each shared device.
-	seats map[devKey]int64
+	state  *structured.AllocatedState
+	shared sets.Set[structured.DeviceID]
 }
 
 func ourAllocations(state *structured.AllocatedState) allocated {
-	a := allocated{inUse: map[devKey]bool{}, seats: map[devKey]int64{}}
-	for id := range state.AllocatedDevices {
-		if id.Driver.String() == driver.Name {
-			a.inUse[devKey{id.Pool.String(), id.Device.String()}] = true
-		}
-	}
+	a := allocated{state: state, shared: sets.New[structured.DeviceID]()}
+	ourDriver := draapi.MakeUniqueString(driver.Name)
 	for id := range state.AllocatedSharedDeviceIDs {
-		if id.Driver.String() == driver.Name {
-			a.inUse[devKey{id.Pool.String(), id.Device.String()}] = true
-		}
-	}
-	for id, consumed := range state.AggregatedCapacity {
-		if id.Driver.String() != driver.Name {
-			continue
-		}
-		if q := consumed[seatsCapacity]; q != nil {
-			k := devKey{id.Pool.String(), id.Device.String()}
-			a.seats[k] += q.Value()
-			a.inUse[k] = true
+		if id.Driver == ourDriver {
+			a.shared.Insert(structured.DeviceID{Driver: id.Driver, Pool: id.Pool, Device: id.Device})
 		}
 	}
 	return a
+}
+
+// use says whether a device is in use (an ordinary device allocated, a
+// shared one with a share) and how many seats its shares consume.
+func (a allocated) use(id structured.DeviceID) (inUse bool, seats int64) {
+	if q := a.state.AggregatedCapacity[id][seatsCapacity]; q != nil {
+		seats = q.Value()
+	}
+	return a.state.AllocatedDevices.Has(id) || a.shared.Has(id) || seats > 0, seats
 }

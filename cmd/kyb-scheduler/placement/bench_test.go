@@ -1,0 +1,63 @@
+package placement
+
+import (
+	"fmt"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
+)
+
+// BenchmarkScore is the score's work for one seat pod, PreScore and one
+// Score per node, as the framework runs them, on clusters of dgx-h100
+// nodes each half full (four of eight one-GPU seats allocated, in the
+// API server). Slices and classes are parsed at the first pod and reused
+// after, as in a running scheduler.
+func BenchmarkScore(b *testing.B) {
+	for _, n := range []int{100, 500} {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			specs := make([]nodeSpec, n)
+			for i := range specs {
+				specs[i] = nodeSpec{fmt.Sprintf("node-%03d", i), "dgx-h100", threeProfiles}
+			}
+			f := newFixture(b, Args{}, specs...)
+			for _, node := range f.nodes {
+				for s := range 4 {
+					claim := schedulertest.Claim(fmt.Sprintf("%s-seat-%d", node, s), class1x, 1)
+					r, err := f.sim.Allocate(f.ctx, claim, node)
+					if err != nil || r == nil {
+						b.Fatalf("allocate on %s: %v", node, err)
+					}
+					claim.Status.Allocation = r
+					f.create(claim)
+				}
+			}
+			f.waitFor("the allocations", func() bool {
+				s, err := f.dra.ResourceClaims().GatherAllocatedState()
+				return err == nil && len(s.AllocatedDevices) == 4*n
+			})
+			pod, _ := f.seatPod(class1x, 1)
+			infos := make([]fwk.NodeInfo, n)
+			for i, node := range f.nodes {
+				ni := framework.NewNodeInfo()
+				ni.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
+				infos[i] = ni
+			}
+			for b.Loop() {
+				state := framework.NewCycleState()
+				if st := f.plugin.PreScore(f.ctx, state, pod, infos); !st.IsSuccess() {
+					b.Fatal(st)
+				}
+				for _, ni := range infos {
+					if _, st := f.plugin.Score(f.ctx, state, pod, ni); !st.IsSuccess() {
+						b.Fatal(st)
+					}
+				}
+			}
+		})
+	}
+}
