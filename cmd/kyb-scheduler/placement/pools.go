@@ -105,9 +105,10 @@ type device struct {
 // selects, computed once per version of the slices and of the class.
 type pool struct {
 	node string
-	// slices are the objects parsed; key names their versions.
+	// slices are the objects parsed. The slice tracker hands out the same
+	// objects until a slice changes, or a DeviceTaintRule does (a newly
+	// patched copy): new objects are parsed again.
 	slices  []*resourceapi.ResourceSlice
-	key     string
 	gpus    int
 	devices []*device
 
@@ -139,14 +140,8 @@ func (c *poolCache) update(all []*resourceapi.ResourceSlice) map[string]*pool {
 	for node, ss := range byNode {
 		ss = currentGeneration(ss)
 		p, ok := c.pools[node]
-		switch {
-		case ok && slices.Equal(p.slices, ss):
-			// The informer's objects are replaced, never changed: the
-			// same objects are the same versions.
-		case ok && p.key == poolKey(ss):
-			p.slices = ss
-		default:
-			p = parsePool(node, poolKey(ss), ss)
+		if !ok || !slices.Equal(p.slices, ss) {
+			p = parsePool(node, ss)
 		}
 		next[node] = p
 	}
@@ -176,19 +171,8 @@ func currentGeneration(ss []*resourceapi.ResourceSlice) []*resourceapi.ResourceS
 	return out
 }
 
-func poolKey(ss []*resourceapi.ResourceSlice) string {
-	var b strings.Builder
-	for _, s := range ss {
-		b.WriteString(string(s.UID))
-		b.WriteByte('/')
-		b.WriteString(s.ResourceVersion)
-		b.WriteByte(';')
-	}
-	return b.String()
-}
-
-func parsePool(node, key string, ss []*resourceapi.ResourceSlice) *pool {
-	p := &pool{node: node, slices: ss, key: key, matches: map[string][]bool{}}
+func parsePool(node string, ss []*resourceapi.ResourceSlice) *pool {
+	p := &pool{node: node, slices: ss, matches: map[string][]bool{}}
 	counters := 0
 	for _, s := range ss {
 		for _, cs := range s.Spec.SharedCounters {
