@@ -103,11 +103,11 @@ patched-bench:
 # $(NODE_TOOLS) (hack/node-tools.sh); the tests run real pods (as root).
 NODE_TOOLS ?= $(CURDIR)/_output/node
 CONTAINERD_VERSION ?= v2.2.9
-node-tools: ## build containerd (CONTAINERD_VERSION) and the kubelet, install runc and podman: what e2e-node needs
+node-tools: ## build containerd (CONTAINERD_VERSION), the kubelet and kube-proxy, install runc, podman, the CNI plugins and nft: what e2e-node needs
 	GO=$(GO) CONTAINERD_VERSION=$(CONTAINERD_VERSION) E2E_LDFLAGS='$(E2E_LDFLAGS)' hack/node-tools.sh $(NODE_TOOLS)
 
-e2e-node: build node-tools image-oci ## real pods on real nodes: kubelet + containerd + runc (and podman), the driver's binaries and image (root)
-	cd test && KYB_NODE_TOOLS=$(NODE_TOOLS) KYB_BIN=$(abspath $(BIN)) KYB_IMAGE_ARCHIVE=$(abspath $(IMAGE_ARCHIVE)) KYB_IMAGE=$(IMAGE):$(VERSION) $(GO) test -count=1 -timeout 20m -ldflags '$(E2E_LDFLAGS)' ./e2enode
+e2e-node: build node-tools image-oci helm ## real pods on real nodes: kubelet + containerd + runc (and podman), the driver's binaries and image, the chart installed with helm (root)
+	cd test && KYB_NODE_TOOLS=$(NODE_TOOLS) KYB_BIN=$(abspath $(BIN)) KYB_IMAGE_ARCHIVE=$(abspath $(IMAGE_ARCHIVE)) KYB_IMAGE=$(IMAGE):$(VERSION) HELM=$(HELM) $(GO) test -count=1 -timeout 20m -ldflags '$(E2E_LDFLAGS)' ./e2enode
 
 .PHONY: gpu-check
 GPU_CHECK_ARGS ?=

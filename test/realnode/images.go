@@ -43,6 +43,16 @@ func (n *Node) ImportImage(archive string) error {
 	return nil
 }
 
+// TagImage gives an image the node's containerd has a second reference,
+// as a registry's new tag of the same image would: pods that name it run
+// the same image.
+func (n *Node) TagImage(ref, as string) error {
+	if out, err := n.ctr("images", "tag", "--force", ref, as); err != nil {
+		return fmt.Errorf("node %s: tag %s as %s: %w\n%s", n.Name, ref, as, err, out)
+	}
+	return nil
+}
+
 // ImageDigest returns the digest containerd has for an image reference.
 func (n *Node) ImageDigest(ref string) (string, error) {
 	out, err := n.ctr("images", "ls")
