@@ -59,7 +59,7 @@ func startHelmNode(t *testing.T, opts realnode.Options) *helmNode {
 	nw := realnode.NewNetwork(t)
 	c := harness.Start(t, harness.Options{
 		APIServerAddress:  nw.APIServerAddress,
-		ControllerManager: true,
+		ControllerManager: realnode.ControllerManager,
 		// RBAC on: the plugin gets what the chart grants and no more.
 		// Privileged pods allowed, as kubeadm and kind allow them: the
 		// chart's MPS pods are.

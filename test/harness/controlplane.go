@@ -53,11 +53,14 @@ type Options struct {
 	// Service's ClusterIP (KubernetesServiceIP). Pods of a real node reach
 	// it through a service proxy that sends the ClusterIP there.
 	APIServerAddress string
-	// ControllerManager runs kube-controller-manager with what a chart's
-	// DaemonSets and Deployments need (controllermanager.go), and the
-	// ServiceAccount admission plugin, which gives pods their
-	// ServiceAccount's token.
-	ControllerManager bool
+	// ControllerManager, when set, starts kube-controller-manager once
+	// the API server, the scheduler and the resource-claim controller run,
+	// and returns the function that stops it (realnode.ControllerManager:
+	// the controllers a chart of DaemonSets needs). The API server then
+	// runs the ServiceAccount admission plugin, which gives pods their
+	// ServiceAccount's token. A function rather than a switch, so that
+	// the suites that start no controller manager do not link one.
+	ControllerManager func(tb ktesting.TB, c *Cluster) (stop func())
 	// KybScheduler, if set, runs kyb-scheduler beside the default
 	// scheduler (kybscheduler.go).
 	KybScheduler *KybSchedulerOptions
@@ -79,6 +82,9 @@ type Cluster struct {
 	Nodes []*Node
 	// KybScheduler is kyb-scheduler where Options.KybScheduler runs it.
 	KybScheduler *KybScheduler
+	// RootCA is the file of the CA that pods are to trust for the API
+	// server at Options.APIServerAddress; empty without one.
+	RootCA string
 
 	// stopControllerManager stops kube-controller-manager; nil when none
 	// runs.
@@ -106,14 +112,15 @@ func Start(tb ktesting.TB, opts Options) *Cluster {
 	tb.Cleanup(cancel)
 
 	etcdURL := c.startEtcd(opts.EtcdLog)
-	rootCA := c.startAPIServer(etcdURL, opts)
+	c.RootCA = c.startAPIServer(etcdURL, opts)
 	c.startScheduler()
 	if opts.KybScheduler != nil {
 		c.startKybScheduler(*opts.KybScheduler)
 	}
 	c.startClaimController()
-	if opts.ControllerManager {
-		c.startControllerManager(rootCA)
+	if opts.ControllerManager != nil {
+		c.stopControllerManager = opts.ControllerManager(tb, c)
+		tb.Cleanup(c.StopControllerManager)
 	}
 	for _, no := range opts.Nodes {
 		c.AddNode(no)
@@ -179,7 +186,7 @@ func (c *Cluster) startAPIServer(etcdURL string, o Options) string {
 	opts := kubeapiservertesting.NewDefaultTestServerOptions()
 	opts.DisableInvariantChecks = true
 	flags := []string{"--service-cluster-ip-range=" + ServiceCIDR}
-	if !o.ControllerManager {
+	if o.ControllerManager == nil {
 		// No controller creates default ServiceAccounts here.
 		flags = append(flags, "--disable-admission-plugins=ServiceAccount")
 	}
@@ -333,4 +340,14 @@ func (c *Cluster) Node(name string) *Node {
 	}
 	c.tb.Fatalf("no node %s", name)
 	return nil
+}
+
+// StopControllerManager stops kube-controller-manager, if the cluster runs
+// one: no controller recreates what is deleted from then on (a node that
+// is taken down deletes its DaemonSets' pods). It may be called again.
+func (c *Cluster) StopControllerManager() {
+	if stop := c.stopControllerManager; stop != nil {
+		c.stopControllerManager = nil
+		stop()
+	}
 }

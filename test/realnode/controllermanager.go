@@ -1,9 +1,10 @@
-package harness
+package realnode
 
 import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -16,11 +17,14 @@ import (
 	"k8s.io/klog/v2"
 	kcm "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	kcmoptions "k8s.io/kubernetes/cmd/kube-controller-manager/app/options"
+	"k8s.io/kubernetes/test/utils/ktesting"
+
+	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
-// controllers are the controllers of kube-controller-manager a cluster
-// with Options.ControllerManager runs: what installing, upgrading and
-// uninstalling a chart of DaemonSets (and Deployments) needs.
+// controllers are the controllers of kube-controller-manager that
+// ControllerManager runs: what installing, upgrading and uninstalling a
+// chart of DaemonSets (and Deployments) needs.
 //
 //   - daemonset, deployment, replicaset: the workloads and their rollouts.
 //   - garbage-collector: objects owned by a deleted one go with it
@@ -35,7 +39,7 @@ import (
 // Not the serviceaccount-token controller: it writes legacy token Secrets,
 // while the kubelet gets a pod's token through the TokenRequest API,
 // which the API server serves itself. Not the resource-claim controller:
-// Start runs it for every cluster.
+// harness.Start runs it for every cluster.
 var controllers = []string{
 	"daemonset-controller",
 	"deployment-controller",
@@ -46,13 +50,16 @@ var controllers = []string{
 	"namespace-controller",
 }
 
-// startControllerManager runs kube-controller-manager in this process, as
-// its command does (cmd/kube-controller-manager/app), with the
-// controllers above, no leader election and no serving port, and waits
-// until the default namespace has its ServiceAccount: pods can be created
-// from then on. rootCA is the CA pods are to trust for the API server.
-func (c *Cluster) startControllerManager(rootCA string) {
-	tb := c.tb
+// ControllerManager runs kube-controller-manager in this process, as its
+// command does (cmd/kube-controller-manager/app), with the controllers
+// above, no leader election and no serving port, for a cluster started
+// with harness.Options{ControllerManager: realnode.ControllerManager}. It
+// returns once the default namespace has its ServiceAccount (pods can be
+// created from then on), with the function that stops it. Pods trust the
+// cluster's RootCA for the API server. It lives here rather than in the
+// harness so that only the tests that need it link it.
+func ControllerManager(tb ktesting.TB, c *harness.Cluster) func() {
+	tb.Helper()
 	started := time.Now()
 	s, err := kcmoptions.NewKubeControllerManagerOptions()
 	if err != nil {
@@ -76,13 +83,16 @@ func (c *Cluster) startControllerManager(rootCA string) {
 	for _, f := range named.FlagSets {
 		fs.AddFlagSet(f)
 	}
-	if err := fs.Parse([]string{
+	args := []string{
 		"--kubeconfig=" + c.Kubeconfig,
 		"--controllers=" + strings.Join(controllers, ","),
 		"--leader-elect=false",
 		"--secure-port=0",
-		"--root-ca-file=" + rootCA,
-	}); err != nil {
+	}
+	if c.RootCA != "" {
+		args = append(args, "--root-ca-file="+c.RootCA)
+	}
+	if err := fs.Parse(args); err != nil {
 		tb.Fatalf("kube-controller-manager flags: %v", err)
 	}
 	s.ParsedFlags = &named
@@ -97,15 +107,16 @@ func (c *Cluster) startControllerManager(rootCA string) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- kcm.Run(ctx, config.Complete()) }()
-	c.stopControllerManager = func() {
-		cancel()
-		if err := <-done; err != nil {
-			tb.Logf("kube-controller-manager stopped: %v", err)
-		}
-		configz.Delete(kcm.ConfigzName)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				tb.Logf("kube-controller-manager stopped: %v", err)
+			}
+			configz.Delete(kcm.ConfigzName)
+		})
 	}
-	tb.Cleanup(c.StopControllerManager)
-
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		select {
 		case err := <-done:
@@ -117,18 +128,9 @@ func (c *Cluster) startControllerManager(rootCA string) {
 		return err == nil, nil
 	})
 	if err != nil {
+		stop()
 		tb.Fatalf("kube-controller-manager: no ServiceAccount default/default after a minute: %v", err)
 	}
 	tb.Logf("kube-controller-manager up in %v: %s", time.Since(started).Round(time.Millisecond), strings.Join(controllers, ", "))
-}
-
-// StopControllerManager stops kube-controller-manager, if the cluster runs
-// one: no controller recreates what is deleted from then on (a node that
-// is taken down deletes its DaemonSets' pods). It may be called again.
-func (c *Cluster) StopControllerManager() {
-	if c.stopControllerManager != nil {
-		stop := c.stopControllerManager
-		c.stopControllerManager = nil
-		stop()
-	}
+	return stop
 }
