@@ -165,7 +165,7 @@ func (s *soak) prepare() {
 	if r := s.env.prepare(c)[string(c.UID)]; r == nil || r.Error != "" {
 		s.stats.refused++
 		s.t.Logf("prepare %s refused: %v", c.Name, r)
-		s.env.unprepare(c)
+		s.unprepare(c)
 		s.forget(c)
 		return
 	}
@@ -176,7 +176,7 @@ func (s *soak) release(i int) {
 	c := s.held[i]
 	s.held = slices.Delete(s.held, i, i+1)
 	s.stats.releases++
-	if r := s.env.unprepare(c)[string(c.UID)]; r != nil && r.Error != "" {
+	if r := s.unprepare(c)[string(c.UID)]; r != nil && r.Error != "" {
 		s.t.Errorf("unprepare %s: %s", c.Name, r.Error)
 	}
 	s.forget(c)

@@ -3,6 +3,7 @@ package seatview_test
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -90,8 +91,7 @@ func TestIncompleteNewestGeneration(t *testing.T) {
 	if len(newest) != 2 || newest[0].Spec.Pool.ResourceSliceCount != 2 {
 		t.Fatalf("the shared layout's pool: %d slices, want the counters' and the devices'", len(newest))
 	}
-	resourceSlices := append(old, newest[1])
-	resourceSlices = append(resourceSlices, generation(t, "node-b", seed16, draresources.LayoutShared, 1, "c")...)
+	resourceSlices := slices.Concat(old, newest[1:2], generation(t, "node-b", seed16, draresources.LayoutShared, 1, "c"))
 
 	v := seatview.Build(resourceSlices, nil, seatview.Options{})
 	if len(v.Nodes) != 2 {

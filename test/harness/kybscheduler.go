@@ -84,20 +84,23 @@ func (c *Cluster) startKybScheduler(opts KybSchedulerOptions) {
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("start %s: %v", bin, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// exited closes once the process is gone; waitErr is then its status.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
 	tb.Cleanup(func() {
+		// Without leader election kube-scheduler exits 1 on SIGTERM
+		// ("finished without leader elect"): its status says nothing.
 		_ = cmd.Process.Signal(syscall.SIGTERM)
-		var err error
 		select {
-		case err = <-exited:
+		case <-exited:
 		case <-time.After(10 * time.Second):
+			tb.Logf("kyb-scheduler did not stop within 10s of SIGTERM; killed")
 			_ = cmd.Process.Kill()
-			err = <-exited
-		}
-		// kube-scheduler exits 0 on SIGTERM.
-		if err != nil {
-			tb.Logf("kyb-scheduler: %v", err)
+			<-exited
 		}
 		_ = logFile.Close()
 	})
@@ -111,8 +114,8 @@ func (c *Cluster) startKybScheduler(opts KybSchedulerOptions) {
 	url := fmt.Sprintf("https://127.0.0.1:%d/readyz", port)
 	err = wait.PollUntilContextTimeout(c.Ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		select {
-		case err := <-exited:
-			return false, fmt.Errorf("kyb-scheduler exited: %v", err)
+		case <-exited:
+			return false, fmt.Errorf("kyb-scheduler exited: %v", waitErr)
 		default:
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)

@@ -19,10 +19,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
-	// go-digest's sha256 is crypto/sha256, registered by this import:
-	// without it digest.FromBytes panics in a program that does not
-	// happen to import it elsewhere.
-	_ "crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -32,6 +28,11 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	// go-digest's sha256 is crypto/sha256, registered by this import:
+	// without it digest.FromBytes panics in a program that does not
+	// happen to import it elsewhere.
+	_ "crypto/sha256"
 
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"

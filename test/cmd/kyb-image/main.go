@@ -33,23 +33,26 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if len(os.Args) < 2 {
 		usage()
 	}
-	var err error
-	switch os.Args[1] {
-	case "build":
-		err = build(ctx, os.Args[2:])
-	case "inspect":
-		err = inspect(os.Args[2:], os.Stdout)
-	default:
-		usage()
-	}
-	if err != nil {
+	if err := run(os.Args[1], os.Args[2:]); err != nil {
 		fmt.Fprintf(os.Stderr, "kyb-image %s: %v\n", os.Args[1], err)
 		os.Exit(1)
+	}
+}
+
+func run(command string, args []string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch command {
+	case "build":
+		return build(ctx, args)
+	case "inspect":
+		return inspect(args, os.Stdout)
+	default:
+		usage()
+		return nil
 	}
 }
 
