@@ -385,3 +385,55 @@ relabelings:
   - sourceLabels: [__meta_kubernetes_pod_node_name]
     targetLabel: node
 {{- end }}
+
+{{- /*
+kyb-scheduler (values scheduler): the name of its ServiceAccount,
+ConfigMap and Deployment, and the labels of its pods.
+*/}}
+{{- define "kyb.schedulerFullname" -}}
+{{- printf "%s-scheduler" (include "kyb.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kyb.schedulerSelectorLabels" -}}
+{{ include "kyb.selectorLabels" . }}
+app.kubernetes.io/component: scheduler
+{{- end }}
+
+{{- /*
+kyb-scheduler's KubeSchedulerConfiguration: values scheduler.config as
+written, else the profile of kyb-scheduler's built-in configuration
+(cmd/kyb-scheduler/app DefaultProfile: the placement score at its weight,
+NodeResourcesFit scoring MostAllocated) with the values' name, policy,
+per-class policies and weight. A file with profiles keeps them as written,
+so the profile is whole here. No leaderElection: the Deployment's flags
+set the lease, whatever the configuration says.
+*/}}
+{{- define "kyb.schedulerConfig" -}}
+{{- if .Values.scheduler.config }}
+{{- toYaml .Values.scheduler.config }}
+{{- else }}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+  - schedulerName: {{ .Values.scheduler.name | quote }}
+    plugins:
+      multiPoint:
+        enabled:
+          - name: KybPlacement
+            weight: {{ int .Values.scheduler.weight }}
+    pluginConfig:
+      - name: KybPlacement
+        args:
+          defaultPolicy: {{ .Values.scheduler.policy | quote }}
+          {{- with .Values.scheduler.deviceClassPolicies }}
+          deviceClassPolicies:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+      # Its default, LeastAllocated, spreads pods by CPU and memory: on
+      # nodes alike consecutive seat pods would land on different nodes.
+      - name: NodeResourcesFit
+        args:
+          scoringStrategy:
+            type: MostAllocated
+{{- end }}
+{{- end }}
