@@ -8,6 +8,11 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
 
 // Main is kyb-sim: it parses args, runs the study and writes the table to
@@ -18,6 +23,30 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "kyb-sim: %v\n", err)
 	}
 	return err
+}
+
+// controlPlaneOwner sends the control plane's logs (klog's, process-wide)
+// to file, or nowhere, and returns the owner of its lifetime.
+func controlPlaneOwner(file string) (tb *harness.ProcessTB, closeLog func(), err error) {
+	var log io.Writer = io.Discard
+	closeLog = func() {}
+	if file != "" {
+		f, err := os.Create(file)
+		if err != nil {
+			return nil, nil, fmt.Errorf("-log: %w", err)
+		}
+		log, closeLog = f, func() { _ = f.Close() }
+	}
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	for k, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL"} {
+		if err := klogFlags.Set(k, v); err != nil {
+			closeLog()
+			return nil, nil, err
+		}
+	}
+	klog.SetOutput(log)
+	return harness.NewProcessTB(log), closeLog, nil
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
@@ -33,6 +62,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Float64Var(&w.Load, "load", 1.0, "offered load: GPUs the requests would keep busy, as a share of the cluster's")
 	warmup := fs.Float64("warmup", 0.1, "share of requests that warm the cluster up and are not counted")
 	batch := fs.Float64("batch-window", 0.05, "bin-packing's batch window, in mean durations")
+	kybScheduler := fs.String("kyb-scheduler", "", "the kyb-scheduler binary for the kyb-* policies (default $KYB_SCHEDULER, else built from cmd/kyb-scheduler)")
+	settle := fs.Duration("settle", 20*time.Millisecond, "real-scheduler policies: wait after a release is seen, before the next placement")
+	logFile := fs.String("log", "", "real-scheduler policies: where the control plane logs (default: nowhere)")
 	out := fs.String("o", "", "also write the markdown table to this file")
 	svg := fs.String("svg", "", "write a plot (SVG) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -47,7 +79,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if opts.Workload.Mix, err = ParseMix(*mix); err != nil {
 		return err
 	}
-	known := append(slices.Clone(ClassicPolicies), DRAPolicies...)
+	known := append(append(slices.Clone(ClassicPolicies), DRAPolicies...), SchedPolicies...)
 	for _, p := range strings.Split(*policies, ",") {
 		if !slices.Contains(known, p) {
 			return fmt.Errorf("-policies: unknown policy %q (known: %s)", p, strings.Join(known, ", "))
@@ -56,6 +88,16 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if *warmup < 0 || *warmup >= 1 {
 		return fmt.Errorf("-warmup %v: must be in [0, 1)", *warmup)
+	}
+	if slices.ContainsFunc(opts.Policies, func(p string) bool { return slices.Contains(SchedPolicies, p) }) {
+		tb, closeLog, err := controlPlaneOwner(*logFile)
+		if err != nil {
+			return err
+		}
+		defer closeLog()
+		defer tb.Close()
+		opts.Sched = DefaultSchedEnv(tb)
+		opts.Sched.KybScheduler, opts.Sched.Settle = *kybScheduler, *settle
 	}
 	st, err := Run(ctx, opts)
 	if err != nil {

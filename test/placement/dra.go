@@ -90,5 +90,5 @@ func (p *draPolicy) Place(ctx context.Context, r Request) (*Placement, error) {
 	if g == nil {
 		return nil, fmt.Errorf("node %s: the allocator chose %s, which the plan does not know", f.n.Name, dev)
 	}
-	return &Placement{Node: f.n, GPUs: g.GPUs, Aligned: true, release: func() { p.cluster.Release(f.res) }}, nil
+	return &Placement{Node: f.n, GPUs: g.GPUs, Aligned: true, release: func() error { p.cluster.Release(f.res); return nil }}, nil
 }

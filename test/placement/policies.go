@@ -14,7 +14,7 @@ type Placement struct {
 	// that size (same NVLink island, PCIe switch, ...).
 	Aligned bool
 	// release undoes what the policy recorded beyond the node's GPUs.
-	release func()
+	release func() error
 }
 
 // Policy places requests on the nodes it was built over.

@@ -22,6 +22,8 @@ type Options struct {
 	// BatchWindow is bin-packing's batch, in units of time (the mean
 	// duration is 1 unless set otherwise).
 	BatchWindow float64
+	// Sched is the control plane's owner and waits, for SchedPolicies.
+	Sched SchedEnv
 }
 
 // Study is the results of every policy over one request stream.
@@ -49,6 +51,10 @@ func Run(ctx context.Context, opts Options) (*Study, error) {
 	if st.Requests, err = opts.Workload.Generate(st.GPUs); err != nil {
 		return nil, err
 	}
+	// One control plane serves every real-scheduler row, one after the
+	// other; kyb-scheduler runs only for the kyb rows.
+	var cp *controlPlane
+	withKyb := slices.ContainsFunc(opts.Policies, func(p string) bool { return strings.HasPrefix(p, "kyb-") })
 	for _, name := range opts.Policies {
 		nodes, err := NewCluster(ctx, opts.Nodes, sizes)
 		if err != nil {
@@ -58,6 +64,13 @@ func Run(ctx context.Context, opts Options) (*Study, error) {
 		switch {
 		case slices.Contains(DRAPolicies, name):
 			p, err = NewDRA(v1alpha1.AllocationPolicy(strings.TrimPrefix(name, "dra-")), nodes, opts.Workload.Seed)
+		case slices.Contains(SchedPolicies, name):
+			if cp == nil {
+				if cp, err = startControlPlane(ctx, opts.Sched, probe, withKyb); err != nil {
+					return nil, err
+				}
+			}
+			p, err = newSched(ctx, name, cp, nodes)
 		default:
 			p, err = NewClassic(name, nodes, opts.BatchWindow)
 		}
@@ -65,6 +78,11 @@ func Run(ctx context.Context, opts Options) (*Study, error) {
 			return nil, err
 		}
 		res, err := Simulate(ctx, p, nodes, st.Requests, opts.Warmup)
+		if c, ok := p.(interface{ Close(context.Context) error }); ok {
+			if cerr := c.Close(ctx); cerr != nil && err == nil {
+				err = fmt.Errorf("%s: clean up: %w", name, cerr)
+			}
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -87,16 +105,33 @@ func (st *Study) Markdown(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\n### Placement study: %s (%d GPUs), %d requests (%s), offered load %.0f %%, seed %d\n\n",
 		strings.Join(nodes, ", "), st.GPUs, len(st.Requests), strings.Join(mix, ", "), 100*o.Workload.Load, o.Workload.Seed)
-	fmt.Fprintln(w, "| policy | GPU utilization | fragmentation | rejected | split across topology | mean wait | time per placement (mean / p99) |")
-	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- |")
+	// The real-scheduler rows add what shows whether the scheduler saw
+	// the cluster as it was (sched.go).
+	sched := slices.ContainsFunc(o.Policies, func(p string) bool { return slices.Contains(SchedPolicies, p) })
+	header, rule := "", ""
+	if sched {
+		header, rule = " rejected with room | stale rejects retried |", " --- | --- |"
+	}
+	fmt.Fprintln(w, "| policy | GPU utilization | fragmentation | rejected | split across topology | mean wait | time per placement (mean / p99) |"+header)
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- |"+rule)
 	for _, r := range st.Results {
-		fmt.Fprintf(w, "| %s | %.1f %% | %.1f %% | %.1f %% | %.1f %% | %.3f | %s / %s |\n", r.Policy, 100*r.Utilization, 100*r.Fragmentation,
+		fmt.Fprintf(w, "| %s | %.1f %% | %.1f %% | %.1f %% | %.1f %% | %.3f | %s / %s |", r.Policy, 100*r.Utilization, 100*r.Fragmentation,
 			100*r.Rejection, 100*r.Misaligned, r.Wait, dur(r.MeanPlace), dur(r.P99Place))
+		if sched {
+			fmt.Fprintf(w, " %d of %d | %d |", r.RejectedWithRoom, r.Rejected, r.StaleRejects)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "\nArrivals %s, durations %s with mean 1; the first %.0f %% of requests warm the cluster up and are not counted. "+
 		"Rejected requests are dropped. Fragmentation: free GPUs outside every fully free 4-GPU topology group, as a share of free GPUs. "+
 		"Split across topology: multi-GPU requests not placed on one of the node's topology groups. Simulated in %v.\n",
 		o.Workload.Arrival, o.Workload.Duration, 100*o.Warmup, st.Elapsed.Round(time.Second))
+	if sched {
+		fmt.Fprintf(w, "\nsched-stock and kyb-*: through the real scheduler (the harness's in-process kube-scheduler, the kyb-scheduler binary with the policy by annotation), "+
+			"a pod with one ResourceClaim per request; time per placement is from the claim's creation to the pod bound or reported unschedulable. "+
+			"Rejected with room: rejects (counted ones) while a node had a whole free group of the request's size; "+
+			"stale rejects retried: pods first found unschedulable and bound on the scheduler's retry, over the whole stream.\n")
+	}
 }
 
 func dur(d time.Duration) string {

@@ -29,6 +29,22 @@ type Result struct {
 	// MeanPlace and P99Place time the policy's decision, rejects included.
 	MeanPlace, P99Place time.Duration
 	Placed, Rejected    int
+	// RejectedWithRoom counts the rejects made while some node had a whole
+	// free topology group of the request's size: none for a policy that
+	// sees the cluster as it is (the real-scheduler rows check that their
+	// scheduler did).
+	RejectedWithRoom int
+	// StaleRejects counts the requests a real scheduler first found
+	// unschedulable and then placed on its retry, once it had seen the
+	// releases before them (sched.go), over the whole stream, warm-up
+	// included.
+	StaleRejects int
+}
+
+// syncer is a policy that must catch up with the releases before a
+// placement, outside the placement's time (sched.go).
+type syncer interface {
+	Sync(ctx context.Context) error
 }
 
 // Simulate replays reqs (ordered by arrival) with policy p over nodes,
@@ -49,6 +65,11 @@ func Simulate(ctx context.Context, p Policy, nodes []*Node, reqs []Request, warm
 	placedMulti, misaligned := 0, 0
 	place := func(r Request, at float64) error {
 		measured := r.Arrival >= s.start
+		if sy, ok := p.(syncer); ok {
+			if err := sy.Sync(ctx); err != nil {
+				return fmt.Errorf("%s: before request %d: %w", p.Name(), r.ID, err)
+			}
+		}
 		t0 := time.Now()
 		pl, err := p.Place(ctx, r)
 		d := time.Since(t0)
@@ -61,6 +82,9 @@ func Simulate(ctx context.Context, p Policy, nodes []*Node, reqs []Request, warm
 		if pl == nil {
 			if measured {
 				res.Rejected++
+				if slices.ContainsFunc(s.nodes, func(n *Node) bool { return len(n.freeGroups(r.Size)) > 0 }) {
+					res.RejectedWithRoom++
+				}
 			}
 			return nil
 		}
@@ -88,7 +112,9 @@ func Simulate(ctx context.Context, p Policy, nodes []*Node, reqs []Request, warm
 				j++
 			}
 			at := float64(window+1) * w
-			s.advance(at)
+			if err := s.advance(at); err != nil {
+				return res, fmt.Errorf("%s: %w", p.Name(), err)
+			}
 			batch := slices.Clone(reqs[i:j])
 			slices.SortStableFunc(batch, func(a, b Request) int { return cmp.Compare(b.Size, a.Size) })
 			for _, r := range batch {
@@ -100,13 +126,17 @@ func Simulate(ctx context.Context, p Policy, nodes []*Node, reqs []Request, warm
 		}
 	} else {
 		for _, r := range reqs {
-			s.advance(r.Arrival)
+			if err := s.advance(r.Arrival); err != nil {
+				return res, fmt.Errorf("%s: %w", p.Name(), err)
+			}
 			if err := place(r, r.Arrival); err != nil {
 				return res, err
 			}
 		}
 	}
-	s.advance(s.end)
+	if err := s.advance(s.end); err != nil {
+		return res, fmt.Errorf("%s: %w", p.Name(), err)
+	}
 	span := s.end - s.start
 	if span > 0 {
 		res.Utilization = s.busyInt / (span * float64(s.gpus))
@@ -119,6 +149,9 @@ func Simulate(ctx context.Context, p Policy, nodes []*Node, reqs []Request, warm
 	}
 	if placedMulti > 0 {
 		res.Misaligned = float64(misaligned) / float64(placedMulti)
+	}
+	if sr, ok := p.(interface{ StaleRejects() int }); ok {
+		res.StaleRejects = sr.StaleRejects()
 	}
 	for _, w := range waits {
 		res.Wait += w / float64(len(waits))
@@ -166,16 +199,19 @@ type state struct {
 }
 
 // advance releases what ends by t, accumulating the integrals up to t.
-func (s *state) advance(t float64) {
+func (s *state) advance(t float64) error {
 	for s.running.Len() > 0 && s.running[0].end <= t {
 		r := heap.Pop(&s.running).(running)
 		s.accumulate(r.end)
 		r.p.Node.release(r.p.GPUs)
 		if r.p.release != nil {
-			r.p.release()
+			if err := r.p.release(); err != nil {
+				return fmt.Errorf("release from node %s: %w", r.p.Node.Name, err)
+			}
 		}
 	}
 	s.accumulate(t)
+	return nil
 }
 
 // accumulate adds the current state's share of [now, t] that falls in the
