@@ -3,34 +3,20 @@ package simnode
 import (
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-
-	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 )
 
 // A simulated GPU keeps its compute mode (NVML's SetComputeMode and
 // GetComputeMode) and its time slice, and records every change, so that a
 // test can tell what the plugin did to the hardware and in what order.
 
-// migProducts are the models with MIG, as NVIDIA lists them.
-var migProducts = []string{"A100", "A30", "H100", "H200", "H800", "B200", "GB200"}
-
-// describeModes answers for the GPU's MIG mode and persistence mode, which
-// nothing here changes: MIG off where the model has it (NVML's
-// ERROR_NOT_SUPPORTED where not), and persistence on, as on a node the
-// plugin serves. A check that the plugin leaves them as they are reads
-// them on a simulated node as on a real one.
-func describeModes(d *mock.Device, g v1alpha1.SimulatedGPU) {
-	mig := slices.ContainsFunc(migProducts, func(p string) bool { return strings.Contains(g.ProductName, p) })
-	d.GetMigModeFunc = func() (int, int, nvml.Return) {
-		if !mig {
-			return 0, 0, nvml.ERROR_NOT_SUPPORTED
-		}
-		return nvml.DEVICE_MIG_DISABLE, nvml.DEVICE_MIG_DISABLE, nvml.SUCCESS
-	}
+// describeModes answers for the GPU's persistence mode, which nothing
+// here changes: on, as on a node the plugin serves. (Its MIG mode is
+// mig.go's.) A check that the plugin leaves it as it is reads it on a
+// simulated node as on a real one.
+func describeModes(d *mock.Device) {
 	d.GetPersistenceModeFunc = func() (nvml.EnableState, nvml.Return) { return nvml.FEATURE_ENABLED, nvml.SUCCESS }
 }
 

@@ -91,13 +91,22 @@ type Node struct {
 	procFile, procStamp string
 	procs               []Process
 	procErr             error
+
+	// MIG state (see mig.go) by GPU index, and the count of compute
+	// instances made, which MIG UUIDs derive from.
+	migMu     sync.Mutex
+	mig       map[int]*migGPU
+	migSerial int
+	// calls counts NVML calls and fails those a test asks to (see
+	// callfaults.go).
+	calls callFaults
 }
 
 // New builds a simulated node. nodeName seeds the GPU UUIDs the
 // description leaves out, so that nodes of one simulated cluster have
 // distinct GPUs.
 func New(topo *v1alpha1.NodeTopology, nodeName string) *Node {
-	n := &Node{topo: topo, nodeName: nodeName, errs: map[int]nvml.Return{}, computeModes: map[int]nvml.ComputeMode{}}
+	n := &Node{topo: topo, nodeName: nodeName, errs: map[int]nvml.Return{}, computeModes: map[int]nvml.ComputeMode{}, mig: map[int]*migGPU{}}
 	gpus := slices.Clone(topo.GPUs)
 	slices.SortFunc(gpus, func(a, b v1alpha1.SimulatedGPU) int { return a.Index - b.Index })
 	for _, g := range gpus {
@@ -144,6 +153,11 @@ func (n *Node) DeviceNumbers(devPath string) (major, minor int64, err error) {
 		return *n.topo.UVMMajor, 0, nil
 	case base == "nvidia-uvm-tools":
 		return *n.topo.UVMMajor, 1, nil
+	case strings.HasPrefix(base, "nvidia-cap"):
+		var m int
+		if _, err := fmt.Sscanf(base, "nvidia-cap%d", &m); err == nil && path.Base(path.Dir(devPath)) == "nvidia-caps" && n.isCapMinor(m) {
+			return NVIDIACapsMajor, int64(m), nil
+		}
 	case strings.HasPrefix(base, "nvidia"):
 		var m int64
 		if _, err := fmt.Sscanf(base, "nvidia%d", &m); err == nil {
@@ -183,6 +197,9 @@ func (n *Node) newInterface() *mock.Interface {
 					return n.devices[i], nvml.SUCCESS
 				}
 			}
+			if ci, ok := n.migDeviceByUUID(uuid); ok {
+				return ci.device, nvml.SUCCESS
+			}
 			return nil, nvml.ERROR_NOT_FOUND
 		},
 		SystemGetDriverVersionFunc: func() (string, nvml.Return) { return n.topo.DriverVersion, nvml.SUCCESS },
@@ -212,7 +229,8 @@ func (n *Node) newDevice(gpus []v1alpha1.SimulatedGPU, i int) *mock.Device {
 	}
 	d.SetComputeModeFunc = func(mode nvml.ComputeMode) nvml.Return { return n.setComputeMode(g.Index, mode) }
 	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) { return n.computeMode(g.Index) }
-	describeModes(d, g)
+	describeModes(d)
+	n.describeMIG(d, g)
 	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
 		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError | nvml.EventTypeGpuUnavailableError, nvml.SUCCESS
 	}

@@ -1,0 +1,195 @@
+package simnode
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
+)
+
+// A simulated GPU of a model pkg/mig knows (A100-40GB, A100-80GB,
+// H100-80GB) partitions itself as the real one does, through the same
+// NVML calls: MIG mode, GPU instances at placements, compute instances
+// inside them, and the MIG device handles and UUIDs of the compute
+// instances. go-nvml's own mock server does not do this faithfully (it
+// never refuses an overlapping placement, destroys a GPU instance that
+// still has compute instances, gives compute instances the parent's UUID,
+// and lacks several calls), so the simulation keeps its own state.
+//
+// What it models, from nvml.h (go-nvml v0.13.0-1) and the MIG user guide:
+//   - MIG mode: Hopper and later switch at once; Ampere only records the
+//     pending mode and answers activationStatus ERROR_RESET_REQUIRED until
+//     ResetGPU. While processes run on the GPU, or GPU instances exist
+//     and MIG is being turned off, activation fails with ERROR_IN_USE
+//     (nvmlDeviceSetMigMode: "if device unbind fails because the device
+//     isn't idle, NVML_ERROR_IN_USE would be returned") and only the
+//     pending mode changes.
+//   - GPU instances: with MIG off, ERROR_NOT_SUPPORTED; a placement that
+//     is not the profile's, ERROR_INVALID_ARGUMENT; one that overlaps an
+//     instance, or a profile at its maximum, ERROR_INSUFFICIENT_RESOURCES.
+//     A GPU instance's ID follows its memory range (0 for all eight
+//     slices, 1-2 the halves, 3-6 the quarters, 7-14 single slices), as
+//     real GPUs hand them out (3g at {4}:4 is GI 2, 2g at {0}:2 is GI 3),
+//     so that the capability minors follow as well.
+//   - Compute instances: the profiles a GPU instance of each size offers,
+//     IDs from 0; ERROR_INSUFFICIENT_RESOURCES when the compute slices are
+//     taken. A GPU instance with compute instances refuses Destroy with
+//     ERROR_IN_USE. Handles of destroyed instances answer
+//     ERROR_INVALID_ARGUMENT.
+//   - MIG devices: one per compute instance, UUID MIG-<uuid>, listed by
+//     GetMigDeviceHandleByIndex in GPU-instance then compute-instance ID
+//     order; the mig-minors file and capability device nodes (mig_caps.go).
+//
+// What it does not: processes inside a MIG device (so neither Destroy
+// answers ERROR_IN_USE for one), compute-instance placements as NVML
+// chooses them (the lowest free aligned start here), media-engine and
+// copy-engine counts, vGPU, and GPU models without a pkg/mig table (their
+// MIG calls answer ERROR_NOT_SUPPORTED, GetMigMode aside).
+
+// migProducts are the models with MIG, as NVIDIA lists them.
+var migProducts = []string{"A100", "A30", "H100", "H200", "H800", "B200", "GB200"}
+
+// migGPU is one simulated GPU's MIG state, guarded by Node.migMu.
+type migGPU struct {
+	n      *Node
+	index  int
+	minor  int
+	parent *mock.Device
+	// product is the GPU's name, which a MIG device's name starts with.
+	product string
+	// capable: the product has MIG, so GetMigMode answers.
+	capable bool
+	// model is nil where pkg/mig has no table for a capable product.
+	model *mig.Model
+	// resetless: Hopper and later activate a MIG mode change at once.
+	resetless        bool
+	current, pending int
+	gis              map[int]*simGI
+}
+
+// describeMIG answers the MIG calls of GPU g, served by device d.
+func (n *Node) describeMIG(d *mock.Device, g v1alpha1.SimulatedGPU) {
+	gpu := &migGPU{
+		n: n, index: g.Index, minor: *g.Minor, parent: d, product: g.ProductName,
+		capable:   slices.ContainsFunc(migProducts, func(p string) bool { return strings.Contains(g.ProductName, p) }),
+		resetless: g.Architecture != "ampere",
+		gis:       map[int]*simGI{},
+	}
+	if m, err := mig.ModelForProduct(g.ProductName); err == nil && gpu.capable {
+		gpu.model = &m
+	}
+	n.migMu.Lock()
+	n.mig[g.Index] = gpu
+	n.migMu.Unlock()
+
+	d.GetMigModeFunc = gpu.getMigMode
+	d.SetMigModeFunc = gpu.setMigMode
+	d.GetGpuInstanceProfileInfoFunc = gpu.profileInfo
+	d.GetGpuInstancePossiblePlacementsFunc = gpu.possiblePlacements
+	d.CreateGpuInstanceFunc = gpu.createGPUInstance
+	d.CreateGpuInstanceWithPlacementFunc = gpu.createGPUInstanceAt
+	d.GetGpuInstancesFunc = gpu.gpuInstances
+	d.GetGpuInstanceByIdFunc = gpu.gpuInstanceByID
+	d.GetMaxMigDeviceCountFunc = gpu.maxMigDeviceCount
+	d.GetMigDeviceHandleByIndexFunc = gpu.migDeviceByIndex
+	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) {
+		if ret := n.calls.answer(CallIsMigDeviceHandle); ret != nvml.SUCCESS {
+			return false, ret
+		}
+		return false, nvml.SUCCESS
+	}
+	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) {
+		if ret := n.calls.answer(CallGetDeviceHandleFromMigDeviceHandle); ret != nvml.SUCCESS {
+			return nil, ret
+		}
+		return nil, nvml.ERROR_INVALID_ARGUMENT
+	}
+}
+
+// enter answers a MIG call's injected fault or the GPU's own failure,
+// nvml.SUCCESS when there is neither.
+func (g *migGPU) enter(call Call) nvml.Return {
+	if ret := g.n.calls.answer(call); ret != nvml.SUCCESS {
+		return ret
+	}
+	return g.n.failure(g.index)
+}
+
+// enabledLocked is the answer to a call that needs MIG on.
+func (g *migGPU) enabledLocked() nvml.Return {
+	if g.model == nil || g.current != nvml.DEVICE_MIG_ENABLE {
+		return nvml.ERROR_NOT_SUPPORTED
+	}
+	return nvml.SUCCESS
+}
+
+func (g *migGPU) getMigMode() (int, int, nvml.Return) {
+	if ret := g.enter(CallGetMigMode); ret != nvml.SUCCESS {
+		return 0, 0, ret
+	}
+	if !g.capable {
+		return 0, 0, nvml.ERROR_NOT_SUPPORTED
+	}
+	g.n.migMu.Lock()
+	defer g.n.migMu.Unlock()
+	return g.current, g.pending, nvml.SUCCESS
+}
+
+// setMigMode answers activationStatus first, then the call's own return,
+// as go-nvml's Device.SetMigMode does.
+func (g *migGPU) setMigMode(mode int) (nvml.Return, nvml.Return) {
+	if ret := g.enter(CallSetMigMode); ret != nvml.SUCCESS {
+		return ret, ret
+	}
+	if !g.capable || g.model == nil {
+		return nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_NOT_SUPPORTED
+	}
+	if mode != nvml.DEVICE_MIG_DISABLE && mode != nvml.DEVICE_MIG_ENABLE {
+		return nvml.ERROR_INVALID_ARGUMENT, nvml.ERROR_INVALID_ARGUMENT
+	}
+	busy := len(g.n.processesOn(g.index)) > 0
+	g.n.migMu.Lock()
+	defer g.n.migMu.Unlock()
+	g.pending = mode
+	switch {
+	case mode == g.current:
+		return nvml.SUCCESS, nvml.SUCCESS
+	case busy, mode == nvml.DEVICE_MIG_DISABLE && len(g.gis) > 0:
+		return nvml.ERROR_IN_USE, nvml.SUCCESS
+	case !g.resetless:
+		return nvml.ERROR_RESET_REQUIRED, nvml.SUCCESS
+	}
+	g.current = mode
+	return nvml.SUCCESS, nvml.SUCCESS
+}
+
+// ResetGPU resets GPU i as nvidia-smi --gpu-reset does: a pending MIG
+// mode takes effect and every GPU and compute instance is gone. A GPU
+// with processes on it refuses.
+func (n *Node) ResetGPU(i int) error {
+	n.migMu.Lock()
+	g, ok := n.mig[i]
+	n.migMu.Unlock()
+	if !ok {
+		return fmt.Errorf("simulated node has no GPU %d (%d GPUs)", i, len(n.devices))
+	}
+	if procs := n.processesOn(i); len(procs) > 0 {
+		return fmt.Errorf("reset GPU %d: in use by %d process(es)", i, len(procs))
+	}
+	if ret := n.failure(i); ret != nvml.SUCCESS {
+		return fmt.Errorf("reset GPU %d: %s", i, nvmlErrorString(ret))
+	}
+	n.migMu.Lock()
+	defer n.migMu.Unlock()
+	for id, gi := range g.gis {
+		gi.dropLocked()
+		delete(g.gis, id)
+	}
+	g.current = g.pending
+	return nil
+}

@@ -1,0 +1,448 @@
+package simnode
+
+import (
+	"slices"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
+)
+
+// simGI is a GPU instance on a simulated GPU.
+type simGI struct {
+	gpu       *migGPU
+	id        int
+	profile   mig.Profile
+	placement mig.Placement
+	handle    *mock.GpuInstance
+	cis       map[int]*simCI
+	gone      bool
+}
+
+// simCI is a compute instance and its MIG device.
+type simCI struct {
+	gi      *simGI
+	id      int
+	profile ciProfile
+	start   int
+	handle  *mock.ComputeInstance
+	device  *mock.Device
+	uuid    string
+	gone    bool
+}
+
+// ciProfile is a compute-instance profile a GPU instance offers.
+type ciProfile struct {
+	// index is the NVML_COMPUTE_INSTANCE_PROFILE_* constant, which is also
+	// the profile's ID.
+	index, slices, sms, count int
+}
+
+// ciIndex maps compute slices to NVML_COMPUTE_INSTANCE_PROFILE_*.
+var ciIndex = map[int]int{1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
+	3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE}
+
+// ciProfiles are the compute-instance profiles of a GPU instance: a 4g
+// splits into 1, 2 or 4 slices, not 3, as nvidia-smi mig -lcip shows.
+func ciProfiles(m mig.Model, gi mig.Profile) []ciProfile {
+	sizes := map[int][]int{1: {1}, 2: {1, 2}, 3: {1, 2, 3}, 4: {1, 2, 4}, 7: {1, 2, 3, 4, 7}}[gi.ComputeSlices]
+	var out []ciProfile
+	for _, s := range sizes {
+		sms := gi.SMs
+		if s != gi.ComputeSlices {
+			// A part of a GPU instance has the SMs of the smallest GPU
+			// instance of that many compute slices.
+			for _, p := range m.Profiles {
+				if p.ComputeSlices == s && !p.MediaExtensions {
+					sms = p.SMs
+					break
+				}
+			}
+		}
+		out = append(out, ciProfile{index: ciIndex[s], slices: s, sms: sms, count: gi.ComputeSlices / s})
+	}
+	return out
+}
+
+// giID is a GPU instance's ID, which follows its memory range.
+func giID(p mig.Placement) int {
+	switch p.Size {
+	case 8:
+		return 0
+	case 4:
+		return 1 + p.Start/4
+	case 2:
+		return 3 + p.Start/2
+	}
+	return 7 + p.Start
+}
+
+func (g *migGPU) profileInfo(index int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+	if ret := g.enter(CallGetGpuInstanceProfileInfo); ret != nvml.SUCCESS {
+		return nvml.GpuInstanceProfileInfo{}, ret
+	}
+	if !g.capable || g.model == nil {
+		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+	}
+	if index < 0 || index >= nvml.GPU_INSTANCE_PROFILE_COUNT {
+		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
+	}
+	for _, p := range g.model.Profiles {
+		if p.Index == index {
+			return nvml.GpuInstanceProfileInfo{
+				Id: uint32(p.ID), SliceCount: uint32(p.ComputeSlices), InstanceCount: uint32(p.MaxInstances),
+				MultiprocessorCount: uint32(p.SMs), MemorySizeMB: p.MemoryMiB,
+			}, nvml.SUCCESS
+		}
+	}
+	return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+}
+
+// profileByInfo is the profile an info names, or the answer to give.
+func (g *migGPU) profileByInfo(info *nvml.GpuInstanceProfileInfo) (mig.Profile, nvml.Return) {
+	if info == nil {
+		return mig.Profile{}, nvml.ERROR_INVALID_ARGUMENT
+	}
+	p, err := g.model.ProfileByID(int(info.Id))
+	if err != nil {
+		return mig.Profile{}, nvml.ERROR_INVALID_ARGUMENT
+	}
+	return p, nvml.SUCCESS
+}
+
+// possiblePlacements answers whatever the MIG mode, as nvml.h says.
+func (g *migGPU) possiblePlacements(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
+	if ret := g.enter(CallGetGpuInstancePossiblePlacements); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	if !g.capable || g.model == nil {
+		return nil, nvml.ERROR_NOT_SUPPORTED
+	}
+	p, ret := g.profileByInfo(info)
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	var out []nvml.GpuInstancePlacement
+	for _, pl := range p.Placements {
+		out = append(out, nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
+	}
+	return out, nvml.SUCCESS
+}
+
+func (g *migGPU) createGPUInstance(info *nvml.GpuInstanceProfileInfo) (nvml.GpuInstance, nvml.Return) {
+	if ret := g.enter(CallCreateGpuInstance); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	g.n.migMu.Lock()
+	defer g.n.migMu.Unlock()
+	if ret := g.enabledLocked(); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	p, ret := g.profileByInfo(info)
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	for _, pl := range p.Placements {
+		if gi, ret := g.createLocked(p, pl); ret == nvml.SUCCESS {
+			return gi, ret
+		}
+	}
+	return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+}
+
+func (g *migGPU) createGPUInstanceAt(info *nvml.GpuInstanceProfileInfo, at *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
+	if ret := g.enter(CallCreateGpuInstanceWithPlacement); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	g.n.migMu.Lock()
+	defer g.n.migMu.Unlock()
+	if ret := g.enabledLocked(); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	p, ret := g.profileByInfo(info)
+	if ret != nvml.SUCCESS || at == nil {
+		return nil, nvml.ERROR_INVALID_ARGUMENT
+	}
+	pl := mig.Placement{Start: int(at.Start), Size: int(at.Size)}
+	if !slices.Contains(p.Placements, pl) {
+		return nil, nvml.ERROR_INVALID_ARGUMENT
+	}
+	return g.createLocked(p, pl)
+}
+
+// createLocked makes a GPU instance if it fits beside the others.
+func (g *migGPU) createLocked(p mig.Profile, pl mig.Placement) (nvml.GpuInstance, nvml.Return) {
+	instances := []mig.Instance{{Profile: p, Placement: pl}}
+	for _, gi := range g.gis {
+		instances = append(instances, mig.Instance{Profile: gi.profile, Placement: gi.placement})
+	}
+	if err := g.model.Coexist(instances); err != nil {
+		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+	}
+	gi := &simGI{gpu: g, id: giID(pl), profile: p, placement: pl, cis: map[int]*simCI{}}
+	gi.handle = gi.newHandle()
+	g.gis[gi.id] = gi
+	return gi.handle, nvml.SUCCESS
+}
+
+func (g *migGPU) gpuInstances(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
+	if ret := g.enter(CallGetGpuInstances); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	g.n.migMu.Lock()
+	defer g.n.migMu.Unlock()
+	if ret := g.enabledLocked(); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	p, ret := g.profileByInfo(info)
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	var out []nvml.GpuInstance
+	for _, gi := range sortedByID(g.gis) {
+		if gi.profile.ID == p.ID {
+			out = append(out, gi.handle)
+		}
+	}
+	return out, nvml.SUCCESS
+}
+
+func (g *migGPU) gpuInstanceByID(id int) (nvml.GpuInstance, nvml.Return) {
+	if ret := g.enter(CallGetGpuInstanceByID); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	g.n.migMu.Lock()
+	defer g.n.migMu.Unlock()
+	if ret := g.enabledLocked(); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	gi, ok := g.gis[id]
+	if !ok {
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	return gi.handle, nvml.SUCCESS
+}
+
+// sortedByID returns a map's values by key, so that lists do not follow
+// map order.
+func sortedByID[T any](m map[int]T) []T {
+	keys := make([]int, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([]T, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, m[k])
+	}
+	return out
+}
+
+// enter starts a call on a GPU instance handle: its fault, the GPU's
+// failure, or ERROR_INVALID_ARGUMENT for a destroyed instance. It holds
+// Node.migMu when it answers SUCCESS.
+func (gi *simGI) enter(call Call) nvml.Return {
+	if ret := gi.gpu.enter(call); ret != nvml.SUCCESS {
+		return ret
+	}
+	gi.gpu.n.migMu.Lock()
+	if gi.gone {
+		gi.gpu.n.migMu.Unlock()
+		return nvml.ERROR_INVALID_ARGUMENT
+	}
+	return nvml.SUCCESS
+}
+
+func (gi *simGI) newHandle() *mock.GpuInstance {
+	mu := &gi.gpu.n.migMu
+	h := &mock.GpuInstance{}
+	h.GetInfoFunc = func() (nvml.GpuInstanceInfo, nvml.Return) {
+		if ret := gi.enter(CallGpuInstanceGetInfo); ret != nvml.SUCCESS {
+			return nvml.GpuInstanceInfo{}, ret
+		}
+		defer mu.Unlock()
+		return nvml.GpuInstanceInfo{
+			Device: gi.gpu.parent, Id: uint32(gi.id), ProfileId: uint32(gi.profile.ID),
+			Placement: nvml.GpuInstancePlacement{Start: uint32(gi.placement.Start), Size: uint32(gi.placement.Size)},
+		}, nvml.SUCCESS
+	}
+	h.GetComputeInstanceProfileInfoFunc = func(profile, engProfile int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
+		if ret := gi.enter(CallGetComputeInstanceProfileInfo); ret != nvml.SUCCESS {
+			return nvml.ComputeInstanceProfileInfo{}, ret
+		}
+		defer mu.Unlock()
+		if profile < 0 || profile >= nvml.COMPUTE_INSTANCE_PROFILE_COUNT || engProfile != nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
+			return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
+		}
+		cp, ok := gi.ciProfile(profile)
+		if !ok {
+			return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+		}
+		return nvml.ComputeInstanceProfileInfo{
+			Id: uint32(cp.index), SliceCount: uint32(cp.slices), InstanceCount: uint32(cp.count), MultiprocessorCount: uint32(cp.sms),
+		}, nvml.SUCCESS
+	}
+	h.CreateComputeInstanceFunc = func(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
+		if ret := gi.enter(CallCreateComputeInstance); ret != nvml.SUCCESS {
+			return nil, ret
+		}
+		defer mu.Unlock()
+		if info == nil {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		cp, ok := gi.ciProfile(int(info.Id))
+		if !ok {
+			return nil, nvml.ERROR_NOT_SUPPORTED
+		}
+		return gi.createLocked(cp)
+	}
+	h.GetComputeInstancesFunc = func(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
+		if ret := gi.enter(CallGetComputeInstances); ret != nvml.SUCCESS {
+			return nil, ret
+		}
+		defer mu.Unlock()
+		if info == nil {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		if _, ok := gi.ciProfile(int(info.Id)); !ok {
+			return nil, nvml.ERROR_NOT_SUPPORTED
+		}
+		var out []nvml.ComputeInstance
+		for _, ci := range sortedByID(gi.cis) {
+			if ci.profile.index == int(info.Id) {
+				out = append(out, ci.handle)
+			}
+		}
+		return out, nvml.SUCCESS
+	}
+	h.GetComputeInstanceByIdFunc = func(id int) (nvml.ComputeInstance, nvml.Return) {
+		if ret := gi.enter(CallGetComputeInstanceByID); ret != nvml.SUCCESS {
+			return nil, ret
+		}
+		defer mu.Unlock()
+		ci, ok := gi.cis[id]
+		if !ok {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return ci.handle, nvml.SUCCESS
+	}
+	h.DestroyFunc = func() nvml.Return {
+		if ret := gi.enter(CallGpuInstanceDestroy); ret != nvml.SUCCESS {
+			return ret
+		}
+		defer mu.Unlock()
+		if len(gi.cis) > 0 {
+			return nvml.ERROR_IN_USE
+		}
+		gi.dropLocked()
+		delete(gi.gpu.gis, gi.id)
+		return nvml.SUCCESS
+	}
+	return h
+}
+
+func (gi *simGI) ciProfile(index int) (ciProfile, bool) {
+	for _, cp := range ciProfiles(*gi.gpu.model, gi.profile) {
+		if cp.index == index {
+			return cp, true
+		}
+	}
+	return ciProfile{}, false
+}
+
+// createLocked makes a compute instance at the lowest free start aligned
+// to its size, with the lowest free ID.
+func (gi *simGI) createLocked(cp ciProfile) (nvml.ComputeInstance, nvml.Return) {
+	same := 0
+	used := make([]bool, gi.profile.ComputeSlices)
+	for _, ci := range gi.cis {
+		if ci.profile.index == cp.index {
+			same++
+		}
+		for s := ci.start; s < ci.start+ci.profile.slices; s++ {
+			used[s] = true
+		}
+	}
+	if same >= cp.count {
+		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+	}
+	start := -1
+	for s := 0; s+cp.slices <= len(used) && start < 0; s += cp.slices {
+		if !slices.Contains(used[s:s+cp.slices], true) {
+			start = s
+		}
+	}
+	if start < 0 {
+		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+	}
+	id := 0
+	for gi.cis[id] != nil {
+		id++
+	}
+	ci := &simCI{gi: gi, id: id, profile: cp, start: start}
+	ci.uuid = gi.gpu.n.nextMIGUUID(gi.gpu.index, gi.id, id)
+	ci.handle = ci.newHandle()
+	ci.device = ci.newDevice()
+	gi.cis[id] = ci
+	return ci.handle, nvml.SUCCESS
+}
+
+// dropLocked invalidates the instance's handles and its compute
+// instances'.
+func (gi *simGI) dropLocked() {
+	gi.gone = true
+	for id, ci := range gi.cis {
+		ci.gone = true
+		delete(gi.cis, id)
+	}
+}
+
+func (ci *simCI) newHandle() *mock.ComputeInstance {
+	gi := ci.gi
+	mu := &gi.gpu.n.migMu
+	h := &mock.ComputeInstance{}
+	h.GetInfoFunc = func() (nvml.ComputeInstanceInfo, nvml.Return) {
+		if ret := ci.enter(CallComputeInstanceGetInfo); ret != nvml.SUCCESS {
+			return nvml.ComputeInstanceInfo{}, ret
+		}
+		defer mu.Unlock()
+		return nvml.ComputeInstanceInfo{
+			Device: gi.gpu.parent, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: uint32(ci.profile.index),
+			Placement: nvml.ComputeInstancePlacement{Start: uint32(ci.start), Size: uint32(ci.profile.slices)},
+		}, nvml.SUCCESS
+	}
+	h.DestroyFunc = func() nvml.Return {
+		if ret := ci.enter(CallComputeInstanceDestroy); ret != nvml.SUCCESS {
+			return ret
+		}
+		defer mu.Unlock()
+		ci.gone = true
+		delete(gi.cis, ci.id)
+		return nvml.SUCCESS
+	}
+	return h
+}
+
+// enter is simGI.enter for a compute instance or its MIG device.
+func (ci *simCI) enter(call Call) nvml.Return {
+	if ret := ci.gi.gpu.enter(call); ret != nvml.SUCCESS {
+		return ret
+	}
+	ci.gi.gpu.n.migMu.Lock()
+	if ci.gone {
+		ci.gi.gpu.n.migMu.Unlock()
+		return nvml.ERROR_INVALID_ARGUMENT
+	}
+	return nvml.SUCCESS
+}
+
+// liveCIsLocked are the GPU's compute instances in GPU-instance then
+// compute-instance ID order, the order of its MIG device indexes.
+func (g *migGPU) liveCIsLocked() []*simCI {
+	var out []*simCI
+	for _, gi := range sortedByID(g.gis) {
+		out = append(out, sortedByID(gi.cis)...)
+	}
+	return out
+}
