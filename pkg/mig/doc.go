@@ -33,4 +33,14 @@
 // its GPU instance and compute instance, /dev/nvidia-caps/nvidia-cap<M>;
 // the minors M are listed in /proc/driver/nvidia-caps/mig-minors, which
 // ParseMinors reads.
+//
+// # The simulated node
+//
+// pkg/simnode partitions its A100 and H100 GPUs with these tables through
+// the NVML calls a driver makes, and refuses what real NVML refuses
+// (overlapping placements, a GPU instance destroyed under its compute
+// instances, a MIG mode change on a busy GPU). It does not model
+// processes inside MIG devices, NVML's own choice of compute-instance
+// placements, or media and copy engines; the top of pkg/simnode/mig.go
+// has the list.
 package mig
