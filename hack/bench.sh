@@ -30,6 +30,15 @@ part() { # name, then the command; its stdout goes to $out/<name>.md
 make build GO="$GO"
 part shim $GO test -run '^$' -bench 'GetPreferredAllocation' -benchtime 20000x -benchmem ./pkg/deviceplugin
 part placement bash -c "cd test && $GO run ./cmd/kyb-sim -svg ../$out/placement.svg"
+# The same study through the real schedulers (docs/placement-study.md,
+# "Through the real scheduler"): a control plane, the in-process
+# kube-scheduler and bin/kyb-scheduler; a shorter stream, beside the model
+# rows over the same stream.
+make kyb-scheduler GO="$GO"
+sched_policies=best-fit,topology-aware,dra-pack,sched-stock,kyb-pack,kyb-topology,kyb-spread
+part placement-sched bash -c "cd test && for load in 0.7 1; do
+  $GO run ./cmd/kyb-sim -requests 1500 -load \$load -policies $sched_policies -kyb-scheduler ../bin/kyb-scheduler -log ../$out/placement-sched-\$load.log || exit 1
+done"
 (cd test && $GO build -ldflags "-X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
   -o ../bin/kyb-bench ./cmd/kyb-bench)
 make patched-bench GO="$GO"
@@ -56,6 +65,9 @@ part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
   echo
   echo "## Placement study"
   cat "$out/placement.md"
+  echo
+  echo "## Placement through the real scheduler"
+  cat "$out/placement-sched.md"
   echo
   echo "## Fuzzing"
   echo

@@ -35,6 +35,8 @@ type SchedEnv struct {
 	Recheck time.Duration
 	// Timeout bounds the wait for one verdict of the scheduler.
 	Timeout time.Duration
+	// EtcdLog is where etcd logs; default stderr.
+	EtcdLog string
 }
 
 // DefaultSchedEnv has the waits kyb-sim uses.
@@ -70,7 +72,7 @@ func startControlPlane(ctx context.Context, env SchedEnv, nodes []*Node, withKyb
 			err = fmt.Errorf("start the control plane: %w", fe)
 		}
 	}()
-	opts := harness.Options{}
+	opts := harness.Options{EtcdLog: env.EtcdLog}
 	if withKyb {
 		// The stream has no gangs. Gang scheduling, on by default in
 		// kyb-scheduler, would have it wait for the Workload and PodGroup
