@@ -47,6 +47,10 @@ func New(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig) (*Plan, error) {
 	}
 	for pi, prof := range profiles {
 		allowed := allowedGPUs(cfg, paths[pi], n)
+		if prof.MIG != nil {
+			prof.MIG.GPUs = migGPUs(inv, cfg, prof, allowed, paths[pi], &errs)
+			continue
+		}
 		prof.Groups = profileGroups(inv, cfg, prof, allowed, explicits, &errs)
 		for _, g := range prof.Groups {
 			if g.Explicit && g.Interconnect == inventory.ClassSystem {
@@ -60,7 +64,12 @@ func New(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig) (*Plan, error) {
 	if len(errs) > 0 {
 		return nil, errs
 	}
+	checkMIGTogether(profiles, paths, &errs)
 	plan.Profiles = profiles
+	checkDeviceNames(plan, &errs)
+	if len(errs) > 0 {
+		return nil, errs
+	}
 	return plan, nil
 }
 
@@ -185,7 +194,15 @@ func fromConfig(p v1alpha1.Profile) *Profile {
 		AllowOverprovision: p.AllowOverprovision,
 		Sharing:            p.SharingStrategy(),
 		TimeSlice:          p.TimeSliceInterval(),
+		MIG:                migSeats(p),
 	}
+}
+
+func migSeats(p v1alpha1.Profile) *MIGSeats {
+	if p.MIG == nil {
+		return nil
+	}
+	return &MIGSeats{Profile: p.MIG.Profile}
 }
 
 // gpuRestriction returns the profile's configured GPU list, if any.

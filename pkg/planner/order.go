@@ -156,6 +156,7 @@ func lessKey(a, b linkKey) bool {
 // chosen and why. It is the layout for schedulers that cannot keep
 // overlapping groups exclusive: clusters without consumable capacity, and
 // the device-plugin shim, where the kubelet counts each resource on its own.
+// MIG profiles keep no seats in it.
 //
 // Profiles are served largest first; each takes whole groups, in pack
 // order, until it holds about an equal share of the GPUs not yet taken
@@ -171,6 +172,11 @@ func (p *Plan) ExclusiveLayout() (*Plan, string) {
 		c.Groups = nil
 		copies[prof] = &c
 		out.Profiles = append(out.Profiles, &c)
+		// A MIG profile's instances exclude each other and the groups on
+		// their GPUs through counters only: without them it has no seats.
+		if prof.MIG != nil {
+			continue
+		}
 		if prof.AllowOverprovision {
 			for _, g := range prof.Groups {
 				gc := *g

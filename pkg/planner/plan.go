@@ -54,8 +54,12 @@ type Profile struct {
 	// TimeSlice, for timeSlicing, is the interval applied to a group's
 	// GPUs when it goes into use ("" leaves them as they are).
 	TimeSlice v1alpha1.TimeSliceInterval
-	// Groups in canonical order: by their lowest GPU index.
+	// Groups in canonical order: by their lowest GPU index. A MIG
+	// profile has none: its GPUs are in MIG (mig.go).
 	Groups []*Group
+	// MIG, for a MIG profile, is its GPUs and their geometry;
+	// SeatsPerGroup is then the seats per GPU.
+	MIG *MIGSeats
 }
 
 // Group is a set of GPUs of one profile, shared by SeatsPerGroup seats.
@@ -166,7 +170,16 @@ func (p *Plan) Overlaps() map[string][]string {
 }
 
 // Seats is the total number of seats of a profile.
-func (prof *Profile) Seats() int { return len(prof.Groups) * prof.SeatsPerGroup }
+func (prof *Profile) Seats() int {
+	if prof.MIG != nil {
+		n := 0
+		for _, g := range prof.MIG.GPUs {
+			n += g.Seats
+		}
+		return n
+	}
+	return len(prof.Groups) * prof.SeatsPerGroup
+}
 
 func (prof *Profile) String() string {
 	return fmt.Sprintf("%s (%s, %d GPU(s)/group, %d seat(s)/group)", prof.Name, prof.Resource, prof.Size, prof.SeatsPerGroup)

@@ -106,6 +106,11 @@ type Profile struct {
 	// Sharing says how the seats of a group share its GPUs: time-slicing
 	// (the default) or MPS with each seat's share of SMs and memory.
 	Sharing *Sharing `json:"sharing,omitempty"`
+
+	// MIG, when set, makes each seat a MIG instance of one MIG profile on
+	// one GPU (mig.go). Default name: the resource's name with '.' as '-'
+	// (kyb.ai/mig-1g.10gb -> mig-1g-10gb).
+	MIG *MIGProfile `json:"mig,omitempty"`
 }
 
 // Group is a set of GPUs named by hand.
@@ -279,7 +284,11 @@ func (c *NodeConfig) SetDefaults() {
 // SetDefaults fills the profile's derived fields.
 func (p *Profile) SetDefaults() {
 	if p.Name == "" {
-		p.Name = DefaultProfileName(p.Resource)
+		p.Name = p.defaultName()
+	}
+	if p.IsMIG() && p.GPUsPerGroup == nil {
+		one := 1
+		p.GPUsPerGroup = &one
 	}
 	if p.GPUsPerGroup == nil {
 		if n := SizeFromResource(p.Resource); n > 0 {

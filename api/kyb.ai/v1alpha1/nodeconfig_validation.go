@@ -126,7 +126,7 @@ func validateProfile(p *Profile, path *field.Path, errs *FieldErrors) {
 	}
 	name := p.Name
 	if name == "" {
-		name = DefaultProfileName(p.Resource)
+		name = p.defaultName()
 	}
 	if p.Resource != "" || p.Name != "" {
 		namePath := path.Child("name")
@@ -141,7 +141,9 @@ func validateProfile(p *Profile, path *field.Path, errs *FieldErrors) {
 			}
 		}
 	}
-	if p.GPUsPerGroup != nil {
+	if p.IsMIG() {
+		validateMIG(p, path, errs)
+	} else if p.GPUsPerGroup != nil {
 		if !slices.Contains(ValidGroupSizes, *p.GPUsPerGroup) {
 			errs.Add(path.Child("gpusPerGroup"), "must be 1, 2, 4 or 8, not %d", *p.GPUsPerGroup)
 		} else if n := SizeFromResource(p.Resource); n > 0 && n != *p.GPUsPerGroup {
@@ -154,7 +156,7 @@ func validateProfile(p *Profile, path *field.Path, errs *FieldErrors) {
 			errs.Add(path.Child("resource"), "%q names groups of %d GPUs; a group has 1, 2, 4 or 8", p.Resource, n)
 		}
 	}
-	if p.SeatsPerGroup != nil {
+	if p.SeatsPerGroup != nil && !p.IsMIG() {
 		switch s := *p.SeatsPerGroup; {
 		case s < 1:
 			errs.Add(path.Child("seatsPerGroup"), "must be at least 1, not %d", s)
@@ -163,7 +165,9 @@ func validateProfile(p *Profile, path *field.Path, errs *FieldErrors) {
 		}
 	}
 	validateIndices(p.GPUs, path.Child("gpus"), errs)
-	validateSharing(p, path, errs)
+	if !p.IsMIG() {
+		validateSharing(p, path, errs)
+	}
 }
 
 func validateIndices(indices []int, path *field.Path, errs *FieldErrors) {
