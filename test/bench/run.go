@@ -13,9 +13,9 @@ import (
 
 // Options choose the studies and their sizes.
 type Options struct {
-	// Studies to run: alloc, allocpatch, sched, prepare, footprint,
-	// shim-footprint; alloc-figures and decisions are allocpatch's child
-	// process's.
+	// Studies to run: alloc, allocpatch, sched, kybsched, kybburst,
+	// prepare, footprint, shim-footprint; alloc-figures and decisions are
+	// allocpatch's child process's.
 	Studies []string
 	// Rounds of each study; figures are medians over rounds.
 	Rounds int
@@ -26,6 +26,8 @@ type Options struct {
 	// Prepare is the prepare latency study.
 	Prepare PrepareOptions
 	Sched   SchedOptions
+	// KybSched is the kyb-scheduler studies' (kybsched, kybburst).
+	KybSched KybSchedOptions
 	// Burst is the prepare burst study at the shipped rate limits.
 	Burst BurstOptions
 	// Footprint is the plugin binary's footprint study.
@@ -82,7 +84,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		st.Table().Write(out)
 		fmt.Fprintf(opts.Log, "shim footprint study: %v\n", time.Since(start).Round(time.Second))
 	}
-	needCluster := has("prepare") || has("burst") || has("sched") || has("footprint")
+	needCluster := has("prepare") || has("burst") || has("sched") || has("footprint") || has("kybsched") || has("kybburst")
 	if !needCluster {
 		return nil
 	}
@@ -106,7 +108,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 
 func runWithCluster(ctx context.Context, tb *harness.ProcessTB, opts Options, out io.Writer) error {
 	has := func(s string) bool { return slices.Contains(opts.Studies, s) }
-	c := harness.Start(tb, harness.Options{})
+	copts := harness.Options{}
+	if has("kybsched") || has("kybburst") {
+		copts = KybSchedClusterOptions()
+	}
+	c := harness.Start(tb, copts)
 	if has("prepare") {
 		start := time.Now()
 		p := opts.Prepare
@@ -147,6 +153,28 @@ func runWithCluster(ctx context.Context, tb *harness.ProcessTB, opts Options, ou
 		}
 		st.Table().Write(out)
 		fmt.Fprintf(opts.Log, "scheduler study: %v\n", time.Since(start).Round(time.Second))
+	}
+	if has("kybsched") {
+		start := time.Now()
+		k := opts.KybSched
+		k.Rounds = opts.Rounds
+		st, err := RunKybSched(ctx, c, k)
+		if err != nil {
+			return fmt.Errorf("kyb-scheduler study: %w", err)
+		}
+		st.Table().Write(out)
+		fmt.Fprintf(opts.Log, "kyb-scheduler study: %v\n", time.Since(start).Round(time.Second))
+	}
+	if has("kybburst") {
+		start := time.Now()
+		k := opts.KybSched
+		k.Rounds = opts.Rounds
+		st, err := RunKybBurst(ctx, c, k)
+		if err != nil {
+			return fmt.Errorf("kyb-scheduler burst study: %w", err)
+		}
+		st.Table().Write(out)
+		fmt.Fprintf(opts.Log, "kyb-scheduler burst study: %v\n", time.Since(start).Round(time.Second))
 	}
 	return nil
 }

@@ -129,7 +129,7 @@ func RunSched(ctx context.Context, c *harness.Cluster, opts SchedOptions) (*Sche
 					profile = fmt.Sprintf("%s-%s.pprof", opts.Profile, []string{"basic", "ours"}[i])
 					st.Profiles[sc.Shapes[i].Name] = profile
 				}
-				rate, tries, err := schedRound(ctx, c, sc.Shapes[i], fmt.Sprintf("r%d-c%d-s%d", r, si, i), sc.Nodes, sc.Full, sc.Pods[i], profile)
+				rate, tries, err := schedRound(ctx, c, inProcessScheduler(), sc.Shapes[i], fmt.Sprintf("r%d-c%d-s%d", r, si, i), sc.Nodes, sc.Full, sc.Pods[i], profile)
 				if err != nil {
 					return nil, fmt.Errorf("round %d, %d nodes, %s, %s: %w", r, sc.Nodes, sc.Name, sc.Shapes[i].Name, err)
 				}
@@ -143,12 +143,37 @@ func RunSched(ctx context.Context, c *harness.Cluster, opts SchedOptions) (*Sche
 	return st, nil
 }
 
+// schedTarget is the scheduler a round's pods ask for, and how its
+// scheduling attempts are counted.
+type schedTarget struct {
+	// name is the pods' spec.schedulerName; "" for the default scheduler.
+	name string
+	// attempts is the scheduler's scheduler_schedule_attempts_total, by
+	// result (scheduled, unschedulable, error).
+	attempts func(ctx context.Context) (map[string]float64, error)
+}
+
+// inProcessScheduler is the cluster's default scheduler, the stock
+// kube-scheduler running in this process.
+func inProcessScheduler() schedTarget {
+	return schedTarget{attempts: func(context.Context) (map[string]float64, error) { return scheduleAttempts() }}
+}
+
+// total is the sum of attempts over results.
+func total(byResult map[string]float64) float64 {
+	n := 0.0
+	for _, v := range byResult {
+		n += v
+	}
+	return n
+}
+
 // schedRound creates n nodes of shape s with their slices, fills the first
-// full of them (fillNodes), creates pods pods with one claim each,
-// releases them and returns the steady-state pods/s (from the tenth of
-// them scheduled to the last) and the scheduler's attempts after the
-// release: more attempts than pods are pods retried.
-func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, full, pods int, profile string) (float64, float64, error) {
+// full of them (fillNodes), creates pods pods with one claim each for
+// scheduler sched, releases them and returns the steady-state pods/s
+// (from the tenth of them scheduled to the last) and the scheduler's
+// attempts after the release: more attempts than pods are pods retried.
+func schedRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Shape, id string, n, full, pods int, profile string) (float64, float64, error) {
 	ns := "sched-" + id
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return 0, 0, err
@@ -165,25 +190,15 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, 
 		return 0, 0, err
 	}
 
-	scheduled := make(chan time.Time, pods)
-	inf := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(ns))
-	seen := sync.Map{}
-	podInf := inf.Core().V1().Pods().Informer()
-	if _, err := podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{UpdateFunc: func(_, obj any) {
-		if pod, ok := obj.(*v1.Pod); ok && pod.Spec.NodeName != "" {
-			if _, dup := seen.LoadOrStore(pod.UID, true); !dup {
-				scheduled <- time.Now()
-			}
-		}
-	}}); err != nil {
+	scheduled, stop, err := watchScheduled(c.Client, ns, pods)
+	if err != nil {
 		return 0, 0, err
 	}
-	stop := make(chan struct{})
-	defer close(stop)
-	inf.Start(stop)
-	inf.WaitForCacheSync(stop)
+	defer stop()
 
-	if err := parallel(ctx, pods, func(i int) error { return createPod(ctx, c.Client, ns, fmt.Sprintf("p%04d", i), s.Class, id) }); err != nil {
+	if err := parallel(ctx, pods, func(i int) error {
+		return createPod(ctx, c.Client, ns, fmt.Sprintf("p%04d", i), s.Class, id, sched.name)
+	}); err != nil {
 		return 0, 0, err
 	}
 	// Let the scheduler find every pod unschedulable first.
@@ -199,7 +214,7 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, 
 		}
 		defer pprof.StopCPUProfile()
 	}
-	before, err := scheduleAttempts()
+	before, err := sched.attempts(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -222,12 +237,34 @@ func schedRound(ctx context.Context, c *harness.Cluster, s Shape, id string, n, 
 			return 0, 0, ctx.Err()
 		}
 	}
-	after, err := scheduleAttempts()
+	after, err := sched.attempts(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
 	first := len(times) / 10
-	return float64(len(times)-1-first) / times[len(times)-1].Sub(times[first]).Seconds(), after - before, nil
+	return float64(len(times)-1-first) / times[len(times)-1].Sub(times[first]).Seconds(), total(after) - total(before), nil
+}
+
+// watchScheduled sends the time each pod of ns is first seen bound to a
+// node, for up to pods pods, until stop.
+func watchScheduled(client kubernetes.Interface, ns string, pods int) (<-chan time.Time, func(), error) {
+	scheduled := make(chan time.Time, pods)
+	inf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns))
+	seen := sync.Map{}
+	podInf := inf.Core().V1().Pods().Informer()
+	if _, err := podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{UpdateFunc: func(_, obj any) {
+		if pod, ok := obj.(*v1.Pod); ok && pod.Spec.NodeName != "" {
+			if _, dup := seen.LoadOrStore(pod.UID, true); !dup {
+				scheduled <- time.Now()
+			}
+		}
+	}}); err != nil {
+		return nil, nil, fmt.Errorf("watch the pods of %s: %w", ns, err)
+	}
+	stop := make(chan struct{})
+	inf.Start(stop)
+	inf.WaitForCacheSync(stop)
+	return scheduled, func() { close(stop); inf.Shutdown() }, nil
 }
 
 // removeRound deletes what a round created: its nodes (the next round's
@@ -311,7 +348,7 @@ func sliceObjects(driver string, res resourceslice.DriverResources, node string)
 	return out
 }
 
-func createPod(ctx context.Context, client kubernetes.Interface, ns, name, class, round string) error {
+func createPod(ctx context.Context, client kubernetes.Interface, ns, name, class, round, scheduler string) error {
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
 	claim.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class}}}
 	if _, err := client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
@@ -319,6 +356,7 @@ func createPod(ctx context.Context, client kubernetes.Interface, ns, name, class
 	}
 	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
 	pod.Spec.NodeSelector = map[string]string{schedLabel: round}
+	pod.Spec.SchedulerName = scheduler
 	pod.Spec.Containers = []v1.Container{{Name: "c", Image: "pause", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}
 	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}}
 	if _, err := client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
@@ -391,20 +429,26 @@ func (st *SchedStudy) Table() *Table {
 }
 
 // scheduleAttempts is the in-process scheduler's
-// scheduler_schedule_attempts_total, summed over results and profiles.
-func scheduleAttempts() (float64, error) {
+// scheduler_schedule_attempts_total by result, summed over profiles.
+func scheduleAttempts() (map[string]float64, error) {
 	families, err := legacyregistry.DefaultGatherer.Gather()
 	if err != nil {
-		return 0, fmt.Errorf("gather the scheduler's metrics: %w", err)
+		return nil, fmt.Errorf("gather the scheduler's metrics: %w", err)
 	}
-	total := 0.0
+	out := map[string]float64{}
 	for _, f := range families {
 		if f.GetName() != "scheduler_schedule_attempts_total" {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			total += m.GetCounter().GetValue()
+			result := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" {
+					result = l.GetValue()
+				}
+			}
+			out[result] += m.GetCounter().GetValue()
 		}
 	}
-	return total, nil
+	return out, nil
 }

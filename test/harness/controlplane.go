@@ -115,7 +115,7 @@ func Start(tb ktesting.TB, opts Options) *Cluster {
 	c.RootCA = c.startAPIServer(etcdURL, opts)
 	c.startScheduler()
 	if opts.KybScheduler != nil {
-		c.startKybScheduler(*opts.KybScheduler)
+		c.KybScheduler = c.startKybScheduler(*opts.KybScheduler)
 	}
 	c.startClaimController()
 	if opts.ControllerManager != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -32,22 +34,88 @@ type KybSchedulerOptions struct {
 	Config string
 	// Args are further flags.
 	Args []string
+	// Name names its files in the cluster's directory (<name>.log,
+	// <name>-config.yaml); default "kyb-scheduler". Schedulers started one
+	// after the other in a cluster each need their own.
+	Name string
 }
 
 // KybScheduler is the running kyb-scheduler.
 type KybScheduler struct {
 	// Log is the file its output goes to.
 	Log string
+
+	port int
+	stop func()
 }
 
-func (c *Cluster) startKybScheduler(opts KybSchedulerOptions) {
+// StartKybScheduler runs kyb-scheduler, or any command that takes
+// kube-scheduler's flags, as Options.KybScheduler does, once the cluster
+// runs: it returns when the scheduler is ready. It stops on Stop or when
+// the cluster's test cleans up.
+func (c *Cluster) StartKybScheduler(opts KybSchedulerOptions) *KybScheduler {
+	c.tb.Helper()
+	return c.startKybScheduler(opts)
+}
+
+// KybSchedulerBinary is the kyb-scheduler command the harness runs by
+// default: $KYB_SCHEDULER (make e2e sets it), else one built into the
+// cluster's directory from cmd/kyb-scheduler with its patches, as make
+// build builds it (once per cluster).
+func (c *Cluster) KybSchedulerBinary() string {
+	if bin := os.Getenv("KYB_SCHEDULER"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(c.Dir, "kyb-scheduler")
+	if _, err := os.Stat(bin); err == nil {
+		return bin
+	}
+	return buildKybScheduler(c.tb, c.Dir)
+}
+
+// Stop stops the scheduler and waits for it to exit. It may be called
+// again.
+func (k *KybScheduler) Stop() { k.stop() }
+
+// Metrics returns the scheduler's /metrics page (Prometheus text).
+func (k *KybScheduler) Metrics(ctx context.Context) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d/metrics", k.port), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := loopbackClient().Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler metrics: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler metrics: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scheduler metrics: %s: %s", resp.Status, body)
+	}
+	return body, nil
+}
+
+// loopbackClient talks to the scheduler's secure port. Its serving
+// certificate is self-signed, made at its start: a loopback request to a
+// process this harness started.
+func loopbackClient() *http.Client {
+	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+	}}
+}
+
+func (c *Cluster) startKybScheduler(opts KybSchedulerOptions) *KybScheduler {
 	tb := c.tb
+	name := opts.Name
+	if name == "" {
+		name = "kyb-scheduler"
+	}
 	bin := opts.Binary
 	if bin == "" {
-		bin = os.Getenv("KYB_SCHEDULER")
-	}
-	if bin == "" {
-		bin = buildKybScheduler(tb, c.Dir)
+		bin = c.KybSchedulerBinary()
 	}
 	port, err := FreePort()
 	if err != nil {
@@ -59,10 +127,12 @@ func (c *Cluster) startKybScheduler(opts KybSchedulerOptions) {
 		"--secure-port=" + strconv.Itoa(port),
 		// One replica: nothing to elect.
 		"--leader-elect=false",
+		// Metrics for benchmarks, without a token: a loopback port.
+		"--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
 		"--v=2",
 	}
 	if opts.Config != "" {
-		file := filepath.Join(c.Dir, "kyb-scheduler-config.yaml")
+		file := filepath.Join(c.Dir, name+"-config.yaml")
 		cfg := opts.Config
 		if !strings.Contains(cfg, "clientConnection") {
 			// --kubeconfig is ignored where --config is given.
@@ -74,8 +144,8 @@ func (c *Cluster) startKybScheduler(opts KybSchedulerOptions) {
 		args = append(args, "--config="+file)
 	}
 	args = append(args, opts.Args...)
-	c.KybScheduler = &KybScheduler{Log: filepath.Join(c.Dir, "kyb-scheduler.log")}
-	logFile, err := os.Create(c.KybScheduler.Log)
+	k := &KybScheduler{Log: filepath.Join(c.Dir, name+".log"), port: port}
+	logFile, err := os.Create(k.Log)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -91,31 +161,31 @@ func (c *Cluster) startKybScheduler(opts KybSchedulerOptions) {
 		waitErr = cmd.Wait()
 		close(exited)
 	}()
-	tb.Cleanup(func() {
-		// Without leader election kube-scheduler exits 1 on SIGTERM
-		// ("finished without leader elect"): its status says nothing.
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			tb.Logf("kyb-scheduler did not stop within 10s of SIGTERM; killed")
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		_ = logFile.Close()
-	})
+	var once sync.Once
+	k.stop = func() {
+		once.Do(func() {
+			// Without leader election kube-scheduler exits 1 on SIGTERM
+			// ("finished without leader elect"): its status says nothing.
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(10 * time.Second):
+				tb.Logf("%s did not stop within 10s of SIGTERM; killed", name)
+				_ = cmd.Process.Kill()
+				<-exited
+			}
+			_ = logFile.Close()
+		})
+	}
+	tb.Cleanup(k.stop)
 
 	// Ready: its informers synced and its handlers registered.
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		// Its serving certificate is self-signed, made at its start: a
-		// loopback health check of a process this test started.
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
-	}}
+	client := loopbackClient()
 	url := fmt.Sprintf("https://127.0.0.1:%d/readyz", port)
 	err = wait.PollUntilContextTimeout(c.Ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		select {
 		case <-exited:
-			return false, fmt.Errorf("kyb-scheduler exited: %v", waitErr)
+			return false, fmt.Errorf("%s exited: %v", name, waitErr)
 		default:
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -130,8 +200,9 @@ func (c *Cluster) startKybScheduler(opts KybSchedulerOptions) {
 		return resp.StatusCode == http.StatusOK, nil
 	})
 	if err != nil {
-		tb.Fatalf("kyb-scheduler not ready: %v\n%s", err, c.KybScheduler.Tail(40))
+		tb.Fatalf("%s not ready: %v\n%s", name, err, k.Tail(40))
 	}
+	return k
 }
 
 // Tail is the last n lines kyb-scheduler logged, for failure messages.

@@ -25,7 +25,7 @@ import (
 
 func main() {
 	var opts bench.Options
-	studies := flag.String("studies", "alloc,allocpatch,prepare,burst,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, allocpatch, prepare, burst, footprint, shim-footprint, sched (alloc-figures and decisions: allocpatch's child process)")
+	studies := flag.String("studies", "alloc,allocpatch,prepare,burst,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, allocpatch, prepare, burst, footprint, shim-footprint, sched, kybsched, kybburst (alloc-figures and decisions: allocpatch's child process)")
 	flag.IntVar(&opts.Rounds, "rounds", 3, "rounds of each study; figures are medians over rounds")
 	flag.IntVar(&opts.Alloc.RejectNodes, "reject-nodes", 50, "allocator study: full nodes each reject measurement tries")
 	flag.IntVar(&opts.Alloc.FirstFitNodes, "firstfit-nodes", 500, "allocator study: nodes of the first-fit run")
@@ -52,6 +52,10 @@ func main() {
 	flag.IntVar(&opts.Sched.Pods, "sched-pods", 400, "scheduler study: pods scheduled onto empty nodes per shape and round")
 	flag.Float64Var(&opts.Sched.BusyShare, "sched-busy-share", 0.9, "scheduler study: share of the nodes full in the busy-cluster scenario")
 	flag.Float64Var(&opts.Sched.BusyFill, "sched-busy-fill", 0.6, "scheduler study: share of the free nodes' seats the pods released onto the busy cluster take")
+	flag.StringVar(&opts.KybSched.KybScheduler, "kyb-scheduler", "bin/kyb-scheduler", "kyb-scheduler studies: the kyb-scheduler binary (make kyb-scheduler)")
+	flag.StringVar(&opts.KybSched.KubeScheduler, "kube-scheduler", "", "kyb-scheduler studies: stock kube-scheduler of the test module's Kubernetes as a binary; empty: stock kube-scheduler in this process")
+	flag.IntVar(&opts.KybSched.BurstNodes, "kybburst-nodes", 10, "kyb-scheduler burst study: nodes, all but one full")
+	flag.IntVar(&opts.KybSched.BurstWait, "kybburst-wait", 60, "kyb-scheduler burst study: seconds to wait for the burst's pods before counting those left pending")
 	flag.StringVar(&opts.Footprint.Plugin, "plugin", "bin/kyb-dra-plugin", "footprint study: the plugin binary")
 	flag.IntVar(&opts.Footprint.Cycles, "cycles", 1000, "footprint study: prepare/unprepare cycles")
 	flag.StringVar(&opts.ShimFootprint.Shim, "shim", "bin/kyb-device-plugin", "shim footprint study: the shim binary")
@@ -67,6 +71,9 @@ func main() {
 	opts.Prepare.QPS = float32(*qps)
 	opts.Prepare.BackgroundQPS = float32(*bgQPS)
 	opts.Sched.Preset = opts.Alloc.Preset
+	// The kyb-scheduler study measures the scheduler study's scenarios.
+	opts.KybSched.Nodes, opts.KybSched.Pods, opts.KybSched.Preset = opts.Sched.Nodes, opts.Sched.Pods, opts.Alloc.Preset
+	opts.KybSched.BusyShare, opts.KybSched.BusyFill = opts.Sched.BusyShare, opts.Sched.BusyFill
 	opts.Patch.Preset, opts.Patch.FirstFitClaims = opts.Alloc.Preset, opts.Alloc.FirstFitClaims
 
 	if err := os.MkdirAll("_output", 0o755); err != nil {

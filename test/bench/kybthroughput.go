@@ -1,0 +1,152 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kyb-ai/kyb-dra-driver/test/harness"
+)
+
+// Goals of kyb-scheduler's throughput: at least stock kube-scheduler's
+// pods/s on upstream's basic shape, and the score costing at most a tenth
+// of kyb-scheduler's pods/s without it.
+const (
+	KybSchedGoal     = 1.0
+	KybScoreCostGoal = 0.10
+)
+
+// KybSchedStudy is the schedulers' throughput, as processes, on our shape
+// against stock kube-scheduler on upstream's basic shape.
+type KybSchedStudy struct {
+	Options   KybSchedOptions
+	Scenarios []*KybSchedScenario
+}
+
+// kybRun is one scheduler on one shape.
+type kybRun struct {
+	Shape     Shape
+	Scheduler schedulerUnderTest
+}
+
+// KybSchedScenario is one situation the pods are released into, and the
+// runs measured in it: basic under stock kube-scheduler (the basis of the
+// ratios), ours under stock, ours under kyb-scheduler with and without the
+// score.
+type KybSchedScenario struct {
+	Name  string
+	Nodes int
+	Runs  []kybRun
+	Full  int
+	// Pods per run.
+	Pods []int
+	// PodsPerSecond and Attempts (per pod) per round, per run.
+	PodsPerSecond, Attempts [][]float64
+}
+
+// Indices of the runs in a scenario.
+const (
+	runBasicStock = iota
+	runOursStock
+	runOursKyb
+	runOursKybNoScore
+)
+
+// RunKybSched measures the schedulers at each node count, on empty nodes
+// and on a busy cluster, as RunSched does; the runs take turns, the first
+// rotating from round to round.
+func RunKybSched(ctx context.Context, c *harness.Cluster, opts KybSchedOptions) (*KybSchedStudy, error) {
+	ours, err := KybShape(ctx, "ours ("+opts.Preset+")", opts.Preset, "", "1x")
+	if err != nil {
+		return nil, err
+	}
+	basic := BasicShape()
+	if err := createClasses(ctx, c, basic, ours); err != nil {
+		return nil, err
+	}
+	stock := stockScheduler(opts)
+	runs := []kybRun{{basic, stock}, {ours, stock}, {ours, kybScheduler(opts, true)}, {ours, kybScheduler(opts, false)}}
+	st := &KybSchedStudy{Options: opts}
+	for _, n := range opts.Nodes {
+		full := int(float64(n)*opts.BusyShare + 0.5)
+		busyPods := func(s Shape) int { return int(float64((n-full)*s.PerNode)*opts.BusyFill + 0.5) }
+		empty := &KybSchedScenario{Name: "empty nodes", Nodes: n, Runs: runs}
+		busy := &KybSchedScenario{Name: fmt.Sprintf("busy: %d of %d nodes full", full, n), Nodes: n, Runs: runs, Full: full}
+		for _, r := range runs {
+			empty.Pods = append(empty.Pods, min(opts.Pods, n*ours.PerNode/2))
+			busy.Pods = append(busy.Pods, busyPods(r.Shape))
+		}
+		st.Scenarios = append(st.Scenarios, empty, busy)
+	}
+	for _, sc := range st.Scenarios {
+		for i, r := range sc.Runs {
+			if free := (sc.Nodes - sc.Full) * r.Shape.PerNode; sc.Pods[i] > free || sc.Pods[i] < 10 {
+				return nil, fmt.Errorf("kyb-scheduler study: %d pods for %d free nodes of %s: too many, or too few to measure", sc.Pods[i], sc.Nodes-sc.Full, r.Shape.Name)
+			}
+		}
+	}
+	for round := 0; round < opts.Rounds; round++ {
+		for si, sc := range st.Scenarios {
+			rates := make([]float64, len(sc.Runs))
+			attempts := make([]float64, len(sc.Runs))
+			for k := range sc.Runs {
+				i := (k + round) % len(sc.Runs)
+				r := sc.Runs[i]
+				id := fmt.Sprintf("k%d-c%d-s%d", round, si, i)
+				rate, tries, err := func() (float64, float64, error) {
+					target, stop := r.Scheduler.start(ctx, c, id)
+					defer stop()
+					return schedRound(ctx, c, target, r.Shape, id, sc.Nodes, sc.Full, sc.Pods[i], "")
+				}()
+				if err != nil {
+					return nil, fmt.Errorf("round %d, %d nodes, %s, %s under %s: %w", round, sc.Nodes, sc.Name, r.Shape.Name, r.Scheduler.Name, err)
+				}
+				rates[i] = rate
+				attempts[i] = tries / float64(sc.Pods[i])
+			}
+			sc.PodsPerSecond = append(sc.PodsPerSecond, rates)
+			sc.Attempts = append(sc.Attempts, attempts)
+		}
+	}
+	return st, nil
+}
+
+// Table summarises the study.
+func (st *KybSchedStudy) Table() *Table {
+	t := &Table{
+		Title: fmt.Sprintf("kyb-scheduler's throughput against stock kube-scheduler, %v nodes (median of %d rounds)", st.Options.Nodes, st.Options.Rounds),
+		Header: []string{"nodes", "pods released onto", "shape", "scheduler", "pods", "pods/s", "ratio to basic under stock",
+			fmt.Sprintf("goal ≥ %.1fx", KybSchedGoal), "with score / without", fmt.Sprintf("goal: score ≤ %.0f %%", 100*KybScoreCostGoal), "scheduling attempts per pod"},
+	}
+	for _, sc := range st.Scenarios {
+		for i, r := range sc.Runs {
+			var rates, ratios, costs, attempts []float64
+			for round, rs := range sc.PodsPerSecond {
+				rates = append(rates, rs[i])
+				ratios = append(ratios, rs[i]/rs[runBasicStock])
+				costs = append(costs, rs[runOursKyb]/rs[runOursKybNoScore])
+				attempts = append(attempts, sc.Attempts[round][i])
+			}
+			ratio := Median(ratios)
+			goal, withWithout, costGoal := "", "", ""
+			if i == runOursKyb {
+				goal = Verdict(ratio >= KybSchedGoal)
+				cost := Median(costs)
+				withWithout, costGoal = Ratio(cost), Verdict(cost >= 1-KybScoreCostGoal)
+			}
+			t.Rows = append(t.Rows, []string{fmt.Sprint(sc.Nodes), sc.Name, r.Shape.Name, r.Scheduler.Name, fmt.Sprint(sc.Pods[i]),
+				fmt.Sprintf("%.0f", Median(rates)), Ratio(ratio), goal, withWithout, costGoal, fmt.Sprintf("%.2f", Median(attempts))})
+		}
+	}
+	stock := "Stock kube-scheduler is the test module's k8s.io/kubernetes cmd/kube-scheduler built as a binary, with its default plugins"
+	if st.Options.KubeScheduler == "" {
+		stock = "Stock kube-scheduler runs in the bench's process (no binary given): it shares the Go runtime with the API server and etcd, " +
+			"the kyb-scheduler processes do not, so the ratios mix that difference in"
+	}
+	t.Notes = []string{fmt.Sprintf("Each scheduler runs as a process of its own, one at a time, started for its turn and stopped after it, "+
+		"with a client at QPS 5,000 (scheduler_perf's limits, as the in-process study's). %s. kyb-scheduler without the score is its built-in "+
+		"profile less KybPlacement (NodeResourcesFit MostAllocated, the default plugins): the last two rows of a scenario differ by the score alone. "+
+		"kyb-scheduler also differs from stock by its patches (allocator, in-flight share) and by the GenericWorkload gate it turns on. "+
+		"Pods, release, busy clusters and pods/s as in the in-process study (busy: the pods take %.0f %% of the free nodes' seats); "+
+		"ratios are taken per round, then the median.", stock, 100*st.Options.BusyFill)}
+	return t
+}
