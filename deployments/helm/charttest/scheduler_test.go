@@ -1,0 +1,308 @@
+//go:build charttest
+
+package charttest
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// The scheduler's objects carry this component label; nothing else does.
+const schedulerComponent = "scheduler"
+
+func component(o object) string {
+	labels, _ := o.Contents["metadata"].(map[string]any)["labels"].(map[string]any)
+	c, _ := labels["app.kubernetes.io/component"].(string)
+	return c
+}
+
+// schedulerCase is a set of values with scheduler.enabled and what the
+// chart must then render for kyb-scheduler.
+type schedulerCase struct {
+	name  string
+	files []string
+	set   []string
+
+	image      string
+	pullPolicy corev1.PullPolicy
+	replicas   int32
+	lease      string   // the lease's (and profile's) name
+	extraArgs  []string // after the chart's own flags
+	placement  bool     // nodeSelector, tolerations and affinity from values
+	noRBAC     bool
+}
+
+// kyb-scheduler's Deployment, configuration and RBAC (values scheduler):
+// the chart's image, leader election on a lease of the release's
+// namespace, a pod that runs as non-root on a read-only root file system
+// without capabilities, HTTPS probes on its secure port, and a
+// ServiceAccount of its own bound to the built-in scheduler roles, to a
+// Role for its lease only, and to the authentication reader in
+// kube-system. Off by default. What the configuration loads as, and that
+// the RBAC is enough, test/e2e proves with the real binary
+// (TestChartSchedulerConfigIsKybSchedulers,
+// TestChartSchedulerRunsWithTheChartsRBAC).
+func TestSchedulerValues(t *testing.T) {
+	helmBinary(t)
+	for _, o := range render(t, nil).objects {
+		if component(o) == schedulerComponent {
+			t.Errorf("the default values render the scheduler's %s %s; scheduler.enabled is false by default", o.Kind, o.Name)
+		}
+	}
+	placement := filepath.Join(t.TempDir(), "placement.yaml")
+	if err := os.WriteFile(placement, []byte(`scheduler:
+  nodeSelector: {node-role.kubernetes.io/control-plane: ""}
+  tolerations: [{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}]
+  affinity:
+    podAntiAffinity:
+      preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 1
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector: {matchLabels: {app.kubernetes.io/component: scheduler}}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []schedulerCase{
+		{
+			name:  "enabled",
+			image: "ghcr.io/kyb-ai/kyb-dra-driver:0.1.0", pullPolicy: corev1.PullIfNotPresent, replicas: 1, lease: "kyb-scheduler",
+		},
+		{
+			name:  "replicas, image, name, placement, flags",
+			files: []string{placement},
+			set: []string{"scheduler.replicas=2", "image.tag=1.2.3", "image.pullPolicy=Always", "scheduler.name=gpu-scheduler",
+				"scheduler.extraArgs={--feature-gates=GenericWorkload=false}"},
+			image: "ghcr.io/kyb-ai/kyb-dra-driver:1.2.3", pullPolicy: corev1.PullAlways, replicas: 2, lease: "gpu-scheduler",
+			extraArgs: []string{"--feature-gates=GenericWorkload=false"}, placement: true,
+		},
+		{
+			name:  "without RBAC",
+			set:   []string{"rbac.create=false"},
+			image: "ghcr.io/kyb-ai/kyb-dra-driver:0.1.0", pullPolicy: corev1.PullIfNotPresent, replicas: 1, lease: "kyb-scheduler",
+			noRBAC: true,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			set := append([]string{"scheduler.enabled=true"}, tc.set...)
+			lintArgs := append([]string{"lint", "--strict", chartDir, "--namespace", namespace, "--kube-version", kubeVersion}, valueArgs(tc.files, set)...)
+			if out, stderr, err := runHelm(t, lintArgs...); err != nil {
+				t.Fatalf("helm lint: %v\n%s%s", err, out, stderr)
+			}
+			m := render(t, tc.files, set...)
+			dep := checkSchedulerDeployment(t, m, tc)
+			checkSchedulerRBAC(t, m, tc, dep.Spec.Template.Spec.ServiceAccountName)
+		})
+	}
+}
+
+func checkSchedulerDeployment(t *testing.T, m *manifest, tc schedulerCase) *appsv1.Deployment {
+	t.Helper()
+	var dep appsv1.Deployment
+	decode(t, m.one(t, "Deployment"), &dep)
+	pod := dep.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != tc.replicas {
+		t.Errorf("replicas %v, want %d", dep.Spec.Replicas, tc.replicas)
+	}
+	plugin := daemonSet(t, m).Spec.Template.Spec.Containers[0]
+	if c.Image != tc.image || c.Image != plugin.Image || c.ImagePullPolicy != tc.pullPolicy || c.ImagePullPolicy != plugin.ImagePullPolicy {
+		t.Errorf("image %s (%s), want %s (%s), the plugin's", c.Image, c.ImagePullPolicy, tc.image, tc.pullPolicy)
+	}
+	if !slices.Equal(c.Command, []string{"/usr/local/bin/kyb-scheduler"}) {
+		t.Errorf("command %v", c.Command)
+	}
+	want := append([]string{
+		"--config=/etc/kyb-scheduler/config.yaml",
+		"--leader-elect=true", "--leader-elect-resource-namespace=" + namespace, "--leader-elect-resource-name=" + tc.lease,
+		"--secure-port=10259", "--v=2",
+	}, tc.extraArgs...)
+	if !slices.Equal(c.Args, want) {
+		t.Errorf("args\n got %q\nwant %q", c.Args, want)
+	}
+
+	// The configuration: a ConfigMap's config.yaml at --config.
+	var cm corev1.ConfigMap
+	decode(t, mountedConfigMap(t, m, pod.Volumes), &cm)
+	if !strings.Contains(cm.Data["config.yaml"], "schedulerName: "+`"`+tc.lease+`"`) {
+		t.Errorf("the configuration names no profile %q:\n%s", tc.lease, cm.Data["config.yaml"])
+	}
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/kyb-scheduler" || !c.VolumeMounts[0].ReadOnly {
+		t.Errorf("volume mounts %+v, want the configuration at /etc/kyb-scheduler, read only", c.VolumeMounts)
+	}
+	if dep.Spec.Template.Annotations["checksum/config"] == "" {
+		t.Error("no checksum/config: a changed configuration would not roll the pods")
+	}
+
+	// Security: non-root, read-only, no capabilities, no host access.
+	psc, sc := pod.SecurityContext, c.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 ||
+		psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext %+v, want non-root and RuntimeDefault seccomp", psc)
+	}
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Privileged == nil || *sc.Privileged || sc.Capabilities == nil || !reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("container securityContext %+v, want a read-only root, no privilege escalation, every capability dropped", sc)
+	}
+	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
+		t.Error("the scheduler uses a host namespace")
+	}
+	for _, v := range pod.Volumes {
+		if v.HostPath != nil {
+			t.Errorf("host path volume %s", v.Name)
+		}
+	}
+	if pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
+		t.Error("the scheduler's pod mounts no ServiceAccount token; it calls the API")
+	}
+
+	// Probes: kube-scheduler's secure port, which serves /healthz and
+	// /readyz to anyone.
+	if len(c.Ports) != 1 || c.Ports[0].Name != "https" || c.Ports[0].ContainerPort != 10259 {
+		t.Errorf("ports %+v, want https on 10259", c.Ports)
+	}
+	for path, p := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != path || p.HTTPGet.Scheme != corev1.URISchemeHTTPS || p.HTTPGet.Port != intstr.FromString("https") {
+			t.Errorf("probe of %s: %+v, want an HTTPS GET on port https", path, p)
+		}
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+		t.Errorf("resources %+v, want requests", c.Resources)
+	}
+
+	if tc.placement {
+		if pod.NodeSelector["node-role.kubernetes.io/control-plane"] != "" || len(pod.NodeSelector) != 1 ||
+			len(pod.Tolerations) != 1 || pod.Tolerations[0].Key != "node-role.kubernetes.io/control-plane" ||
+			pod.Affinity == nil || pod.Affinity.PodAntiAffinity == nil {
+			t.Errorf("nodeSelector %v, tolerations %v, affinity %+v: not the values'", pod.NodeSelector, pod.Tolerations, pod.Affinity)
+		}
+	} else if len(pod.NodeSelector) != 0 || len(pod.Tolerations) != 0 || pod.Affinity != nil {
+		t.Errorf("nodeSelector %v, tolerations %v, affinity %+v by default; the plugin's (GPU nodes) must not apply", pod.NodeSelector, pod.Tolerations, pod.Affinity)
+	}
+	return &dep
+}
+
+// mountedConfigMap returns the ConfigMap that volumes mount (the chart
+// renders the node configuration's too).
+func mountedConfigMap(t *testing.T, m *manifest, volumes []corev1.Volume) object {
+	t.Helper()
+	for _, v := range volumes {
+		if v.ConfigMap == nil {
+			continue
+		}
+		for _, cm := range m.ofKind("ConfigMap") {
+			if cm.Name == v.ConfigMap.Name {
+				return cm
+			}
+		}
+		t.Fatalf("the Deployment mounts ConfigMap %s, which the chart does not render", v.ConfigMap.Name)
+	}
+	t.Fatal("the Deployment mounts no ConfigMap")
+	return object{}
+}
+
+func checkSchedulerRBAC(t *testing.T, m *manifest, tc schedulerCase, sa string) {
+	t.Helper()
+	pluginSA := "kyb-kyb-dra-driver"
+	if sa == "" || sa == pluginSA {
+		t.Errorf("the scheduler runs as ServiceAccount %q; it needs one of its own, not the plugin's (confined to its node)", sa)
+	}
+	var saFound bool
+	for _, o := range m.ofKind("ServiceAccount") {
+		saFound = saFound || o.Name == sa
+	}
+	if !saFound {
+		t.Errorf("no ServiceAccount %s rendered", sa)
+	}
+	subject := []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: namespace}}
+	// What is bound to the scheduler's ServiceAccount, by role.
+	bound := map[string]string{}
+	for _, kind := range []string{"ClusterRoleBinding", "RoleBinding"} {
+		for _, o := range m.ofKind(kind) {
+			var b rbacv1.RoleBinding // the same fields as a ClusterRoleBinding
+			decode(t, o, &b)
+			if !reflect.DeepEqual(b.Subjects, subject) {
+				continue
+			}
+			bound[b.RoleRef.Kind+" "+b.RoleRef.Name] = b.Namespace
+		}
+	}
+	if tc.noRBAC {
+		if len(bound) > 0 {
+			t.Errorf("rbac.create=false, but the chart binds %v", bound)
+		}
+		return
+	}
+	want := map[string]string{
+		"ClusterRole system:kube-scheduler":              "",
+		"ClusterRole system:volume-scheduler":            "",
+		"Role kyb-kyb-dra-driver-scheduler-lease":        namespace,
+		"Role extension-apiserver-authentication-reader": "kube-system",
+	}
+	if !reflect.DeepEqual(bound, want) {
+		t.Errorf("bound to the scheduler's ServiceAccount (role: namespace):\n got %v\nwant %v", bound, want)
+	}
+	var role rbacv1.Role
+	decode(t, m.one(t, "Role"), &role)
+	wantRules := []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{tc.lease}, Verbs: []string{"get", "update"}},
+	}
+	if role.Namespace != namespace || !reflect.DeepEqual(role.Rules, wantRules) {
+		t.Errorf("Role %s/%s rules\n got %+v\nwant %+v", role.Namespace, role.Name, role.Rules, wantRules)
+	}
+}
+
+// Bad scheduler values are refused with a message naming the value.
+func TestSchedulerValuesRefused(t *testing.T) {
+	helmBinary(t)
+	for _, tc := range []struct {
+		name string
+		set  []string
+		want string
+	}{
+		{"an unknown policy", []string{"scheduler.policy=binpack"},
+			"at '/scheduler/policy': value must be one of 'pack', 'topology', 'spread'"},
+		{"an unknown policy of a class", []string{"scheduler.deviceClassPolicies.gpu-4x-seat\\.kyb\\.ai=packed"},
+			"at '/scheduler/deviceClassPolicies/gpu-4x-seat.kyb.ai': value must be one of 'pack', 'topology', 'spread'"},
+		{"a weight of 0", []string{"scheduler.weight=0"},
+			"at '/scheduler/weight': minimum: got 0, want 1"},
+		{"a misspelt key", []string{"scheduler.replica=2"},
+			"at '/scheduler': additional properties 'replica' not allowed"},
+		{"with the device-plugin shim", []string{"mode=device-plugin"},
+			"scheduler.enabled needs mode=dra"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := renderError(t, namespace, []string{"--kube-version", kubeVersion}, append([]string{"scheduler.enabled=true"}, tc.set...)...)
+			if !strings.Contains(msg, tc.want) {
+				t.Errorf("helm's message lacks %q:\n%s", tc.want, msg)
+			}
+		})
+	}
+}
+
+// With the scheduler on, NOTES say how to see it run and how pods use it.
+func TestSchedulerNotes(t *testing.T) {
+	out, stderr, err := runHelm(t, "install", releaseName, chartDir, "--namespace", namespace, "--dry-run=client", "--set", "scheduler.enabled=true")
+	if err != nil {
+		t.Fatalf("helm install --dry-run=client: %v\n%s", err, stderr)
+	}
+	_, notes, _ := strings.Cut(out, "NOTES:\n")
+	for _, w := range []string{"rollout status deployment/kyb-kyb-dra-driver-scheduler", "get lease kyb-scheduler", "spec.schedulerName: kyb-scheduler"} {
+		if !strings.Contains(notes, w) {
+			t.Errorf("NOTES lack %q:\n%s", w, notes)
+		}
+	}
+}
