@@ -10,10 +10,14 @@
 // device's first seat only, so overlapping groups exclude each other while
 // one is in use, and later seats of the same group only consume "seats".
 //
+// MIG profiles add one device per instance they may take and counters per
+// memory slice (mig.go).
+//
 // The per-seat layout is the fallback for API servers that drop those
 // fields (consumable capacity or partitionable devices switched off): one
 // ordinary device per seat, on the plan's exclusive layout, in which no two
-// published groups that must exclude each other overlap.
+// published groups that must exclude each other overlap. It has no MIG
+// seats: without counters nothing keeps overlapping instances apart.
 package draresources
 
 import (
@@ -79,18 +83,22 @@ func Resources(plan *planner.Plan, inv *inventory.Inventory, pool string, layout
 		slices = chunk(devices, MaxDevicesPerSlice)
 	default:
 		var devices []resourceapi.Device
-		usesCounters := false
+		mc := newMIGCounters(plan)
+		usesCounters := mc != nil
 		for _, g := range plan.Ordered() {
-			d := sharedDevice(g, inv, plan.Attributes)
+			d := sharedDevice(g, inv, plan.Attributes, mc)
 			usesCounters = usesCounters || len(d.ConsumesCounters) > 0
 			devices = append(devices, d)
+		}
+		for _, d := range plan.MIGDevices() {
+			devices = append(devices, mc.migDevice(d, inv, plan.Attributes))
 		}
 		if usesCounters {
 			counters := map[string]resourceapi.Counter{}
 			for i := range inv.GPUs {
-				counters[CounterName(i)] = resourceapi.Counter{Value: resource.MustParse("1")}
+				counters[CounterName(i)] = counter(mc.gpuWeight(i))
 			}
-			slices = append(slices, resourceslice.Slice{SharedCounters: []resourceapi.CounterSet{{Name: CounterSet, Counters: counters}}})
+			slices = append(slices, mc.counterSlices(resourceapi.CounterSet{Name: CounterSet, Counters: counters})...)
 		}
 		slices = append(slices, chunk(devices, MaxDevicesPerSlice)...)
 	}
@@ -111,7 +119,7 @@ func chunk(devices []resourceapi.Device, max int) []resourceslice.Slice {
 	return out
 }
 
-func sharedDevice(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.AttributeName) resourceapi.Device {
+func sharedDevice(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.AttributeName, mc *migCounters) resourceapi.Device {
 	d := baseDevice(g, inv, attrs)
 	seats := resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(g.Seats()), resource.DecimalSI)}
 	// A group of one seat is an ordinary device. Once allocated, the
@@ -127,8 +135,10 @@ func sharedDevice(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.A
 	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{SeatsCapacity: seats}
 	if !g.Profile.AllowOverprovision {
 		counters := map[string]resourceapi.Counter{}
+		// On a GPU with MIG profiles, the GPU's whole: all its memory
+		// slices (mig.go).
 		for _, x := range g.GPUs {
-			counters[CounterName(x)] = resourceapi.Counter{Value: resource.MustParse("1")}
+			counters[CounterName(x)] = counter(mc.gpuWeight(x))
 		}
 		d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: CounterSet, Counters: counters}}
 	}

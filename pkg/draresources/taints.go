@@ -48,14 +48,18 @@ func Taint(res resourceslice.DriverResources, plan *planner.Plan, faults Faults)
 }
 
 // eachGroupDevice calls f with every device of res that is a group of
-// plan's (or a seat of one) and its group.
+// plan's (or a seat of one) and its group, and with every MIG device and
+// its GPU as a group of one.
 func eachGroupDevice(res resourceslice.DriverResources, plan *planner.Plan, f func(*resourceapi.Device, *planner.Group)) {
 	idx := Index(plan)
+	migs := migDeviceGroups(plan)
 	for _, pool := range res.Pools {
 		for _, s := range pool.Slices {
 			for i := range s.Devices {
 				if ref, ok := idx[s.Devices[i].Name]; ok {
 					f(&s.Devices[i], ref.Group)
+				} else if g, ok := migs[s.Devices[i].Name]; ok {
+					f(&s.Devices[i], g)
 				}
 			}
 		}
