@@ -94,6 +94,8 @@ Returns a YAML list.
 {{- range $profiles }}
 {{- $base := .resource | splitList "/" | last }}
 {{- $name := .name | default ($base | trimPrefix "gpu-" | trimSuffix "-seat" | lower) }}
+{{- /* A MIG profile's resource is named as nvidia-smi names the MIG profile (mig-1g.10gb); its default name is a DNS label (mig-1g-10gb). */}}
+{{- if and .mig (not .name) }}{{ $name = regexReplaceAll "[^a-z0-9-]+" $name "-" | trimAll "-" }}{{ end }}
 {{- $out = append $out (dict "resource" .resource "name" $name) }}
 {{- end }}
 {{- toYaml $out }}
