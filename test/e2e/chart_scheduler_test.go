@@ -349,6 +349,17 @@ func TestChartSchedulerRunsWithTheChartsRBAC(t *testing.T) {
 		t.Fatalf("the scheduler's pod: ServiceAccount %q, %d containers", sa, len(pod.Containers))
 	}
 
+	// Its pod meets the Pod Security "restricted" level: the API server's
+	// PodSecurity admission, enforcing it, admits the Deployment's pod.
+	restricted := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "restricted", Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}
+	if _, err := c.Client.CoreV1().Namespaces().Create(c.Ctx, restricted, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	asPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "kyb-scheduler", Namespace: restricted.Name}, Spec: pod}
+	if _, err := c.Client.CoreV1().Pods(restricted.Name).Create(c.Ctx, asPod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Errorf("the scheduler's pod in a namespace enforcing Pod Security \"restricted\": %v", err)
+	}
+
 	// Its credentials: a token of the chart's ServiceAccount, as the pod's
 	// mounted token would be.
 	tr, err := c.Client.CoreV1().ServiceAccounts(ns).CreateToken(c.Ctx, sa, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
