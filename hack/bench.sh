@@ -41,6 +41,11 @@ part placement-sched bash -c "cd test && for load in 0.7 1; do
 done"
 (cd test && $GO build -ldflags "-X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
   -o ../bin/kyb-bench ./cmd/kyb-bench)
+# Stock kube-scheduler of the test module's Kubernetes, as a binary: the
+# kyb-scheduler studies compare processes with processes.
+(cd test && $GO build -ldflags "-X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
+  -o ../bin/kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler)
+make kyb-scheduler GO="$GO"
 make patched-bench GO="$GO"
 part kube bin/kyb-bench -rounds "$ROUNDS" -patched bin/kyb-bench-patched -log "$out/control-plane.log" \
   -studies alloc,allocpatch,prepare,burst,footprint,shim-footprint
@@ -49,6 +54,12 @@ part kube bin/kyb-bench -rounds "$ROUNDS" -patched bin/kyb-bench-patched -log "$
 # at a third of the pace it has alone, cause not yet found
 # (docs/performance.md, "kube-scheduler throughput").
 part sched bin/kyb-bench -rounds "$ROUNDS" -studies sched -log "$out/sched-control-plane.log"
+# kyb-scheduler and stock kube-scheduler as processes, one at a time, on a
+# control plane that serves the PodGroup API (kyb-scheduler waits for it).
+part kybsched bin/kyb-bench -rounds "$ROUNDS" -studies kybsched -kyb-scheduler bin/kyb-scheduler -kube-scheduler bin/kube-scheduler \
+  -log "$out/kybsched-control-plane.log"
+part kybburst bin/kyb-bench -rounds "$ROUNDS" -studies kybburst -kyb-scheduler bin/kyb-scheduler -kube-scheduler bin/kube-scheduler \
+  -log "$out/kybburst-control-plane.log"
 part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
 
 {
@@ -62,6 +73,11 @@ part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
   cat "$out/kube.md"
   echo
   cat "$out/sched.md"
+  echo
+  echo "## kyb-scheduler"
+  cat "$out/kybsched.md"
+  echo
+  cat "$out/kybburst.md"
   echo
   echo "## Placement study"
   cat "$out/placement.md"

@@ -161,7 +161,7 @@ func settledAttempts(ctx context.Context, k *harness.KybScheduler) (map[string]f
 		}
 		last = cur
 		select {
-		case <-time.After(time.Second):
+		case <-time.After(500 * time.Millisecond):
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
