@@ -2,6 +2,7 @@ package draresources_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -107,7 +108,7 @@ func TestMIGCountersAgreeWithCoexist(t *testing.T) {
 					t.Fatalf("holding %v: the whole GPU's 1x group fits %v", held, whole)
 				}
 				for i := from; i < len(names); i++ {
-					next := append(held[:len(held):len(held)], names[i])
+					next := append(slices.Clone(held), names[i])
 					if m.fits(next) {
 						walk(next, i+1)
 					}

@@ -141,15 +141,16 @@ func validateProfile(p *Profile, path *field.Path, errs *FieldErrors) {
 			}
 		}
 	}
-	if p.IsMIG() {
+	switch {
+	case p.IsMIG():
 		validateMIG(p, path, errs)
-	} else if p.GPUsPerGroup != nil {
+	case p.GPUsPerGroup != nil:
 		if !slices.Contains(ValidGroupSizes, *p.GPUsPerGroup) {
 			errs.Add(path.Child("gpusPerGroup"), "must be 1, 2, 4 or 8, not %d", *p.GPUsPerGroup)
 		} else if n := SizeFromResource(p.Resource); n > 0 && n != *p.GPUsPerGroup {
 			errs.Add(path.Child("gpusPerGroup"), "%d contradicts the resource name %q, which says %d", *p.GPUsPerGroup, p.Resource, n)
 		}
-	} else if p.Resource != "" {
+	case p.Resource != "":
 		if n := SizeFromResource(p.Resource); n == 0 {
 			errs.Add(path.Child("gpusPerGroup"), "required: the resource name %q does not carry the group size (as in gpu-2x-seat)", p.Resource)
 		} else if !slices.Contains(ValidGroupSizes, n) {
