@@ -99,10 +99,12 @@ func TestAnMPSDaemonThatDiesIsStartedAgain(t *testing.T) {
 		now := n.daemons("g0-1x")
 		return len(now) == 1 && now[0] != first[0]
 	})
+	// The process is there before it listens; the event is emitted once
+	// the restart is confirmed, so a client joins only after it.
+	waitFor(t, "the MPSDaemonRestarted event", func() bool { return nodeEvent(t, n.env, "MPSDaemonRestarted") != "" })
 	if got := joinMPS(t, n.control, n.pipe("g0-1x"), env); got != "thread=25 mem=0=20480M" {
 		t.Errorf("the seat's container got %q from the restarted daemon", got)
 	}
-	waitFor(t, "the MPSDaemonRestarted event", func() bool { return nodeEvent(t, n.env, "MPSDaemonRestarted") != "" })
 	if v := n.metric("kyb_mps_daemon_restarts_total", map[string]string{"group": "g0-1x"}); v != 1 {
 		t.Errorf("kyb_mps_daemon_restarts_total{group=g0-1x} = %v, want 1", v)
 	}
