@@ -1,0 +1,340 @@
+package miginstance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
+)
+
+// resetless are the architectures whose MIG mode changes take effect at
+// once. Ampere's need a GPU reset with no process on the GPU, which the
+// plugin must not force on a node running workloads.
+var resetless = []string{"hopper", "blackwell"}
+
+// migMode checks that the GPU is in MIG mode, and switches it on where
+// that takes no reset (the plan gave the GPU to a MIG profile, which is
+// why w exists).
+func (m *Manager) migMode(ctx context.Context, dev nvml.Device, w Want) error {
+	current, pending, ret := dev.GetMigMode()
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("GPU %d: read its MIG mode: %w", w.GPU, callErr("GetMigMode", ret))
+	}
+	if current == nvml.DEVICE_MIG_ENABLE {
+		return nil
+	}
+	if !slices.Contains(resetless, w.Architecture) {
+		if pending == nvml.DEVICE_MIG_ENABLE {
+			return fmt.Errorf("GPU %d (%s) is not in MIG mode yet: MIG mode is pending and takes effect at the GPU's next reset; drain the GPU and run `nvidia-smi -i %d --gpu-reset` (or reboot the node)", w.GPU, w.Architecture, w.GPU)
+		}
+		return fmt.Errorf("GPU %d (%s) is not in MIG mode, and on %s GPUs turning it on needs a GPU reset with no process on the GPU, which the plugin does not do: drain the GPU, then run `nvidia-smi -i %d -mig 1` and `nvidia-smi -i %d --gpu-reset` (or reboot the node; the mode persists)",
+			w.GPU, w.Architecture, w.Architecture, w.GPU, w.GPU)
+	}
+	if m.step("SetMigMode") {
+		return errCrashed
+	}
+	activation, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("GPU %d: turn MIG mode on: %w", w.GPU, callErr("SetMigMode", ret))
+	}
+	if activation != nvml.SUCCESS {
+		return fmt.Errorf("GPU %d: turn MIG mode on: %w", w.GPU, callErr("SetMigMode (activation)", activation))
+	}
+	klog.FromContext(ctx).Info("Turned MIG mode on", "gpu", w.GPU, "architecture", w.Architecture)
+	return nil
+}
+
+// state is what is left of a Created record's instance.
+type state int
+
+const (
+	// whole: the GPU instance and the compute instance, whose MIG device
+	// has the recorded UUID.
+	whole state = iota
+	// partial: the GPU instance without the recorded compute instance (a
+	// crash between the two Destroy calls).
+	partial
+	// vanished: no GPU instance of the record's profile at its placement
+	// under its ID (a reboot or a GPU reset took it), or one whose
+	// compute instance is another MIG device: not the record's.
+	vanished
+)
+
+// check says what is left of a Created record's instance.
+func (m *Manager) check(dev nvml.Device, r Record) (state, nvml.GpuInstance, error) {
+	gi, ok, err := recordedGI(dev, r)
+	if err != nil || !ok {
+		return vanished, nil, err
+	}
+	_, ret := gi.GetComputeInstanceById(r.CI)
+	if gone(ret) {
+		return partial, gi, nil
+	}
+	if ret != nvml.SUCCESS {
+		return vanished, nil, callErr("GpuInstance.GetComputeInstanceById", ret)
+	}
+	uuid, err := migDeviceUUID(dev, r.GI, r.CI)
+	if err != nil {
+		return vanished, nil, err
+	}
+	if uuid != r.UUID {
+		return vanished, nil, nil
+	}
+	return whole, gi, nil
+}
+
+// recordedGI finds the GPU instance a Created record names, if it is
+// still the record's: the same profile at the same placement.
+func recordedGI(dev nvml.Device, r Record) (nvml.GpuInstance, bool, error) {
+	gi, ret := dev.GetGpuInstanceById(r.GI)
+	if gone(ret) || ret == nvml.ERROR_NOT_SUPPORTED {
+		// NOT_SUPPORTED: MIG mode is off, so no instance exists.
+		return nil, false, nil
+	}
+	if ret != nvml.SUCCESS {
+		return nil, false, callErr("GetGpuInstanceById", ret)
+	}
+	info, ret := gi.GetInfo()
+	if gone(ret) {
+		return nil, false, nil
+	}
+	if ret != nvml.SUCCESS {
+		return nil, false, callErr("GpuInstance.GetInfo", ret)
+	}
+	if int(info.ProfileId) != r.ProfileID || int(info.Placement.Start) != r.Start || int(info.Placement.Size) != r.Size {
+		return nil, false, nil
+	}
+	return gi, true, nil
+}
+
+// destroy destroys the instance r records, or what a crash left of it:
+// its compute instance, then its GPU instance. A GPU instance that is not
+// the record's (another profile or placement), or that holds compute
+// instances the plugin did not make, is left as it is.
+func (m *Manager) destroy(ctx context.Context, dev nvml.Device, r Record) error {
+	logger := klog.FromContext(ctx)
+	if m.step("find GPU instance") {
+		return errCrashed
+	}
+	var gi nvml.GpuInstance
+	var sliceCount int
+	ownCI := r.Phase == Created
+	if r.Phase == Created {
+		st, g, err := m.check(dev, r)
+		if err != nil || st == vanished {
+			return err
+		}
+		gi, ownCI = g, st == whole
+	}
+	info, err := giProfileInfo(dev, r.ProfileIndex, r.ProfileID, r.Profile)
+	if err != nil {
+		return err
+	}
+	sliceCount = int(info.SliceCount)
+	if gi == nil {
+		g, _, found, err := instanceAt(dev, &info, r.Placement())
+		if IsReturn(err, nvml.ERROR_NOT_SUPPORTED) || err == nil && !found {
+			return nil // MIG mode off, or nothing was made
+		}
+		if err != nil {
+			return err
+		}
+		gi = g
+	}
+	ciIndex, err := fullCIProfile(mig.Profile{Name: r.Profile, ComputeSlices: sliceCount})
+	if err != nil {
+		return err
+	}
+	ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciIndex, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != nvml.SUCCESS {
+		return callErr("GpuInstance.GetComputeInstanceProfileInfo", ret)
+	}
+	cis, ret := gi.GetComputeInstances(&ciInfo)
+	if ret != nvml.SUCCESS && !gone(ret) {
+		return callErr("GpuInstance.GetComputeInstances", ret)
+	}
+	for _, ci := range cis {
+		cInfo, ret := ci.GetInfo()
+		if gone(ret) {
+			continue
+		}
+		if ret != nvml.SUCCESS {
+			return callErr("ComputeInstance.GetInfo", ret)
+		}
+		if r.Phase == Created && (!ownCI || int(cInfo.Id) != r.CI) {
+			continue // not ours: the GPU instance's Destroy says so below
+		}
+		if m.step("ComputeInstance.Destroy") {
+			return errCrashed
+		}
+		if ret := ci.Destroy(); ret != nvml.SUCCESS && !gone(ret) {
+			return callErr("ComputeInstance.Destroy", ret)
+		}
+	}
+	if m.step("GpuInstance.Destroy") {
+		return errCrashed
+	}
+	switch ret := gi.Destroy(); {
+	case ret == nvml.SUCCESS || gone(ret):
+		logger.V(2).Info("Destroyed MIG instance", "instance", r.String())
+		return nil
+	case ret == nvml.ERROR_IN_USE:
+		return fmt.Errorf("GPU %d: the GPU instance at %s holds compute instances the plugin did not make; it is left as it is: %w", r.GPU, r.Placement(), callErr("GpuInstance.Destroy", ret))
+	default:
+		return callErr("GpuInstance.Destroy", ret)
+	}
+}
+
+// Destroy destroys the instances made for a claim and forgets them. An
+// instance already gone is no error: a second call does nothing.
+func (m *Manager) Destroy(ctx context.Context, claim types.UID) error {
+	records, unlock, err := m.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	keep := records[:0:0]
+	var errs []error
+	for _, r := range records {
+		if r.Claim != claim {
+			keep = append(keep, r)
+			continue
+		}
+		if err := m.destroyRecord(ctx, r); err != nil {
+			errs = append(errs, fmt.Errorf("destroy MIG instance %s: %w", r, err))
+			keep = append(keep, r)
+		}
+	}
+	if len(keep) != len(records) {
+		if err := m.save("forget destroyed", keep); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Manager) destroyRecord(ctx context.Context, r Record) error {
+	dev, ret := m.opts.NVML.DeviceGetHandleByIndex(r.GPU)
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("GPU %d: %w", r.GPU, callErr("DeviceGetHandleByIndex", ret))
+	}
+	return m.destroy(ctx, dev, r)
+}
+
+// Prepared says which claims hold their seats; known is false where that
+// cannot be told (the seat checkpoint is lost), and then no made instance
+// is destroyed.
+type Prepared func() (claims map[types.UID]bool, known bool)
+
+// Reconcile settles what a crash or a lost unprepare left. Half-made
+// instances (Creating records) are rolled back; made instances whose
+// claim is not prepared any more are destroyed; records whose instance is
+// gone (a reboot) are forgotten, to be made again at the claim's next
+// prepare. Instances on gpus that no record names are logged and left.
+func (m *Manager) Reconcile(ctx context.Context, gpus []int, prepared Prepared) error {
+	logger := klog.FromContext(ctx)
+	records, unlock, err := m.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	held, known := prepared()
+	keep := records[:0:0]
+	var errs []error
+	for _, r := range records {
+		var drop bool
+		switch {
+		case r.Phase == Creating, known && !held[r.Claim]:
+			err := m.destroyRecord(ctx, r)
+			if errors.Is(err, errCrashed) {
+				return err
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("destroy MIG instance %s: %w", r, err))
+				break
+			}
+			logger.Info("Destroyed a MIG instance no prepared claim holds", "instance", r.String())
+			drop = true
+		default:
+			dev, ret := m.opts.NVML.DeviceGetHandleByIndex(r.GPU)
+			if ret != nvml.SUCCESS {
+				errs = append(errs, fmt.Errorf("GPU %d: %w", r.GPU, callErr("DeviceGetHandleByIndex", ret)))
+				break
+			}
+			st, _, err := m.check(dev, r)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("check MIG instance %s: %w", r, err))
+				break
+			}
+			if st == whole {
+				break
+			}
+			// What is left (a GPU instance whose compute instance went)
+			// goes; the claim's next prepare makes the instance again.
+			if err := m.destroy(ctx, dev, r); err != nil {
+				if errors.Is(err, errCrashed) {
+					return err
+				}
+				errs = append(errs, fmt.Errorf("destroy what is left of MIG instance %s: %w", r, err))
+				break
+			}
+			logger.Info("A MIG instance the journal records is gone; the claim's next prepare makes it again", "instance", r.String())
+			drop = true
+		}
+		if !drop {
+			keep = append(keep, r)
+		}
+	}
+	if len(keep) != len(records) {
+		if err := m.save("forget reconciled", keep); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, gpu := range gpus {
+		if err := m.logForeign(ctx, gpu, keep); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// logForeign logs the GPU instances on gpu that no record names.
+func (m *Manager) logForeign(ctx context.Context, gpu int, records []Record) error {
+	dev, ret := m.opts.NVML.DeviceGetHandleByIndex(gpu)
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("GPU %d: %w", gpu, callErr("DeviceGetHandleByIndex", ret))
+	}
+	for index := range nvml.GPU_INSTANCE_PROFILE_COUNT {
+		info, ret := dev.GetGpuInstanceProfileInfo(index)
+		if ret != nvml.SUCCESS {
+			continue // a profile this GPU does not have
+		}
+		gis, ret := dev.GetGpuInstances(&info)
+		if ret == nvml.ERROR_NOT_SUPPORTED {
+			return nil // MIG mode off: no instance
+		}
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("GPU %d: %w", gpu, callErr("GetGpuInstances", ret))
+		}
+		for _, gi := range gis {
+			gInfo, ret := gi.GetInfo()
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			ours := slices.ContainsFunc(records, func(r Record) bool {
+				return r.GPU == gpu && r.Start == int(gInfo.Placement.Start) && r.Size == int(gInfo.Placement.Size)
+			})
+			if !ours {
+				klog.FromContext(ctx).Info("Leaving a MIG instance the plugin did not make", "gpu", gpu, "gpuInstance", gInfo.Id,
+					"profileID", gInfo.ProfileId, "placement", mig.Placement{Start: int(gInfo.Placement.Start), Size: int(gInfo.Placement.Size)}.String())
+			}
+		}
+	}
+	return nil
+}

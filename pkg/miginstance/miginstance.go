@@ -1,0 +1,330 @@
+// Package miginstance makes and destroys the MIG instances that MIG seats
+// stand for, at prepare and unprepare, through NVML, and keeps a journal
+// of them so that no crash leaves an instance nobody owns:
+//
+//	(none) --journal "Creating" (GPU, profile, placement)-->
+//	       --CreateGpuInstanceWithPlacement, CreateComputeInstance (full size),
+//	         read the MIG device's UUID-->
+//	       --journal "Created" (GI, CI, UUID)--> made
+//	made --destroy the CI, then the GI; drop the record--> (none)
+//
+// Reconcile, at start and behind a release of stale claims, settles what
+// a crash left: a Creating record with no instance is forgotten; one whose
+// GPU instance exists (a crash between the calls) has that instance
+// destroyed, if its profile and placement are the record's and it holds
+// no compute instance but the full-size one the plugin makes; a Created
+// record whose claim is no longer prepared has its instance destroyed.
+// Instances no record names (partitions an administrator made, or another
+// tool) are never destroyed: they are logged and left.
+//
+// A claim's seat is recorded in the seat checkpoint (package seatledger)
+// before its instance is made, as for any seat; this package knows
+// nothing of seats or claims beyond their UIDs.
+package miginstance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
+)
+
+// Options configure a Manager.
+type Options struct {
+	// Dir holds the journal (the plugin's data directory).
+	Dir string
+	// NVML makes the instances.
+	NVML Library
+	// Minors reads /proc/driver/nvidia-caps/mig-minors.
+	Minors func() ([]byte, error)
+	// Step, for tests only, is called before each NVML call and each
+	// journal write that changes something, named; true stops the
+	// operation there at once, as a crash of the plugin would (nothing
+	// after it runs, not even a rollback).
+	Step func(step string) bool
+}
+
+// Want is the instance one device of a claim stands for.
+type Want struct {
+	Claim  types.UID
+	Device string
+	// GPU is the parent's NVML index, GPUMinor its /dev/nvidiaN.
+	GPU      int
+	GPUMinor int
+	GPUUUID  string
+	// Architecture is the parent's ("ampere", "hopper", ...): MIG mode is
+	// switched on at prepare only where it takes effect without a reset.
+	Architecture string
+	Profile      mig.Profile
+	Placement    mig.Placement
+}
+
+// Instance is a made instance: what a container needs to use it.
+type Instance struct {
+	GI, CI int
+	// UUID is the MIG device's, MIG-….
+	UUID string
+	// CapabilityNodes are /dev/nvidia-caps/nvidia-cap<M> of the GPU
+	// instance's and the compute instance's access capabilities.
+	CapabilityNodes []string
+}
+
+// Manager makes and destroys instances. Its calls are serialised (one
+// NVML sequence at a time on the node), with the other plugin pod of a
+// rolling update as well (a file lock).
+type Manager struct {
+	opts    Options
+	journal journal
+	mu      sync.Mutex
+	minors  *mig.Minors
+}
+
+// errCrashed stops an operation where a test's Step said so.
+var errCrashed = errors.New("stopped as by a crash")
+
+// New returns a manager over the journal in opts.Dir.
+func New(opts Options) (*Manager, error) {
+	switch {
+	case opts.Dir == "":
+		return nil, errors.New("MIG instances: a journal directory is required")
+	case opts.NVML == nil:
+		return nil, errors.New("MIG instances: NVML is required")
+	case opts.Minors == nil:
+		return nil, errors.New("MIG instances: a mig-minors reader is required")
+	}
+	return &Manager{opts: opts, journal: journal{dir: opts.Dir}}, nil
+}
+
+// step is the test's crash point; true: stop.
+func (m *Manager) step(name string) bool { return m.opts.Step != nil && m.opts.Step(name) }
+
+// lock serialises the manager's operations, within the plugin and with
+// the other pod of a rolling update, and loads the records.
+func (m *Manager) lock() (records []Record, unlock func(), err error) {
+	m.mu.Lock()
+	unlockFile, err := m.journal.lock()
+	if err != nil {
+		m.mu.Unlock()
+		return nil, nil, err
+	}
+	unlock = func() { unlockFile(); m.mu.Unlock() }
+	records, err = m.journal.load()
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return records, unlock, nil
+}
+
+// save writes records unless a test's crash point stops it first.
+func (m *Manager) save(step string, records []Record) error {
+	if m.step(step) {
+		return errCrashed
+	}
+	return m.journal.save(records)
+}
+
+func find(records []Record, claim types.UID, device string) int {
+	return slices.IndexFunc(records, func(r Record) bool { return r.Claim == claim && r.Device == device })
+}
+
+// Lookup returns the instance made for a device of a claim, from the
+// journal (no NVML call).
+func (m *Manager) Lookup(claim types.UID, device string) (Instance, bool, error) {
+	records, unlock, err := m.lock()
+	if err != nil {
+		return Instance{}, false, err
+	}
+	defer unlock()
+	i := find(records, claim, device)
+	if i < 0 || records[i].Phase != Created {
+		return Instance{}, false, nil
+	}
+	inst, err := m.instance(records[i])
+	return inst, err == nil, err
+}
+
+// instance is a Created record's instance, with its capability nodes.
+func (m *Manager) instance(r Record) (Instance, error) {
+	if err := m.loadMinors(); err != nil {
+		return Instance{}, err
+	}
+	giMinor, ok := m.minors.GPUInstance(r.GPUMinor, r.GI)
+	if !ok {
+		return Instance{}, fmt.Errorf("mig-minors lists no gpu%d/gi%d/access", r.GPUMinor, r.GI)
+	}
+	ciMinor, ok := m.minors.ComputeInstance(r.GPUMinor, r.GI, r.CI)
+	if !ok {
+		return Instance{}, fmt.Errorf("mig-minors lists no gpu%d/gi%d/ci%d/access", r.GPUMinor, r.GI, r.CI)
+	}
+	return Instance{GI: r.GI, CI: r.CI, UUID: r.UUID, CapabilityNodes: []string{
+		fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", giMinor),
+		fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", ciMinor),
+	}}, nil
+}
+
+// loadMinors reads the mig-minors file once: the kernel module writes it
+// when it loads, for every instance ID a GPU could have.
+func (m *Manager) loadMinors() error {
+	if m.minors != nil {
+		return nil
+	}
+	raw, err := m.opts.Minors()
+	if err != nil {
+		return fmt.Errorf("read the MIG capability minors: %w", err)
+	}
+	mm, err := mig.ParseMinors(raw, "mig-minors")
+	if err != nil {
+		return err
+	}
+	m.minors = &mm
+	return nil
+}
+
+// Ensure makes the instance w stands for, or returns it if it was made.
+// A half-made one (a Creating record left by an earlier try) is destroyed
+// first and made anew. On failure nothing is left made, unless the
+// rollback failed too, in which case its record stays for Reconcile.
+func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
+	records, unlock, err := m.lock()
+	if err != nil {
+		return Instance{}, err
+	}
+	defer unlock()
+	logger := klog.FromContext(ctx)
+	dev, ret := m.opts.NVML.DeviceGetHandleByIndex(w.GPU)
+	if ret != nvml.SUCCESS {
+		return Instance{}, fmt.Errorf("GPU %d: %w", w.GPU, callErr("DeviceGetHandleByIndex", ret))
+	}
+	if i := find(records, w.Claim, w.Device); i >= 0 {
+		r := records[i]
+		if r.Phase == Created && r.GPU == w.GPU && r.ProfileID == w.Profile.ID && r.Placement() == w.Placement {
+			st, _, err := m.check(dev, r)
+			if err != nil {
+				return Instance{}, fmt.Errorf("check MIG instance %s: %w", r, err)
+			}
+			if st == whole {
+				return m.instance(r)
+			}
+			logger.Info("A MIG instance the journal records is gone; making it again", "instance", r.String())
+		}
+		if err := m.destroy(ctx, dev, r); err != nil {
+			return Instance{}, fmt.Errorf("roll back MIG instance %s: %w", r, err)
+		}
+		records = slices.Delete(records, i, i+1)
+		if err := m.save("forget", records); err != nil {
+			return Instance{}, err
+		}
+	}
+	if err := m.migMode(ctx, dev, w); err != nil {
+		return Instance{}, err
+	}
+	// The minors file is read before anything is made: without it no
+	// container could use the instance.
+	if err := m.loadMinors(); err != nil {
+		return Instance{}, err
+	}
+	r := Record{
+		Claim: w.Claim, Device: w.Device, GPU: w.GPU, GPUUUID: w.GPUUUID, GPUMinor: w.GPUMinor,
+		Profile: w.Profile.Name, ProfileID: w.Profile.ID, ProfileIndex: w.Profile.Index, Start: w.Placement.Start, Size: w.Placement.Size, Phase: Creating,
+	}
+	info, err := giProfileInfo(dev, w.Profile.Index, w.Profile.ID, w.Profile.Name)
+	if err != nil {
+		return Instance{}, fmt.Errorf("GPU %d: %w", w.GPU, err)
+	}
+	// An instance at exactly this placement that no record names is not
+	// ours: refuse before the journal says Creating, so that Reconcile
+	// never takes it for one a crash left half made.
+	if _, gInfo, found, err := instanceAt(dev, &info, w.Placement); err != nil {
+		return Instance{}, fmt.Errorf("GPU %d: %w", w.GPU, err)
+	} else if found {
+		return Instance{}, fmt.Errorf("GPU %d: a MIG %s instance (GPU instance %d) the plugin did not make is at %s already: %w",
+			w.GPU, w.Profile.Name, gInfo.Id, w.Placement, callErr("CreateGpuInstanceWithPlacement", nvml.ERROR_INSUFFICIENT_RESOURCES))
+	}
+	records = append(records, r)
+	if err := m.save("record creating", records); err != nil {
+		return Instance{}, err
+	}
+	made, err := m.create(ctx, dev, &info, r)
+	if errors.Is(err, errCrashed) {
+		return Instance{}, err
+	}
+	if err != nil {
+		if rbErr := m.destroy(ctx, dev, r); rbErr != nil {
+			logger.Error(rbErr, "Cannot roll back a half-made MIG instance; its record stays for the next reconcile", "instance", r.String())
+			return Instance{}, fmt.Errorf("GPU %d: make MIG %s at %s: %w", w.GPU, w.Profile.Name, w.Placement, err)
+		}
+		if saveErr := m.save("forget failed", records[:len(records)-1]); saveErr != nil {
+			return Instance{}, errors.Join(err, saveErr)
+		}
+		return Instance{}, fmt.Errorf("GPU %d: make MIG %s at %s: %w", w.GPU, w.Profile.Name, w.Placement, err)
+	}
+	records[len(records)-1] = made
+	if err := m.save("record created", records); err != nil {
+		// The journal says Creating: the next try or Reconcile destroys
+		// what was made.
+		return Instance{}, err
+	}
+	logger.V(2).Info("Made MIG instance", "instance", made.String())
+	return m.instance(made)
+}
+
+// create makes the GPU instance and its compute instance and reads the
+// MIG device's UUID: r Created.
+func (m *Manager) create(_ context.Context, dev nvml.Device, info *nvml.GpuInstanceProfileInfo, r Record) (Record, error) {
+	if m.step("CreateGpuInstanceWithPlacement") {
+		return r, errCrashed
+	}
+	gi, ret := dev.CreateGpuInstanceWithPlacement(info, &nvml.GpuInstancePlacement{Start: uint32(r.Start), Size: uint32(r.Size)})
+	if ret != nvml.SUCCESS {
+		return r, callErr("CreateGpuInstanceWithPlacement", ret)
+	}
+	if m.step("GpuInstance.GetInfo") {
+		return r, errCrashed
+	}
+	gInfo, ret := gi.GetInfo()
+	if ret != nvml.SUCCESS {
+		return r, callErr("GpuInstance.GetInfo", ret)
+	}
+	ciIndex, err := fullCIProfile(mig.Profile{Name: r.Profile, ComputeSlices: int(info.SliceCount)})
+	if err != nil {
+		return r, err
+	}
+	if m.step("GetComputeInstanceProfileInfo") {
+		return r, errCrashed
+	}
+	ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciIndex, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != nvml.SUCCESS {
+		return r, callErr("GpuInstance.GetComputeInstanceProfileInfo", ret)
+	}
+	if m.step("CreateComputeInstance") {
+		return r, errCrashed
+	}
+	ci, ret := gi.CreateComputeInstance(&ciInfo)
+	if ret != nvml.SUCCESS {
+		return r, callErr("GpuInstance.CreateComputeInstance", ret)
+	}
+	if m.step("ComputeInstance.GetInfo") {
+		return r, errCrashed
+	}
+	cInfo, ret := ci.GetInfo()
+	if ret != nvml.SUCCESS {
+		return r, callErr("ComputeInstance.GetInfo", ret)
+	}
+	if m.step("read MIG UUID") {
+		return r, errCrashed
+	}
+	uuid, err := migDeviceUUID(dev, int(gInfo.Id), int(cInfo.Id))
+	if err != nil {
+		return r, err
+	}
+	r.Phase, r.GI, r.CI, r.UUID = Created, int(gInfo.Id), int(cInfo.Id), uuid
+	return r, nil
+}
