@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -272,5 +273,24 @@ func gang(t *testing.T, c *harness.Cluster, name string, n int32) {
 	})
 	for i := range n {
 		kybPod(t, c, fmt.Sprintf("%s-%d", name, i), seatFrom("seat-4x"), inGang(name))
+	}
+}
+
+// TestKybSchedulerWithoutTheGangAPI runs kyb-scheduler as it ships against
+// an API server as Kubernetes 1.37 ships it: GenericWorkload off, the
+// scheduling.k8s.io/v1beta1 API not served. kyb-scheduler turns gang
+// scheduling off, says so, and places seat pods.
+func TestKybSchedulerWithoutTheGangAPI(t *testing.T) {
+	c := harness.Start(t, harness.Options{
+		KybScheduler: &harness.KybSchedulerOptions{},
+		Nodes:        []harness.NodeOptions{{Name: "node-a", Preset: "dgx-h100"}},
+	})
+	installClasses(t, c)
+	createTemplate(t, c, "seat-1x", class1x)
+	if node := runningOn(t, c, "seat", seatFrom("seat-1x")); node != "node-a" {
+		t.Errorf("the seat pod ran on %q", node)
+	}
+	if log := c.KybScheduler.Tail(400); !strings.Contains(log, "gang scheduling is off") {
+		t.Errorf("kyb-scheduler's log does not say that gang scheduling is off:\n%s", log)
 	}
 }

@@ -13,6 +13,7 @@
 package app
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -49,5 +50,18 @@ func NewCommand() (*cobra.Command, error) {
 	RegisterDefaults(scheme.Scheme)
 	cmd := schedulerapp.NewSchedulerCommand(schedulerapp.WithPlugin(placement.Name, placement.New))
 	cmd.Use = "kyb-scheduler"
+	// The command line's feature gates are set in PersistentPreRunE;
+	// gang scheduling then follows what the API server serves.
+	setGates := cmd.PersistentPreRunE
+	cmd.PersistentPreRunE = func(c *cobra.Command, args []string) error {
+		if err := setGates(c, args); err != nil {
+			return err
+		}
+		ctx := c.Context()
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		return gangGateFollowsTheAPI(ctx, c, discoverGangAPI(c))
+	}
 	return cmd, nil
 }
