@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
@@ -33,10 +37,14 @@ type KybBurstStudy struct {
 type KybBurstResult struct {
 	Scheduler string
 	// Per round: the time from the release until every pod was bound (0
-	// where some were not within the wait), the scheduler's unschedulable
-	// attempts, and the pods left pending at the end of the wait (each
-	// with a seat free for it: as many pods as free seats).
+	// where some were not within the wait); the pods refused a node while
+	// their seat was free (every pod has one), with the scheduler's
+	// reason; the scheduler's unschedulable attempts after the release,
+	// whatever the reason; and the pods left pending at the end of the
+	// wait (each with a seat free for it).
 	AllBound      []time.Duration
+	Refused       []int
+	Reasons       []string
 	Unschedulable []float64
 	Pending       []int
 }
@@ -104,17 +112,15 @@ func burstRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Sh
 		return err
 	}
 	defer stop()
-	if err := parallel(ctx, pods, func(i int) error {
-		return createPod(ctx, c.Client, ns, fmt.Sprintf("p%04d", i), s.Class, id, sched.name)
-	}); err != nil {
-		return err
-	}
-	// Let the scheduler find every pod unschedulable first.
-	time.Sleep(2 * time.Second)
-	before, err := sched.attempts(ctx)
+	before, err := createUnschedulable(ctx, c, sched, s, ns, id, pods)
 	if err != nil {
 		return err
 	}
+	refusals, stopRefusals, err := watchRefusals(c.Client, ns)
+	if err != nil {
+		return err
+	}
+	defer stopRefusals()
 	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, schedLabel, id))
 	released := time.Now()
 	if err := parallel(ctx, len(nodes), func(i int) error {
@@ -145,9 +151,51 @@ wait:
 		all = last.Sub(released)
 	}
 	res.AllBound = append(res.AllBound, all)
+	refused, reason := refusals()
+	res.Refused, res.Reasons = append(res.Refused, refused), append(res.Reasons, reason)
 	res.Unschedulable = append(res.Unschedulable, after["unschedulable"]-before["unschedulable"])
 	res.Pending = append(res.Pending, pods-bound)
 	return nil
+}
+
+// watchRefusals counts the pods of ns that the scheduler finds
+// unschedulable from now on for another reason than the node selector
+// (before the release, or while it labels the nodes one by one, the
+// selector is the reason), and returns the count and one such reason. A
+// pod refused twice for the same reason is counted once: the scheduler
+// writes a condition only where it changes.
+func watchRefusals(client kubernetes.Interface, ns string) (func() (int, string), func(), error) {
+	var mu sync.Mutex
+	refused := map[string]bool{}
+	reason := ""
+	inf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns))
+	if _, err := inf.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{UpdateFunc: func(_, obj any) {
+		pod, ok := obj.(*v1.Pod)
+		if !ok {
+			return
+		}
+		for _, cond := range pod.Status.Conditions {
+			if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionFalse && cond.Reason == v1.PodReasonUnschedulable &&
+				!strings.Contains(cond.Message, "node affinity/selector") {
+				mu.Lock()
+				refused[pod.Name], reason = true, cond.Message
+				mu.Unlock()
+			}
+		}
+	}}); err != nil {
+		return nil, nil, fmt.Errorf("watch the pods of %s: %w", ns, err)
+	}
+	stop := make(chan struct{})
+	inf.Start(stop)
+	inf.WaitForCacheSync(stop)
+	return func() (int, string) {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(refused), reason
+		}, func() {
+			close(stop)
+			inf.Shutdown()
+		}, nil
 }
 
 // Table summarises the study.
@@ -155,26 +203,37 @@ func (st *KybBurstStudy) Table() *Table {
 	t := &Table{
 		Title: fmt.Sprintf("A burst of %d one-seat pods onto a node's %d free 1x seats, the other %d nodes full: stock kube-scheduler against kyb-scheduler (%d rounds)",
 			st.Seats, st.Seats, st.Options.BurstNodes-1, st.Options.Rounds),
-		Header: []string{"scheduler", "all bound after (per round)", "unschedulable attempts while seats were free (per round)", "pods left pending with a seat free after " + fmt.Sprintf("%d s", st.Options.BurstWait)},
+		Header: []string{"scheduler", "all bound after (per round)", "pods refused while their seat was free (per round)",
+			"unschedulable attempts after the release, any reason (per round)", "pods left pending with a seat free after " + fmt.Sprintf("%d s", st.Options.BurstWait)},
 	}
 	for _, r := range st.Results {
-		var times, unsched, pending []string
+		var times, refused, unsched, pending []string
 		for i := range r.AllBound {
 			if r.AllBound[i] == 0 {
 				times = append(times, "not within the wait")
 			} else {
 				times = append(times, Dur(r.AllBound[i]))
 			}
+			refused = append(refused, fmt.Sprint(r.Refused[i]))
 			unsched = append(unsched, fmt.Sprintf("%.0f", r.Unschedulable[i]))
 			pending = append(pending, fmt.Sprint(r.Pending[i]))
 		}
-		t.Rows = append(t.Rows, []string{r.Scheduler, strings.Join(times, ", "), strings.Join(unsched, ", "), strings.Join(pending, ", ")})
+		t.Rows = append(t.Rows, []string{r.Scheduler, strings.Join(times, ", "), strings.Join(refused, ", "), strings.Join(unsched, ", "), strings.Join(pending, ", ")})
 	}
-	t.Notes = []string{fmt.Sprintf("The simulated %s node, configured with 8 1x seats per GPU (the prepare study's configuration), publishes %d 1x seats "+
+	for _, r := range st.Results {
+		for i, reason := range r.Reasons {
+			if reason != "" {
+				t.Notes = append(t.Notes, fmt.Sprintf("%s, round %d, a refused pod's condition: %q", r.Scheduler, i+1, reason))
+			}
+		}
+	}
+	t.Notes = append([]string{fmt.Sprintf("The simulated %s node, configured with 8 1x seats per GPU (the prepare study's configuration), publishes %d 1x seats "+
 		"(the 1x profile's seats, as the plugin plans them), in shared groups; the burst's "+
 		"%d pods, each with its own claim for one 1x seat, are created unschedulable and released at once by labelling the nodes; the full nodes "+
-		"are filled as in the throughput study. Every pod has a seat: an unschedulable attempt is a pod refused while a seat was free for it. "+
-		"Time from the release to the last pod bound; attempts from the scheduler's scheduler_schedule_attempts_total{result=\"unschedulable\"}. "+
-		"The schedulers run as in the throughput study.", st.Options.Preset, st.Seats, st.Seats)}
+		"are filled as in the throughput study. Every pod has a seat: a pod refused is one whose PodScheduled condition said Unschedulable, after the "+
+		"release, for another reason than the node selector (every node considered, the empty one included). The unschedulable attempts "+
+		"(scheduler_schedule_attempts_total{result=\"unschedulable\"}) also count a pod tried again before every node had its label. "+
+		"Time from the release to the last pod bound. "+
+		"The schedulers run as in the throughput study.", st.Options.Preset, st.Seats, st.Seats)}, t.Notes...)
 	return t
 }

@@ -52,7 +52,8 @@ const (
 )
 
 // RunKybSched measures the schedulers at each node count, on empty nodes
-// and on a busy cluster, as RunSched does; the runs take turns, the first
+// and on a busy cluster (where BusyShare leaves a node full), as RunSched
+// does; the runs take turns, the first
 // rotating from round to round.
 func RunKybSched(ctx context.Context, c *harness.Cluster, opts KybSchedOptions) (*KybSchedStudy, error) {
 	ours, err := KybShape(ctx, "ours ("+opts.Preset+")", opts.Preset, "", "1x")
@@ -75,7 +76,10 @@ func RunKybSched(ctx context.Context, c *harness.Cluster, opts KybSchedOptions) 
 			empty.Pods = append(empty.Pods, min(opts.Pods, n*ours.PerNode/2))
 			busy.Pods = append(busy.Pods, busyPods(r.Shape))
 		}
-		st.Scenarios = append(st.Scenarios, empty, busy)
+		st.Scenarios = append(st.Scenarios, empty)
+		if full > 0 {
+			st.Scenarios = append(st.Scenarios, busy)
+		}
 	}
 	for _, sc := range st.Scenarios {
 		for i, r := range sc.Runs {

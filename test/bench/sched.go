@@ -196,13 +196,10 @@ func schedRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Sh
 	}
 	defer stop()
 
-	if err := parallel(ctx, pods, func(i int) error {
-		return createPod(ctx, c.Client, ns, fmt.Sprintf("p%04d", i), s.Class, id, sched.name)
-	}); err != nil {
+	before, err := createUnschedulable(ctx, c, sched, s, ns, id, pods)
+	if err != nil {
 		return 0, 0, err
 	}
-	// Let the scheduler find every pod unschedulable first.
-	time.Sleep(2 * time.Second)
 	if profile != "" {
 		f, err := os.Create(profile)
 		if err != nil {
@@ -213,10 +210,6 @@ func schedRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Sh
 			return 0, 0, fmt.Errorf("profile the scheduler: %w", err)
 		}
 		defer pprof.StopCPUProfile()
-	}
-	before, err := sched.attempts(ctx)
-	if err != nil {
-		return 0, 0, err
 	}
 	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, schedLabel, id))
 	if err := parallel(ctx, len(nodes), func(i int) error {
@@ -243,6 +236,40 @@ func schedRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Sh
 	}
 	first := len(times) / 10
 	return float64(len(times)-1-first) / times[len(times)-1].Sub(times[first]).Seconds(), total(after) - total(before), nil
+}
+
+// createUnschedulable creates pods pods of round id with a claim each
+// for sched, and returns once the scheduler has tried each of them (and
+// found no node: none has the round's label yet), with its attempts then.
+// A fixed wait would, on a loaded machine, let some first attempts fall
+// after the release and count them as retries.
+func createUnschedulable(ctx context.Context, c *harness.Cluster, sched schedTarget, s Shape, ns, id string, pods int) (map[string]float64, error) {
+	base, err := sched.attempts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := parallel(ctx, pods, func(i int) error {
+		return createPod(ctx, c.Client, ns, fmt.Sprintf("p%04d", i), s.Class, id, sched.name)
+	}); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		cur, err := sched.attempts(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if tried := total(cur) - total(base); tried >= float64(pods) {
+			return cur, nil
+		} else if time.Now().After(deadline) {
+			return nil, fmt.Errorf("the scheduler tried %.0f of %d new pods in a minute", tried, pods)
+		}
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // watchScheduled sends the time each pod of ns is first seen bound to a
