@@ -49,6 +49,20 @@ type Seat struct {
 	// AdminAccess: the group's GPUs for monitoring, no seat (Seats and
 	// Generations empty).
 	AdminAccess bool
+	// MIG, for a seat on a MIG instance, is the instance; GPUs is then
+	// its parent GPU.
+	MIG *MIGDevice
+}
+
+// MIGDevice is a MIG instance a container is given: CUDA and the NVIDIA
+// runtime name it by its UUID (MIG-…), and the kernel lets a process use
+// it only through the capability device nodes of its GPU instance and
+// compute instance, besides its parent's /dev/nvidiaN.
+type MIGDevice struct {
+	UUID string
+	// CapabilityNodes are /dev/nvidia-caps/nvidia-cap<M>: the GPU
+	// instance's access capability, then the compute instance's.
+	CapabilityNodes []string
 }
 
 // DeviceNode is a character device to create in the container.
@@ -139,7 +153,7 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 		return nil, fmt.Errorf("no seats")
 	}
 	var gpus []inventory.GPU
-	var groups, seatIDs, gens []string
+	var groups, seatIDs, gens, migUUIDs, capNodes []string
 	admin := seats[0].AdminAccess
 	for _, s := range seats {
 		if len(s.Seats) != len(s.Generations) {
@@ -161,6 +175,10 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 			if !slices.ContainsFunc(gpus, func(x inventory.GPU) bool { return x.UUID == g.UUID }) {
 				gpus = append(gpus, g)
 			}
+		}
+		if s.MIG != nil {
+			migUUIDs = append(migUUIDs, s.MIG.UUID)
+			capNodes = append(capNodes, s.MIG.CapabilityNodes...)
 		}
 	}
 	slices.SortFunc(gpus, func(a, b inventory.GPU) int { return a.Index - b.Index })
@@ -188,6 +206,12 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 		env[EnvMPSPinnedMemLimit] = m.PinnedMemLimit
 	}
 	switch {
+	case len(migUUIDs) > 0:
+		// A MIG instance has no index of its own among the GPUs a
+		// container's device nodes show: it is named by its UUID
+		// whatever the claim's configuration says.
+		env[EnvNVIDIAVisibleDevices] = strings.Join(migUUIDs, ",")
+		env[EnvCUDAVisibleDevices] = strings.Join(migUUIDs, ",")
 	case opts.CombinedOf > 0:
 		env[EnvCUDAVisibleDevices] = indices(opts.CombinedOf)
 		env[EnvCUDADeviceOrder] = "PCI_BUS_ID"
@@ -210,6 +234,7 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 		paths = append(paths, "/dev/nvidia"+strconv.Itoa(g.Minor))
 	}
 	paths = append(paths, ControlDevices...)
+	paths = append(paths, capNodes...)
 	for _, p := range paths {
 		major, minor, err := opts.DeviceNumbers(p)
 		if err != nil {

@@ -107,6 +107,8 @@ type Options struct {
 	// Sharing applies the profiles' sharing strategies (MPS daemons, time
 	// slices); see sharing.go.
 	Sharing Sharing
+	// MIG makes the instances of MIG seats at prepare; see mig.go.
+	MIG MIG
 	// Usage configures the per-pod GPU metrics; a nil Sampler: none.
 	Usage PodUsage
 	// PodResources is the kubelet's PodResources API: which claims each
@@ -135,6 +137,7 @@ type Driver struct {
 	ledger    *seatledger.Ledger
 	specs     *claimSpecs
 	sharing   *sharing
+	mig       *migSeats
 	usage     *podUsage
 	publisher *publisher
 	statuses  *statusWriter
@@ -209,7 +212,14 @@ func (d *Driver) open(ctx context.Context) error {
 		return err
 	}
 	d.sharing = newSharing(opts.Sharing, d.node)
-	d.specs = &claimSpecs{writer: w, inv: opts.Inventory, edits: opts.Edits, nvidiaCDI: opts.NVIDIACDIDevice, sharing: d.sharing}
+	if d.mig, err = newMIGSeats(opts.MIG, d.node, opts.PluginDataDir); err != nil {
+		return err
+	}
+	// Before the ledger writes the specs a start owes: half-made
+	// instances go, and records of instances a reboot took are forgotten,
+	// so that no spec names an instance that is not there.
+	d.mig.reconcile(ctx, nil, false)
+	d.specs = &claimSpecs{writer: w, inv: opts.Inventory, edits: opts.Edits, nvidiaCDI: opts.NVIDIACDIDevice, sharing: d.sharing, mig: d.mig}
 	d.events = nodeevents.Start(ctx, opts.BackgroundClient, opts.NodeName, driver.Name)
 	if err := d.sharing.reportTo(d.events, d.metrics.registry); err != nil {
 		return err
@@ -245,6 +255,9 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Instances made for claims the checkpoint no longer holds (an
+	// unprepare lost in a crash) go; those nobody recorded are logged.
+	d.mig.reconcile(ctx, d.ledger, true)
 	if opts.PodUID != "" {
 		// The other instance's claims count before a daemon is stopped.
 		d.sharing.reload = d.ledger.Refresh
@@ -332,6 +345,8 @@ func (d *Driver) runBackground(ctx context.Context) {
 	d.background.Go(func() {
 		d.ledger.ReleaseStale(ctx)
 		d.sharing.settle(ctx, false)
+		// A stale claim's MIG instances go with it.
+		d.mig.reconcile(ctx, d.ledger, false)
 	})
 	d.background.Go(func() {
 		for {

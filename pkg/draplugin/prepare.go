@@ -66,6 +66,15 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			results[claim.UID] = d.completedResult(ctx, r, claim.UID, c)
 			continue
 		}
+		if err := d.mig.prepare(ctx, claim.UID, c); err != nil {
+			// The seat stays recorded for the kubelet's retry, which
+			// makes the instance, or its unprepare.
+			d.metrics.prepareError("mig")
+			logger.Error(err, "Cannot make the claim's MIG instance", "claim", klog.KObj(claim))
+			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)}
+			d.events.Claim(ctx, claim, corev1.EventTypeWarning, nodeevents.ReasonPrepareFailed, err.Error())
+			continue
+		}
 		if err := d.sharing.prepare(ctx, c); err != nil {
 			// As for a spec that cannot be written: the seats stay
 			// recorded for the kubelet's retry or its unprepare.
@@ -129,6 +138,9 @@ func (d *Driver) completedResult(ctx context.Context, r *seatledger.Reservation,
 			return d.result(uid, c)
 		}
 		why = "restore CDI spec"
+	}
+	if err := d.mig.prepare(ctx, uid, c); err != nil {
+		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)}
 	}
 	if err := d.sharing.prepare(ctx, c); err != nil {
 		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)}
@@ -251,9 +263,18 @@ func (d *Driver) metadata(dev checkpoint.Device) *kubeletplugin.DeviceMetadata {
 // one). An unknown claim is already unprepared.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	start := d.clock.Now()
-	uids := make([]types.UID, len(claims))
+	// MIG instances go before their seats: a seat whose instance could
+	// not be destroyed stays held, and the kubelet's retry destroys it.
+	all := make([]types.UID, len(claims))
 	for i, c := range claims {
-		uids[i] = c.UID
+		all[i] = c.UID
+	}
+	notDestroyed := d.mig.release(ctx, all)
+	var uids []types.UID
+	for _, uid := range all {
+		if notDestroyed[uid] == nil {
+			uids = append(uids, uid)
+		}
 	}
 	released, err := d.ledger.Release(ctx, uids)
 	if err != nil {
@@ -263,6 +284,11 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	d.sharing.settle(ctx, false)
 	results := map[types.UID]error{}
 	for _, claim := range claims {
+		if err := notDestroyed[claim.UID]; err != nil {
+			d.metrics.unprepareError("mig")
+			results[claim.UID] = fmt.Errorf("unprepare claim %s (%s): %w", claim.NamespacedName, claim.UID, err)
+			continue
+		}
 		if err := released[claim.UID]; err != nil {
 			d.metrics.unprepareError("cdi")
 			results[claim.UID] = fmt.Errorf("unprepare claim %s (%s): %w", claim.NamespacedName, claim.UID, err)

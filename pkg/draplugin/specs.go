@@ -25,6 +25,8 @@ type claimSpecs struct {
 	nvidiaCDI func(index int, uuid string) string
 	// sharing gives the MPS clients' edits.
 	sharing *sharing
+	// mig gives the MIG instances of MIG devices.
+	mig *migSeats
 }
 
 // Exists reports whether the claim's spec is on disk.
@@ -47,7 +49,7 @@ func (s *claimSpecs) Write(uid types.UID, c *checkpoint.Claim) error {
 	if len(c.Devices) == 0 {
 		return nil
 	}
-	devices, err := s.devices(c)
+	devices, err := s.devices(uid, c)
 	if err != nil {
 		return err
 	}
@@ -58,13 +60,20 @@ func (s *claimSpecs) Write(uid types.UID, c *checkpoint.Claim) error {
 // request carries the edits of the whole request: a container that takes
 // the request sees all of its seats in one consistent environment,
 // whichever device the runtime applies last.
-func (s *claimSpecs) devices(c *checkpoint.Claim) ([]cdi.Device, error) {
+func (s *claimSpecs) devices(uid types.UID, c *checkpoint.Claim) ([]cdi.Device, error) {
 	byRequest := map[string][]containeredits.Seat{}
 	devsOf := map[string][]checkpoint.Device{}
 	visible := map[string]v1alpha1.VisibleDevices{}
 	var order []string
 	for _, dev := range c.Devices {
 		seat := containeredits.Seat{Group: dev.Group, Seats: dev.Seats, Generations: dev.Generations, AdminAccess: dev.AdminAccess}
+		if s.mig != nil {
+			m, err := s.mig.device(uid, dev)
+			if err != nil {
+				return nil, err
+			}
+			seat.MIG = m
+		}
 		for i, x := range dev.GPUs {
 			gpu, err := s.gpu(x, dev.GPUUUIDs[i])
 			if err != nil {

@@ -22,6 +22,7 @@ package draresources
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -248,13 +249,23 @@ func Semver(v string) string {
 type DeviceRef struct {
 	Group *planner.Group
 	// Seat is the fixed seat of a per-seat device, -1 for a shared one.
+	// A MIG device's seat is its placement's position among its
+	// profile's placements: overlapping placements are other seats, and
+	// what keeps them apart on the node is NVML, which refuses them.
 	Seat int
+	// MIG is the instance a MIG device stands for; its Group is its GPU
+	// as a group of one.
+	MIG *planner.MIGDevice
 }
 
 // Index maps every device name of both layouts to its group (and seat), so
-// that claims allocated before a layout switch still resolve.
+// that claims allocated before a layout switch still resolve, and every
+// MIG device to its GPU and instance.
 func Index(plan *planner.Plan) map[string]DeviceRef {
 	idx := map[string]DeviceRef{}
+	for _, d := range plan.MIGDevices() {
+		idx[d.DeviceName()] = DeviceRef{Group: d.GPU.Group, Seat: slices.Index(d.GPU.Profile.Placements, d.Placement), MIG: &d}
+	}
 	for _, g := range plan.Groups() {
 		idx[g.DeviceName()] = DeviceRef{Group: g, Seat: -1}
 	}

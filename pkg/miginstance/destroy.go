@@ -259,7 +259,11 @@ func (m *Manager) Reconcile(ctx context.Context, gpus []int, prepared Prepared) 
 				errs = append(errs, fmt.Errorf("destroy MIG instance %s: %w", r, err))
 				break
 			}
-			logger.Info("Destroyed a MIG instance no prepared claim holds", "instance", r.String())
+			if r.Phase == Creating {
+				logger.Info("Rolled back a half-made MIG instance", "instance", r.String())
+			} else {
+				logger.Info("Destroyed a MIG instance no prepared claim holds", "instance", r.String())
+			}
 			drop = true
 		default:
 			dev, ret := m.opts.NVML.DeviceGetHandleByIndex(r.GPU)

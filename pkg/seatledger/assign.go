@@ -186,6 +186,11 @@ func checkExclusive(plan *planner.Plan, st *checkpoint.State, self types.UID, gr
 			if group.Profile.AllowOverprovision || allowsOverprovision(plan, dev.Profile) {
 				continue
 			}
+			if group.Profile.MIG != nil && isMIG(plan, dev.Profile) {
+				// MIG instances of several profiles share a GPU; NVML
+				// refuses one whose placement overlaps another's.
+				continue
+			}
 			return fmt.Errorf("GPU(s) %s of group %s (%s) are in use by claim %s through group %s (%s) on GPUs %s; groups that share a GPU exclude each other unless a profile involved allows overprovisioning",
 				group.GPUList(), group.Name, group.Profile.Name, describeClaim(st, uid), dev.Group, dev.Profile, gpuList(dev.GPUs))
 		}
@@ -196,8 +201,33 @@ func checkExclusive(plan *planner.Plan, st *checkpoint.State, self types.UID, gr
 // earlierConfiguration reports whether a held device's group is defined
 // otherwise today, or not at all: the device fences its recorded GPUs.
 func earlierConfiguration(plan *planner.Plan, dev checkpoint.Device) bool {
-	today := plan.GroupByDevice(dev.GroupDevice)
+	today := groupToday(plan, dev.GroupDevice)
 	return today == nil || !slices.Equal(today.GPUs, dev.GPUs)
+}
+
+// groupToday is today's group of a group device: one of the plan's
+// groups, or a MIG profile's GPU as a group of one (g0-mig-1g-10gb).
+func groupToday(plan *planner.Plan, groupDevice string) *planner.Group {
+	if g := plan.GroupByDevice(groupDevice); g != nil {
+		return g
+	}
+	for _, prof := range plan.Profiles {
+		if prof.MIG == nil {
+			continue
+		}
+		for _, g := range prof.MIG.GPUs {
+			if g.Group.DeviceName() == groupDevice {
+				return g.Group
+			}
+		}
+	}
+	return nil
+}
+
+// isMIG reports whether today's profile of that name is a MIG profile.
+func isMIG(plan *planner.Plan, profile string) bool {
+	p := plan.Profile(profile)
+	return p != nil && p.MIG != nil
 }
 
 func fenceCause(dev checkpoint.Device) string {

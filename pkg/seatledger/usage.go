@@ -64,7 +64,7 @@ func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fen
 			if dev.AdminAccess {
 				continue // no seat, no fence: monitoring keeps nobody off
 			}
-			today := plan.GroupByDevice(dev.GroupDevice)
+			today := groupToday(plan, dev.GroupDevice)
 			switch {
 			case dev.Fenced:
 				seats := 1
