@@ -27,7 +27,12 @@ import (
 func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	h := startHelmNode(t, realnode.Options{Name: "helm-node", Preset: "dgx-h100"})
 	c, n := h.c, h.n
-	examples := []string{example("simulated-values.yaml"), example("seed-values.yaml")}
+	// kyb-scheduler too, as a second scheduler beside the cluster's.
+	withScheduler := filepath.Join(t.TempDir(), "scheduler-values.yaml")
+	if err := os.WriteFile(withScheduler, []byte("scheduler:\n  enabled: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	examples := []string{example("simulated-values.yaml"), example("seed-values.yaml"), withScheduler}
 
 	t.Run("install", func(t *testing.T) {
 		started := time.Now()
@@ -75,6 +80,24 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 		if len(l.devices) == 0 {
 			t.Errorf("pod legacy: no GPU device node")
 		}
+	})
+
+	t.Run("a pod placed by kyb-scheduler gets its seat", func(t *testing.T) {
+		sched := h.waitForScheduler(t, 3*time.Minute)
+		on(t, c, "gpu5", class1x, "5")
+		createPod(t, c, podSpec{name: "placed", node: n.Name, scheduler: "kyb-scheduler", claims: []v1.PodResourceClaim{fromTemplate("gpu", "gpu5")}})
+		o := waitForOutput(t, c, "placed", "app")
+		if o.env["KYB_GPU_GROUP"] != "G5" || !strings.HasPrefix(o.env["CUDA_VISIBLE_DEVICES"], "GPU-") {
+			t.Errorf("pod placed: %v", o.env)
+		}
+		by := scheduledBy(t, c, "placed")
+		if by != "kyb-scheduler" {
+			t.Errorf("pod placed was scheduled by %q, want kyb-scheduler", by)
+		}
+		t.Logf("kyb-scheduler's pod %s (image %s); pod placed bound to %s by %s; the release's pods:\n%s", sched.Name, sched.Spec.Containers[0].Image, n.Name, by, podTable(h.podsOf(t, "")))
+		before := len(specFiles(t, n))
+		deletePod(t, c, "placed")
+		waitUntil(t, "pod placed's claim unprepared", 30*time.Second, func() bool { return len(specFiles(t, n)) == before-1 })
 	})
 
 	// Pods hold seats through two rollouts: a new image tag, then a

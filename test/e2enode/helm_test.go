@@ -132,10 +132,20 @@ func (h *helmNode) install(t *testing.T, verb string, files []string, set ...str
 	return h.run(t, args...)
 }
 
-// pods lists the release's node-agent pods, oldest first.
+// pods lists the release's node-agent pods, oldest first: kyb-scheduler's
+// pods (scheduler.enabled) are not among them.
 func (h *helmNode) pods(t *testing.T) []v1.Pod {
 	t.Helper()
-	l, err := h.c.Client.CoreV1().Pods(helmNamespace).List(h.c.Ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + helmRelease})
+	return h.podsOf(t, "app.kubernetes.io/component!=scheduler")
+}
+
+// podsOf lists the release's pods that match selector, oldest first.
+func (h *helmNode) podsOf(t *testing.T, selector string) []v1.Pod {
+	t.Helper()
+	if selector != "" {
+		selector = "," + selector
+	}
+	l, err := h.c.Client.CoreV1().Pods(helmNamespace).List(h.c.Ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + helmRelease + selector})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,4 +282,52 @@ func scrapeMetrics(t *testing.T, pod v1.Pod) string {
 		t.Fatalf("metrics of pod %s at %s:8080: %v", pod.Name, pod.Status.PodIP, err)
 	}
 	return body
+}
+
+// waitForScheduler waits until the release's kyb-scheduler runs one Ready
+// pod that holds the leader lease, and returns the pod.
+func (h *helmNode) waitForScheduler(t *testing.T, timeout time.Duration) v1.Pod {
+	t.Helper()
+	var pod v1.Pod
+	var seen []v1.Pod
+	var holder string
+	err := wait.PollUntilContextTimeout(h.c.Ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		seen = h.podsOf(t, "app.kubernetes.io/component=scheduler")
+		if len(seen) != 1 || !podReady(&seen[0]) {
+			return false, nil
+		}
+		pod = seen[0]
+		lease, err := h.c.Client.CoordinationV1().Leases(helmNamespace).Get(ctx, "kyb-scheduler", metav1.GetOptions{})
+		if err != nil || lease.Spec.HolderIdentity == nil {
+			return false, nil
+		}
+		holder = *lease.Spec.HolderIdentity
+		return strings.HasPrefix(holder, pod.Name), nil
+	})
+	if err != nil {
+		var why []string
+		for _, p := range seen {
+			why = append(why, fmt.Sprintf("%s: %s\n%s", p.Name, h.c.DescribePod(helmNamespace, p.Name), h.log(t, p.Name, "kyb-scheduler", true)))
+		}
+		t.Fatalf("kyb-scheduler has no Ready pod holding its lease after %v (holder %q):\n%s\n%s", timeout, holder, podTable(seen), strings.Join(why, "\n"))
+	}
+	return pod
+}
+
+// scheduledBy is the component that reported pod's Scheduled event.
+func scheduledBy(t *testing.T, c *harness.Cluster, pod string) string {
+	t.Helper()
+	var by string
+	waitUntil(t, "pod "+pod+"'s Scheduled event", 30*time.Second, func() bool {
+		l, err := c.Client.CoreV1().Events("default").List(c.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod + ",reason=Scheduled"})
+		if err != nil || len(l.Items) == 0 {
+			return false
+		}
+		by = l.Items[0].ReportingController
+		if by == "" {
+			by = l.Items[0].Source.Component
+		}
+		return true
+	})
+	return by
 }

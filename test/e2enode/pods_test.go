@@ -40,6 +40,8 @@ type podSpec struct {
 	limits     v1.ResourceList
 	// command is the containers' shell command; default: probe.
 	command string
+	// scheduler is the pod's schedulerName; default: the default scheduler.
+	scheduler string
 }
 
 func createPod(t *testing.T, c *harness.Cluster, p podSpec) *v1.Pod {
@@ -55,6 +57,7 @@ func createPod(t *testing.T, c *harness.Cluster, p podSpec) *v1.Pod {
 		ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: "default"},
 		Spec: v1.PodSpec{
 			NodeSelector:                  map[string]string{"kubernetes.io/hostname": p.node},
+			SchedulerName:                 p.scheduler,
 			HostNetwork:                   true,
 			RestartPolicy:                 v1.RestartPolicyNever,
 			ResourceClaims:                p.claims,
