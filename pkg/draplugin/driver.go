@@ -255,13 +255,15 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if opts.PodUID != "" {
+		// The other instance's claims count before a daemon is stopped,
+		// or a MIG instance destroyed.
+		d.sharing.reload = d.ledger.Refresh
+		d.mig.refresh = d.ledger.Refresh
+	}
 	// Instances made for claims the checkpoint no longer holds (an
 	// unprepare lost in a crash) go; those nobody recorded are logged.
 	d.mig.reconcile(ctx, d.ledger, true)
-	if opts.PodUID != "" {
-		// The other instance's claims count before a daemon is stopped.
-		d.sharing.reload = d.ledger.Refresh
-	}
 	d.statuses = newStatusWriter(opts.BackgroundClient.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
 	if opts.Usage.Sampler != nil {
 		d.usage = newPodUsage(ctx, opts.Usage, d.ledger, opts.PodResources, opts.PluginDataDir)

@@ -40,6 +40,10 @@ type migSeats struct {
 	// instances is nil where no NVML was given: a MIG claim then fails
 	// its prepare, saying so.
 	instances *miginstance.Manager
+	// refresh, where the other pod of a rolling update shares the node,
+	// reads the checkpoint it may have written: its claims' instances are
+	// not stale.
+	refresh func(context.Context) error
 }
 
 func newMIGSeats(opts MIG, node nodePlan, dir string) (*migSeats, error) {
@@ -129,9 +133,18 @@ func (s *migSeats) reconcile(ctx context.Context, ledger *seatledger.Ledger, log
 	if s.instances == nil {
 		return
 	}
+	// Called under the journal's lock: a prepare records its seat before
+	// it takes that lock to make the instance, so no instance being made
+	// is taken for a stale one.
 	prepared := func() (map[types.UID]bool, bool) {
 		if ledger == nil || ledger.Lost() {
 			return nil, false
+		}
+		if s.refresh != nil {
+			if err := s.refresh(ctx); err != nil {
+				klog.FromContext(ctx).Error(err, "Cannot read the checkpoint the other plugin pod may have written; no MIG instance is destroyed now")
+				return nil, false
+			}
 		}
 		held := map[types.UID]bool{}
 		for _, uid := range ledger.PreparedUIDs() {

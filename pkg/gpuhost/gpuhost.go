@@ -128,6 +128,20 @@ func (h *Host) DeviceNumbers(devPath string) (int64, int64, error) {
 	return deviceNumbersFromProc(procDevices, devPath)
 }
 
+// migMinorsFile lists the minors of the MIG capability device nodes. Like
+// /proc/devices, /proc/driver is not namespaced: the plugin's container
+// reads the host's.
+const migMinorsFile = "/proc/driver/nvidia-caps/mig-minors"
+
+// MIGMinors reads the MIG capability minors: the kernel's list, or the
+// simulated node's.
+func (h *Host) MIGMinors() ([]byte, error) {
+	if h.Simulated != nil {
+		return h.Simulated.MIGMinorsFile(), nil
+	}
+	return os.ReadFile(migMinorsFile)
+}
+
 // procDevices lists the kernel's character and block device majors.
 const procDevices = "/proc/devices"
 
@@ -176,6 +190,18 @@ func deviceNumbersFromProc(file, devPath string) (int64, int64, error) {
 		return major, 1, nil
 	case base == "nvidiactl":
 		return nvidiaMajorIn(majors), 255, nil
+	case strings.HasPrefix(base, "nvidia-cap") && path.Base(path.Dir(devPath)) == "nvidia-caps":
+		// A MIG instance's capability nodes: their minors come from
+		// mig-minors, their major is the nvidia-caps region's.
+		minor, err := strconv.ParseInt(strings.TrimPrefix(base, "nvidia-cap"), 10, 64)
+		major, ok := majors["nvidia-caps"]
+		switch {
+		case err != nil || minor < 0:
+			return 0, 0, fmt.Errorf("device node %s is not nvidia-cap<minor>", devPath)
+		case !ok:
+			return 0, 0, fmt.Errorf("device node %s: %s lists no nvidia-caps major (the NVIDIA driver has no MIG capabilities)", devPath, file)
+		}
+		return major, minor, nil
 	case strings.HasPrefix(base, "nvidia"):
 		if minor, err := strconv.ParseInt(strings.TrimPrefix(base, "nvidia"), 10, 64); err == nil && minor >= 0 && minor < 255 {
 			return nvidiaMajorIn(majors), minor, nil

@@ -40,6 +40,8 @@ func TestDeviceNumbersWithoutTheHostsDev(t *testing.T) {
 		{path: "/dev/nvidiactl", major: 195, minor: 255},
 		{path: "/dev/nvidia-uvm", major: 239, minor: 0},
 		{path: "/dev/nvidia-uvm-tools", major: 239, minor: 1},
+		{path: "/dev/nvidia-caps/nvidia-cap21", major: 238, minor: 21},
+		{path: "/dev/nvidia-caps/nvidia-capx", wantErr: "is not nvidia-cap<minor>"},
 		{path: "/dev/nvidia-modeset", wantErr: "is not one of the NVIDIA driver's whose numbers are known"},
 		{path: "/dev/sda", wantErr: "is not one of the NVIDIA driver's"},
 	}

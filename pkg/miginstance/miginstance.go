@@ -83,7 +83,9 @@ type Manager struct {
 	opts    Options
 	journal journal
 	mu      sync.Mutex
-	minors  *mig.Minors
+	// minors is read once, under minorsMu (Lookup holds no other lock).
+	minorsMu sync.Mutex
+	minors   *mig.Minors
 }
 
 // errCrashed stops an operation where a test's Step said so.
@@ -136,13 +138,14 @@ func find(records []Record, claim types.UID, device string) int {
 }
 
 // Lookup returns the instance made for a device of a claim, from the
-// journal (no NVML call).
+// journal (no NVML call). It takes no lock: the journal is replaced by a
+// rename, so a read sees one whole version, and the seat ledger calls it
+// with its own lock held, which Reconcile takes under the manager's.
 func (m *Manager) Lookup(claim types.UID, device string) (Instance, bool, error) {
-	records, unlock, err := m.lock()
+	records, err := m.journal.load()
 	if err != nil {
 		return Instance{}, false, err
 	}
-	defer unlock()
 	i := find(records, claim, device)
 	if i < 0 || records[i].Phase != Created {
 		return Instance{}, false, nil
@@ -156,11 +159,14 @@ func (m *Manager) instance(r Record) (Instance, error) {
 	if err := m.loadMinors(); err != nil {
 		return Instance{}, err
 	}
-	giMinor, ok := m.minors.GPUInstance(r.GPUMinor, r.GI)
+	m.minorsMu.Lock()
+	minors := m.minors
+	m.minorsMu.Unlock()
+	giMinor, ok := minors.GPUInstance(r.GPUMinor, r.GI)
 	if !ok {
 		return Instance{}, fmt.Errorf("mig-minors lists no gpu%d/gi%d/access", r.GPUMinor, r.GI)
 	}
-	ciMinor, ok := m.minors.ComputeInstance(r.GPUMinor, r.GI, r.CI)
+	ciMinor, ok := minors.ComputeInstance(r.GPUMinor, r.GI, r.CI)
 	if !ok {
 		return Instance{}, fmt.Errorf("mig-minors lists no gpu%d/gi%d/ci%d/access", r.GPUMinor, r.GI, r.CI)
 	}
@@ -173,6 +179,8 @@ func (m *Manager) instance(r Record) (Instance, error) {
 // loadMinors reads the mig-minors file once: the kernel module writes it
 // when it loads, for every instance ID a GPU could have.
 func (m *Manager) loadMinors() error {
+	m.minorsMu.Lock()
+	defer m.minorsMu.Unlock()
 	if m.minors != nil {
 		return nil
 	}
@@ -239,13 +247,13 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 	if err != nil {
 		return Instance{}, fmt.Errorf("GPU %d: %w", w.GPU, err)
 	}
-	// An instance at exactly this placement that no record names is not
-	// ours: refuse before the journal says Creating, so that Reconcile
+	// An instance at exactly this placement is not this claim's (an
+	// administrator's, or one a released claim still holds): refuse before the journal says Creating, so that Reconcile
 	// never takes it for one a crash left half made.
 	if _, gInfo, found, err := instanceAt(dev, &info, w.Placement); err != nil {
 		return Instance{}, fmt.Errorf("GPU %d: %w", w.GPU, err)
 	} else if found {
-		return Instance{}, fmt.Errorf("GPU %d: a MIG %s instance (GPU instance %d) the plugin did not make is at %s already: %w",
+		return Instance{}, fmt.Errorf("GPU %d: a MIG %s instance (GPU instance %d) that is not this claim's is at %s already: %w",
 			w.GPU, w.Profile.Name, gInfo.Id, w.Placement, callErr("CreateGpuInstanceWithPlacement", nvml.ERROR_INSUFFICIENT_RESOURCES))
 	}
 	records = append(records, r)

@@ -252,6 +252,7 @@ func (o *options) run(ctx context.Context) error {
 	}
 	opts := draplugin.Options{
 		Sharing:          draplugin.Sharing{MPS: mpsManager, SetTimeSlice: node.Host.SetTimeSlice},
+		MIG:              draplugin.MIG{NVML: node.Host.NVML, Minors: node.Host.MIGMinors},
 		NodeName:         o.node.NodeName,
 		Client:           client,
 		BackgroundClient: background,
