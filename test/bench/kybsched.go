@@ -70,12 +70,12 @@ type schedulerUnderTest struct {
 	start func(ctx context.Context, c *harness.Cluster, turn string) (schedTarget, func())
 }
 
-// KybSchedClusterOptions are the cluster the kyb-scheduler studies need:
-// kyb-scheduler turns the GenericWorkload gate on and is not ready until
-// its informers of the Workload and PodGroup API have synced, so the API
-// server serves that API, as a cluster running kyb-scheduler does. The
-// API server's gates are the process's: the in-process scheduler runs
-// with GenericWorkload on too.
+// KybSchedClusterOptions are the kyb-scheduler studies' cluster: the API
+// server serves the Workload and PodGroup API, as on a cluster that runs
+// gangs, so that kyb-scheduler runs as it ships, with gang scheduling on
+// (it turns GenericWorkload off where the API is not served). The API
+// server's gates are the process's: the in-process scheduler runs with
+// GenericWorkload on too.
 func KybSchedClusterOptions() harness.Options {
 	return harness.Options{
 		FeatureGates:   map[string]bool{"GenericWorkload": true},
