@@ -45,6 +45,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
@@ -231,8 +232,12 @@ func (p *schedPolicy) Place(ctx context.Context, r Request) (*Placement, error) 
 		if node, err = p.verdict(ctx, key, p.cp.env.Recheck, true); err != nil {
 			return nil, fmt.Errorf("pod %s: %w", key, err)
 		}
+		logger := klog.FromContext(ctx)
 		if node != "" {
 			p.staleRejects++
+			logger.V(2).Info("Placed on the scheduler's retry", "pod", key, "node", node)
+		} else {
+			logger.Info("Rejected while a group of the size was free", "pod", key, "size", r.Size, "message", p.message(key))
 		}
 	}
 	if node == "" {
@@ -275,6 +280,18 @@ func (p *schedPolicy) verdict(ctx context.Context, key string, timeout time.Dura
 			return "", ctx.Err()
 		}
 	}
+}
+
+// message is what the scheduler last said of the pod.
+func (p *schedPolicy) message(key string) string {
+	if obj, ok, _ := p.pods.GetByKey(key); ok {
+		for _, c := range obj.(*v1.Pod).Status.Conditions {
+			if c.Type == v1.PodScheduled {
+				return c.Message
+			}
+		}
+	}
+	return ""
 }
 
 // roomFor says whether the mirror has, on some node, a whole free

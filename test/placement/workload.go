@@ -4,7 +4,10 @@
 // design (first-fit, best-fit, worst-fit, bin-packing, spread,
 // topology-aware) place on a model of each node's GPUs; the DRA policies
 // place with the scheduler's real allocator over the ResourceSlices the
-// plugin publishes, in pack and in spread device order. kyb-sim runs it.
+// plugin publishes, in pack and in spread device order; the sched-stock and
+// kyb-* policies place through a real scheduler (kube-scheduler, and the
+// kyb-scheduler binary under each of its policies) on a control plane whose
+// nodes publish the same slices. kyb-sim runs it.
 package placement
 
 import (

@@ -1,6 +1,6 @@
 // Command kyb-sim replays a seeded stream of seat requests over simulated
 // nodes and compares placement policies, the scheduler's real DRA
-// allocator over the plugin's ResourceSlices among them
+// allocator over the plugin's ResourceSlices and real schedulers among them
 // (docs/placement-study.md).
 package main
 
