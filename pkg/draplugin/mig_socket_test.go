@@ -299,3 +299,71 @@ func TestMIGInstancesOfTwoProfilesShareAGPU(t *testing.T) {
 		t.Errorf("instances = %v, want none", got)
 	}
 }
+
+// TestMIGRestartAtEveryStep stops the plugin at each step of a MIG
+// claim's prepare, and then of its unprepare, restarts it and lets the
+// kubelet retry, beside a partition an administrator made on the same
+// GPU: the claim's instance is made once, its seat is held once (the
+// next holder's generation is the next one), nothing is left behind, and
+// the administrator's partition stays.
+func TestMIGRestartAtEveryStep(t *testing.T) {
+	prepareSteps := []string{"SetMigMode", "record creating", "CreateGpuInstanceWithPlacement", "GpuInstance.GetInfo",
+		"GetComputeInstanceProfileInfo", "CreateComputeInstance", "ComputeInstance.GetInfo", "read MIG UUID", "record created"}
+	unprepareSteps := []string{"find GPU instance", "ComputeInstance.Destroy", "GpuInstance.Destroy", "forget destroyed"}
+	for _, step := range append(prepareSteps, unprepareSteps...) {
+		t.Run(step, func(t *testing.T) {
+			crash := &crashPoint{}
+			e := newEnv(t, "dgx-h100", migConfig, withMIG(crash))
+			var foreign []string
+			if step != "SetMigMode" {
+				// An administrator's partition (MIG mode on already).
+				dev, _ := e.sim.NVML().DeviceGetHandleByIndex(0)
+				if act, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS || act != nvml.SUCCESS {
+					t.Fatal(act, ret)
+				}
+				info, _ := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+				if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != nvml.SUCCESS {
+					t.Fatal(ret)
+				}
+				foreign = []string{"19@{0}:1"}
+			}
+			claim := e.claim(classMIG1g)
+			if slices.Contains(prepareSteps, step) {
+				crash.arm(step)
+				if r := e.prepare(claim)[string(claim.UID)]; r == nil || r.Error == "" {
+					t.Fatalf("prepare stopped at %s: %+v, want a failure", step, r)
+				}
+				e.restart()
+			}
+			ids := e.prepareOK(claim)
+			if got, want := e.gpu0Instances(), append(slices.Clone(foreign), "19@{6}:1"); !slices.Equal(got, want) {
+				t.Fatalf("after the prepare: instances %v, want %v", got, want)
+			}
+			env, _ := e.container(ids...)
+			if _, err := e.sim.MIGDeviceNodes(env["CUDA_VISIBLE_DEVICES"]); err != nil || env["KYB_SEAT_GEN"] != "1" {
+				t.Errorf("the container's MIG device %q (generation %q): %v", env["CUDA_VISIBLE_DEVICES"], env["KYB_SEAT_GEN"], err)
+			}
+			if slices.Contains(unprepareSteps, step) {
+				crash.arm(step)
+				if r := e.unprepare(claim)[string(claim.UID)]; r == nil || r.Error == "" {
+					t.Fatalf("unprepare stopped at %s: %+v, want a failure", step, r)
+				}
+				e.restart()
+			}
+			if r := e.unprepare(claim)[string(claim.UID)]; r == nil || r.Error != "" {
+				t.Fatalf("unprepare: %+v", r)
+			}
+			if got := e.gpu0Instances(); !slices.Equal(got, foreign) {
+				t.Fatalf("after the unprepare: instances %v, want the administrator's %v alone", got, foreign)
+			}
+			// The seat is free again, once: the next claim at the same
+			// placement (the test's allocator still counts the first
+			// claim's) gets it with the next generation.
+			next := e.migClaimOn(classMIG1g, "g0-mig-1g-10gb-6")
+			env, _ = e.container(e.prepareOK(next)...)
+			if env["KYB_GPU_SEAT"] != "6" || env["KYB_SEAT_GEN"] != "2" {
+				t.Errorf("the next claim: seat %q generation %q, want 6 and 2", env["KYB_GPU_SEAT"], env["KYB_SEAT_GEN"])
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -275,5 +276,49 @@ func TestJournalSurvivesANewManager(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join(f.dir, JournalFile))
 	if err != nil || !strings.Contains(string(raw), `"phase":"Created"`) {
 		t.Errorf("journal = %s, %v", raw, err)
+	}
+}
+
+// TestReconcileBesideEnsures runs reconciles while instances are made and
+// looked up: every claim holds its seat (as the ledger records it before
+// the instance is made), so every instance is made once and stays.
+func TestReconcileBesideEnsures(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	f := newFixture(t, "dgx-h100")
+	m := f.manager(nil)
+	starts := []int{6, 5, 4, 3, 2, 1, 0}
+	all := map[types.UID]bool{}
+	for _, s := range starts {
+		all[types.UID(fmt.Sprintf("claim-%d", s))] = true
+	}
+	prepared := func() (map[types.UID]bool, bool) { return all, true }
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(starts))
+	for _, s := range starts {
+		w := f.want(fmt.Sprintf("claim-%d", s), "1g.10gb", s)
+		wg.Go(func() {
+			if _, err := m.Ensure(ctx, w); err != nil {
+				errs <- err
+			}
+			if _, ok, err := m.Lookup(w.Claim, w.Device); !ok || err != nil {
+				errs <- fmt.Errorf("Lookup %s: %v %v", w.Claim, ok, err)
+			}
+		})
+		wg.Go(func() {
+			if err := m.Reconcile(ctx, []int{0}, prepared); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := f.layout(); len(got) != len(starts) {
+		t.Errorf("layout = %v, want %d instances", got, len(starts))
+	}
+	if got := f.records(); len(got) != len(starts) {
+		t.Errorf("records = %v, want %d", got, len(starts))
 	}
 }
