@@ -28,7 +28,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // controlPlaneOwner sends the control plane's logs (klog's, process-wide)
 // to file, or nowhere, and returns the owner of its lifetime.
 func controlPlaneOwner(file string) (tb *harness.ProcessTB, closeLog func(), err error) {
-	var log io.Writer = io.Discard
+	log := io.Discard
 	closeLog = func() {}
 	if file != "" {
 		f, err := os.Create(file)
