@@ -8,6 +8,12 @@ import (
 	"os"
 
 	"k8s.io/component-base/cli"
+	// What kube-scheduler's main registers: the JSON log format
+	// (--logging-format=json), client-go's metrics (leader election, REST
+	// client, workqueue) and the build's version metric.
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
 
 	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-scheduler/app"
 )

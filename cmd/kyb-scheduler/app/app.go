@@ -51,17 +51,21 @@ func NewCommand() (*cobra.Command, error) {
 	cmd := schedulerapp.NewSchedulerCommand(schedulerapp.WithPlugin(placement.Name, placement.New))
 	cmd.Use = "kyb-scheduler"
 	// The command line's feature gates are set in PersistentPreRunE;
-	// gang scheduling then follows what the API server serves.
-	setGates := cmd.PersistentPreRunE
-	cmd.PersistentPreRunE = func(c *cobra.Command, args []string) error {
-		if err := setGates(c, args); err != nil {
-			return err
+	// gang scheduling then follows what the API server serves, checked
+	// where kube-scheduler would start, not for --version or
+	// --write-config-to.
+	run := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if !offline(c) {
+			ctx := c.Context()
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			if err := gangGateFollowsTheAPI(ctx, c, discoverGangAPI(c)); err != nil {
+				return err
+			}
 		}
-		ctx := c.Context()
-		if ctx == nil {
-			ctx = context.Background()
-		}
-		return gangGateFollowsTheAPI(ctx, c, discoverGangAPI(c))
+		return run(c, args)
 	}
 	return cmd, nil
 }
