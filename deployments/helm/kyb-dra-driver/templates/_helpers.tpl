@@ -393,7 +393,7 @@ kyb-scheduler (values scheduler): the name of its ServiceAccount,
 ConfigMap and Deployment, and the labels of its pods.
 */}}
 {{- define "kyb.schedulerFullname" -}}
-{{- printf "%s-scheduler" (include "kyb.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-scheduler" (include "kyb.fullname" . | trunc 53 | trimSuffix "-") }}
 {{- end }}
 
 {{- define "kyb.schedulerSelectorLabels" -}}
