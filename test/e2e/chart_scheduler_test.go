@@ -203,6 +203,7 @@ func TestChartSchedulerConfigIsKybSchedulers(t *testing.T) {
 	hatch := filepath.Join(dir, "hatch.yaml")
 	if err := os.WriteFile(hatch, []byte(`scheduler:
   enabled: true
+  name: gpu-scheduler
   config:
     apiVersion: kubescheduler.config.k8s.io/v1
     kind: KubeSchedulerConfiguration
@@ -220,6 +221,7 @@ func TestChartSchedulerConfigIsKybSchedulers(t *testing.T) {
 	misspelt := filepath.Join(dir, "misspelt.yaml")
 	if err := os.WriteFile(misspelt, []byte(`scheduler:
   enabled: true
+  name: gpu-scheduler
   config:
     apiVersion: kubescheduler.config.k8s.io/v1
     kind: KubeSchedulerConfiguration

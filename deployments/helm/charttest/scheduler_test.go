@@ -283,6 +283,14 @@ func TestSchedulerValuesRefused(t *testing.T) {
 			"at '/scheduler': additional properties 'replica' not allowed"},
 		{"with the device-plugin shim", []string{"mode=device-plugin"},
 			"scheduler.enabled needs mode=dra"},
+		{"a whole configuration beside a policy", []string{"scheduler.config.apiVersion=kubescheduler.config.k8s.io/v1", "scheduler.config.kind=KubeSchedulerConfiguration", "scheduler.policy=topology"},
+			"scheduler.config replaces the configuration that scheduler.policy"},
+		{"a whole configuration beside a class's policy", []string{"scheduler.config.kind=KubeSchedulerConfiguration", "scheduler.deviceClassPolicies.gpu-4x-seat\\.kyb\\.ai=topology"},
+			"scheduler.config replaces the configuration that scheduler.policy"},
+		{"a whole configuration without the scheduler's name", []string{"scheduler.config.kind=KubeSchedulerConfiguration", "scheduler.config.profiles[0].schedulerName=other-name"},
+			`scheduler.name "kyb-scheduler" names no profile of scheduler.config (profiles: other-name)`},
+		{"a flag the chart sets", []string{"scheduler.extraArgs[0]=--secure-port=10300"},
+			`scheduler.extraArgs: "--secure-port=10300" sets a flag the chart sets itself`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			msg := renderError(t, namespace, []string{"--kube-version", kubeVersion}, append([]string{"scheduler.enabled=true"}, tc.set...)...)
