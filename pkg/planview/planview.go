@@ -39,6 +39,18 @@ type ProfileView struct {
 	TimeSlice          string      `json:"timeSlice,omitempty"`
 	Seats              int         `json:"seats"`
 	Groups             []GroupView `json:"groups"`
+	// MIG is the MIG profile whose instances are the seats, and MIGGPUs
+	// the GPUs they are made on; such a profile has no whole-GPU groups.
+	MIG     string   `json:"mig,omitempty"`
+	MIGGPUs []MIGGPU `json:"migGPUs,omitempty"`
+}
+
+// MIGGPU is one GPU of a MIG profile: its index, its model's geometry and
+// how many instances it offers.
+type MIGGPU struct {
+	GPU   int    `json:"gpu"`
+	Model string `json:"model"`
+	Seats int    `json:"seats"`
 }
 
 // GroupView is one group.
@@ -66,6 +78,12 @@ func NewView(node, source string, inv *inventory.Inventory, plan *planner.Plan) 
 			SeatsPerGroup: prof.SeatsPerGroup, AllowOverprovision: prof.AllowOverprovision,
 			Sharing: string(prof.Sharing), TimeSlice: string(prof.TimeSlice),
 			Seats: prof.Seats(), Groups: []GroupView{},
+		}
+		if prof.MIG != nil {
+			pv.Sharing, pv.MIG = "mig", prof.MIG.Profile
+			for _, g := range prof.MIG.GPUs {
+				pv.MIGGPUs = append(pv.MIGGPUs, MIGGPU{GPU: g.Index(), Model: g.Model.Name, Seats: g.Seats})
+			}
 		}
 		for _, g := range prof.Groups {
 			gv := GroupView{
@@ -154,7 +172,12 @@ func WriteTable(w io.Writer, node, source string, inv *inventory.Inventory, plan
 		if p.TimeSlice != "" {
 			sharing += " (" + string(p.TimeSlice) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.Resource, p.Size, p.SeatsPerGroup, len(p.Groups), p.Seats(), yesNo(p.AllowOverprovision), sharing)
+		groups := len(p.Groups)
+		if p.MIG != nil {
+			// Its groups are the GPUs its instances are made on.
+			groups, sharing = len(p.MIG.GPUs), "mig "+p.MIG.Profile+" (GPUs "+migGPUs(p.MIG)+")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.Resource, p.Size, p.SeatsPerGroup, groups, p.Seats(), yesNo(p.AllowOverprovision), sharing)
 	}
 	tw.Flush()
 
@@ -252,4 +275,13 @@ func (e *errWriter) Write(p []byte) (int, error) {
 	n, err := e.w.Write(p)
 	e.err = err
 	return n, err
+}
+
+// migGPUs lists a MIG profile's GPU indices.
+func migGPUs(m *planner.MIGSeats) string {
+	var out []string
+	for _, g := range m.GPUs {
+		out = append(out, strconv.Itoa(g.Index()))
+	}
+	return strings.Join(out, ",")
 }
