@@ -39,7 +39,7 @@ func newMetrics() *metrics {
 			Name: "kyb_dra_unprepare_duration_seconds", Help: "Duration of NodeUnprepareResources calls.", Buckets: buckets,
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kyb_dra_errors_total", Help: "Errors by operation and kind (claim, checkpoint, cdi, status, publish).",
+			Name: "kyb_dra_errors_total", Help: "Errors by operation and kind (claim, checkpoint, cdi, status, mig, publish).",
 		}, []string{"operation", "kind"}),
 		published: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kyb_dra_published_devices", Help: "Devices published in the node's ResourceSlices, by profile and layout.",
@@ -59,7 +59,7 @@ func newMetrics() *metrics {
 	// operators watch for leaks.
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, op := range []string{"prepare", "unprepare"} {
-		for _, kind := range []string{"claim", "checkpoint", "cdi", "status"} {
+		for _, kind := range []string{"claim", "checkpoint", "cdi", "status", "mig"} {
 			m.errors.WithLabelValues(op, kind)
 		}
 	}

@@ -21,6 +21,13 @@ func TestMetricsCountPreparesAndErrors(t *testing.T) {
 	if v := value("kyb_dra_errors_total", map[string]string{"operation": "prepare", "kind": "claim"}); v != 1 {
 		t.Errorf("claim errors %v, want 1", v)
 	}
+	// Every kind is a series from the start, at 0 until it counts, so
+	// that a rate() over it has a baseline (MIG's included).
+	for _, op := range []string{"prepare", "unprepare"} {
+		if v, ok := e.gathered("kyb_dra_errors_total", map[string]string{"operation": op, "kind": "mig"}); !ok || v != 0 {
+			t.Errorf("kyb_dra_errors_total{operation=%q,kind=\"mig\"}: %v (present %t), want a series at 0", op, v, ok)
+		}
+	}
 	if v := value("kyb_dra_prepare_duration_seconds", nil); v != 2 {
 		t.Errorf("prepare latency samples %v, want 2 calls", v)
 	}
