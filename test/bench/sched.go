@@ -12,7 +12,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
@@ -330,22 +329,8 @@ func removeRound(ctx context.Context, client kubernetes.Interface, ns string, no
 }
 
 func createNode(ctx context.Context, client kubernetes.Interface, name string, s Shape) error {
-	node, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{
-		Name: name, Labels: map[string]string{"kubernetes.io/hostname": name},
-	}}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create node %s: %w", name, err)
-	}
-	// No node controller runs to lift the not-ready taint.
-	node.Spec.Taints = nil
-	if node, err = client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("untaint node %s: %w", name, err)
-	}
-	capacity := v1.ResourceList{v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110")}
-	node.Status.Capacity, node.Status.Allocatable = capacity, capacity
-	node.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}}
-	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("node %s ready: %w", name, err)
+	if err := harness.CreateReadyNode(ctx, client, name, nil); err != nil {
+		return err
 	}
 	for _, rs := range sliceObjects(s.Driver, s.Resources(name), name) {
 		if _, err := client.ResourceV1().ResourceSlices().Create(ctx, rs, metav1.CreateOptions{}); err != nil {

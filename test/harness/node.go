@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -170,18 +172,27 @@ func (n *Node) SetBootID(id string) {
 }
 
 func (n *Node) createNodeObject() {
-	tb, ctx, client := n.c.tb, n.c.Ctx, n.c.Client
-	node, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{
-		Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name, "nvidia.com/gpu.present": "true"},
-	}}, metav1.CreateOptions{})
+	if err := CreateReadyNode(n.c.Ctx, n.c.Client, n.Name, map[string]string{"nvidia.com/gpu.present": "true"}); err != nil {
+		n.c.tb.Fatal(err)
+	}
+}
+
+// CreateReadyNode creates a Node object named name, labelled with its
+// hostname and labels, untainted and Ready, with room for any pod that
+// requests no more than 64 CPUs and 512Gi: what the scheduler needs of a
+// node where no kubelet reports one.
+func CreateReadyNode(ctx context.Context, client kubernetes.Interface, name string, labels map[string]string) error {
+	l := map[string]string{"kubernetes.io/hostname": name}
+	maps.Copy(l, labels)
+	node, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}}, metav1.CreateOptions{})
 	if err != nil {
-		tb.Fatalf("create node %s: %v", n.Name, err)
+		return fmt.Errorf("create node %s: %w", name, err)
 	}
 	// TaintNodesByCondition marks a new node not-ready; no node controller
 	// runs here to lift it.
 	node.Spec.Taints = nil
 	if node, err = client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
-		tb.Fatal(err)
+		return fmt.Errorf("untaint node %s: %w", name, err)
 	}
 	capacity := v1.ResourceList{
 		v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110"),
@@ -189,8 +200,9 @@ func (n *Node) createNodeObject() {
 	node.Status.Capacity, node.Status.Allocatable = capacity, capacity
 	node.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
 	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-		tb.Fatal(err)
+		return fmt.Errorf("node %s ready: %w", name, err)
 	}
+	return nil
 }
 
 type allReady struct{}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
@@ -86,7 +84,7 @@ func startControlPlane(ctx context.Context, env SchedEnv, nodes []*Node, withKyb
 	classes := map[string]bool{}
 	for _, n := range nodes {
 		plan := n.plans[v1alpha1.PolicyPack]
-		if err := cp.createNode(ctx, n.Name); err != nil {
+		if err := harness.CreateReadyNode(ctx, cp.c.Client, n.Name, nil); err != nil {
 			return nil, err
 		}
 		for _, rs := range draresources.ResourceSlices(draresources.Resources(plan, n.inv, n.Name, draresources.LayoutShared), n.Name) {
@@ -113,28 +111,4 @@ func startControlPlane(ctx context.Context, env SchedEnv, nodes []*Node, withKyb
 		return nil, ctx.Err()
 	}
 	return cp, nil
-}
-
-// createNode creates a ready, untainted Node with room for any number of
-// the study's pods (they request no CPU or memory).
-func (cp *controlPlane) createNode(ctx context.Context, name string) error {
-	client := cp.c.Client
-	node, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{
-		Name: name, Labels: map[string]string{"kubernetes.io/hostname": name},
-	}}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create node %s: %w", name, err)
-	}
-	// No node controller runs to lift the not-ready taint.
-	node.Spec.Taints = nil
-	if node, err = client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("untaint node %s: %w", name, err)
-	}
-	capacity := v1.ResourceList{v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi"), v1.ResourcePods: resource.MustParse("110")}
-	node.Status.Capacity, node.Status.Allocatable = capacity, capacity
-	node.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now()}}
-	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("node %s ready: %w", name, err)
-	}
-	return nil
 }
