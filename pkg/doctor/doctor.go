@@ -90,6 +90,10 @@ type Options struct {
 	// CheckTimeout bounds each step of the examination (the probe's step:
 	// beyond the probe's own timeout); 0: DefaultCheckTimeout.
 	CheckTimeout time.Duration
+	// Host, when set, is the node's GPUs already opened (a simulated
+	// node whose MIG state a caller made), examined instead of opening
+	// them from Node; the caller closes it.
+	Host *gpuhost.Host
 }
 
 // DefaultCheckTimeout is how long a step may take: NVML's start on a node
@@ -120,7 +124,7 @@ func (e *examination) add(c Check) {
 func Run(ctx context.Context, opts Options) *Report {
 	e := &examination{opts: opts, report: &Report{Node: opts.Node.NodeName, Counts: map[Status]int{OK: 0, Warn: 0, Fail: 0}}}
 	defer func() {
-		if e.host != nil {
+		if e.host != nil && opts.Host == nil {
 			_ = e.host.Close() // nothing is left to do about a failed shutdown
 		}
 	}()
@@ -133,6 +137,7 @@ func Run(ctx context.Context, opts Options) *Report {
 		run    func(*examination, context.Context)
 	}{
 		{[]string{"config", "nvml", "gpus", "topology", "plan"}, (*examination).checkNode},
+		{[]string{"mig"}, (*examination).checkMIG},
 		{[]string{"driver-files"}, (*examination).checkDriverFiles},
 		{[]string{"nvidia-cdi"}, func(e *examination, _ context.Context) { e.checkNVIDIACDI() }},
 		{[]string{"cdi-root"}, func(e *examination, _ context.Context) { e.checkCDIRoot() }},

@@ -29,7 +29,10 @@ func (e *examination) checkNode(ctx context.Context) {
 		e.add(c)
 	}
 
-	host, err := flags.OpenHost(ctx)
+	host, err := e.opts.Host, error(nil)
+	if host == nil {
+		host, err = flags.OpenHost(ctx)
+	}
 	if err != nil {
 		fix := "install the NVIDIA driver, or set --driver-root (NVIDIA_DRIVER_ROOT) to where it is, such as /run/nvidia/driver with the GPU operator's driver container"
 		if flags.Simulate != "" {

@@ -1,0 +1,320 @@
+package doctor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
+)
+
+// The MIG checks hold each GPU's MIG state against the plan: one check
+// per GPU that the configuration gives to a MIG profile, and one per GPU
+// whose MIG mode is on (or pending) although no MIG profile has it. They
+// read NVML, the plugin's journal of the instances it made, the kernel's
+// mig-minors and the capability device nodes; they make, destroy and
+// switch nothing, and an instance no journal record names is reported,
+// never touched, as the plugin leaves it.
+
+// migGPUPlan is what the plan gives one GPU: its MIG profiles by name.
+type migGPUPlan struct {
+	model    mig.Model
+	profiles []string
+}
+
+// migInstance is a GPU instance found on a GPU, with its compute
+// instances' MIG devices.
+type migInstance struct {
+	gi        int
+	profile   string
+	placement mig.Placement
+	cis       []migComputeInstance
+}
+
+type migComputeInstance struct {
+	ci   int
+	uuid string
+}
+
+// checkMIG adds the MIG checks, where the plan has a MIG profile or a GPU
+// is in MIG mode.
+func (e *examination) checkMIG(_ context.Context) {
+	if e.host == nil || e.inv == nil || e.node == nil {
+		return
+	}
+	planned := map[int]*migGPUPlan{}
+	for _, prof := range e.node.Plan.Profiles {
+		if prof.MIG == nil {
+			continue
+		}
+		for _, g := range prof.MIG.GPUs {
+			p := planned[g.Index()]
+			if p == nil {
+				p = &migGPUPlan{model: g.Model}
+				planned[g.Index()] = p
+			}
+			p.profiles = append(p.profiles, g.Profile.Name)
+		}
+	}
+	inGroups := map[int]bool{}
+	for _, prof := range e.node.Plan.Profiles {
+		for _, g := range prof.Groups {
+			for _, i := range g.GPUs {
+				inGroups[i] = true
+			}
+		}
+	}
+	records, journalErr := readMIGJournal(driver.PluginDir(e.opts.PluginsDir))
+	var minors *mig.Minors
+	var minorsErr error
+	for _, g := range e.inv.GPUs {
+		dev, ret := e.host.NVML.DeviceGetHandleByIndex(g.Index)
+		if ret != nvml.SUCCESS {
+			if planned[g.Index] != nil {
+				e.add(Check{Name: migCheckName(g.Index), Status: Fail, Summary: fmt.Sprintf("GPU %d: DeviceGetHandleByIndex: %s", g.Index, nvml.ErrorString(ret)),
+					Fix: "run nvidia-smi -i " + fmt.Sprint(g.Index) + " on the node: NVML answers it the same way"})
+			}
+			continue
+		}
+		current, pending, ret := dev.GetMigMode()
+		if ret != nvml.SUCCESS && planned[g.Index] == nil {
+			continue // a GPU without MIG that no MIG profile has
+		}
+		if ret != nvml.SUCCESS {
+			e.add(Check{Name: migCheckName(g.Index), Status: Fail, Summary: fmt.Sprintf("GPU %d: read its MIG mode: GetMigMode: %s", g.Index, nvml.ErrorString(ret)),
+				Fix: "the configuration gives this GPU to a MIG profile; nvidia-smi -i " + fmt.Sprint(g.Index) + " -q -d MIG shows what the driver says"})
+			continue
+		}
+		if planned[g.Index] == nil && current != nvml.DEVICE_MIG_ENABLE && pending != nvml.DEVICE_MIG_ENABLE {
+			continue
+		}
+		if minors == nil && minorsErr == nil {
+			minors, minorsErr = e.readMinors()
+		}
+		c := migModeCheck(g, planned[g.Index], inGroups[g.Index], current, pending)
+		if current == nvml.DEVICE_MIG_ENABLE {
+			instances, err := migInstances(dev, planned[g.Index], g)
+			if err != nil {
+				c = worse(c, Fail, "GPU "+fmt.Sprint(g.Index)+": list its MIG instances: "+err.Error(), "nvidia-smi mig -lgi -i "+fmt.Sprint(g.Index)+" lists them as NVML does")
+			}
+			c = e.migPartitions(c, g, planned[g.Index], instances, records, journalErr)
+			c = e.migCapabilities(c, g, instances, minors, minorsErr)
+		}
+		e.add(c)
+	}
+}
+
+func migCheckName(gpu int) string { return fmt.Sprintf("mig-gpu%d", gpu) }
+
+// worse raises a check's status to s (never lowers it), adding a detail
+// and, where the check had none or a milder one, the fix.
+func worse(c Check, s Status, detail, fix string) Check {
+	if detail != "" {
+		c.Details = append(c.Details, detail)
+	}
+	rank := map[Status]int{OK: 0, Warn: 1, Fail: 2}
+	if rank[s] > rank[c.Status] {
+		c.Status = s
+		c.Fix = fix
+	} else if rank[s] == rank[c.Status] && fix != "" && !strings.Contains(c.Fix, fix) {
+		c.Fix += "; " + fix
+	}
+	return c
+}
+
+// migModeCheck judges a GPU's current and pending MIG modes against what
+// the plan gives it.
+func migModeCheck(g inventory.GPU, plan *migGPUPlan, inGroups bool, current, pending int) Check {
+	i := g.Index
+	c := Check{Name: migCheckName(i), Status: OK}
+	on := func(m int) string {
+		if m == nvml.DEVICE_MIG_ENABLE {
+			return "on"
+		}
+		return "off"
+	}
+	mode := fmt.Sprintf("MIG mode %s", on(current))
+	if pending != current {
+		mode += fmt.Sprintf(", %s pending (at the GPU's next reset)", on(pending))
+	}
+	resetless := g.Architecture == "hopper" || g.Architecture == "blackwell"
+	if plan == nil {
+		c.Summary = fmt.Sprintf("GPU %d (%s): %s; no MIG profile of the configuration has this GPU", i, g.ProductName, mode)
+		switch {
+		case current == nvml.DEVICE_MIG_ENABLE && inGroups:
+			c.Status = Fail
+			c.Fix = fmt.Sprintf("a container given this GPU whole sees no CUDA device while MIG mode is on: give the GPU to a MIG profile (its gpus), or drain it and turn MIG off (nvidia-smi -i %d -mig 0%s)", i, resetHint(resetless, i))
+		case current == nvml.DEVICE_MIG_ENABLE:
+			c.Status = Warn
+			c.Fix = fmt.Sprintf("no seat of the plan uses this GPU; give it to a MIG profile, or turn MIG off (nvidia-smi -i %d -mig 0%s)", i, resetHint(resetless, i))
+		default:
+			c.Status = Warn
+			c.Fix = fmt.Sprintf("at the GPU's next reset or reboot MIG goes on, and a container given this GPU whole then sees no CUDA device: cancel it (nvidia-smi -i %d -mig 0), or give the GPU to a MIG profile", i)
+		}
+		return c
+	}
+	c.Summary = fmt.Sprintf("GPU %d (%s, %s): %s; profiles %s", i, g.ProductName, g.Architecture, mode, strings.Join(plan.profiles, ", "))
+	switch {
+	case current == nvml.DEVICE_MIG_ENABLE && pending != nvml.DEVICE_MIG_ENABLE:
+		c.Status = Warn
+		c.Fix = fmt.Sprintf("MIG mode goes off at the GPU's next reset or reboot, and its instances with it; the plugin never turns it off: cancel the change (nvidia-smi -i %d -mig 1)", i)
+	case current == nvml.DEVICE_MIG_ENABLE:
+	case resetless:
+		c.Details = append(c.Details, "the plugin turns MIG mode on at the GPU's first MIG prepare (on "+g.Architecture+" it takes effect at once; it fails while a process runs on the GPU)")
+	case pending == nvml.DEVICE_MIG_ENABLE:
+		c.Status = Fail
+		c.Fix = fmt.Sprintf("on %s GPUs MIG mode takes effect at a GPU reset: drain the GPU, then nvidia-smi -i %d --gpu-reset (or reboot the node); until then every MIG claim on it fails its prepare", g.Architecture, i)
+	default:
+		c.Status = Fail
+		c.Fix = fmt.Sprintf("on %s GPUs turning MIG mode on needs a GPU reset, which the plugin never does: drain the GPU, then nvidia-smi -i %d -mig 1 and nvidia-smi -i %d --gpu-reset (or reboot the node; the mode persists); until then every MIG claim on it fails its prepare", g.Architecture, i, i)
+	}
+	return c
+}
+
+func resetHint(resetless bool, i int) string {
+	if resetless {
+		return ""
+	}
+	return fmt.Sprintf(", then nvidia-smi -i %d --gpu-reset", i)
+}
+
+// migInstances lists a GPU's GPU instances, by ID, with their compute
+// instances' MIG devices.
+func migInstances(dev nvml.Device, plan *migGPUPlan, g inventory.GPU) ([]migInstance, error) {
+	model := mig.Model{}
+	if plan != nil {
+		model = plan.model
+	} else if m, err := mig.ModelForProduct(g.ProductName); err == nil {
+		model = m
+	}
+	var out []migInstance
+	for index := range nvml.GPU_INSTANCE_PROFILE_COUNT {
+		info, ret := dev.GetGpuInstanceProfileInfo(index)
+		if ret != nvml.SUCCESS {
+			continue // a profile this GPU does not have
+		}
+		gis, ret := dev.GetGpuInstances(&info)
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("GetGpuInstances: %s", nvml.ErrorString(ret))
+		}
+		name := fmt.Sprintf("profile ID %d", info.Id)
+		if p, err := model.ProfileByID(int(info.Id)); err == nil {
+			name = p.Name
+		}
+		for _, gi := range gis {
+			gInfo, ret := gi.GetInfo()
+			if ret != nvml.SUCCESS {
+				return nil, fmt.Errorf("GpuInstance.GetInfo: %s", nvml.ErrorString(ret))
+			}
+			out = append(out, migInstance{gi: int(gInfo.Id), profile: name, placement: mig.Placement{Start: int(gInfo.Placement.Start), Size: int(gInfo.Placement.Size)}})
+		}
+	}
+	slices.SortFunc(out, func(a, b migInstance) int { return a.gi - b.gi })
+	n, ret := dev.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("GetMaxMigDeviceCount: %s", nvml.ErrorString(ret))
+	}
+	for i := range n {
+		md, ret := dev.GetMigDeviceHandleByIndex(i)
+		if ret == nvml.ERROR_NOT_FOUND {
+			continue
+		}
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("GetMigDeviceHandleByIndex(%d): %s", i, nvml.ErrorString(ret))
+		}
+		giID, ret1 := md.GetGpuInstanceId()
+		ciID, ret2 := md.GetComputeInstanceId()
+		uuid, ret3 := md.GetUUID()
+		if ret1 != nvml.SUCCESS || ret2 != nvml.SUCCESS || ret3 != nvml.SUCCESS {
+			return nil, fmt.Errorf("MIG device %d: its GPU instance, compute instance or UUID: %s", i, nvml.ErrorString(firstFailure(ret1, ret2, ret3)))
+		}
+		for k := range out {
+			if out[k].gi == giID {
+				out[k].cis = append(out[k].cis, migComputeInstance{ci: ciID, uuid: uuid})
+			}
+		}
+	}
+	return out, nil
+}
+
+func firstFailure(rets ...nvml.Return) nvml.Return {
+	for _, r := range rets {
+		if r != nvml.SUCCESS {
+			return r
+		}
+	}
+	return nvml.SUCCESS
+}
+
+// migPartitions holds a GPU's instances against its profiles and the
+// plugin's journal: an instance no record names is an administrator's
+// (foreign), left as it is, and its memory slices are not the plugin's.
+func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, instances []migInstance, records []miginstance.Record, journalErr error) Check {
+	if journalErr != nil {
+		c = worse(c, Fail, journalErr.Error(), "the plugin fails every MIG prepare while its journal cannot be read: restore or remove "+miginstance.JournalFile+" (a removed journal makes every instance foreign, left as it is)")
+	}
+	c.Summary += fmt.Sprintf("; %s", count(len(instances), "GPU instance"))
+	for _, in := range instances {
+		line := fmt.Sprintf("GI %d: %s at %s", in.gi, in.profile, in.placement)
+		for _, ci := range in.cis {
+			line += fmt.Sprintf(", CI %d %s", ci.ci, ci.uuid)
+		}
+		if len(in.cis) == 0 {
+			line += ", no compute instance"
+		}
+		i := slices.IndexFunc(records, func(r miginstance.Record) bool {
+			return r.GPU == g.Index && r.Start == in.placement.Start && r.Size == in.placement.Size && r.Profile == in.profile
+		})
+		switch {
+		case i >= 0:
+			line += fmt.Sprintf(": the plugin's, claim %s device %s", records[i].Claim, records[i].Device)
+			c.Details = append(c.Details, line)
+			if plan != nil && !slices.Contains(plan.profiles, in.profile) {
+				c = worse(c, Warn, "", "an instance the plugin made of a profile the configuration no longer gives this GPU stays until its claim is released")
+			}
+		case plan != nil && !slices.Contains(plan.profiles, in.profile):
+			c = worse(c, Warn, line+": not made by the plugin, and of a profile the configuration does not give this GPU; left as it is",
+				fmt.Sprintf("the plugin never touches an instance it did not make; its memory slices are not free for the plugin's seats (a claim given an overlapping placement fails its prepare); if it is not needed, destroy it: nvidia-smi mig -i %d -gi <GI> -dci, then nvidia-smi mig -i %d -gi <GI> -dgi", g.Index, g.Index))
+		default:
+			c = worse(c, Warn, line+": not made by the plugin (no journal record names it); left as it is",
+				fmt.Sprintf("the plugin never touches an instance it did not make; its memory slices are not free for the plugin's seats (a claim given an overlapping placement fails its prepare); if it is not needed, destroy it: nvidia-smi mig -i %d -gi <GI> -dci, then nvidia-smi mig -i %d -gi <GI> -dgi", g.Index, g.Index))
+		}
+	}
+	return c
+}
+
+// readMIGJournal reads the plugin's journal of the instances it made, as
+// the plugin writes it, without the lock the plugin takes: the file is
+// replaced by a rename, so a read sees one whole version. No file: no
+// record.
+func readMIGJournal(dir string) ([]miginstance.Record, error) {
+	path := filepath.Join(dir, miginstance.JournalFile)
+	raw, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read MIG journal %s: %w", path, err)
+	}
+	var f struct {
+		Version string               `json:"version"`
+		Records []miginstance.Record `json:"records"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return nil, fmt.Errorf("read MIG journal %s: %w", path, err)
+	}
+	if f.Version != "v1" {
+		return nil, fmt.Errorf("read MIG journal %s: version %q, this doctor reads \"v1\"", path, f.Version)
+	}
+	return f.Records, nil
+}
