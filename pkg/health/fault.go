@@ -56,18 +56,20 @@ type gpuState struct {
 // It is pure: every input carries its time, and it reports whether the set
 // of unhealthy GPUs changed, so that the monitor around it decides about
 // locking, logging and notification.
-type tracker struct {
+//
+// K is what is watched: a GPU by index, or a MIG instance.
+type tracker[K comparable] struct {
 	recovery time.Duration
-	gpus     map[int]*gpuState
+	gpus     map[K]*gpuState
 }
 
-func newTracker(recovery time.Duration) *tracker {
-	return &tracker{recovery: recovery, gpus: map[int]*gpuState{}}
+func newTracker[K comparable](recovery time.Duration) *tracker[K] {
+	return &tracker[K]{recovery: recovery, gpus: map[K]*gpuState{}}
 }
 
-// transition is a change of one GPU's health.
-type transition struct {
-	gpu int
+// transition is a change of one GPU's (or instance's) health.
+type transition[K comparable] struct {
+	gpu K
 	// fault is the new fault; nil when the GPU became healthy.
 	fault *Fault
 	// previous is the fault it had before; nil when it was healthy.
@@ -78,19 +80,19 @@ type transition struct {
 // becomes unhealthy with f; an unhealthy one keeps its first fault (the
 // cause an operator looks for) and restarts its recovery clock, unless f is
 // a loss, which replaces any fault because it never recovers.
-func (t *tracker) fail(gpu int, f Fault, now time.Time) *transition {
+func (t *tracker[K]) fail(gpu K, f Fault, now time.Time) *transition[K] {
 	f.Since = now
 	st, bad := t.gpus[gpu]
 	switch {
 	case !bad:
 		t.gpus[gpu] = &gpuState{fault: f, quietSince: now}
-		return &transition{gpu: gpu, fault: &f}
+		return &transition[K]{gpu: gpu, fault: &f}
 	case st.fault.Permanent():
 		return nil
 	case f.Permanent():
 		prev := st.fault
 		st.fault, st.quietSince = f, now
-		return &transition{gpu: gpu, fault: &f, previous: &prev}
+		return &transition[K]{gpu: gpu, fault: &f, previous: &prev}
 	default:
 		st.quietSince = now
 		return nil
@@ -99,25 +101,25 @@ func (t *tracker) fail(gpu int, f Fault, now time.Time) *transition {
 
 // succeed records a successful probe of a GPU at now: an unhealthy GPU
 // that has been quiet for the recovery period is healthy again.
-func (t *tracker) succeed(gpu int, now time.Time) *transition {
+func (t *tracker[K]) succeed(gpu K, now time.Time) *transition[K] {
 	st, bad := t.gpus[gpu]
 	if !bad || st.fault.Permanent() || now.Sub(st.quietSince) < t.recovery {
 		return nil
 	}
 	delete(t.gpus, gpu)
 	prev := st.fault
-	return &transition{gpu: gpu, previous: &prev}
+	return &transition[K]{gpu: gpu, previous: &prev}
 }
 
 // lost reports whether a GPU is lost (and need not be probed any more).
-func (t *tracker) lost(gpu int) bool {
+func (t *tracker[K]) lost(gpu K) bool {
 	st, bad := t.gpus[gpu]
 	return bad && st.fault.Permanent()
 }
 
 // faults are the faults of the unhealthy GPUs.
-func (t *tracker) faults() map[int]Fault {
-	out := make(map[int]Fault, len(t.gpus))
+func (t *tracker[K]) faults() map[K]Fault {
+	out := make(map[K]Fault, len(t.gpus))
 	for gpu, st := range t.gpus {
 		out[gpu] = st.fault
 	}

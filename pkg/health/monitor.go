@@ -80,9 +80,11 @@ type Monitor struct {
 	devices []nvml.Device
 
 	mu    sync.Mutex
-	state *tracker
-	subs  map[int]chan struct{}
-	next  int
+	state *tracker[int]
+	// instances are the unhealthy MIG instances (see instance.go).
+	instances *tracker[Instance]
+	subs      map[int]chan struct{}
+	next      int
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -118,7 +120,7 @@ func New(opts Options) (*Monitor, error) {
 		opts: opts, policy: policy, recovery: recovery, clock: opts.Clock,
 		metrics: newMetrics(len(opts.Inventory.GPUs)),
 		devices: make([]nvml.Device, len(opts.Inventory.GPUs)),
-		state:   newTracker(recovery), subs: map[int]chan struct{}{},
+		state:   newTracker[int](recovery), instances: newTracker[Instance](recovery), subs: map[int]chan struct{}{},
 	}, nil
 }
 
@@ -208,6 +210,7 @@ func (m *Monitor) succeed(ctx context.Context, gpu int) {
 		m.metrics.count(gpu, kindRecovered)
 		m.changed(ctx, tr)
 	}
+	m.succeedInstances(ctx, gpu)
 }
 
 // isLost reports whether a GPU is lost for good.
@@ -218,7 +221,7 @@ func (m *Monitor) isLost(gpu int) bool {
 }
 
 // changed logs a transition and tells the subscribers.
-func (m *Monitor) changed(ctx context.Context, tr *transition) {
+func (m *Monitor) changed(ctx context.Context, tr *transition[int]) {
 	logger := klog.FromContext(ctx)
 	uuid := m.opts.Inventory.GPUs[tr.gpu].UUID
 	switch {
@@ -232,6 +235,11 @@ func (m *Monitor) changed(ctx context.Context, tr *transition) {
 		logger.Error(nil, "GPU is unhealthy", "gpu", tr.gpu, "uuid", uuid, "reason", tr.fault.Reason, "message", tr.fault.Message,
 			"recoversAfter", m.recovery)
 	}
+	m.notify()
+}
+
+// notify tells the subscribers that something changed.
+func (m *Monitor) notify() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, ch := range m.subs {

@@ -107,7 +107,7 @@ func (m *Monitor) watchEvents(ctx context.Context, set nvml.EventSet) {
 // handleEvent turns one NVML event into a fault, or ignores it.
 func (m *Monitor) handleEvent(ctx context.Context, ev nvml.EventData) {
 	logger := klog.FromContext(ctx)
-	gpu, ok := m.gpuOf(ev.Device)
+	gpu, gi, ok := m.gpuOf(ev)
 	if !ok {
 		logger.Info("NVML event for a device the plugin does not know; probing every GPU", "eventType", ev.EventType, "data", ev.EventData)
 		m.probeAll(ctx)
@@ -118,15 +118,15 @@ func (m *Monitor) handleEvent(ctx context.Context, ev nvml.EventData) {
 		xid := ev.EventData
 		if !m.policy.Critical(xid) {
 			m.metrics.count(gpu, kindIgnoredXID)
-			logger.V(2).Info("Ignoring an XID that is the application's fault", "gpu", gpu, "xid", xid, "message", describeXID(xid))
+			logger.V(2).Info("Ignoring an XID that is the application's fault", "gpu", gpu, "gpuInstance", int64(gi), "xid", xid, "message", describeXID(xid))
 			return
 		}
-		m.fail(ctx, gpu, Fault{Kind: KindXID, XID: xid, Reason: fmt.Sprintf("xid-%d", xid), Message: describeXID(xid)})
+		m.failOn(ctx, gpu, gi, Fault{Kind: KindXID, XID: xid, Reason: fmt.Sprintf("xid-%d", xid), Message: describeXID(xid)})
 		// A GPU that fell off the bus answers "lost" at once: find out now
 		// rather than at the next probe.
 		m.probe(ctx, gpu)
 	case ev.EventType&nvml.EventTypeDoubleBitEccError != 0:
-		m.fail(ctx, gpu, Fault{Kind: KindECC, Reason: "double-bit-ecc", Message: "double-bit (uncorrectable) ECC error"})
+		m.failOn(ctx, gpu, gi, Fault{Kind: KindECC, Reason: "double-bit-ecc", Message: "double-bit (uncorrectable) ECC error"})
 		m.probe(ctx, gpu)
 	case ev.EventType&nvml.EventTypeGpuUnavailableError != 0:
 		m.fail(ctx, gpu, Fault{Kind: KindLost, Reason: "gpu-lost", Message: "GPU unavailable (NVML event)"})
@@ -135,29 +135,49 @@ func (m *Monitor) handleEvent(ctx context.Context, ev nvml.EventData) {
 	}
 }
 
-// gpuOf finds the GPU an event is about: by handle, else by UUID.
-func (m *Monitor) gpuOf(dev nvml.Device) (int, bool) {
+// gpuOf finds the GPU an event is about, by handle, else by UUID, and
+// the GPU instance it names (noInstance for the whole GPU). NVML hands MIG
+// events out on the GPU's handle with the instance's ID; an event on a
+// MIG device's own handle is taken as its GPU's, for that instance.
+func (m *Monitor) gpuOf(ev nvml.EventData) (int, uint32, bool) {
+	dev, gi := ev.Device, ev.GpuInstanceId
 	if dev == nil {
-		return -1, false
+		return -1, gi, false
 	}
 	m.devMu.Lock()
 	for i, d := range m.devices {
 		if d != nil && d == dev {
 			m.devMu.Unlock()
-			return i, true
+			return i, gi, true
 		}
 	}
 	m.devMu.Unlock()
 	uuid, ret := dev.GetUUID()
 	if ret != nvml.SUCCESS {
-		return -1, false
+		return -1, gi, false
+	}
+	if strings.HasPrefix(uuid, "MIG-") {
+		parent, ret := dev.GetDeviceHandleFromMigDeviceHandle()
+		if ret != nvml.SUCCESS {
+			return -1, gi, false
+		}
+		if gi == noInstance {
+			id, ret := dev.GetGpuInstanceId()
+			if ret != nvml.SUCCESS {
+				return -1, gi, false
+			}
+			gi = uint32(id)
+		}
+		if uuid, ret = parent.GetUUID(); ret != nvml.SUCCESS {
+			return -1, gi, false
+		}
 	}
 	for i, g := range m.opts.Inventory.GPUs {
 		if strings.EqualFold(g.UUID, uuid) {
-			return i, true
+			return i, gi, true
 		}
 	}
-	return -1, false
+	return -1, gi, false
 }
 
 // probeLoop probes every GPU at the probe interval until ctx ends.

@@ -18,10 +18,10 @@ import (
 // docs/health.md. Faults go through the simulated NVML event sets and
 // device calls, so the plugin's real health code handles them.
 const FaultsFileFormat = `one command per line; blank lines and lines starting with # are skipped:
-  xid GPU XID   an XID error event on GPU (index), such as "xid 0 79"
-  ecc GPU       a double-bit ECC error event
-  lost GPU      the GPU falls off the bus: NVML calls on it answer ERROR_GPU_IS_LOST and a GPU-unavailable event is sent
-  recover GPU   NVML calls on the GPU answer again (a lost GPU stays unhealthy in the plugin until it restarts)
+  xid GPU XID [GI [CI]]  an XID error event on GPU (index), such as "xid 0 79"; with GI (and CI), on that MIG GPU instance (and compute instance), such as "xid 0 31 3"
+  ecc GPU [GI [CI]]      a double-bit ECC error event, of the whole GPU or of a MIG instance
+  lost GPU               the GPU falls off the bus: NVML calls on it answer ERROR_GPU_IS_LOST and a GPU-unavailable event is sent
+  recover GPU            NVML calls on the GPU answer again (a lost GPU stays unhealthy in the plugin until it restarts)
 Only lines appended while the plugin runs are applied, each once; lines already in the file when it starts are skipped, so a restarted plugin does not replay old faults.`
 
 // Fault is one command of the fault-injection file.
@@ -31,6 +31,9 @@ type Fault struct {
 	GPU int
 	// XID is the XID of an xid command.
 	XID uint64
+	// Instance is the MIG instance of an xid or ecc command; nil: the
+	// whole GPU.
+	Instance *EventInstance
 }
 
 // ParseFault parses one line of the fault-injection file.
@@ -44,13 +47,20 @@ func ParseFault(line string) (Fault, error) {
 	if f.Op == "xid" {
 		args = 2
 	}
+	// xid and ecc may name a MIG instance after their arguments.
+	optional := 0
 	switch f.Op {
-	case "xid", "ecc", "lost", "recover":
+	case "xid", "ecc":
+		optional = 2
+	case "lost", "recover":
 	default:
 		return Fault{}, fmt.Errorf("unknown command %q: want xid, ecc, lost or recover", f.Op)
 	}
-	if len(fields) != 1+args {
-		return Fault{}, fmt.Errorf("%s takes %d argument(s), got %d", f.Op, args, len(fields)-1)
+	if len(fields) < 1+args || len(fields) > 1+args+optional {
+		if optional == 0 {
+			return Fault{}, fmt.Errorf("%s takes %d argument(s), got %d", f.Op, args, len(fields)-1)
+		}
+		return Fault{}, fmt.Errorf("%s takes %d argument(s) and at most %d more (GI, CI), got %d", f.Op, args, optional, len(fields)-1)
 	}
 	gpu, err := strconv.Atoi(fields[1])
 	if err != nil || gpu < 0 {
@@ -62,6 +72,20 @@ func ParseFault(line string) (Fault, error) {
 			return Fault{}, fmt.Errorf("XID %q is not a positive number", fields[2])
 		}
 	}
+	if ids := fields[1+args:]; len(ids) > 0 {
+		f.Instance = &EventInstance{GPUInstance: NoInstanceID, ComputeInstance: NoInstanceID}
+		for i, name := range []string{"GI", "CI"}[:len(ids)] {
+			id, err := strconv.ParseUint(ids[i], 10, 32)
+			if err != nil || id >= NoInstanceID {
+				return Fault{}, fmt.Errorf("%s %q is not an instance ID", name, ids[i])
+			}
+			if i == 0 {
+				f.Instance.GPUInstance = uint32(id)
+			} else {
+				f.Instance.ComputeInstance = uint32(id)
+			}
+		}
+	}
 	return f, nil
 }
 
@@ -69,9 +93,9 @@ func ParseFault(line string) (Fault, error) {
 func (n *Node) Apply(f Fault) error {
 	switch f.Op {
 	case "xid":
-		return n.Inject(Event{GPU: f.GPU, Type: nvml.EventTypeXidCriticalError, Data: f.XID})
+		return n.Inject(Event{GPU: f.GPU, Type: nvml.EventTypeXidCriticalError, Data: f.XID, Instance: f.Instance})
 	case "ecc":
-		return n.Inject(Event{GPU: f.GPU, Type: nvml.EventTypeDoubleBitEccError})
+		return n.Inject(Event{GPU: f.GPU, Type: nvml.EventTypeDoubleBitEccError, Instance: f.Instance})
 	case "lost":
 		if err := n.SetLost(f.GPU, true); err != nil {
 			return err
@@ -113,7 +137,7 @@ func (n *Node) WatchFaults(ctx context.Context, path string, interval time.Durat
 				logger.Error(err, "Skipping a line of the fault-injection file", "line", w.lineNo, "text", l)
 				continue
 			}
-			logger.Info("Injected a simulated fault", "line", w.lineNo, "op", f.Op, "gpu", f.GPU, "xid", f.XID)
+			logger.Info("Injected a simulated fault", "line", w.lineNo, "op", f.Op, "gpu", f.GPU, "xid", f.XID, "instance", f.Instance)
 		}
 		select {
 		case <-ctx.Done():

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -23,8 +24,14 @@ func TestParseFault(t *testing.T) {
 		{line: "  ecc   3 ", want: Fault{Op: "ecc", GPU: 3}},
 		{line: "lost 5", want: Fault{Op: "lost", GPU: 5}},
 		{line: "recover 5", want: Fault{Op: "recover", GPU: 5}},
-		{line: "xid 0", err: "xid takes 2 argument(s), got 1"},
-		{line: "ecc 1 2", err: "ecc takes 1 argument(s), got 2"},
+		{line: "xid 0 31 3", want: Fault{Op: "xid", GPU: 0, XID: 31, Instance: &EventInstance{GPUInstance: 3, ComputeInstance: NoInstanceID}}},
+		{line: "xid 1 31 0 0", want: Fault{Op: "xid", GPU: 1, XID: 31, Instance: &EventInstance{GPUInstance: 0, ComputeInstance: 0}}},
+		{line: "ecc 1 2", want: Fault{Op: "ecc", GPU: 1, Instance: &EventInstance{GPUInstance: 2, ComputeInstance: NoInstanceID}}},
+		{line: "xid 0", err: "xid takes 2 argument(s) and at most 2 more (GI, CI), got 1"},
+		{line: "ecc 1 2 3 4", err: "ecc takes 1 argument(s) and at most 2 more (GI, CI), got 4"},
+		{line: "lost 1 2", err: "lost takes 1 argument(s), got 2"},
+		{line: "xid 0 31 gi", err: `GI "gi" is not an instance ID`},
+		{line: "xid 0 31 1 4294967295", err: `CI "4294967295" is not an instance ID`},
 		{line: "xid 0 zero", err: `XID "zero" is not a positive number`},
 		{line: "xid -1 79", err: `GPU "-1" is not an index`},
 		{line: "reset 1", err: `unknown command "reset"`},
@@ -37,14 +44,15 @@ func TestParseFault(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != tt.want {
+			if err != nil || !reflect.DeepEqual(got, tt.want) {
 				t.Fatalf("got %+v, %v; want %+v", got, err, tt.want)
 			}
 		})
 	}
 }
 
-// received drains an event set: "gpu:type:data" per event.
+// received drains an event set: "gpu:type:data:gi/ci" per event, "-" for
+// an instance ID that names none (NoInstanceID).
 func received(t *testing.T, n *Node, set nvml.EventSet, count int) []string {
 	t.Helper()
 	var out []string
@@ -54,7 +62,13 @@ func received(t *testing.T, n *Node, set nvml.EventSet, count int) []string {
 			t.Fatalf("event %d of %d: %v (got %v)", i+1, count, ret, out)
 		}
 		idx, _ := ev.Device.GetIndex()
-		out = append(out, fmt.Sprintf("%d:%d:%d", idx, ev.EventType, ev.EventData))
+		id := func(x uint32) string {
+			if x == NoInstanceID {
+				return "-"
+			}
+			return fmt.Sprint(x)
+		}
+		out = append(out, fmt.Sprintf("%d:%d:%d:%s/%s", idx, ev.EventType, ev.EventData, id(ev.GpuInstanceId), id(ev.ComputeInstanceId)))
 	}
 	if ev, ret := set.Wait(50); ret == nvml.SUCCESS {
 		t.Fatalf("unexpected extra event %+v after %v", ev, out)
@@ -99,16 +113,18 @@ func TestWatchFaultsAppliesAppendedLinesOnce(t *testing.T) {
 		}
 	}
 	time.Sleep(50 * time.Millisecond) // let the watch skip the existing line
-	appendLine("# a comment\n\nxid 0 79\necc 3\nbogus 1\nlos")
-	// Type 8 is an XID event, 2 a double-bit ECC error; "bogus" is
-	// skipped, "los" waits for the rest of its line.
-	got := received(t, n, set, 2)
-	if want := []string{"0:8:79", "3:2:0"}; strings.Join(got, " ") != strings.Join(want, " ") {
+	appendLine("# a comment\n\nxid 0 79\necc 3\nxid 2 31 3 0\necc 4 1\nbogus 1\nlos")
+	// Type 8 is an XID event, 2 a double-bit ECC error; an event of the
+	// whole GPU names no instance, one of a MIG instance names it on its
+	// GPU's handle; "bogus" is skipped, "los" waits for the rest of its
+	// line.
+	got := received(t, n, set, 4)
+	if want := []string{"0:8:79:-/-", "3:2:0:-/-", "2:8:31:3/0", "4:2:0:1/-"}; strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("events %v, want %v", got, want)
 	}
 	appendLine("t 5\n")
 	got = received(t, n, set, 1)
-	if got[0] != "5:16384:0" { // a GPU-unavailable event
+	if got[0] != "5:16384:0:-/-" { // a GPU-unavailable event
 		t.Errorf("lost event %v", got)
 	}
 	if _, ret := mustDevice(t, n, 5).GetUUID(); ret != nvml.ERROR_GPU_IS_LOST {

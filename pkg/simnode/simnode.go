@@ -418,7 +418,23 @@ type Event struct {
 	Type uint64
 	// Data is the event's payload: the XID for XID events.
 	Data uint64
+	// Instance, on a GPU in MIG mode, is the MIG instance the event is
+	// about; nil: the whole GPU, which NVML says with 0xFFFFFFFF in both
+	// ids.
+	Instance *EventInstance
 }
+
+// EventInstance names the MIG instance of an event as NVML does: the GPU
+// instance's ID and the compute instance's (NoInstanceID where the event
+// is about the GPU instance as a whole).
+type EventInstance struct {
+	GPUInstance     uint32
+	ComputeInstance uint32
+}
+
+// NoInstanceID is what NVML puts in an event's GpuInstanceId and
+// ComputeInstanceId when the event is not about one MIG instance.
+const NoInstanceID = 0xFFFFFFFF
 
 // Inject delivers an event to every event set that registered for its type
 // on that GPU, as NVML would after a fault.
@@ -429,8 +445,14 @@ func (n *Node) Inject(ev Event) error {
 	n.mu.Lock()
 	sets := slices.Clone(n.sets)
 	n.mu.Unlock()
+	data := nvml.EventData{Device: n.devices[ev.GPU], EventType: ev.Type, EventData: ev.Data, GpuInstanceId: NoInstanceID, ComputeInstanceId: NoInstanceID}
+	if ev.Instance != nil {
+		// NVML hands MIG events out on the parent GPU's handle, the only
+		// one events can be registered on.
+		data.GpuInstanceId, data.ComputeInstanceId = ev.Instance.GPUInstance, ev.Instance.ComputeInstance
+	}
 	for _, s := range sets {
-		s.deliver(nvml.EventData{Device: n.devices[ev.GPU], EventType: ev.Type, EventData: ev.Data}, ev.GPU)
+		s.deliver(data, ev.GPU)
 	}
 	return nil
 }

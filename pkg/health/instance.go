@@ -1,0 +1,175 @@
+package health
+
+// MIG instances.
+//
+// On a GPU in MIG mode NVML hands events out on the GPU's own handle (MIG
+// device handles cannot be registered) and says in GpuInstanceId which
+// GPU instance an event is about, or 0xFFFFFFFF for the whole GPU. An XID
+// or ECC error of one instance is that instance's: its engines, its
+// memory slices. It makes the instance unhealthy, not the GPU: the seats
+// of the GPU's other instances keep scheduling. An event of the whole GPU
+// (a GPU fallen off the bus, an XID NVML does not give an instance) makes
+// the GPU unhealthy and with it every instance on it.
+//
+// An instance is watched by the memory slices it holds (its placement),
+// which NVML reads for any GPU instance ID, whoever made the instance: a
+// published MIG device stands for a profile at a placement, so the
+// placement names the devices to taint. An instance destroyed between the
+// event and its handling can no longer be found; its event then counts
+// for the whole GPU, since the slices it held are not known.
+//
+// An unhealthy instance recovers as a GPU does: once its GPU has answered
+// its probes for the recovery period after the instance's last fault.
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
+)
+
+// noInstance is the instance ID of an event about no MIG instance.
+const noInstance = 0xFFFFFFFF
+
+// Instance is a MIG GPU instance: its GPU's index and the memory slices
+// it holds.
+type Instance struct {
+	GPU       int
+	Placement mig.Placement
+}
+
+func (in Instance) String() string {
+	return fmt.Sprintf("GPU %d MIG instance at %s", in.GPU, in.Placement)
+}
+
+// InstanceSource is a Source that also tells which MIG instances are
+// unhealthy (the Monitor is one).
+type InstanceSource interface {
+	// InstanceFaults maps every unhealthy MIG instance to its fault.
+	InstanceFaults() map[Instance]Fault
+}
+
+// InstanceFaults are the unhealthy MIG instances: none without a source,
+// or with one that does not tell them.
+func (v View) InstanceFaults() map[Instance]Fault {
+	if s, ok := v.Source.(InstanceSource); ok {
+		return s.InstanceFaults()
+	}
+	return nil
+}
+
+// OfInstance reports whether a MIG instance is healthy and, if not, why:
+// it is as healthy as itself and its GPU.
+func OfInstance(in Instance, gpus map[int]Fault, instances map[Instance]Fault) (bool, string) {
+	var msgs []string
+	if f, ok := gpus[in.GPU]; ok {
+		msgs = append(msgs, fmt.Sprintf("GPU %d: %s", in.GPU, f.Message))
+	}
+	if f, ok := instances[in]; ok {
+		msgs = append(msgs, fmt.Sprintf("%s: %s", in, f.Message))
+	}
+	if len(msgs) == 0 {
+		return true, ""
+	}
+	return false, strings.Join(msgs, "; ")
+}
+
+// InstanceFaults maps every unhealthy MIG instance to its fault.
+func (m *Monitor) InstanceFaults() map[Instance]Fault {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.instances.faults()
+}
+
+// instanceOf finds the instance a GPU instance ID names on a GPU. It
+// fails where NVML does not know the ID (any more).
+func (m *Monitor) instanceOf(ctx context.Context, gpu int, id uint32) (Instance, error) {
+	dev := m.device(ctx, gpu)
+	if dev == nil {
+		return Instance{}, fmt.Errorf("no NVML handle for GPU %d", gpu)
+	}
+	gi, ret := dev.GetGpuInstanceById(int(id))
+	if ret != nvml.SUCCESS {
+		return Instance{}, fmt.Errorf("GPU %d: GPU instance %d: %s", gpu, id, m.opts.NVML.ErrorString(ret))
+	}
+	info, ret := gi.GetInfo()
+	if ret != nvml.SUCCESS {
+		return Instance{}, fmt.Errorf("GPU %d: GPU instance %d: get its info: %s", gpu, id, m.opts.NVML.ErrorString(ret))
+	}
+	return Instance{GPU: gpu, Placement: mig.Placement{Start: int(info.Placement.Start), Size: int(info.Placement.Size)}}, nil
+}
+
+// failOn records a fault of the GPU instance an event names, or of the
+// whole GPU where it names none or one NVML cannot find.
+func (m *Monitor) failOn(ctx context.Context, gpu int, id uint32, f Fault) {
+	if id == noInstance {
+		m.fail(ctx, gpu, f)
+		return
+	}
+	in, err := m.instanceOf(ctx, gpu, id)
+	if err != nil {
+		klog.FromContext(ctx).Info("MIG instance of a health event not found; the event counts for its whole GPU", "gpu", gpu, "gpuInstance", id, "reason", f.Reason, "err", err)
+		f.Message = fmt.Sprintf("%s (GPU instance %d, not found)", f.Message, id)
+		m.fail(ctx, gpu, f)
+		return
+	}
+	f.Message = fmt.Sprintf("%s (GPU instance %d)", f.Message, id)
+	m.metrics.count(gpu, string(f.Kind))
+	m.mu.Lock()
+	tr := m.instances.fail(in, f, m.clock.Now())
+	m.mu.Unlock()
+	if tr == nil {
+		klog.FromContext(ctx).V(2).Info("MIG instance still unhealthy; recovery clock restarted", "gpu", gpu, "placement", in.Placement, "reason", f.Reason, "message", f.Message)
+		return
+	}
+	m.changedInstance(ctx, tr)
+}
+
+// succeedInstances records a successful probe of a GPU for its unhealthy
+// instances.
+func (m *Monitor) succeedInstances(ctx context.Context, gpu int) {
+	now := m.clock.Now()
+	var done []*transition[Instance]
+	m.mu.Lock()
+	var onGPU []Instance
+	for in := range m.instances.faults() {
+		if in.GPU == gpu {
+			onGPU = append(onGPU, in)
+		}
+	}
+	slices.SortFunc(onGPU, func(a, b Instance) int {
+		return cmp.Or(cmp.Compare(a.Placement.Start, b.Placement.Start), cmp.Compare(a.Placement.Size, b.Placement.Size))
+	})
+	for _, in := range onGPU {
+		if tr := m.instances.succeed(in, now); tr != nil {
+			done = append(done, tr)
+		}
+	}
+	m.mu.Unlock()
+	for _, tr := range done {
+		m.metrics.count(gpu, kindRecovered)
+		m.changedInstance(ctx, tr)
+	}
+}
+
+// changedInstance logs an instance's transition and tells the
+// subscribers.
+func (m *Monitor) changedInstance(ctx context.Context, tr *transition[Instance]) {
+	logger := klog.FromContext(ctx)
+	in := tr.gpu
+	uuid := m.opts.Inventory.GPUs[in.GPU].UUID
+	if tr.fault == nil {
+		logger.Info("MIG instance is healthy again", "gpu", in.GPU, "uuid", uuid, "placement", in.Placement, "fault", tr.previous.Reason,
+			"unhealthyFor", m.clock.Since(tr.previous.Since), "quietFor", m.recovery)
+	} else {
+		logger.Error(nil, "MIG instance is unhealthy", "gpu", in.GPU, "uuid", uuid, "placement", in.Placement, "reason", tr.fault.Reason,
+			"message", tr.fault.Message, "recoversAfter", m.recovery)
+	}
+	m.notify()
+}

@@ -1,0 +1,204 @@
+package health
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
+)
+
+// makeInstance makes a MIG instance of profile at start on GPU gpu of the
+// rig's simulated node (MIG mode on first), with the compute instance
+// that takes it whole, as the plugin makes them, and returns its GPU
+// instance ID.
+func (r *rig) makeInstance(gpu int, profile string, start int) uint32 {
+	r.t.Helper()
+	d, ret := r.sim.NVML().DeviceGetHandleByIndex(gpu)
+	if ret != nvml.SUCCESS {
+		r.t.Fatal(ret)
+	}
+	if current, _, _ := d.GetMigMode(); current != nvml.DEVICE_MIG_ENABLE {
+		if activation, ret := d.SetMigMode(nvml.DEVICE_MIG_ENABLE); activation != nvml.SUCCESS || ret != nvml.SUCCESS {
+			r.t.Fatalf("GPU %d: enable MIG: %v, %v", gpu, activation, ret)
+		}
+	}
+	name, _ := d.GetName()
+	model, err := mig.ModelForProduct(name)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	p, err := model.Profile(profile)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	info, ret := d.GetGpuInstanceProfileInfo(p.Index)
+	if ret != nvml.SUCCESS {
+		r.t.Fatalf("GPU %d: profile %s: %v", gpu, profile, ret)
+	}
+	gi, ret := d.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(start), Size: uint32(p.MemorySlices)})
+	if ret != nvml.SUCCESS {
+		r.t.Fatalf("GPU %d: make %s at %d: %v", gpu, profile, start, ret)
+	}
+	whole := map[int]int{1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, 3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE,
+		4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE}[p.ComputeSlices]
+	ci, ret := gi.GetComputeInstanceProfileInfo(whole, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != nvml.SUCCESS {
+		r.t.Fatalf("GPU %d: compute profile of %s: %v", gpu, profile, ret)
+	}
+	if _, ret := gi.CreateComputeInstance(&ci); ret != nvml.SUCCESS {
+		r.t.Fatalf("GPU %d: make the compute instance of %s: %v", gpu, profile, ret)
+	}
+	gii, _ := gi.GetInfo()
+	return gii.Id
+}
+
+// instanceFaults renders the unhealthy MIG instances as
+// "gpu/placement:reason" in order.
+func (r *rig) instanceFaults() string {
+	var out []string
+	for in, f := range r.m.InstanceFaults() {
+		out = append(out, fmt.Sprintf("%d/%s:%s", in.GPU, in.Placement, f.Reason))
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
+}
+
+func TestMIGInstanceFaults(t *testing.T) {
+	type step struct {
+		at        time.Duration
+		do        string
+		gpus      string // the unhealthy GPUs after the step
+		instances string // the unhealthy MIG instances after the step
+	}
+	// GPU 2 of the simulated DGX H100 holds 1g.10gb instances at slices
+	// 0 and 3 (GPU instance IDs 7 and 10) and a 3g.40gb at 4 (ID 2).
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{
+			name: "an XID of one instance makes that instance unhealthy, not its GPU, and it recovers",
+			steps: []step{
+				{0, "xid 2 79 10", "", "2/{3}:1:xid-79"},
+				{4*time.Minute + 59*time.Second, "probe", "", "2/{3}:1:xid-79"},
+				{5 * time.Minute, "probe", "", ""},
+			},
+		},
+		{
+			name: "an XID of the compute instance counts for its GPU instance",
+			steps: []step{
+				{0, "xid 2 48 2 0", "", "2/{4}:4:xid-48"},
+			},
+		},
+		{
+			name: "a double-bit ECC error of one instance",
+			steps: []step{
+				{0, "ecc 2 7", "", "2/{0}:1:double-bit-ecc"},
+			},
+		},
+		{
+			name: "an XID of the whole MIG GPU makes the GPU unhealthy",
+			steps: []step{
+				{0, "xid 2 79", "2:xid-79", ""},
+			},
+		},
+		{
+			name: "instances recover apart, each a period after its last fault",
+			steps: []step{
+				{0, "xid 2 79 10", "", "2/{3}:1:xid-79"},
+				{2 * time.Minute, "xid 2 74 7", "", "2/{0}:1:xid-74 2/{3}:1:xid-79"},
+				{4 * time.Minute, "xid 2 48 10", "", "2/{0}:1:xid-74 2/{3}:1:xid-79"},
+				{7 * time.Minute, "probe", "", "2/{3}:1:xid-79"},
+				{9 * time.Minute, "probe", "", ""},
+			},
+		},
+		{
+			name: "an instance waits for its GPU's probes to answer",
+			steps: []step{
+				{0, "xid 2 79 10", "", "2/{3}:1:xid-79"},
+				{4 * time.Minute, "fail 2", "", "2/{3}:1:xid-79"},
+				{5 * time.Minute, "probe", "2:unreachable", "2/{3}:1:xid-79"},
+				{5*time.Minute + time.Second, "recover 2", "2:unreachable", "2/{3}:1:xid-79"},
+				{10*time.Minute + time.Second, "probe", "", ""},
+			},
+		},
+		{
+			name: "an instance XID the policy ignores changes nothing",
+			steps: []step{
+				{0, "xid 2 31 10", "", ""},
+			},
+		},
+		{
+			name: "an event of an instance NVML cannot find counts for the whole GPU",
+			steps: []step{
+				{0, "xid 2 79 12", "2:xid-79", ""},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, nil)
+			for _, at := range []struct {
+				profile string
+				start   int
+				id      uint32
+			}{{"1g.10gb", 0, 7}, {"1g.10gb", 3, 10}, {"3g.40gb", 4, 2}} {
+				if id := r.makeInstance(2, at.profile, at.start); id != at.id {
+					t.Fatalf("%s at %d has GPU instance ID %d, want %d", at.profile, at.start, id, at.id)
+				}
+			}
+			for _, s := range tt.steps {
+				r.do(s.at, s.do)
+				if got := r.faults(); got != s.gpus {
+					t.Fatalf("after %q at +%v: unhealthy GPUs %q, want %q", s.do, s.at, got, s.gpus)
+				}
+				if got := r.instanceFaults(); got != s.instances {
+					t.Fatalf("after %q at +%v: unhealthy instances %q, want %q", s.do, s.at, got, s.instances)
+				}
+			}
+		})
+	}
+}
+
+func TestMIGInstanceFaultMessagesNameTheInstance(t *testing.T) {
+	r := newRig(t, nil)
+	id := r.makeInstance(2, "1g.10gb", 3)
+	r.do(0, fmt.Sprintf("xid 2 79 %d", id))
+	r.do(0, "xid 2 74 12")
+	in := Instance{GPU: 2, Placement: mig.Placement{Start: 3, Size: 1}}
+	for _, c := range []struct {
+		in   Instance
+		want string
+	}{
+		{in, "GPU 2: XID 74 (NVLink error) (GPU instance 12, not found); GPU 2 MIG instance at {3}:1: XID 79 (GPU has fallen off the bus) (GPU instance 10)"},
+		{Instance{GPU: 2, Placement: mig.Placement{Start: 0, Size: 1}}, "GPU 2: XID 74 (NVLink error) (GPU instance 12, not found)"},
+		{Instance{GPU: 3, Placement: mig.Placement{Start: 3, Size: 1}}, ""},
+	} {
+		ok, msg := OfInstance(c.in, r.m.Faults(), r.m.InstanceFaults())
+		if ok != (c.want == "") || msg != c.want {
+			t.Errorf("%s: %v %q, want %q", c.in, ok, msg, c.want)
+		}
+	}
+}
+
+func TestMIGInstanceEventsAreCountedOnTheirGPU(t *testing.T) {
+	r := newRig(t, nil)
+	id := r.makeInstance(2, "1g.10gb", 3)
+	r.do(0, fmt.Sprintf("xid 2 79 %d", id))
+	r.do(0, fmt.Sprintf("xid 2 13 %d", id))
+	r.do(5*time.Minute, "probe")
+	for _, c := range []struct {
+		kind string
+		want float64
+	}{{"xid", 1}, {"xid_ignored", 1}, {"recovered", 1}} {
+		if got := testutil.ToFloat64(r.m.metrics.events.WithLabelValues("2", c.kind)); got != c.want {
+			t.Errorf("gpu 2 kind %s: %v, want %v", c.kind, got, c.want)
+		}
+	}
+}
