@@ -19,10 +19,19 @@ func WriteJSON(w io.Writer, v *View) error {
 
 // WriteTable prints the view for a person: per node a line per group, its
 // holders beside it, then the free seats per profile. wide adds the
-// interconnect, the taints and the seats' generations. Every cell is
-// escaped (see cell): text from the API cannot add rows or columns.
+// interconnect, the taints and the seats' generations. Where a node
+// publishes MIG devices, a MIG column gives each one's MIG profile and
+// placement, and a held seat its MIG device's UUID ("-" until the plugin
+// has written the claim's status). Every cell is escaped (see cell): text
+// from the API cannot add rows or columns.
 func WriteTable(w io.Writer, v *View, wide bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	withMIG := false
+	for _, n := range v.Nodes {
+		for _, g := range n.Groups {
+			withMIG = withMIG || g.MIG != nil
+		}
+	}
 	for i, n := range v.Nodes {
 		if i > 0 {
 			fmt.Fprintln(tw)
@@ -35,13 +44,25 @@ func WriteTable(w io.Writer, v *View, wide bool) error {
 		if len(n.Groups) == 0 && len(n.IncompletePools) > 0 {
 			continue
 		}
-		header := "DEVICE\tGROUP\tPROFILE\tGPUS\tSEATS\tHELD\tSTATE\tHELD BY"
-		if wide {
-			header = "DEVICE\tGROUP\tPROFILE\tGPUS\tINTERCONNECT\tSEATS\tHELD\tSTATE\tTAINTS\tHELD BY"
+		header := []string{"DEVICE", "GROUP", "PROFILE"}
+		if withMIG {
+			header = append(header, "MIG")
 		}
-		fmt.Fprintln(tw, header)
+		header = append(header, "GPUS")
+		if wide {
+			header = append(header, "INTERCONNECT")
+		}
+		header = append(header, "SEATS", "HELD", "STATE")
+		if wide {
+			header = append(header, "TAINTS")
+		}
+		fmt.Fprintln(tw, strings.Join(append(header, "HELD BY"), "\t"))
 		for _, g := range n.Groups {
-			cells := []string{g.Device, g.Group, g.Profile, ints(g.GPUs)}
+			cells := []string{g.Device, g.Group, g.Profile}
+			if withMIG {
+				cells = append(cells, migCell(g.MIG))
+			}
+			cells = append(cells, ints(g.GPUs))
 			if wide {
 				cells = append(cells, dash(g.Interconnect))
 			}
@@ -126,12 +147,24 @@ func heldBy(g Group, wide bool) string {
 		if len(h.Pods) > 0 {
 			text += " (" + strings.Join(h.Pods, " ") + ")"
 		}
+		if g.MIG != nil {
+			text += " " + dash(h.MIGDeviceUUID)
+		}
 		parts = append(parts, text)
 	}
 	if hidden := g.HeldSeats - len(g.Held); hidden > 0 && len(parts) < g.HeldSeats {
 		parts = append(parts, fmt.Sprintf("%d in other namespaces", hidden))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// migCell renders a MIG device's profile and placement as nvidia-smi
+// writes a placement: 1g.10gb {6}:1.
+func migCell(m *MIGInstance) string {
+	if m == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%s {%d}:%d", m.Profile, m.PlacementStart, m.PlacementSize)
 }
 
 func ints(xs []int) string {

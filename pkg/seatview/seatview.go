@@ -76,6 +76,20 @@ type Group struct {
 	Taints    []string `json:"taints,omitempty"`
 	// Held are the seats held, by seat.
 	Held []Seat `json:"held"`
+	// MIG is set for a MIG device: one instance of a MIG profile at one
+	// placement of its GPU, a group of one seat.
+	MIG *MIGInstance `json:"mig,omitempty"`
+}
+
+// MIGInstance is the MIG instance a device stands for, from its published
+// attributes.
+type MIGInstance struct {
+	// Profile is the MIG profile as nvidia-smi names it: 1g.10gb.
+	Profile string `json:"profile"`
+	// PlacementStart and PlacementSize are the instance's memory slices
+	// on its GPU.
+	PlacementStart int `json:"placementStart"`
+	PlacementSize  int `json:"placementSize"`
 }
 
 // Seat is one held seat, or several held by one claim whose seat numbers
@@ -90,6 +104,9 @@ type Seat struct {
 	Claim string `json:"claim"`
 	// Pods are the pods the claim is reserved for, "namespace/name".
 	Pods []string `json:"pods"`
+	// MIGDeviceUUID is the MIG device made for the seat of a MIG device
+	// (MIG-…), once the plugin has written the claim's status.
+	MIGDeviceUUID string `json:"migDeviceUUID,omitempty"`
 }
 
 // ProfileSeats counts seats of one profile.
@@ -109,6 +126,15 @@ type Options struct {
 	Namespace string
 }
 
+// The attributes of a MIG device, as the plugin publishes them
+// (pkg/draresources): its type "mig", its MIG profile and its placement.
+const (
+	attrType           = "type"
+	attrMIGProfile     = "migProfile"
+	attrPlacementStart = "placementStart"
+	attrPlacementSize  = "placementSize"
+)
+
 // perSeat matches a device of the per-seat layout, g01-2x-seat-1.
 var perSeat = regexp.MustCompile(`^(.+)-seat-([0-9]+)$`)
 
@@ -122,9 +148,10 @@ type groupKey struct{ node, device string }
 func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.ResourceClaim, opts Options) *View {
 	devices := map[string][]string{} // node -> group devices, in published order
 	groups := map[groupKey]*Group{}
-	// counters are the shared counters each group consumes, "set/counter",
-	// to find the groups a held one blocks.
-	counters := map[groupKey][]string{}
+	// needs are what each group consumes of its node's shared counters,
+	// caps the counters' values, to find the groups held ones block.
+	needs := map[groupKey]counterUse{}
+	caps := map[string]counterUse{}
 	seatDevices := map[groupKey]map[string]int{} // device name -> seat, per-seat layout
 	var own []resourceapi.ResourceSlice
 	for _, s := range resourceSlices {
@@ -150,6 +177,10 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 		if _, seen := devices[name]; !seen {
 			devices[name] = []string{}
 		}
+		if caps[name] == nil {
+			caps[name] = counterUse{}
+		}
+		addCapacities(caps[name], s)
 		for _, d := range s.Spec.Devices {
 			device, seat := d.Name, -1
 			if m := perSeat.FindStringSubmatch(d.Name); m != nil {
@@ -161,13 +192,12 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 			if g == nil {
 				g = &Group{Device: device, Group: str(d, v1alpha1.AttrGroup), Profile: str(d, v1alpha1.AttrProfile),
 					GPUs: gpuList(str(d, v1alpha1.AttrGPUIndices)), Interconnect: str(d, v1alpha1.AttrInterconnect), Held: []Seat{}}
+				if str(d, attrType) == "mig" {
+					g.MIG = &MIGInstance{Profile: str(d, attrMIGProfile), PlacementStart: integer(d, attrPlacementStart), PlacementSize: integer(d, attrPlacementSize)}
+				}
 				groups[key] = g
 				devices[name] = append(devices[name], device)
-				for _, c := range d.ConsumesCounters {
-					for counter := range c.Counters {
-						counters[key] = append(counters[key], c.CounterSet+"/"+counter)
-					}
-				}
+				needs[key] = consumption(d)
 			}
 			if seat >= 0 {
 				if seatDevices[key] == nil {
@@ -193,17 +223,27 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 	free := map[string]*ProfileSeats{}
 	var profiles []string
 	inUse := map[string][]groupKey{}
+	used := map[string]counterUse{}
 	for key, g := range groups {
 		if g.HeldSeats > 0 {
 			inUse[key.node] = append(inUse[key.node], key)
+			if used[key.node] == nil {
+				used[key.node] = counterUse{}
+			}
+			used[key.node].add(needs[key])
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(devices)) {
 		n := Node{Name: name, Groups: []Group{}, IncompletePools: incomplete[name]}
+		// A MIG profile's seats are counted as the allocator would hand
+		// them out one after the other: placements overlap and a GPU's
+		// seats of a profile may be fewer than its placements, so its
+		// devices do not add up.
+		migAll, migFree := map[string][]counterUse{}, map[string][]counterUse{}
 		for _, device := range devices[name] {
 			key := groupKey{name, device}
 			g := groups[key]
-			settle(g, key, inUse[name], counters)
+			settle(g, key, inUse[name], needs, caps[name], used[name])
 			n.Groups = append(n.Groups, *g)
 			p := free[g.Profile]
 			if p == nil {
@@ -211,10 +251,21 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 				free[g.Profile] = p
 				profiles = append(profiles, g.Profile)
 			}
+			if g.MIG != nil {
+				migAll[g.Profile] = append(migAll[g.Profile], needs[key])
+				if g.State == StateFree {
+					migFree[g.Profile] = append(migFree[g.Profile], needs[key])
+				}
+				continue
+			}
 			p.Total += g.Seats
 			if g.State == StateFree || g.State == StateInUse {
 				p.Free += g.Seats - g.HeldSeats
 			}
+		}
+		for profile, all := range migAll {
+			free[profile].Total += fitMore(caps[name], nil, all)
+			free[profile].Free += fitMore(caps[name], used[name], migFree[profile])
 		}
 		v.Nodes = append(v.Nodes, n)
 	}
@@ -271,7 +322,7 @@ func holders(groups map[groupKey]*Group, seatDevices map[groupKey]map[string]int
 			switch {
 			case ok && len(status.Seats) == len(status.Generations):
 				for i, s := range status.Seats {
-					g.Held = append(g.Held, Seat{Seat: &s, Generation: status.Generations[i], Claim: name, Pods: pods})
+					g.Held = append(g.Held, Seat{Seat: &s, Generation: status.Generations[i], Claim: name, Pods: pods, MIGDeviceUUID: status.MIGDeviceUUID})
 				}
 			case perSeatIndex >= 0:
 				g.Held = append(g.Held, Seat{Seat: &perSeatIndex, Claim: name, Pods: pods})
@@ -292,15 +343,22 @@ func holders(groups map[groupKey]*Group, seatDevices map[groupKey]map[string]int
 	}
 }
 
+// deviceStatus is the data the plugin writes into a claim's status for a
+// device: its seats and, for a MIG device, the MIG device made for it.
+type deviceStatus struct {
+	v1alpha1.SeatStatus
+	MIGDeviceUUID string `json:"migDeviceUUID,omitempty"`
+}
+
 // seatData is the seat data the plugin wrote into a claim's status, by
 // device and share.
-func seatData(cl resourceapi.ResourceClaim) map[string]v1alpha1.SeatStatus {
-	out := map[string]v1alpha1.SeatStatus{}
+func seatData(cl resourceapi.ResourceClaim) map[string]deviceStatus {
+	out := map[string]deviceStatus{}
 	for _, d := range cl.Status.Devices {
 		if d.Driver != driver.Name || d.Data == nil {
 			continue
 		}
-		var s v1alpha1.SeatStatus
+		var s deviceStatus
 		if err := json.Unmarshal(d.Data.Raw, &s); err == nil {
 			out[d.Device+"/"+shareID(d.ShareID)] = s
 		}
@@ -311,7 +369,7 @@ func seatData(cl resourceapi.ResourceClaim) map[string]v1alpha1.SeatStatus {
 // settle decides a group's state: unhealthy first (no new claim lands
 // there), then full, in use, blocked by a held group that shares a counter
 // (a GPU), or free.
-func settle(g *Group, key groupKey, inUse []groupKey, counters map[groupKey][]string) {
+func settle(g *Group, key groupKey, inUse []groupKey, needs map[groupKey]counterUse, caps, used counterUse) {
 	for _, t := range g.Taints {
 		if strings.HasSuffix(t, ":NoSchedule") || strings.HasSuffix(t, ":NoExecute") {
 			g.State = StateUnhealthy
@@ -326,8 +384,9 @@ func settle(g *Group, key groupKey, inUse []groupKey, counters map[groupKey][]st
 		g.State = StateInUse
 		return
 	}
+	full := over(caps, used, needs[key])
 	for _, other := range inUse {
-		if other != key && shares(counters[key], counters[other]) {
+		if other != key && slices.ContainsFunc(full, func(c string) bool { return needs[other][c] > 0 }) {
 			g.BlockedBy = append(g.BlockedBy, other.device)
 		}
 	}
@@ -338,15 +397,18 @@ func settle(g *Group, key groupKey, inUse []groupKey, counters map[groupKey][]st
 	}
 }
 
-func shares(a, b []string) bool {
-	return slices.ContainsFunc(a, func(x string) bool { return slices.Contains(b, x) })
-}
-
 func str(d resourceapi.Device, name v1alpha1.AttributeName) string {
 	if a, ok := d.Attributes[resourceapi.QualifiedName(name)]; ok && a.StringValue != nil {
 		return *a.StringValue
 	}
 	return ""
+}
+
+func integer(d resourceapi.Device, name string) int {
+	if a, ok := d.Attributes[resourceapi.QualifiedName(name)]; ok && a.IntValue != nil {
+		return int(*a.IntValue)
+	}
+	return 0
 }
 
 func gpuList(s string) []int {
