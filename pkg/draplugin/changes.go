@@ -28,16 +28,18 @@ const heldPublishDelay = 500 * time.Millisecond
 func (p *publisher) watchChanges(ctx context.Context, healthChanged <-chan struct{}) {
 	logger := klog.FromContext(ctx)
 	last := map[int]health.Fault{}
+	lastInstances := map[health.Instance]health.Fault{}
 	for {
-		now := p.health.faults()
+		now, nowInstances := p.health.faults(), p.health.view.InstanceFaults()
 		p.healthEvents(ctx, last, now)
+		p.instanceHealthEvents(ctx, lastInstances, nowInstances)
 		if ctx.Err() != nil {
 			return
 		}
 		if err := p.publish(ctx); err != nil {
 			logger.Error(err, "Cannot publish the ResourceSlices again")
 		}
-		last = now
+		last, lastInstances = now, nowInstances
 		select {
 		case <-ctx.Done():
 			return

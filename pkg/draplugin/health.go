@@ -2,11 +2,20 @@ package draplugin
 
 import (
 	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
 // healthCheckTimeout is how long the kubelet trusts a device's health
@@ -38,9 +47,12 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 	}
 }
 
-// healthReports is the health of every device published last.
+// healthReports is the health of every device published last. A MIG
+// device is as healthy as its instance and its GPU; a group device as its
+// GPUs (a fault of one MIG instance leaves them alone).
 func (p *publisher) healthReports(now time.Time) []kubeletplugin.DeviceHealth {
 	bad := p.health.faults()
+	badInstances := p.health.view.InstanceFaults()
 	var out []kubeletplugin.DeviceHealth
 	for _, name := range p.devices() {
 		h := kubeletplugin.DeviceHealth{
@@ -48,12 +60,108 @@ func (p *publisher) healthReports(now time.Time) []kubeletplugin.DeviceHealth {
 			LastUpdated: now, HealthCheckTimeout: healthCheckTimeout,
 		}
 		if ref, ok := p.node.index[name]; ok {
-			if ok, msg := health.OfGPUs(ref.Group.GPUs, bad); !ok {
+			healthy, msg := health.OfGPUs(ref.Group.GPUs, bad)
+			if ref.MIG != nil {
+				healthy, msg = health.OfInstance(instanceOf(*ref.MIG), bad, badInstances)
+			}
+			if !healthy {
 				h.Health = kubeletplugin.HealthStatusUnhealthy
 				h.Message = msg
 			}
 		}
 		out = append(out, h)
 	}
+	return out
+}
+
+// instanceOf is the MIG instance a MIG device stands for.
+func instanceOf(d planner.MIGDevice) health.Instance {
+	return health.Instance{GPU: d.GPU.Index(), Placement: d.Placement}
+}
+
+// taintInstances taints the MIG devices of res whose instance is
+// unhealthy: every profile's device at the instance's placement, since
+// whichever is allocated next gets the same memory slices. A device its
+// GPU's fault tainted already keeps that taint alone (one taint per key:
+// a GPU fault is at least as strong). Instance faults are never a loss:
+// NoSchedule.
+func (h healthTaints) taintInstances(res resourceslice.DriverResources, plan *planner.Plan) {
+	bad := h.view.InstanceFaults()
+	if len(bad) == 0 {
+		return
+	}
+	faulty := map[string]health.Fault{}
+	for _, d := range plan.MIGDevices() {
+		if f, ok := bad[instanceOf(d)]; ok {
+			faulty[d.DeviceName()] = f
+		}
+	}
+	for _, pool := range res.Pools {
+		for _, s := range pool.Slices {
+			for i := range s.Devices {
+				dev := &s.Devices[i]
+				f, ok := faulty[dev.Name]
+				if !ok || slices.ContainsFunc(dev.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == draresources.TaintKey }) {
+					continue
+				}
+				dev.Taints = append(dev.Taints, instanceTaint(f))
+			}
+		}
+	}
+}
+
+// instanceTaint is the taint of an unhealthy instance's devices: the
+// taint of a group of one GPU with that fault, whose value GroupTaint
+// makes a label value.
+func instanceTaint(f health.Fault) resourceapi.DeviceTaint {
+	t, _ := draresources.GroupTaint([]int{0}, draresources.Faults{0: {Reason: f.Reason, Effect: resourceapi.DeviceTaintEffectNoSchedule}})
+	return t
+}
+
+// instanceHealthEvents records an event for every MIG instance whose
+// fault appeared, changed or went away between two views.
+func (p *publisher) instanceHealthEvents(ctx context.Context, before, after map[health.Instance]health.Fault) {
+	all := map[health.Instance]bool{}
+	for in := range before {
+		all[in] = true
+	}
+	for in := range after {
+		all[in] = true
+	}
+	order := func(a, b health.Instance) int {
+		if a.GPU != b.GPU {
+			return a.GPU - b.GPU
+		}
+		if a.Placement.Start != b.Placement.Start {
+			return a.Placement.Start - b.Placement.Start
+		}
+		return a.Placement.Size - b.Placement.Size
+	}
+	for _, in := range slices.SortedFunc(maps.Keys(all), order) {
+		was, wasBad := before[in]
+		is, isBad := after[in]
+		uuid := p.node.inv.GPUs[in.GPU].UUID
+		devices := strings.Join(p.devicesOf(in), " ")
+		switch {
+		case isBad && (!wasBad || was.Reason != is.Reason):
+			taint := instanceTaint(is)
+			p.events.Warning(ctx, nodeevents.ReasonGPUUnhealthy, fmt.Sprintf("MIG instance at %s of GPU %d (%s) is unhealthy: %s. Its devices %s are tainted %s=%s:%s; the GPU's other instances are not",
+				in.Placement, in.GPU, uuid, is.Message, devices, taint.Key, taint.Value, taint.Effect))
+		case wasBad && !isBad:
+			p.events.Normal(ctx, nodeevents.ReasonGPUHealthy, fmt.Sprintf("MIG instance at %s of GPU %d (%s) is healthy again after %s; the taint is removed from its devices %s",
+				in.Placement, in.GPU, uuid, was.Reason, devices))
+		}
+	}
+}
+
+// devicesOf names the MIG devices of the plan at an instance's placement.
+func (p *publisher) devicesOf(in health.Instance) []string {
+	var out []string
+	for _, d := range p.node.plan.MIGDevices() {
+		if instanceOf(d) == in {
+			out = append(out, d.DeviceName())
+		}
+	}
+	slices.Sort(out)
 	return out
 }

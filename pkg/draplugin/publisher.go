@@ -134,6 +134,7 @@ func (p *publisher) resources() resourceslice.DriverResources {
 	}
 	p.metrics.hidden.Set(float64(hidden))
 	draresources.Taint(res, node.plan, p.health.taints())
+	p.health.taintInstances(res, node.plan)
 	draresources.Fence(res, node.plan, fenced)
 	var names []string
 	perProfile := map[string]int{}

@@ -1,0 +1,107 @@
+package draplugin_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+)
+
+// gpu0InstanceID is the GPU instance ID NVML gives GPU 0's instance at a
+// memory slice.
+func (e *env) gpu0InstanceID(start uint32) uint32 {
+	e.t.Helper()
+	dev, ret := e.sim.NVML().DeviceGetHandleByIndex(0)
+	if ret != nvml.SUCCESS {
+		e.t.Fatal(ret)
+	}
+	for index := range nvml.GPU_INSTANCE_PROFILE_COUNT {
+		info, ret := dev.GetGpuInstanceProfileInfo(index)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		gis, _ := dev.GetGpuInstances(&info)
+		for _, gi := range gis {
+			if g, _ := gi.GetInfo(); g.Placement.Start == start {
+				return g.Id
+			}
+		}
+	}
+	e.t.Fatalf("GPU 0 has no instance at memory slice %d", start)
+	return 0
+}
+
+// An XID of one MIG instance, as NVML reports it (on the GPU's handle,
+// with the GPU instance's ID), taints the devices of that instance only,
+// reports them unhealthy on the kubelet's health stream, and recovers; an
+// XID of the whole GPU taints all its devices, MIG or not.
+func TestMIGInstanceFaultTaintsItsDevicesOnlyOverSockets(t *testing.T) {
+	fc := testingclock.NewFakeClock(time.Now())
+	var mon *health.Monitor
+	e := newEnv(t, "dgx-h100", migConfig, withMIG(&crashPoint{}), withMonitor(fc, &mon))
+	stream, err := drahealth.NewDRAResourceHealthClient(e.conn).NodeWatchResources(e.ctx, &drahealth.NodeWatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamUntil(t, stream, nil)
+	claim := e.claim(classMIG1g)
+	if got := claim.Status.Allocation.Devices.Results[0].Device; got != "g0-mig-1g-10gb-6" {
+		t.Fatalf("allocated %s, want g0-mig-1g-10gb-6", got)
+	}
+	e.prepareOK(claim)
+	id := e.gpu0InstanceID(6)
+
+	if err := e.sim.Inject(simnode.Event{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 79, Instance: &simnode.EventInstance{GPUInstance: id, ComputeInstance: 0}}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"g0-mig-1g-10gb-6 gpu.kyb.ai/unhealthy=xid-79:NoSchedule"}
+	waitFor(t, "the taint of the instance's device", func() bool { return slices.Equal(taints(t, e), want) })
+	streamUntil(t, stream, []string{
+		fmt.Sprintf("g0-mig-1g-10gb-6 UNHEALTHY: GPU 0 MIG instance at {6}:1: XID 79 (GPU has fallen off the bus) (GPU instance %d)", id),
+	})
+	waitFor(t, "a GPUUnhealthy event", func() bool { return nodeEvent(t, e, "GPUUnhealthy") != "" })
+	if got, want := nodeEvent(t, e, "GPUUnhealthy"), fmt.Sprintf("MIG instance at {6}:1 of GPU 0 (%s) is unhealthy: XID 79 (GPU has fallen off the bus) (GPU instance %d). Its devices g0-mig-1g-10gb-6 are tainted gpu.kyb.ai/unhealthy=xid-79:NoSchedule; the GPU's other instances are not", e.inv.GPUs[0].UUID, id); got != want {
+		t.Errorf("event:\n got %q\nwant %q", got, want)
+	}
+	if n := healthEvents(t, e, "0", "xid"); n != 1 {
+		t.Errorf("kyb_gpu_health_events_total{gpu=0,kind=xid} = %v, want 1", n)
+	}
+
+	waitFor(t, "the taint to go", func() bool {
+		if len(taints(t, e)) == 0 {
+			return true
+		}
+		if fc.HasWaiters() {
+			fc.Step(mon.RecoveryPeriod())
+		}
+		return false
+	})
+	streamUntil(t, stream, nil)
+	waitFor(t, "a GPUHealthy event", func() bool { return nodeEvent(t, e, "GPUHealthy") != "" })
+	if got, want := nodeEvent(t, e, "GPUHealthy"), fmt.Sprintf("MIG instance at {6}:1 of GPU 0 (%s) is healthy again after xid-79; the taint is removed from its devices g0-mig-1g-10gb-6", e.inv.GPUs[0].UUID); got != want {
+		t.Errorf("event:\n got %q\nwant %q", got, want)
+	}
+
+	if err := e.sim.Inject(simnode.Event{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 74}); err != nil {
+		t.Fatal(err)
+	}
+	want = []string{"g0-1x gpu.kyb.ai/unhealthy=xid-74:NoSchedule"}
+	for _, d := range []string{"1g-10gb-0", "1g-10gb-1", "1g-10gb-2", "1g-10gb-3", "1g-10gb-4", "1g-10gb-5", "1g-10gb-6", "2g-20gb-0", "2g-20gb-2", "2g-20gb-4"} {
+		want = append(want, "g0-mig-"+d+" gpu.kyb.ai/unhealthy=xid-74:NoSchedule")
+	}
+	slices.Sort(want)
+	waitFor(t, "the taints of every device of GPU 0", func() bool { return slices.Equal(taints(t, e), want) })
+	var unhealthy []string
+	for _, w := range want {
+		unhealthy = append(unhealthy, strings.Fields(w)[0]+" UNHEALTHY: GPU 0: XID 74 (NVLink error)")
+	}
+	streamUntil(t, stream, unhealthy)
+}
