@@ -265,6 +265,7 @@ func (d *Driver) open(ctx context.Context) error {
 	// unprepare lost in a crash) go; those nobody recorded are logged.
 	d.mig.reconcile(ctx, d.ledger, true)
 	d.statuses = newStatusWriter(opts.BackgroundClient.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
+	d.statuses.migUUID = d.mig.instanceUUID
 	if opts.Usage.Sampler != nil {
 		d.usage = newPodUsage(ctx, opts.Usage, d.ledger, opts.PodResources, opts.PluginDataDir)
 		if err := d.metrics.registry.Register(usageCollector{d.usage}); err != nil {

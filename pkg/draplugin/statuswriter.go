@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
@@ -54,6 +55,9 @@ type statusWriter struct {
 	metrics *metrics
 	// written is called after each status written (a test hook).
 	written func()
+	// migUUID is the UUID of the MIG device made for a claim's device,
+	// "" for another device; nil where the node has no MIG seats.
+	migUUID func(uid types.UID, dev checkpoint.Device) string
 }
 
 func newStatusWriter(claims resourceclient.ResourceClaimsGetter, ledger statusLedger, m *metrics, written func()) *statusWriter {
@@ -114,7 +118,7 @@ func (w *statusWriter) writeNext(ctx context.Context) bool {
 		return true
 	}
 	wctx, cancel := context.WithTimeout(ctx, statusWriteTimeout)
-	err := w.write(wctx, c)
+	err := w.write(wctx, uid, c)
 	cancel()
 	switch {
 	case err == nil:
@@ -137,14 +141,46 @@ func (w *statusWriter) writeNext(ctx context.Context) bool {
 	return true
 }
 
+// deviceStatus is what a device's status data holds: its seats and, for a
+// MIG device, the UUID of the MIG device made for it (MIG-…), which
+// kubectl kyb seats shows and a container sees in CUDA_VISIBLE_DEVICES.
+// Every reader of the seat status (a lost checkpoint's rebuild, kubectl
+// kyb seats) decodes it with encoding/json, which skips a field it does
+// not know, so an older reader reads it as before.
+type deviceStatus struct {
+	v1alpha1.SeatStatus
+	MIGDeviceUUID string `json:"migDeviceUUID,omitempty"`
+}
+
+// instanceUUID is the UUID of the MIG device made for a claim's device;
+// "" for a device that is not a MIG device, or whose instance is not
+// made.
+func (s *migSeats) instanceUUID(uid types.UID, dev checkpoint.Device) string {
+	if s == nil || s.instances == nil {
+		return ""
+	}
+	if _, ok := s.want(uid, dev); !ok {
+		return ""
+	}
+	inst, ok, err := s.instances.Lookup(uid, dev.Device)
+	if err != nil || !ok {
+		return ""
+	}
+	return inst.UUID
+}
+
 // write records the seats in the claim's status with server-side apply,
 // as field manager gpu.kyb.ai: the driver owns its own entries of
 // status.devices and nothing else (RBAC: resourceclaims/driver,
 // associated-node:patch).
-func (w *statusWriter) write(ctx context.Context, c *checkpoint.Claim) error {
+func (w *statusWriter) write(ctx context.Context, uid types.UID, c *checkpoint.Claim) error {
 	status := resourceapply.ResourceClaimStatus()
 	for _, dev := range c.Devices {
-		data, err := json.Marshal(dev.SeatStatus)
+		st := deviceStatus{SeatStatus: dev.SeatStatus}
+		if w.migUUID != nil {
+			st.MIGDeviceUUID = w.migUUID(uid, dev)
+		}
+		data, err := json.Marshal(st)
 		if err != nil {
 			return fmt.Errorf("encode seat status: %w", err)
 		}
