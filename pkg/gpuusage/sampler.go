@@ -34,6 +34,9 @@ type Process struct {
 	Container Container
 	InPod     bool
 	CgroupErr error
+	// Instance is the MIG device the process runs in; nil on a GPU not in
+	// MIG mode.
+	Instance *Instance
 }
 
 // Usage is one GPU at one sample.
@@ -43,6 +46,8 @@ type Usage struct {
 	MemoryTotalBytes uint64
 	SMPercent        uint32
 	Processes        []Process
+	// Instances are the GPU's MIG devices, in MIG mode (see mig.go).
+	Instances []*Instance
 	// Err is set when the GPU did not answer; the other fields are then
 	// empty.
 	Err error
@@ -106,25 +111,38 @@ func (s *Sampler) sample(g GPU) (Usage, error) {
 	if rates, ret := dev.GetUtilizationRates(); ret == nvml.SUCCESS {
 		u.SMPercent = rates.Gpu
 	}
+	if inMIGMode(dev) {
+		instances, procs, err := s.sampleMIG(dev, g)
+		if err != nil {
+			return Usage{}, err
+		}
+		u.Instances, u.Processes = instances, procs
+		return u, nil
+	}
 	procs, ret := dev.GetComputeRunningProcesses()
 	if ret != nvml.SUCCESS {
 		return Usage{}, fmt.Errorf("GPU %d processes: %s", g.Index, s.lib.ErrorString(ret))
 	}
 	sm := s.processSM(dev, g.Index)
 	for _, p := range procs {
-		proc := Process{PID: p.Pid, MemoryBytes: p.UsedGpuMemory, SMPercent: sm[p.Pid]}
-		if p.UsedGpuMemory == valueNotAvailable {
-			proc.MemoryBytes = 0
-		}
-		cg, err := s.cgroups.Cgroup(p.Pid)
-		if err != nil {
-			proc.CgroupErr = err
-		} else {
-			proc.Container, proc.InPod = ContainerOf(cg)
-		}
-		u.Processes = append(u.Processes, proc)
+		u.Processes = append(u.Processes, s.process(p, sm[p.Pid]))
 	}
 	return u, nil
+}
+
+// process is a running process as NVML lists it, with its container.
+func (s *Sampler) process(p nvml.ProcessInfo, sm float64) Process {
+	proc := Process{PID: p.Pid, MemoryBytes: p.UsedGpuMemory, SMPercent: sm}
+	if p.UsedGpuMemory == valueNotAvailable {
+		proc.MemoryBytes = 0
+	}
+	cg, err := s.cgroups.Cgroup(p.Pid)
+	if err != nil {
+		proc.CgroupErr = err
+	} else {
+		proc.Container, proc.InPod = ContainerOf(cg)
+	}
+	return proc
 }
 
 // valueNotAvailable is NVML_VALUE_NOT_AVAILABLE, which the driver puts in

@@ -66,8 +66,28 @@ func (ci *simCI) newDevice() *mock.Device {
 	d.GetComputeInstanceIdFunc = func() (int, nvml.Return) { return ci.id, alive() }
 	d.GetNameFunc = func() (string, nvml.Return) { return g.product + " MIG " + gi.profile.Name, alive() }
 	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+		if ret := alive(); ret != nvml.SUCCESS {
+			return nvml.Memory{}, ret
+		}
 		total := gi.profile.MemoryMiB << 20
-		return nvml.Memory{Total: total, Free: total}, alive()
+		var used uint64
+		for _, p := range g.n.instanceProcesses(g.index, gi.id, ci.id) {
+			used += p.UsedGpuMemory
+		}
+		used = min(used, total)
+		return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
+	}
+	// A MIG device lists its processes; NVML has no utilization of one
+	// (DCGM's profiling metrics do).
+	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		if ret := alive(); ret != nvml.SUCCESS {
+			return nil, ret
+		}
+		return g.n.instanceProcesses(g.index, gi.id, ci.id), nvml.SUCCESS
+	}
+	d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{}, nvml.ERROR_NOT_SUPPORTED }
+	d.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		return nil, nvml.ERROR_NOT_SUPPORTED
 	}
 	d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
 		return nvml.DeviceAttributes{

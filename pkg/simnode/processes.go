@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/utils/ptr"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
 )
@@ -23,15 +24,18 @@ import (
 
 // ProcessesFileFormat documents the processes file, for flag help and docs.
 const ProcessesFileFormat = `one process per line; blank lines and lines starting with # are skipped:
-  GPU PID MEMORY_MIB SM_PERCENT [CGROUP]
-GPU is the GPU's index, MEMORY_MIB the memory the process uses on it, SM_PERCENT its share of the GPU's SM time (0-100); a process on several GPUs has a line per GPU. CGROUP, when given, is the process's cgroup as /proc/PID/cgroup would show it (such as 0::/kubepods.slice/…/cri-containerd-ID.scope); without it the process's real /proc/PID/cgroup is read.`
+  GPU[/GI] PID MEMORY_MIB SM_PERCENT [CGROUP]
+GPU is the GPU's index, GI (on a GPU in MIG mode) the ID of the GPU instance the process runs in, MEMORY_MIB the memory the process uses on it, SM_PERCENT its share of the GPU's SM time (0-100); a process on several GPUs has a line per GPU. CGROUP, when given, is the process's cgroup as /proc/PID/cgroup would show it (such as 0::/kubepods.slice/…/cri-containerd-ID.scope); without it the process's real /proc/PID/cgroup is read.`
 
 // Process is one simulated process on one GPU.
 type Process struct {
-	GPU       int
-	PID       uint32
-	MemoryMiB uint64
-	SMPercent uint32
+	GPU int
+	// GPUInstance is the ID of the MIG GPU instance the process runs in;
+	// nil on a GPU not in MIG mode.
+	GPUInstance *uint32
+	PID         uint32
+	MemoryMiB   uint64
+	SMPercent   uint32
 	// Cgroup is the process's /proc/PID/cgroup; empty: the real one.
 	Cgroup string
 }
@@ -56,11 +60,20 @@ func ParseProcesses(data []byte, name string) ([]Process, error) {
 func parseProcess(line string) (Process, error) {
 	fields := strings.Fields(line)
 	if len(fields) != 4 && len(fields) != 5 {
-		return Process{}, fmt.Errorf("want GPU PID MEMORY_MIB SM_PERCENT [CGROUP], got %d fields", len(fields))
+		return Process{}, fmt.Errorf("want GPU[/GI] PID MEMORY_MIB SM_PERCENT [CGROUP], got %d fields", len(fields))
 	}
-	gpu, err := strconv.Atoi(fields[0])
+	gpuField, giField, inMIG := strings.Cut(fields[0], "/")
+	gpu, err := strconv.Atoi(gpuField)
 	if err != nil || gpu < 0 {
-		return Process{}, fmt.Errorf("GPU %q is not an index", fields[0])
+		return Process{}, fmt.Errorf("GPU %q is not an index", gpuField)
+	}
+	var gi *uint32
+	if inMIG {
+		id, err := strconv.ParseUint(giField, 10, 32)
+		if err != nil || id >= NoInstanceID {
+			return Process{}, fmt.Errorf("GPU instance %q is not an instance ID", giField)
+		}
+		gi = ptr.To(uint32(id))
 	}
 	pid, err := strconv.ParseUint(fields[1], 10, 32)
 	if err != nil || pid == 0 {
@@ -74,7 +87,7 @@ func parseProcess(line string) (Process, error) {
 	if err != nil || sm > 100 {
 		return Process{}, fmt.Errorf("SM_PERCENT %q is not 0-100", fields[3])
 	}
-	p := Process{GPU: gpu, PID: uint32(pid), MemoryMiB: mem, SMPercent: uint32(sm)}
+	p := Process{GPU: gpu, GPUInstance: gi, PID: uint32(pid), MemoryMiB: mem, SMPercent: uint32(sm)}
 	if len(fields) == 5 {
 		p.Cgroup = fields[4]
 	}
@@ -85,7 +98,11 @@ func parseProcess(line string) (Process, error) {
 func FormatProcesses(procs []Process) []byte {
 	var b bytes.Buffer
 	for _, p := range procs {
-		fmt.Fprintf(&b, "%d %d %d %d", p.GPU, p.PID, p.MemoryMiB, p.SMPercent)
+		fmt.Fprintf(&b, "%d", p.GPU)
+		if p.GPUInstance != nil {
+			fmt.Fprintf(&b, "/%d", *p.GPUInstance)
+		}
+		fmt.Fprintf(&b, " %d %d %d", p.PID, p.MemoryMiB, p.SMPercent)
 		if p.Cgroup != "" {
 			fmt.Fprintf(&b, " %s", p.Cgroup)
 		}
@@ -203,9 +220,26 @@ func (n *Node) runningProcesses(gpu int) ([]nvml.ProcessInfo, nvml.Return) {
 	}
 	var out []nvml.ProcessInfo
 	for _, p := range n.processesOn(gpu) {
-		out = append(out, nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: p.MemoryMiB << 20})
+		info := nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: p.MemoryMiB << 20, GpuInstanceId: NoInstanceID, ComputeInstanceId: NoInstanceID}
+		if p.GPUInstance != nil {
+			info.GpuInstanceId = *p.GPUInstance
+		}
+		out = append(out, info)
 	}
 	return out, nvml.SUCCESS
+}
+
+// instanceProcesses are the processes of a MIG GPU instance, as its MIG
+// device's nvmlDeviceGetComputeRunningProcesses lists them: those the
+// file puts in the GPU instance, every one in the compute instance ci.
+func (n *Node) instanceProcesses(gpu, gi, ci int) []nvml.ProcessInfo {
+	var out []nvml.ProcessInfo
+	for _, p := range n.processesOn(gpu) {
+		if p.GPUInstance != nil && int(*p.GPUInstance) == gi {
+			out = append(out, nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: p.MemoryMiB << 20, GpuInstanceId: uint32(gi), ComputeInstanceId: uint32(ci)})
+		}
+	}
+	return out
 }
 
 // processUtilization answers nvmlDeviceGetProcessUtilization as the driver
