@@ -218,7 +218,7 @@ func (d *Driver) open(ctx context.Context) error {
 	// Before the ledger writes the specs a start owes: half-made
 	// instances go, and records of instances a reboot took are forgotten,
 	// so that no spec names an instance that is not there.
-	d.mig.reconcile(ctx, nil, false)
+	d.mig.reconcile(ctx, nil)
 	d.specs = &claimSpecs{writer: w, inv: opts.Inventory, edits: opts.Edits, nvidiaCDI: opts.NVIDIACDIDevice, sharing: d.sharing, mig: d.mig}
 	d.events = nodeevents.Start(ctx, opts.BackgroundClient, opts.NodeName, driver.Name)
 	if err := d.sharing.reportTo(d.events, d.metrics.registry); err != nil {
@@ -262,8 +262,13 @@ func (d *Driver) open(ctx context.Context) error {
 		d.mig.refresh = d.ledger.Refresh
 	}
 	// Instances made for claims the checkpoint no longer holds (an
-	// unprepare lost in a crash) go; those nobody recorded are logged.
-	d.mig.reconcile(ctx, d.ledger, true)
+	// unprepare lost in a crash) go; those nobody recorded stay.
+	d.mig.reconcile(ctx, d.ledger)
+	// What is left that the plugin did not make is what the node
+	// publishes around, from its first publish on.
+	if d.publisher.migPartitions, err = d.mig.survey(ctx, d.events, d.metrics.registry); err != nil {
+		return err
+	}
 	d.statuses = newStatusWriter(opts.BackgroundClient.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
 	d.statuses.migUUID = d.mig.instanceUUID
 	if opts.Usage.Sampler != nil {
@@ -349,7 +354,7 @@ func (d *Driver) runBackground(ctx context.Context) {
 		d.ledger.ReleaseStale(ctx)
 		d.sharing.settle(ctx, false)
 		// A stale claim's MIG instances go with it.
-		d.mig.reconcile(ctx, d.ledger, false)
+		d.mig.reconcile(ctx, d.ledger)
 	})
 	d.background.Go(func() {
 		for {

@@ -3,9 +3,8 @@ package draplugin
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -44,10 +43,16 @@ type migSeats struct {
 	// reads the checkpoint it may have written: its claims' instances are
 	// not stale.
 	refresh func(context.Context) error
+	// static are the MIG devices whose instances the plugin did not make
+	// and adopts (mig_static.go), set at start before the kubelet calls.
+	static map[string]bool
+	// partitions counts the instances the plugin did not make, by GPU and
+	// kind (static, foreign).
+	partitions *prometheus.GaugeVec
 }
 
 func newMIGSeats(opts MIG, node nodePlan, dir string) (*migSeats, error) {
-	s := &migSeats{node: node}
+	s := &migSeats{node: node, partitions: newPartitionsGauge()}
 	if opts.NVML == nil || !node.plan.HasMIG() {
 		return s, nil
 	}
@@ -70,7 +75,7 @@ func (s *migSeats) want(uid types.UID, dev checkpoint.Device) (miginstance.Want,
 	g := s.node.inv.GPUs[gpu]
 	return miginstance.Want{
 		Claim: uid, Device: dev.Device, GPU: gpu, GPUMinor: g.Minor, GPUUUID: g.UUID, Architecture: g.Architecture,
-		Profile: ref.MIG.GPU.Profile, Placement: ref.MIG.Placement,
+		Profile: ref.MIG.GPU.Profile, Placement: ref.MIG.Placement, Adopt: s.static[dev.Device],
 	}, true
 }
 
@@ -127,9 +132,9 @@ func (s *migSeats) device(uid types.UID, dev checkpoint.Device) (*containeredits
 
 // reconcile settles what a crash or a lost unprepare left (see
 // miginstance.Manager.Reconcile). With no ledger yet (before it is
-// opened), or a lost checkpoint, no made instance is destroyed. Where
-// logForeign, the instances no record names are logged.
-func (s *migSeats) reconcile(ctx context.Context, ledger *seatledger.Ledger, logForeign bool) {
+// opened), or a lost checkpoint, no made instance is destroyed. The
+// instances no record names are left (survey).
+func (s *migSeats) reconcile(ctx context.Context, ledger *seatledger.Ledger) {
 	if s.instances == nil {
 		return
 	}
@@ -152,11 +157,7 @@ func (s *migSeats) reconcile(ctx context.Context, ledger *seatledger.Ledger, log
 		}
 		return held, true
 	}
-	var gpus []int
-	if logForeign {
-		gpus = slices.Sorted(maps.Keys(s.node.plan.MIGModels()))
-	}
-	if err := s.instances.Reconcile(ctx, gpus, prepared); err != nil {
+	if err := s.instances.Reconcile(ctx, prepared); err != nil {
 		klog.FromContext(ctx).Error(err, "Cannot settle every MIG instance; retried at the next start and after stale claims are released")
 	}
 }

@@ -63,6 +63,9 @@ type publisher struct {
 	// helper is set once the kubelet plugin helper runs, before anything
 	// publishes.
 	helper slicePublisher
+	// migPartitions are the MIG instances the plugin did not make, found
+	// at start before anything publishes (mig_static.go).
+	migPartitions []draresources.MIGPartition
 
 	// publishMu serialises publishing: start-up, a health change, a layout
 	// fallback and a kubelet's wipe may republish at once.
@@ -128,6 +131,7 @@ func (p *publisher) resources() resourceslice.DriverResources {
 	p.mu.Unlock()
 	node := p.node
 	res := draresources.Resources(node.plan, node.inv, node.pool, layout)
+	draresources.WithdrawAroundPartitions(res, node.plan, p.migPartitions)
 	hidden := 0
 	if layout == draresources.LayoutShared && node.plan.HideBlocked {
 		hidden = draresources.HideBlocked(res, node.plan, held)

@@ -90,13 +90,13 @@ func TestCrashBetweenAnyTwoSteps(t *testing.T) {
 			}
 			m := f.manager(nil)
 			if released {
-				if err := m.Reconcile(ctx, []int{0}, held()); err != nil {
+				if err := m.Reconcile(ctx, held()); err != nil {
 					t.Fatalf("step %d: Reconcile: %v", k, err)
 				}
 				f.outcome(foreign, false)
 				continue
 			}
-			if err := m.Reconcile(ctx, []int{0}, held("claim-a")); err != nil {
+			if err := m.Reconcile(ctx, held("claim-a")); err != nil {
 				t.Fatalf("step %d: Reconcile: %v", k, err)
 			}
 			if _, err := m.Ensure(ctx, w); err != nil {
@@ -124,7 +124,7 @@ func TestCrashBetweenAnyTwoSteps(t *testing.T) {
 		}
 		// The kubelet retries the unprepare after the restart.
 		m := f.manager(nil)
-		if err := m.Reconcile(ctx, []int{0}, held("claim-a")); err != nil {
+		if err := m.Reconcile(ctx, held("claim-a")); err != nil {
 			t.Fatalf("step %d of Destroy: Reconcile: %v", k, err)
 		}
 		if err := m.Destroy(ctx, "claim-a"); err != nil {
@@ -154,7 +154,7 @@ func TestFailedNVMLCallAtEachCall(t *testing.T) {
 			if _, err := m.Ensure(ctx, w); err != nil {
 				// What a failed prepare leaves is nobody's until the
 				// retry: settle it as a restart would, then retry.
-				if err := m.Reconcile(ctx, []int{0}, held("claim-a")); err != nil {
+				if err := m.Reconcile(ctx, held("claim-a")); err != nil {
 					t.Fatalf("%s #%d: Reconcile: %v", call, nth, err)
 				}
 				if _, err := m.Ensure(ctx, w); err != nil {

@@ -119,6 +119,9 @@ func recordedGI(dev nvml.Device, r Record) (nvml.GpuInstance, bool, error) {
 // instances the plugin did not make, is left as it is.
 func (m *Manager) destroy(ctx context.Context, dev nvml.Device, r Record) error {
 	logger := klog.FromContext(ctx)
+	if r.Phase == Adopted {
+		return nil // not the plugin's to destroy
+	}
 	if m.step("find GPU instance") {
 		return errCrashed
 	}
@@ -191,8 +194,9 @@ func (m *Manager) destroy(ctx context.Context, dev nvml.Device, r Record) error 
 	}
 }
 
-// Destroy destroys the instances made for a claim and forgets them. An
-// instance already gone is no error: a second call does nothing.
+// Destroy destroys the instances made for a claim and forgets them, and
+// forgets those it adopted, which stay. An instance already gone is no
+// error: a second call does nothing.
 func (m *Manager) Destroy(ctx context.Context, claim types.UID) error {
 	records, unlock, err := m.lock()
 	if err != nil {
@@ -204,6 +208,10 @@ func (m *Manager) Destroy(ctx context.Context, claim types.UID) error {
 	for _, r := range records {
 		if r.Claim != claim {
 			keep = append(keep, r)
+			continue
+		}
+		if r.Phase == Adopted {
+			klog.FromContext(ctx).V(2).Info("Released adopted MIG instance; it stays", "instance", r.String())
 			continue
 		}
 		if err := m.destroyRecord(ctx, r); err != nil {
@@ -236,8 +244,10 @@ type Prepared func() (claims map[types.UID]bool, known bool)
 // instances (Creating records) are rolled back; made instances whose
 // claim is not prepared any more are destroyed; records whose instance is
 // gone (a reboot) are forgotten, to be made again at the claim's next
-// prepare. Instances on gpus that no record names are logged and left.
-func (m *Manager) Reconcile(ctx context.Context, gpus []int, prepared Prepared) error {
+// prepare. Adopted instances are never destroyed: their records are
+// forgotten once their claim is released or the instance is gone. No
+// instance that no record names is touched (see Partitions).
+func (m *Manager) Reconcile(ctx context.Context, prepared Prepared) error {
 	logger := klog.FromContext(ctx)
 	records, unlock, err := m.lock()
 	if err != nil {
@@ -250,6 +260,11 @@ func (m *Manager) Reconcile(ctx context.Context, gpus []int, prepared Prepared) 
 	for _, r := range records {
 		var drop bool
 		switch {
+		case r.Phase == Adopted:
+			var err error
+			if drop, err = m.settleAdopted(ctx, r, known && !held[r.Claim]); err != nil {
+				errs = append(errs, err)
+			}
 		case r.Phase == Creating, known && !held[r.Claim]:
 			err := m.destroyRecord(ctx, r)
 			if errors.Is(err, errCrashed) {
@@ -300,45 +315,29 @@ func (m *Manager) Reconcile(ctx context.Context, gpus []int, prepared Prepared) 
 			errs = append(errs, err)
 		}
 	}
-	for _, gpu := range gpus {
-		if err := m.logForeign(ctx, gpu, keep); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	return errors.Join(errs...)
 }
 
-// logForeign logs the GPU instances on gpu that no record names.
-func (m *Manager) logForeign(ctx context.Context, gpu int, records []Record) error {
-	dev, ret := m.opts.NVML.DeviceGetHandleByIndex(gpu)
+// settleAdopted says whether an Adopted record is to be forgotten: its
+// claim is released, or its instance is gone or no longer the record's.
+// The instance itself stays whatever the answer.
+func (m *Manager) settleAdopted(ctx context.Context, r Record, released bool) (bool, error) {
+	logger := klog.FromContext(ctx)
+	if released {
+		logger.Info("Released an adopted MIG instance no prepared claim holds; it stays", "instance", r.String())
+		return true, nil
+	}
+	dev, ret := m.opts.NVML.DeviceGetHandleByIndex(r.GPU)
 	if ret != nvml.SUCCESS {
-		return fmt.Errorf("GPU %d: %w", gpu, callErr("DeviceGetHandleByIndex", ret))
+		return false, fmt.Errorf("GPU %d: %w", r.GPU, callErr("DeviceGetHandleByIndex", ret))
 	}
-	for index := range nvml.GPU_INSTANCE_PROFILE_COUNT {
-		info, ret := dev.GetGpuInstanceProfileInfo(index)
-		if ret != nvml.SUCCESS {
-			continue // a profile this GPU does not have
-		}
-		gis, ret := dev.GetGpuInstances(&info)
-		if ret == nvml.ERROR_NOT_SUPPORTED {
-			return nil // MIG mode off: no instance
-		}
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("GPU %d: %w", gpu, callErr("GetGpuInstances", ret))
-		}
-		for _, gi := range gis {
-			gInfo, ret := gi.GetInfo()
-			if ret != nvml.SUCCESS {
-				continue
-			}
-			ours := slices.ContainsFunc(records, func(r Record) bool {
-				return r.GPU == gpu && r.Start == int(gInfo.Placement.Start) && r.Size == int(gInfo.Placement.Size)
-			})
-			if !ours {
-				klog.FromContext(ctx).Info("Leaving a MIG instance the plugin did not make", "gpu", gpu, "gpuInstance", gInfo.Id,
-					"profileID", gInfo.ProfileId, "placement", mig.Placement{Start: int(gInfo.Placement.Start), Size: int(gInfo.Placement.Size)}.String())
-			}
-		}
+	st, _, err := m.check(dev, r)
+	if err != nil {
+		return false, fmt.Errorf("check MIG instance %s: %w", r, err)
 	}
-	return nil
+	if st == whole {
+		return false, nil
+	}
+	logger.Info("An adopted MIG instance is gone or changed; its record is forgotten and what is left stays", "instance", r.String())
+	return true, nil
 }

@@ -26,8 +26,16 @@ import (
 // JournalFile is the journal's name in the plugin's data directory.
 const JournalFile = "mig-instances.json"
 
-// journalVersion is the journal's format.
-const journalVersion = "v1"
+// journalVersion is the journal's format; journalVersionAdopted is the
+// same format holding an Adopted record. The journal is written as v1
+// while it holds none, so that a plugin rolled back to one that knows no
+// adopted instances reads it as before; with one it is v2, which such a
+// plugin refuses to read: it then destroys nothing, where it would have
+// taken an adopted instance for one it made.
+const (
+	journalVersion        = "v1"
+	journalVersionAdopted = "v2"
+)
 
 // Phase is how far the making of an instance got.
 type Phase string
@@ -40,6 +48,10 @@ const (
 	// Created is written after the compute instance exists and its MIG
 	// device's UUID is read: GI, CI and UUID name it.
 	Created Phase = "Created"
+	// Adopted is an instance the plugin did not make (a static partition
+	// that existed when the plugin started) that a claim uses: GI, CI and
+	// UUID name it, and it is never destroyed, only forgotten.
+	Adopted Phase = "Adopted"
 )
 
 // Record is one instance the plugin makes or made, for one device of one
@@ -60,7 +72,7 @@ type Record struct {
 	Start        int    `json:"placementStart"`
 	Size         int    `json:"placementSize"`
 	Phase        Phase  `json:"phase"`
-	// GI, CI and UUID name the instance once Created.
+	// GI, CI and UUID name the instance once Created or Adopted.
 	GI   int    `json:"gi,omitempty"`
 	CI   int    `json:"ci,omitempty"`
 	UUID string `json:"uuid,omitempty"`
@@ -71,7 +83,7 @@ func (r Record) Placement() mig.Placement { return mig.Placement{Start: r.Start,
 
 func (r Record) String() string {
 	s := fmt.Sprintf("%s on GPU %d at %s for claim %s device %s (%s)", r.Profile, r.GPU, r.Placement(), r.Claim, r.Device, r.Phase)
-	if r.Phase == Created {
+	if r.Phase == Created || r.Phase == Adopted {
 		s += fmt.Sprintf(": GI %d CI %d %s", r.GI, r.CI, r.UUID)
 	}
 	return s
@@ -103,8 +115,8 @@ func (j journal) load() ([]Record, error) {
 	if err := json.Unmarshal(raw, &f); err != nil {
 		return nil, fmt.Errorf("read MIG journal %s: %w", j.path(), err)
 	}
-	if f.Version != journalVersion {
-		return nil, fmt.Errorf("read MIG journal %s: version %q, this plugin reads %q", j.path(), f.Version, journalVersion)
+	if f.Version != journalVersion && f.Version != journalVersionAdopted {
+		return nil, fmt.Errorf("read MIG journal %s: version %q, this plugin reads %q and %q", j.path(), f.Version, journalVersion, journalVersionAdopted)
 	}
 	return f.Records, nil
 }
@@ -116,7 +128,11 @@ func (j journal) save(records []Record) error {
 	slices.SortFunc(records, func(a, b Record) int {
 		return strings.Compare(string(a.Claim)+"/"+a.Device, string(b.Claim)+"/"+b.Device)
 	})
-	raw, err := json.Marshal(journalFile{Version: journalVersion, Records: records})
+	version := journalVersion
+	if slices.ContainsFunc(records, func(r Record) bool { return r.Phase == Adopted }) {
+		version = journalVersionAdopted
+	}
+	raw, err := json.Marshal(journalFile{Version: version, Records: records})
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,10 @@
 // no compute instance but the full-size one the plugin makes; a Created
 // record whose claim is no longer prepared has its instance destroyed.
 // Instances no record names (partitions an administrator made, or another
-// tool) are never destroyed: they are logged and left.
+// tool) are never destroyed: the plugin publishes those that are seats of
+// its configured profiles as static seats, which a claim adopts (an
+// Adopted record, adopt.go), and withdraws what the others make
+// impossible.
 //
 // A claim's seat is recorded in the seat checkpoint (package seatledger)
 // before its instance is made, as for any seat; this package knows
@@ -64,6 +67,10 @@ type Want struct {
 	Architecture string
 	Profile      mig.Profile
 	Placement    mig.Placement
+	// Adopt says the device is a static seat: the instance at Placement,
+	// which the plugin did not make, is the claim's, and is never
+	// destroyed (adopt.go). Where it is gone, one is made as for any seat.
+	Adopt bool
 }
 
 // Instance is a made instance: what a container needs to use it.
@@ -147,14 +154,15 @@ func (m *Manager) Lookup(claim types.UID, device string) (Instance, bool, error)
 		return Instance{}, false, err
 	}
 	i := find(records, claim, device)
-	if i < 0 || records[i].Phase != Created {
+	if i < 0 || records[i].Phase == Creating {
 		return Instance{}, false, nil
 	}
 	inst, err := m.instance(records[i])
 	return inst, err == nil, err
 }
 
-// instance is a Created record's instance, with its capability nodes.
+// instance is a Created or Adopted record's instance, with its
+// capability nodes.
 func (m *Manager) instance(r Record) (Instance, error) {
 	if err := m.loadMinors(); err != nil {
 		return Instance{}, err
@@ -213,7 +221,7 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 	}
 	if i := find(records, w.Claim, w.Device); i >= 0 {
 		r := records[i]
-		if r.Phase == Created && r.GPU == w.GPU && r.ProfileID == w.Profile.ID && r.Placement() == w.Placement {
+		if r.Phase != Creating && r.GPU == w.GPU && r.ProfileID == w.Profile.ID && r.Placement() == w.Placement {
 			st, _, err := m.check(dev, r)
 			if err != nil {
 				return Instance{}, fmt.Errorf("check MIG instance %s: %w", r, err)
@@ -223,6 +231,7 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 			}
 			logger.Info("A MIG instance the journal records is gone; making it again", "instance", r.String())
 		}
+		// An Adopted record's instance is not destroyed, only forgotten.
 		if err := m.destroy(ctx, dev, r); err != nil {
 			return Instance{}, fmt.Errorf("roll back MIG instance %s: %w", r, err)
 		}
@@ -230,6 +239,13 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 		if err := m.save("forget", records); err != nil {
 			return Instance{}, err
 		}
+	}
+	if w.Adopt {
+		inst, found, err := m.adopt(ctx, dev, w, records)
+		if found || err != nil {
+			return inst, err
+		}
+		logger.Info("The static MIG instance of a seat is gone; making one", "gpu", w.GPU, "profile", w.Profile.Name, "placement", w.Placement.String())
 	}
 	if err := m.migMode(ctx, dev, w); err != nil {
 		return Instance{}, err

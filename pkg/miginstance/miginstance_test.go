@@ -254,7 +254,7 @@ func TestForeignInstanceAtThePlacementIsRefusedAndLeft(t *testing.T) {
 	if !IsReturn(err, nvml.ERROR_INSUFFICIENT_RESOURCES) {
 		t.Fatalf("Ensure at a foreign instance's placement = %v; want ERROR_INSUFFICIENT_RESOURCES", err)
 	}
-	if err := m.Reconcile(ctx, []int{0}, func() (map[types.UID]bool, bool) { return nil, true }); err != nil {
+	if err := m.Reconcile(ctx, func() (map[types.UID]bool, bool) { return nil, true }); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.layout(); !slices.Equal(got, before) {
@@ -305,7 +305,7 @@ func TestReconcileBesideEnsures(t *testing.T) {
 			}
 		})
 		wg.Go(func() {
-			if err := m.Reconcile(ctx, []int{0}, prepared); err != nil {
+			if err := m.Reconcile(ctx, prepared); err != nil {
 				errs <- err
 			}
 		})

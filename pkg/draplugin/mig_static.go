@@ -1,0 +1,116 @@
+package draplugin
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+)
+
+// Static MIG partitions: the GPU instances on the plan's MIG GPUs that the
+// plugin did not make are found once at start, after the journal is
+// settled and before anything is published. Those that are seats of a
+// MIG profile configured for their GPU are published as static seats,
+// which a claim adopts (miginstance/adopt.go); the others are reported
+// (log, Node event, kyb_dra_mig_partitions) and what they make impossible
+// is withdrawn from the slices (draresources.WithdrawAroundPartitions).
+// None of them is destroyed. A partition made or removed while the plugin
+// runs is seen at its next start: until then a claim on a device it
+// overlaps fails its prepare with NVML's ERROR_INSUFFICIENT_RESOURCES, and
+// one on a static seat whose instance was removed has one made.
+
+// ReasonForeignMIGInstance (Warning): a MIG instance the plugin did not
+// make is no seat of the GPU's configured MIG profiles; it is left, and
+// the devices it makes impossible are not published.
+const ReasonForeignMIGInstance = "ForeignMIGInstance"
+
+// The kinds kyb_dra_mig_partitions counts.
+const (
+	partitionStatic  = "static"
+	partitionForeign = "foreign"
+)
+
+func newPartitionsGauge() *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kyb_dra_mig_partitions",
+		Help: "MIG instances found at start that the plugin did not make, by GPU and kind: static (a seat of a configured MIG profile, published and adopted by the claim allocated it) or foreign (no seat: left as it is, the devices it overlaps and its GPU's whole-GPU groups not published).",
+	}, []string{"gpu", "kind"})
+}
+
+// survey finds the partitions the plugin did not make, decides which are
+// static seats, reports the others, and returns what the publisher
+// withdraws around. It runs once at start, before the kubelet can call.
+func (s *migSeats) survey(ctx context.Context, events *nodeevents.Recorder, reg prometheus.Registerer) ([]draresources.MIGPartition, error) {
+	if err := reg.Register(s.partitions); err != nil {
+		return nil, fmt.Errorf("register the MIG partition metrics: %w", err)
+	}
+	if s.instances == nil {
+		return nil, nil
+	}
+	logger := klog.FromContext(ctx)
+	gpus := slices.Sorted(maps.Keys(s.node.plan.MIGModels()))
+	for _, gpu := range gpus {
+		for _, kind := range []string{partitionStatic, partitionForeign} {
+			s.partitions.WithLabelValues(strconv.Itoa(gpu), kind).Set(0)
+		}
+	}
+	parts, err := s.instances.Partitions(ctx, gpus)
+	if err != nil {
+		// Publishing as if the GPUs were bare offers devices whose prepare
+		// may fail (NVML refuses an overlapping instance); it destroys
+		// nothing, and the node keeps serving its other seats.
+		logger.Error(err, "Cannot list the MIG instances the plugin did not make; publishing every MIG device and whole-GPU group")
+		return nil, nil
+	}
+	static := map[string]bool{}
+	var out []draresources.MIGPartition
+	for _, p := range parts {
+		seat, why := s.staticSeat(p)
+		kind := partitionStatic
+		if seat != "" {
+			static[seat] = true
+			logger.Info("Publishing a MIG instance the plugin did not make as a static seat; it is never destroyed", "device", seat, "instance", p.String(), "claim", p.Claim)
+		} else {
+			kind = partitionForeign
+			events.Warning(ctx, ReasonForeignMIGInstance, fmt.Sprintf("MIG %s was not made by the plugin and is no seat: %s. It is left as it is; the MIG devices it overlaps and the whole-GPU groups of GPU %d are not published until it is removed and the plugin restarted.", p, why, p.GPU))
+		}
+		s.partitions.WithLabelValues(strconv.Itoa(p.GPU), kind).Inc()
+		out = append(out, draresources.MIGPartition{GPU: p.GPU, Placement: p.Placement, Seat: seat})
+	}
+	s.static = static
+	return out, nil
+}
+
+// staticSeat is the MIG device a partition is a static seat of, or why it
+// is none.
+func (s *migSeats) staticSeat(p miginstance.Partition) (device, why string) {
+	var configured []string
+	for _, prof := range s.node.plan.Profiles {
+		if prof.MIG == nil {
+			continue
+		}
+		for _, g := range prof.MIG.GPUs {
+			if g.Index() != p.GPU {
+				continue
+			}
+			configured = append(configured, fmt.Sprintf("%s (ID %d)", g.Profile.Name, g.Profile.ID))
+			if g.Profile.ID != p.ProfileID || !slices.Contains(g.Profile.Placements, p.Placement) {
+				continue
+			}
+			if !p.Whole {
+				return "", fmt.Sprintf("it holds %d compute instances, where a seat of %s holds one that spans it", p.ComputeInstances, g.Profile.Name)
+			}
+			return planner.MIGDevice{GPU: g, Placement: p.Placement}.DeviceName(), ""
+		}
+	}
+	return "", fmt.Sprintf("its profile is none of those configured for GPU %d: %v", p.GPU, configured)
+}
