@@ -78,6 +78,19 @@ func (r *resource) lookup(ids []string) ([]seatRef, error) {
 // group that cannot share as its profile says fails the request before a
 // generation moves.
 func (r *resource) allocateContainer(ctx context.Context, refs []seatRef) (*pluginapi.ContainerAllocateResponse, error) {
+	if r.mig != nil {
+		edits, gens, err := r.allocateMIG(ctx, refs)
+		if err != nil {
+			return nil, err
+		}
+		var gpus []inventory.GPU
+		for _, ref := range refs {
+			if g, ok := r.delivery.inv.GPUByIndex(r.mig.seats[ref.idx].GPU.Index()); ok && !slices.ContainsFunc(gpus, func(x inventory.GPU) bool { return x.Index == g.Index }) {
+				gpus = append(gpus, *g)
+			}
+		}
+		return r.respond(refs, gens, edits, gpus)
+	}
 	bad := r.health.Faults()
 	var seats []containeredits.Seat
 	var gpus []inventory.GPU
@@ -128,6 +141,12 @@ func (r *resource) allocateContainer(ctx context.Context, refs []seatRef) (*plug
 	if err != nil {
 		return nil, err
 	}
+	return r.respond(refs, gens, edits, gpus)
+}
+
+// respond answers a container request with its edits, as the injection
+// says.
+func (r *resource) respond(refs []seatRef, gens []int64, edits *containeredits.Edits, gpus []inventory.GPU) (*pluginapi.ContainerAllocateResponse, error) {
 	ids := r.idsOf(refs)
 	if r.delivery.injection == InjectionCDI {
 		cresp, err := r.cdiResponse(refs[0], gens[0], edits, gpus)

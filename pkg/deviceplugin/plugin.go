@@ -44,6 +44,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
@@ -91,6 +92,8 @@ type Options struct {
 	// Sharing applies the profiles' sharing strategies (MPS daemons,
 	// time slices); see sharing.go.
 	Sharing Sharing
+	// MIG makes the instances of the MIG profiles' seats; see mig.go.
+	MIG MIG
 	// PollInterval is how often the shim checks its sockets and the
 	// kubelet's even without a file event, a safety net for missed events
 	// (default 5s; 1s where the directory cannot be watched).
@@ -189,7 +192,11 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 		return nil, err
 	}
 	p.sharing = sharing
-	if err := p.makeEndpoints(logger); err != nil {
+	instances, err := startMIG(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.makeEndpoints(logger, instances); err != nil {
 		return nil, err
 	}
 	// Watch before serving and registering, so that a kubelet.sock created
@@ -233,8 +240,8 @@ func claimNode(logger klog.Logger, opts Options) error {
 }
 
 // makeEndpoints makes one endpoint per profile of the layout that has
-// groups.
-func (p *Plugin) makeEndpoints(logger klog.Logger) error {
+// groups, and one per MIG profile that has seats.
+func (p *Plugin) makeEndpoints(logger klog.Logger, instances *miginstance.Manager) error {
 	var writer *cdi.Writer
 	if p.opts.Injection == InjectionCDI {
 		var err error
@@ -243,12 +250,23 @@ func (p *Plugin) makeEndpoints(logger klog.Logger) error {
 		}
 	}
 	names := map[string]string{}
+	migSeats, warnings := migLayout(p.opts.Plan)
+	for _, w := range warnings {
+		logger.Info("MIG seats", "warning", w)
+	}
 	for _, prof := range p.layout.Profiles {
-		if len(prof.Groups) == 0 {
+		var res *resource
+		switch {
+		case prof.MIG != nil && len(migSeats[prof.Resource]) > 0:
+			res = newMIGResource(p.layout, prof, migSeats[prof.Resource], &p.opts, writer, instances, p.stopped, logger)
+		case prof.MIG == nil:
+			res = newResource(p.layout, prof, &p.opts, writer, p.sharing, p.stopped, logger)
+		}
+		if res == nil || len(res.ids) == 0 {
 			logger.Info("Not serving a profile without groups", "resource", prof.Resource, "profile", prof.Name)
 			continue
 		}
-		e, err := newEndpoint(newResource(p.layout, prof, &p.opts, writer, p.sharing, p.stopped, logger), p.opts.DevicePluginDir)
+		e, err := newEndpoint(res, p.opts.DevicePluginDir)
 		if err != nil {
 			return err
 		}

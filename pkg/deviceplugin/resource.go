@@ -41,7 +41,9 @@ type resource struct {
 	streams atomic.Int32
 
 	delivery delivery
-	health   health.View
+	// mig is set on a MIG profile's resource: its seats are instances.
+	mig    *migSeats
+	health health.View
 	// stopped is closed when the shim stops, ending every ListAndWatch.
 	stopped <-chan struct{}
 	logger  klog.Logger
@@ -73,7 +75,7 @@ type seatRef struct {
 func newResource(layout *planner.Plan, prof *planner.Profile, opts *Options, cdiWriter *cdi.Writer, sharing *shimSharing, stopped <-chan struct{}, logger klog.Logger) *resource {
 	r := &resource{
 		name: prof.Resource, profile: prof, policy: layout.Policy,
-		groups: layout.OrderedProfile(prof), seats: map[string]seatRef{},
+		groups: servedGroups(layout.OrderedProfile(prof), migGPUs(opts.Plan)), seats: map[string]seatRef{},
 		delivery: delivery{inv: opts.Inventory, edits: opts.Edits, injection: opts.Injection, cdi: cdiWriter, nvidiaCDI: opts.NVIDIACDIDevice, sharing: sharing},
 		health:   health.View{Source: opts.Health}, stopped: stopped,
 		logger: klog.LoggerWithValues(logger, "resource", prof.Resource),
@@ -144,19 +146,26 @@ func (r *resource) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugi
 func (r *resource) devices() []*pluginapi.Device {
 	bad := r.health.Faults()
 	out := make([]*pluginapi.Device, 0, len(r.ids))
-	for _, g := range r.groups {
-		health := kubeletHealth(g, bad)
-		for n := 0; n < r.profile.SeatsPerGroup; n++ {
-			d := &pluginapi.Device{ID: g.SeatID(n), Health: health}
-			// The TopologyManager aligns CPUs with the seat's NUMA node;
-			// a group spanning sockets has none to offer.
-			if g.NUMANode >= 0 {
-				d.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(g.NUMANode)}}}
-			}
-			out = append(out, d)
+	for _, id := range r.ids {
+		g := r.groups[r.seats[id].group]
+		d := &pluginapi.Device{ID: id, Health: kubeletHealth(g, bad)}
+		// The TopologyManager aligns CPUs with the seat's NUMA node; a
+		// group spanning sockets has none to offer.
+		if g.NUMANode >= 0 {
+			d.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(g.NUMANode)}}}
 		}
+		out = append(out, d)
 	}
 	return out
+}
+
+// servedGroups leaves out the groups on GPUs the plan gives to MIG
+// profiles: the kubelet counts each resource on its own, and a GPU in MIG
+// mode handed out whole shows a container no CUDA device.
+func servedGroups(groups []*planner.Group, mig map[int]bool) []*planner.Group {
+	return slices.DeleteFunc(slices.Clone(groups), func(g *planner.Group) bool {
+		return slices.ContainsFunc(g.GPUs, func(x int) bool { return mig[x] })
+	})
 }
 
 // kubeletHealth is the kubelet's health value for every seat of g: a seat

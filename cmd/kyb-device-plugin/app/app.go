@@ -153,6 +153,10 @@ func (o *options) run(ctx context.Context) error {
 		KubeletPluginsDir: o.pluginsDir,
 		Health:            mon,
 		Sharing:           sharing,
+		// The journal of the MIG instances lives where the DRA plugin
+		// keeps its own: a node moved to the DRA plugin destroys the
+		// shim's instances, whose seats no claim holds.
+		MIG: deviceplugin.MIG{NVML: node.Host.NVML, Minors: node.Host.MIGMinors, Dir: driver.PluginDir(o.pluginsDir)},
 	})
 	if err != nil {
 		return err
