@@ -41,6 +41,12 @@ type childSpec struct {
 	Claims      []resourceapi.ResourceClaim `json:"claims"`
 	CrashAt     draplugin.HookPoint         `json:"crashAt,omitempty"`
 	CrashOnPass int                         `json:"crashOnPass,omitempty"`
+	// MIGState, where set, gives the plugin the simulated node's NVML to
+	// make MIG instances with, and is the file the node's MIG state lives
+	// in from one child to the next (see migsoak_crash_test.go). CrashAt
+	// may then name a step of the making or destruction of an instance
+	// (migStep).
+	MIGState string `json:"migState,omitempty"`
 }
 
 func TestMain(m *testing.M) {
@@ -88,23 +94,35 @@ func runCrashChild(specFile string) int {
 	for i := range spec.Claims {
 		objs = append(objs, &spec.Claims[i])
 	}
+	gpus, err := childMIG(sim, spec.MIGState)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
 	passes := 0
-	d, err := draplugin.Start(ctx, draplugin.Options{
+	hook := func(p draplugin.HookPoint) {
+		gpus.save()
+		if p != spec.CrashAt {
+			return
+		}
+		if passes++; passes == spec.CrashOnPass {
+			if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
+				panic(err)
+			}
+			select {} // never returns
+		}
+	}
+	opts := draplugin.Options{
 		NodeName: nodeName, Client: newFakeClient(objs...), Inventory: inv, Plan: plan,
 		Edits:   containeredits.Options{DeviceNumbers: sim.DeviceNumbers},
 		CDIRoot: spec.CDIDir, PluginDataDir: spec.PluginDir, RegistrarDir: spec.RegDir, BootIDFile: spec.BootIDFile,
-		Hooks: func(p draplugin.HookPoint) {
-			if p != spec.CrashAt {
-				return
-			}
-			if passes++; passes == spec.CrashOnPass {
-				if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
-					panic(err)
-				}
-				select {} // never returns
-			}
-		},
-	})
+		Hooks: hook,
+	}
+	if spec.MIGState != "" {
+		opts.MIG = draplugin.MIG{NVML: sim.NVML(), Minors: func() ([]byte, error) { return sim.MIGMinorsFile(), nil },
+			Step: func(step string) bool { hook(migStep(step)); return false }}
+	}
+	d, err := draplugin.Start(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -112,5 +130,6 @@ func runCrashChild(specFile string) int {
 	fmt.Println("ready " + strconv.Itoa(os.Getpid()))
 	<-ctx.Done()
 	d.Stop()
+	gpus.save()
 	return 0
 }

@@ -58,9 +58,31 @@ type crashRig struct {
 	crashes, restarts, losses int
 	doubled, lost             int
 	crashedAt                 map[draplugin.HookPoint]int
+	// mig accounts for the MIG instances where the node has MIG seats.
+	mig *migAccount
+}
+
+// crashNode is the node a crash rig plays on and the classes of the
+// claims it allocates there.
+type crashNode struct {
+	preset, config string
+	classes        []string
+	// claim, where set, may narrow claim i's request before it is
+	// allocated.
+	claim func(i int, c *resourceapi.ResourceClaim)
+	// mig, where set, gives the plugin the node's NVML to make MIG
+	// instances with, and sets up the GPUs' MIG state before the first
+	// start.
+	mig func(t testing.TB, r *crashRig)
 }
 
 func newCrashRig(t testing.TB) *crashRig {
+	t.Helper()
+	return newCrashRigOn(t, crashNode{preset: "nvlink-2x4", config: seed,
+		classes: []string{class2x, class2x, class1x, class1x, class1x, class1x, class1x, class1x, class2x, class1x}})
+}
+
+func newCrashRigOn(t testing.TB, node crashNode) *crashRig {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "kyb-crash-")
 	if err != nil {
@@ -69,7 +91,7 @@ func newCrashRig(t testing.TB) *crashRig {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	r := &crashRig{t: t, dir: dir, prepared: map[types.UID][]string{}, crashedAt: map[draplugin.HookPoint]int{}}
 	r.spec = childSpec{
-		Preset: "nvlink-2x4", Config: seed,
+		Preset: node.preset, Config: node.config,
 		RegDir: filepath.Join(dir, "reg"), PluginDir: filepath.Join(dir, "plugin"), CDIDir: filepath.Join(dir, "cdi"),
 		BootIDFile: filepath.Join(dir, "boot_id"),
 	}
@@ -84,15 +106,18 @@ func newCrashRig(t testing.TB) *crashRig {
 
 	// Claims allocated together by the scheduler's allocator, so that any
 	// subset of them may be prepared at the same time.
-	sn := simnodetest.New(t, r.spec.Preset, seed)
+	sn := simnodetest.New(t, r.spec.Preset, node.config)
 	inv := sn.Inv
 	r.plan = sn.Plan
 	cl := schedulertest.New(schedulertest.SchedulerFeatures())
 	cl.AddNode(nodeName, draresources.Resources(r.plan, inv, nodeName, draresources.LayoutShared), driver.Name)
 	cl.AddClasses(draresources.DeviceClasses(r.plan.Profiles, draresources.DeviceClassOptions{})...)
-	for i, class := range []string{class2x, class2x, class1x, class1x, class1x, class1x, class1x, class1x, class2x, class1x} {
+	for i, class := range node.classes {
 		c := schedulertest.Claim(fmt.Sprintf("c%d", i), class, 1)
 		c.UID = types.UID(fmt.Sprintf("aaaaaaaa-0000-0000-0000-%012d", i))
+		if node.claim != nil {
+			node.claim(i, c)
+		}
 		alloc, err := cl.Allocate(context.Background(), c, nodeName)
 		if err != nil || alloc == nil {
 			t.Fatalf("allocate claim %d: %v", i, err)
@@ -100,6 +125,9 @@ func newCrashRig(t testing.TB) *crashRig {
 		c.Status.Allocation = alloc
 		r.claims = append(r.claims, c)
 		r.spec.Claims = append(r.spec.Claims, *c)
+	}
+	if node.mig != nil {
+		node.mig(t, r)
 	}
 	t.Cleanup(r.stop)
 	return r
@@ -213,6 +241,11 @@ func (r *crashRig) call(op string, c *resourceapi.ResourceClaim) (ok bool) {
 			return false
 		}
 		res := resp.Claims[string(c.UID)]
+		if res.Error != "" && r.mig != nil {
+			if ok, fenced := r.fenced(c, res.Error); fenced {
+				return ok
+			}
+		}
 		if res.Error != "" {
 			r.t.Fatalf("prepare %s: %s", c.Name, res.Error)
 		}
@@ -421,6 +454,7 @@ func (r *crashRig) check() {
 	r.countSeats(st)
 	seats := map[string]types.UID{}
 	var held []*planner.Group
+	var migHeld []string
 	for uid, c := range st.Claims {
 		for _, d := range c.Devices {
 			for _, s := range d.Seats {
@@ -430,7 +464,13 @@ func (r *crashRig) check() {
 				}
 				seats[key] = uid
 			}
-			held = append(held, r.plan.GroupByDevice(d.GroupDevice))
+			if g := r.plan.GroupByDevice(d.GroupDevice); g != nil {
+				held = append(held, g)
+			} else if r.mig != nil {
+				migHeld = append(migHeld, d.Device)
+			} else {
+				r.t.Fatalf("claim %s holds %s, which is no group of the plan", uid, d.GroupDevice)
+			}
 		}
 	}
 	for _, a := range held {
@@ -439,6 +479,9 @@ func (r *crashRig) check() {
 				r.t.Fatalf("groups %s and %s exclude each other but are both in use", a.DeviceName(), b.DeviceName())
 			}
 		}
+	}
+	if r.mig != nil {
+		r.checkMIG(held, migHeld)
 	}
 }
 
@@ -502,8 +545,15 @@ func TestRandomCrashes(t *testing.T) {
 		seed, _ = strconv.ParseInt(s, 10, 64)
 	}
 	t.Logf("seed %d (set KYB_CRASH_SEED to repeat)", seed)
-	rng := rand.New(rand.NewSource(seed))
 	r := newCrashRig(t)
+	r.soak(rand.New(rand.NewSource(seed)), iterations, prepareCrashPoints, unprepareCrashPoints)
+	t.Logf("seats doubled: %d, seats lost: %d", r.doubled, r.lost)
+}
+
+// soak drives iterations random prepares and unprepares of random claims,
+// crashing at random points among those given.
+func (r *crashRig) soak(rng *rand.Rand, iterations int, prepareCrashPoints, unprepareCrashPoints []draplugin.HookPoint) {
+	r.t.Helper()
 	for i := 0; i < iterations; i++ {
 		c := r.claims[rng.Intn(len(r.claims))]
 		op, points := "prepare", prepareCrashPoints
@@ -524,6 +574,5 @@ func TestRandomCrashes(t *testing.T) {
 		r.driveThen(op, retry, c, point, 1)
 		r.check()
 	}
-	t.Logf("iterations %d, crashes %d at %d distinct points %v, checkpoints lost %d, plugin starts %d", iterations, r.crashes, len(r.crashedAt), r.crashedAt, r.losses, r.restarts)
-	t.Logf("seats doubled: %d, seats lost: %d", r.doubled, r.lost)
+	r.t.Logf("iterations %d, crashes %d at %d distinct points %v, checkpoints lost %d, plugin starts %d", iterations, r.crashes, len(r.crashedAt), r.crashedAt, r.losses, r.restarts)
 }
