@@ -272,7 +272,7 @@ func (d *Driver) open(ctx context.Context) error {
 	d.statuses = newStatusWriter(opts.BackgroundClient.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
 	d.statuses.migUUID = d.mig.instanceUUID
 	if opts.Usage.Sampler != nil {
-		d.usage = newPodUsage(ctx, opts.Usage, d.ledger, opts.PodResources, opts.PluginDataDir)
+		d.usage = newPodUsage(ctx, opts.Usage, d.ledger, opts.PodResources, opts.PluginDataDir, d.node.index)
 		if err := d.metrics.registry.Register(usageCollector{d.usage}); err != nil {
 			return fmt.Errorf("register the GPU usage metrics: %w", err)
 		}

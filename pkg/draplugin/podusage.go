@@ -16,6 +16,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cri"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
@@ -87,10 +88,12 @@ func (m missing) due(now time.Time, interval time.Duration) bool {
 	return now.Sub(m.tried) >= wait
 }
 
-// containerKey is one container's use of one GPU through one group.
+// containerKey is one container's use of one GPU through one group, or
+// of one MIG device (its UUID and placement; empty for a whole GPU's).
 type containerKey struct {
 	namespace, pod, container, group, seat string
 	gpu                                    int
+	migUUID, placement                     string
 }
 
 type containerUse struct {
@@ -121,6 +124,9 @@ type podUsage struct {
 	opts   PodUsage
 	ledger *seatledger.Ledger
 	claims PodClaimsReader
+	// index finds a MIG seat's instance: a process in a MIG device is its
+	// seat's only where the seat is at the device's placement.
+	index map[string]draresources.DeviceRef
 	// dataDevice is the major:minor of the plugin's data directory, where
 	// the metadata files containers mount are ("": not known, and no
 	// mount counts).
@@ -137,11 +143,11 @@ type podUsage struct {
 	errs map[string]string
 }
 
-func newPodUsage(ctx context.Context, opts PodUsage, ledger *seatledger.Ledger, claims PodClaimsReader, dataDir string) *podUsage {
+func newPodUsage(ctx context.Context, opts PodUsage, ledger *seatledger.Ledger, claims PodClaimsReader, dataDir string, index map[string]draresources.DeviceRef) *podUsage {
 	if opts.Interval <= 0 {
 		opts.Interval = 10 * time.Second
 	}
-	u := &podUsage{opts: opts, ledger: ledger, claims: claims,
+	u := &podUsage{opts: opts, ledger: ledger, claims: claims, index: index,
 		containers: map[gpuusage.Container]*containerInfo{}, missed: map[gpuusage.Container]missing{}, refused: map[string]bool{}, errs: map[string]string{}}
 	if opts.Mounts != nil {
 		dev, err := gpuusage.DeviceOf(dataDir)
@@ -312,7 +318,7 @@ func (u *podUsage) seatOf(p gpuusage.Process, gpu int, held map[types.Namespaced
 			continue
 		}
 		for _, dev := range c.Devices {
-			if !slices.Contains(dev.GPUs, gpu) || (group != "" && dev.Group != group) || !use.uses(dev) {
+			if !slices.Contains(dev.GPUs, gpu) || (group != "" && dev.Group != group) || !use.uses(dev) || !u.inDevice(p, gpu, dev) {
 				continue
 			}
 			group = dev.Group
@@ -325,7 +331,23 @@ func (u *podUsage) seatOf(p gpuusage.Process, gpu int, held map[types.Namespaced
 	if group == "" {
 		return containerKey{}, false
 	}
-	return containerKey{namespace: info.namespace, pod: info.pod, container: info.name, group: group, seat: seatLabel(seats, admin), gpu: gpu}, true
+	key := containerKey{namespace: info.namespace, pod: info.pod, container: info.name, group: group, seat: seatLabel(seats, admin), gpu: gpu}
+	if p.Instance != nil {
+		key.migUUID, key.placement = p.Instance.UUID, p.Instance.Placement.String()
+	}
+	return key, true
+}
+
+// inDevice reports whether a process can be a claim device's: one in a
+// MIG device is a MIG seat's at that device's placement, one on a whole
+// GPU is no MIG seat's.
+func (u *podUsage) inDevice(p gpuusage.Process, gpu int, dev checkpoint.Device) bool {
+	ref, ok := u.index[dev.Device]
+	isMIG := ok && ref.MIG != nil
+	if p.Instance == nil {
+		return !isMIG
+	}
+	return isMIG && ref.MIG.GPU.Index() == gpu && ref.MIG.Placement == p.Instance.Placement
 }
 
 // seatLabel names a container's seats in a group: "0", "1,2", "admin"
