@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
@@ -47,8 +48,15 @@ func BenchmarkScore(b *testing.B) {
 				ni.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
 				infos[i] = ni
 			}
+			// PreFilter gathers the state once per pod, and the score reads
+			// it: its cost is PreFilter's, not the score's.
+			gathered, err := f.dra.ResourceClaims().GatherAllocatedState()
+			if err != nil {
+				b.Fatal(err)
+			}
 			for b.Loop() {
 				state := framework.NewCycleState()
+				state.Write(dynamicresources.AllocatedStateKey, &dynamicresources.AllocatedStateData{State: gathered})
 				if st := f.plugin.PreScore(f.ctx, state, pod, infos); !st.IsSuccess() {
 					b.Fatal(st)
 				}

@@ -242,7 +242,12 @@ func (f *fixture) feasible(claim *resourceapi.ResourceClaim) []string {
 // calls no Score) and the status says so; on an error the map is nil.
 func (f *fixture) scores(pod *v1.Pod, nodes []string) (map[string]int64, *fwk.Status) {
 	f.t.Helper()
-	state := framework.NewCycleState()
+	return f.scoresIn(framework.NewCycleState(), pod, nodes)
+}
+
+// scoresIn is scores in a cycle whose state earlier plugins wrote.
+func (f *fixture) scoresIn(state fwk.CycleState, pod *v1.Pod, nodes []string) (map[string]int64, *fwk.Status) {
+	f.t.Helper()
 	infos := make([]fwk.NodeInfo, len(nodes))
 	for i, n := range nodes {
 		ni := framework.NewNodeInfo()

@@ -12,12 +12,15 @@
 // framework's SharedDRAManager: the ResourceSlices, the DeviceClasses,
 // and the allocated state, which includes the claims of pods reserved but
 // not yet bound; a second informer would lag behind a burst of pods and
-// see none of those. Everything is computed once per pod in PreScore, and
-// Score is a map lookup: a node's pool is parsed once per version of its
-// slices and a class's selectors evaluated once per version of class and
-// pool; per pod the work is one pass over the allocated devices and, per
-// node, a walk over its few devices. No allocator runs here (see
-// predict.go for why the Filter's own choice cannot be read).
+// see none of those. The allocated state is the one the DynamicResources
+// plugin's PreFilter gathered for the pod's cycle (kyb-scheduler's patch
+// shares it), not a second copy. Everything is computed once per pod in
+// PreScore, and Score is a map lookup: a node's pool is parsed once per
+// version of its slices and a class's selectors evaluated once per
+// version of class and pool; per pod the work is, per node, a walk over
+// its few devices with a lookup each in the allocated state. No allocator
+// runs here (see predict.go for why the Filter's own choice cannot be
+// read).
 //
 // Pods that ask for DRA-served extended resources (KEP-5004,
 // kyb.ai/gpu-1x-seat in limits) are scored the same way, through the
@@ -34,6 +37,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
 )
 
 // Name is the plugin's name in the scheduler's configuration.
@@ -113,7 +117,7 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return fwk.AsStatus(fmt.Errorf("list ResourceSlices: %w", err))
 	}
 	pools := pl.pools.update(slices)
-	state0, err := pl.allocatedState()
+	state0, err := pl.allocatedState(state)
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
@@ -143,7 +147,16 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	return nil
 }
 
-func (pl *Plugin) allocatedState() (*structured.AllocatedState, error) {
+// allocatedState is the state the DynamicResources plugin's PreFilter
+// gathered for this cycle, which its Filter allocated against; gathered
+// here only where PreFilter left none (it gathers only for a pod with
+// claims still to allocate).
+func (pl *Plugin) allocatedState(cycle fwk.CycleState) (*structured.AllocatedState, error) {
+	if d, err := cycle.Read(dynamicresources.AllocatedStateKey); err == nil {
+		if s, ok := d.(*dynamicresources.AllocatedStateData); ok && s.State != nil {
+			return s.State, nil
+		}
+	}
 	var err error
 	for range gatherAttempts {
 		var s *structured.AllocatedState

@@ -8,6 +8,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
@@ -235,5 +237,39 @@ func TestInFlightAllocationsCount(t *testing.T) {
 	}
 	if want := map[string]int64{"node-a": 0, "node-b": 0, "node-c": 100}; !maps.Equal(scores, want) {
 		t.Errorf("with a seat in flight on node-c: scores %v, want %v", scores, want)
+	}
+}
+
+// The score judges the nodes by the allocated state the DynamicResources
+// plugin's PreFilter gathered for the cycle, which its Filter allocated
+// against, not by a state gathered again: here the cycle's state holds
+// four seats on node-b that the claim tracker has not seen, and pack
+// follows the cycle.
+func TestScoreReadsTheCyclesAllocatedState(t *testing.T) {
+	nodes := []nodeSpec{{"node-a", "dgx-h100", threeProfiles}, {"node-b", "dgx-h100", threeProfiles}}
+	other := newFixture(t, Args{}, nodes...)
+	for range 4 {
+		_, claim := other.seatPod(class1x, 1)
+		other.allocate(claim, "node-b", false)
+	}
+	gathered, err := other.dra.ResourceClaims().GatherAllocatedState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, Args{DefaultPolicy: Pack}, nodes...)
+	pod, _ := f.seatPod(class1x, 1)
+	state := framework.NewCycleState()
+	state.Write(dynamicresources.AllocatedStateKey, &dynamicresources.AllocatedStateData{State: gathered})
+	scores, st := f.scoresIn(state, pod, []string{"node-a", "node-b"})
+	if scores == nil {
+		t.Fatalf("PreScore: %v", st)
+	}
+	if scores["node-b"] <= scores["node-a"] {
+		t.Errorf("pack scored node-a %d and node-b %d; the cycle's state holds four seats on node-b, so node-b should lead", scores["node-a"], scores["node-b"])
+	}
+	// Without the cycle's state the score gathers the tracker's own, where
+	// both nodes are empty.
+	if scores, _ := f.scores(pod, []string{"node-a", "node-b"}); scores["node-a"] != scores["node-b"] {
+		t.Errorf("with the tracker's empty state the nodes scored %v, want equal", scores)
 	}
 }

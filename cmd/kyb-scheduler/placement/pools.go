@@ -84,8 +84,10 @@ type device struct {
 	// gpus are the GPUs of its group; size is how many.
 	gpus gpuSet
 	size int
-	// seats is its "seats" capacity (1 where it publishes none).
-	seats int64
+	// seats is its "seats" capacity (1 where it publishes none);
+	// seatsPublished, whether it does.
+	seats          int64
+	seatsPublished bool
 	// shared: allowMultipleAllocations; a share takes seats.
 	shared bool
 	// exclusive: it consumes its GPUs' counters, so that no overlapping
@@ -108,7 +110,11 @@ type pool struct {
 	// slices are the objects parsed. The slice tracker hands out the same
 	// objects until a slice changes, or a DeviceTaintRule does (a newly
 	// patched copy): new objects are parsed again.
-	slices  []*resourceapi.ResourceSlice
+	slices []*resourceapi.ResourceSlice
+	// listed are the node's slices as last listed, older generations
+	// included, in the listing's order, to tell at a glance that nothing
+	// changed.
+	listed  []*resourceapi.ResourceSlice
 	gpus    int
 	devices []*device
 
@@ -138,15 +144,36 @@ func (c *poolCache) update(all []*resourceapi.ResourceSlice) map[string]*pool {
 	defer c.mu.Unlock()
 	next := make(map[string]*pool, len(byNode))
 	for node, ss := range byNode {
-		ss = currentGeneration(ss)
 		p, ok := c.pools[node]
+		if ok && sameObjects(p.listed, ss) {
+			// The common case, every pod: nothing of the node's changed.
+			next[node] = p
+			continue
+		}
+		listed := ss
+		ss = currentGeneration(ss)
 		if !ok || !slices.Equal(p.slices, ss) {
 			p = parsePool(node, ss)
 		}
+		p.listed = listed
 		next[node] = p
 	}
 	c.pools = next
 	return next
+}
+
+// sameObjects says whether a and b hold the same objects, in any order
+// (a lister's order is its map's); a node has a few slices.
+func sameObjects(a, b []*resourceapi.ResourceSlice) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, s := range b {
+		if !slices.Contains(a, s) {
+			return false
+		}
+	}
+	return true
 }
 
 // currentGeneration keeps the slices of each pool's newest generation, as
@@ -219,6 +246,7 @@ func parseDevice(api *resourceapi.Device) *device {
 	d.size = d.gpus.count()
 	if c, ok := api.Capacity[seatsCapacity]; ok && c.Value.Value() > 0 {
 		d.seats = c.Value.Value()
+		d.seatsPublished = true
 	}
 	for _, t := range api.Taints {
 		if t.Effect == resourceapi.DeviceTaintEffectNoSchedule || t.Effect == resourceapi.DeviceTaintEffectNoExecute {

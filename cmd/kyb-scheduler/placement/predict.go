@@ -44,10 +44,10 @@ type nodeUse struct {
 	busy, held gpuSet
 }
 
-func newNodeUse(p *pool, a allocated) *nodeUse {
+func newNodeUse(p *pool, a *allocated) *nodeUse {
 	u := &nodeUse{inUse: make([]bool, len(p.devices)), seats: make([]int64, len(p.devices))}
 	for i, d := range p.devices {
-		inUse, seats := a.use(d.id)
+		inUse, seats := a.use(d)
 		if !inUse {
 			continue
 		}
@@ -93,7 +93,7 @@ func (u *nodeUse) take(i int, d *device, seats int64) {
 }
 
 // predict places reqs on the pool as the allocator would.
-func predict(ctx context.Context, celCache *cel.Cache, p *pool, a allocated, reqs []request) outcome {
+func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, reqs []request) outcome {
 	o := outcome{predicted: true, gpus: p.gpus}
 	use := newNodeUse(p, a)
 	before := use.busy.clone()

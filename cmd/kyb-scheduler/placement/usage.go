@@ -12,30 +12,49 @@ import (
 // devices: the allocations in the API, those it has assumed after writing
 // them, and those of pods in flight (reserved, not yet bound), which the
 // DRA plugin's claim tracker adds (SharedDRAManager). Devices are looked
-// up by their interned IDs, so that a pod's score costs no copy of the
-// cluster's allocations; only the shares, which the state keys by share,
-// are gathered by device.
+// up by their interned IDs, so that a pod's score costs no pass over the
+// cluster's allocations: a share of a device that publishes seats
+// consumes at least one (its request policy's minimum), so the consumed
+// capacity, keyed by device, tells which shared devices are in use. Only
+// a shared device without seats needs the shares themselves, which the
+// state keys by share; they are gathered by device once, on first need.
 type allocated struct {
 	state  *structured.AllocatedState
 	shared sets.Set[structured.DeviceID]
 }
 
-func ourAllocations(state *structured.AllocatedState) allocated {
-	a := allocated{state: state, shared: sets.New[structured.DeviceID]()}
-	ourDriver := draapi.MakeUniqueString(driver.Name)
-	for id := range state.AllocatedSharedDeviceIDs {
-		if id.Driver == ourDriver {
-			a.shared.Insert(structured.DeviceID{Driver: id.Driver, Pool: id.Pool, Device: id.Device})
-		}
-	}
-	return a
+func ourAllocations(state *structured.AllocatedState) *allocated {
+	return &allocated{state: state}
 }
 
 // use says whether a device is in use (an ordinary device allocated, a
 // shared one with a share) and how many seats its shares consume.
-func (a allocated) use(id structured.DeviceID) (inUse bool, seats int64) {
-	if q := a.state.AggregatedCapacity[id][seatsCapacity]; q != nil {
-		seats = q.Value()
+func (a *allocated) use(d *device) (inUse bool, seats int64) {
+	if a.state.AllocatedDevices.Has(d.id) {
+		return true, 0
 	}
-	return a.state.AllocatedDevices.Has(id) || a.shared.Has(id) || seats > 0, seats
+	if c, ok := a.state.AggregatedCapacity[d.id]; ok {
+		if q := c[seatsCapacity]; q != nil {
+			seats = q.Value()
+		}
+		return true, seats
+	}
+	if !d.shared || d.seatsPublished {
+		return false, 0
+	}
+	return a.sharedDevices().Has(d.id), 0
+}
+
+func (a *allocated) sharedDevices() sets.Set[structured.DeviceID] {
+	if a.shared != nil {
+		return a.shared
+	}
+	a.shared = sets.New[structured.DeviceID]()
+	ourDriver := draapi.MakeUniqueString(driver.Name)
+	for id := range a.state.AllocatedSharedDeviceIDs {
+		if id.Driver == ourDriver {
+			a.shared.Insert(structured.DeviceID{Driver: id.Driver, Pool: id.Pool, Device: id.Device})
+		}
+	}
+	return a.shared
 }
