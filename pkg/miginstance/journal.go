@@ -26,16 +26,8 @@ import (
 // JournalFile is the journal's name in the plugin's data directory.
 const JournalFile = "mig-instances.json"
 
-// journalVersion is the journal's format; journalVersionAdopted is the
-// same format holding an Adopted record. The journal is written as v1
-// while it holds none, so that a plugin rolled back to one that knows no
-// adopted instances reads it as before; with one it is v2, which such a
-// plugin refuses to read: it then destroys nothing, where it would have
-// taken an adopted instance for one it made.
-const (
-	journalVersion        = "v1"
-	journalVersionAdopted = "v2"
-)
+// journalVersion is the journal's format.
+const journalVersion = "v1"
 
 // Phase is how far the making of an instance got.
 type Phase string
@@ -89,9 +81,15 @@ func (r Record) String() string {
 	return s
 }
 
+// Adopted records are kept in a list of their own, which a reader that
+// knows no adopted instances (an older plugin rolled back to, the doctor
+// of one) ignores: to it they are instances the plugin did not make, which
+// it never destroys. In records it would take one for an instance it made,
+// and destroy it once its claim is released.
 type journalFile struct {
 	Version string   `json:"version"`
 	Records []Record `json:"records"`
+	Adopted []Record `json:"adopted,omitempty"`
 }
 
 // journal reads and writes the records. Writes are atomic (temp file,
@@ -115,10 +113,20 @@ func (j journal) load() ([]Record, error) {
 	if err := json.Unmarshal(raw, &f); err != nil {
 		return nil, fmt.Errorf("read MIG journal %s: %w", j.path(), err)
 	}
-	if f.Version != journalVersion && f.Version != journalVersionAdopted {
-		return nil, fmt.Errorf("read MIG journal %s: version %q, this plugin reads %q and %q", j.path(), f.Version, journalVersion, journalVersionAdopted)
+	if f.Version != journalVersion {
+		return nil, fmt.Errorf("read MIG journal %s: version %q, this plugin reads %q", j.path(), f.Version, journalVersion)
 	}
-	return f.Records, nil
+	for _, r := range f.Records {
+		if r.Phase == Adopted {
+			return nil, fmt.Errorf("read MIG journal %s: record %s is among the instances made", j.path(), r)
+		}
+	}
+	for _, r := range f.Adopted {
+		if r.Phase != Adopted {
+			return nil, fmt.Errorf("read MIG journal %s: record %s is among the instances adopted", j.path(), r)
+		}
+	}
+	return append(f.Records, f.Adopted...), nil
 }
 
 // save writes the records, sorted so that the file does not follow the
@@ -128,11 +136,15 @@ func (j journal) save(records []Record) error {
 	slices.SortFunc(records, func(a, b Record) int {
 		return strings.Compare(string(a.Claim)+"/"+a.Device, string(b.Claim)+"/"+b.Device)
 	})
-	version := journalVersion
-	if slices.ContainsFunc(records, func(r Record) bool { return r.Phase == Adopted }) {
-		version = journalVersionAdopted
+	f := journalFile{Version: journalVersion}
+	for _, r := range records {
+		if r.Phase == Adopted {
+			f.Adopted = append(f.Adopted, r)
+		} else {
+			f.Records = append(f.Records, r)
+		}
 	}
-	raw, err := json.Marshal(journalFile{Version: version, Records: records})
+	raw, err := json.Marshal(f)
 	if err != nil {
 		return err
 	}
