@@ -64,11 +64,19 @@ func TestPartitionsWithdrawWhatTheyMakeImpossible(t *testing.T) {
 	c.AddNode("node-1", res, driver.Name)
 	c.AddClasses(draresources.DeviceClasses(sn.Plan.Profiles, draresources.DeviceClassOptions{})...)
 	n1 := &node{inv: sn.Inv, plan: sn.Plan, cluster: c}
+	// A claim that wants a static seat selects it as the design says.
+	onlyStatic := schedulertest.WithSelector(`device.attributes["gpu.kyb.ai"].?static.orValue(false)`)
+	if r := n1.allocate(t, "static", classMIG1g, onlyStatic); r == nil || r.Devices.Results[0].Device != "g0-mig-1g-10gb-0" {
+		t.Fatalf("a claim selecting a static seat got %+v, want g0-mig-1g-10gb-0", r)
+	}
+	if r := n1.allocate(t, "static-2", classMIG1g, onlyStatic); r != nil {
+		t.Fatalf("a second claim selecting a static seat got %+v, want none: there is one", r)
+	}
 	if got, want := n1.fill(t, classMIG2g), []string{"g0-mig-2g-20gb-4", "g0-mig-2g-20gb-2"}; !slices.Equal(got, want) {
 		t.Errorf("2g.20gb seats %v, want %v", got, want)
 	}
-	if got, want := n1.fill(t, classMIG1g), []string{"g0-mig-1g-10gb-6", "g0-mig-1g-10gb-0"}; !slices.Equal(got, want) {
-		t.Errorf("1g.10gb seats beside them %v, want %v (slices 2-5 held, 1 foreign)", got, want)
+	if got, want := n1.fill(t, classMIG1g), []string{"g0-mig-1g-10gb-6"}; !slices.Equal(got, want) {
+		t.Errorf("1g.10gb seats beside them %v, want %v (slices 2-5 held, 1 foreign, 0 the static seat held)", got, want)
 	}
 	if got := n1.fill(t, class1x); slices.Contains(got, "g0-1x") || len(got) == 0 {
 		t.Errorf("1x seats %v, want those of every GPU but GPU 0", got)
