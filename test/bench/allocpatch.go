@@ -15,11 +15,12 @@ import (
 )
 
 // The allocator patch study: upstream's basic shape and ours with every
-// group published, under the stock allocator (this binary) and under the
-// patch of test/allocpatch (the same benchmarks built against the patched
-// module by hack/allocator-patch.sh, run as a child process). Each process
-// measures basic too, and ratios are taken within a process; rounds
-// alternate between the two.
+// group published (the default configuration, consumable seats, and every
+// MIG profile on a DGX H100 and a DGX A100), under the stock allocator
+// (this binary) and under the patch of test/allocpatch (the same
+// benchmarks built against the patched module by hack/allocator-patch.sh,
+// run as a child process). Each process measures basic too, and ratios are
+// taken within a process; rounds alternate between the two.
 
 // PatchOptions size the study.
 type PatchOptions struct {
@@ -96,7 +97,17 @@ func patchShapes(ctx context.Context, preset string) ([]Shape, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []Shape{BasicShape(), def, demo}, nil
+	shapes := []Shape{BasicShape(), def, demo}
+	// MIG shapes are their presets' own: every MIG profile is a property
+	// of the GPU model, and the study compares the two models we simulate.
+	for _, preset := range []string{"dgx-h100", "dgx-a100"} {
+		s, err := MIGShape(ctx, "ours: every MIG profile and 1x/2x/4x/8x ("+preset+"), smallest instances", preset)
+		if err != nil {
+			return nil, err
+		}
+		shapes = append(shapes, s)
+	}
+	return shapes, nil
 }
 
 // MeasureAllocFigures measures every shape once in this process.
