@@ -44,6 +44,8 @@ type migInstance struct {
 type migComputeInstance struct {
 	ci   int
 	uuid string
+	// whole: the compute instance spans its GPU instance.
+	whole bool
 }
 
 // checkMIG adds the MIG checks, where the plan has a MIG profile or a GPU
@@ -235,12 +237,13 @@ func migInstances(dev nvml.Device, plan *migGPUPlan, g inventory.GPU) ([]migInst
 		giID, ret1 := md.GetGpuInstanceId()
 		ciID, ret2 := md.GetComputeInstanceId()
 		uuid, ret3 := md.GetUUID()
-		if ret1 != nvml.SUCCESS || ret2 != nvml.SUCCESS || ret3 != nvml.SUCCESS {
-			return nil, fmt.Errorf("MIG device %d: its GPU instance, compute instance or UUID: %s", i, nvml.ErrorString(firstFailure(ret1, ret2, ret3)))
+		attrs, ret4 := md.GetAttributes()
+		if ret := firstFailure(ret1, ret2, ret3, ret4); ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("MIG device %d: its GPU instance, compute instance, UUID or attributes: %s", i, nvml.ErrorString(ret))
 		}
 		for k := range out {
 			if out[k].gi == giID {
-				out[k].cis = append(out[k].cis, migComputeInstance{ci: ciID, uuid: uuid})
+				out[k].cis = append(out[k].cis, migComputeInstance{ci: ciID, uuid: uuid, whole: attrs.ComputeInstanceSliceCount == attrs.GpuInstanceSliceCount})
 			}
 		}
 	}
@@ -257,8 +260,12 @@ func firstFailure(rets ...nvml.Return) nvml.Return {
 }
 
 // migPartitions holds a GPU's instances against its profiles and the
-// plugin's journal: an instance no record names is an administrator's
-// (foreign), left as it is, and its memory slices are not the plugin's.
+// plugin's journal. An instance no record names was not made by the
+// plugin and is never touched: one of a profile the GPU is given, with one
+// compute instance spanning it, is a static seat (published, adopted by
+// the claim allocated it); any other is reported, and the plugin
+// publishes neither the MIG devices it overlaps nor its GPU's whole-GPU
+// groups.
 func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, instances []migInstance, records []miginstance.Record, journalErr error) Check {
 	if journalErr != nil {
 		c = worse(c, Fail, journalErr.Error(), "the plugin fails every MIG prepare while its journal cannot be read: restore or remove "+miginstance.JournalFile+" (a removed journal makes every instance foreign, left as it is)")
@@ -275,19 +282,25 @@ func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, 
 		i := slices.IndexFunc(records, func(r miginstance.Record) bool {
 			return r.GPU == g.Index && r.Start == in.placement.Start && r.Size == in.placement.Size && r.Profile == in.profile
 		})
+		configured := plan != nil && slices.Contains(plan.profiles, in.profile)
 		switch {
+		case i >= 0 && records[i].Phase == miginstance.Adopted:
+			c.Details = append(c.Details, line+fmt.Sprintf(": a static seat (not made by the plugin), adopted by claim %s device %s", records[i].Claim, records[i].Device))
 		case i >= 0:
 			line += fmt.Sprintf(": the plugin's, claim %s device %s", records[i].Claim, records[i].Device)
 			c.Details = append(c.Details, line)
-			if plan != nil && !slices.Contains(plan.profiles, in.profile) {
+			if !configured {
 				c = worse(c, Warn, "", "an instance the plugin made of a profile the configuration no longer gives this GPU stays until its claim is released")
 			}
-		case plan != nil && !slices.Contains(plan.profiles, in.profile):
-			c = worse(c, Warn, line+": not made by the plugin, and of a profile the configuration does not give this GPU; left as it is",
-				fmt.Sprintf("the plugin never touches an instance it did not make; its memory slices are not free for the plugin's seats (a claim given an overlapping placement fails its prepare); if it is not needed, destroy it: nvidia-smi mig -i %d -gi <GI> -dci, then nvidia-smi mig -i %d -gi <GI> -dgi", g.Index, g.Index))
+		case configured && len(in.cis) == 1 && in.cis[0].whole:
+			c.Details = append(c.Details, line+": not made by the plugin; a static seat, published as such and never destroyed")
 		default:
-			c = worse(c, Warn, line+": not made by the plugin (no journal record names it); left as it is",
-				fmt.Sprintf("the plugin never touches an instance it did not make; its memory slices are not free for the plugin's seats (a claim given an overlapping placement fails its prepare); if it is not needed, destroy it: nvidia-smi mig -i %d -gi <GI> -dci, then nvidia-smi mig -i %d -gi <GI> -dgi", g.Index, g.Index))
+			why := "not a static seat: it holds no compute instance, or several, or one smaller than it"
+			if !configured {
+				why = "of a profile the configuration does not give this GPU"
+			}
+			c = worse(c, Warn, line+": not made by the plugin, "+why+"; left as it is",
+				fmt.Sprintf("the plugin never touches an instance it did not make, and publishes neither the MIG devices it overlaps nor the GPU's whole-GPU groups; if it is not needed, destroy it (nvidia-smi mig -i %d -gi <GI> -dci, then nvidia-smi mig -i %d -gi <GI> -dgi) and restart the plugin, or make it a static seat: one compute instance spanning it, of a profile the GPU is given", g.Index, g.Index))
 		}
 	}
 	return c
@@ -306,15 +319,19 @@ func readMIGJournal(dir string) ([]miginstance.Record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read MIG journal %s: %w", path, err)
 	}
+	// Adopted instances are under "adopted" or, with phase Adopted,
+	// among the records.
 	var f struct {
 		Version string               `json:"version"`
 		Records []miginstance.Record `json:"records"`
+		Adopted []miginstance.Record `json:"adopted"`
 	}
 	if err := json.Unmarshal(raw, &f); err != nil {
 		return nil, fmt.Errorf("read MIG journal %s: %w", path, err)
 	}
-	if f.Version != "v1" {
-		return nil, fmt.Errorf("read MIG journal %s: version %q, this doctor reads \"v1\"", path, f.Version)
+	// v2 is v1 holding an adopted instance.
+	if f.Version != "v1" && f.Version != "v2" {
+		return nil, fmt.Errorf("read MIG journal %s: version %q, this doctor reads \"v1\" and \"v2\"", path, f.Version)
 	}
-	return f.Records, nil
+	return append(f.Records, f.Adopted...), nil
 }

@@ -2,11 +2,13 @@ package doctor
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
@@ -58,7 +60,7 @@ func (m *migNode) setMode(t *testing.T, gpu, mode int) {
 
 // pluginInstance makes an instance as the plugin's prepare does, with its
 // journal record in the plugin's directory.
-func (m *migNode) pluginInstance(ctx context.Context, t *testing.T, gpu int, profile string, start int) miginstance.Instance {
+func (m *migNode) pluginInstance(ctx context.Context, t *testing.T, claim string, gpu int, profile string, start int, adopt bool) miginstance.Instance {
 	t.Helper()
 	m.mkdir(driver.PluginDir(m.opts.PluginsDir))
 	mgr, err := miginstance.New(miginstance.Options{Dir: driver.PluginDir(m.opts.PluginsDir), NVML: m.host.NVML, Minors: m.host.MIGMinors})
@@ -73,8 +75,8 @@ func (m *migNode) pluginInstance(ctx context.Context, t *testing.T, gpu int, pro
 	if err != nil {
 		t.Fatal(err)
 	}
-	inst, err := mgr.Ensure(ctx, miginstance.Want{Claim: "claim-1", Device: "g0-mig-1g-10gb-6", GPU: gpu, GPUMinor: gpu, GPUUUID: "GPU-x",
-		Architecture: "hopper", Profile: p, Placement: mig.Placement{Start: start, Size: p.MemorySlices}})
+	inst, err := mgr.Ensure(ctx, miginstance.Want{Claim: types.UID(claim), Device: fmt.Sprintf("g%d-mig-%s-%d", gpu, strings.ReplaceAll(profile, ".", "-"), start),
+		GPU: gpu, GPUMinor: gpu, GPUUUID: "GPU-x", Architecture: "hopper", Profile: p, Placement: mig.Placement{Start: start, Size: p.MemorySlices}, Adopt: adopt})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,23 +123,32 @@ func TestMIGCheckPartitionsAgainstConfigurationAndJournal(t *testing.T) {
 - {resource: kyb.ai/mig-1g.10gb, mig: {profile: 1g.10gb, seatsPerGPU: 4}, gpus: [0, 1]}
 `)
 	_, ctx := ktesting.NewTestContext(t)
-	// GPU 0: the plugin's 1g.10gb at {6}:1 (GI 13, CI 0), an
-	// administrator's 1g.10gb at {0}:1 (GI 7) with a compute instance and
-	// one at {1}:1 (GI 8) without. GPU 1: MIG off (Hopper: the plugin
-	// turns it on). GPU 2: in the 1x groups, MIG on.
-	inst := m.pluginInstance(ctx, t, 0, "1g.10gb", 6)
+	// GPU 0: the plugin's 1g.10gb at {6}:1 (GI 13, CI 0); an
+	// administrator's 1g.10gb at {0}:1 (GI 7) with a compute instance (a
+	// static seat), one at {2}:1 (GI 9) that a claim adopted, and one at
+	// {1}:1 (GI 8) without a compute instance. GPU 1: MIG off (Hopper: the
+	// plugin turns it on). GPU 2: in the 1x groups, MIG on.
+	inst := m.pluginInstance(ctx, t, "claim-1", 0, "1g.10gb", 6, false)
 	m.foreignInstance(t, 0, 0, true)
 	m.foreignInstance(t, 0, 1, false)
+	m.foreignInstance(t, 0, 2, true)
+	m.pluginInstance(ctx, t, "claim-2", 0, "1g.10gb", 2, true)
 	m.setMode(t, 2, nvml.DEVICE_MIG_ENABLE)
 
 	r := m.run(t)
+	if plan := check(t, r, "plan"); !hasDetail(plan, "kyb.ai/mig-1g.10gb: MIG 1g.10gb instances on 2 GPUs: GPU 0: 4 seats, GPU 1: 4 seats") {
+		t.Errorf("plan: %+v", plan)
+	}
 	gpu0 := check(t, r, "mig-gpu0")
-	if gpu0.Status != Warn || gpu0.Summary != "GPU 0 (NVIDIA H100 80GB HBM3, hopper): MIG mode on; profiles 1g.10gb; 3 GPU instances" {
+	if gpu0.Status != Warn || gpu0.Summary != "GPU 0 (NVIDIA H100 80GB HBM3, hopper): MIG mode on; profiles 1g.10gb; 4 GPU instances" {
 		t.Errorf("mig-gpu0: %s %q", gpu0.Status, gpu0.Summary)
 	}
 	for _, want := range []string{
 		"GI 7: 1g.10gb at {0}:1, CI 0 MIG-",
-		"GI 8: 1g.10gb at {1}:1, no compute instance: not made by the plugin (no journal record names it); left as it is",
+		": not made by the plugin; a static seat, published as such and never destroyed",
+		"GI 8: 1g.10gb at {1}:1, no compute instance: not made by the plugin, not a static seat: it holds no compute instance, or several, or one smaller than it; left as it is",
+		"GI 9: 1g.10gb at {2}:1, CI 0 MIG-",
+		": a static seat (not made by the plugin), adopted by claim claim-2 device g0-mig-1g-10gb-2",
 		"GI 13: 1g.10gb at {6}:1, CI 0 " + inst.UUID + ": the plugin's, claim claim-1 device g0-mig-1g-10gb-6",
 		// capMinor: 3 + GPU minor × 135 + GI × 9 (+ 1 + CI).
 		"GI 7 capabilities: gpu0/gi7/access /dev/nvidia-caps/nvidia-cap66, gpu0/gi7/ci0/access /dev/nvidia-caps/nvidia-cap67",
@@ -148,7 +159,7 @@ func TestMIGCheckPartitionsAgainstConfigurationAndJournal(t *testing.T) {
 			t.Errorf("mig-gpu0 lacks %q", want)
 		}
 	}
-	if !strings.Contains(gpu0.Fix, "the plugin never touches an instance it did not make") {
+	if !strings.Contains(gpu0.Fix, "the plugin never touches an instance it did not make, and publishes neither the MIG devices it overlaps nor the GPU's whole-GPU groups") {
 		t.Errorf("mig-gpu0 fix: %q", gpu0.Fix)
 	}
 	if gpu1 := check(t, r, "mig-gpu1"); gpu1.Status != OK || gpu1.Summary != "GPU 1 (NVIDIA H100 80GB HBM3, hopper): MIG mode off; profiles 1g.10gb" {
@@ -169,8 +180,8 @@ func TestMIGCheckPartitionsAgainstConfigurationAndJournal(t *testing.T) {
 	if n, _ := d.GetMaxMigDeviceCount(); n != 7 {
 		t.Fatalf("GPU 0 MIG device slots: %d", n)
 	}
-	if got := countInstances(t, d); got != 3 {
-		t.Errorf("GPU 0 holds %d GPU instances after the doctor, want 3", got)
+	if got := countInstances(t, d); got != 4 {
+		t.Errorf("GPU 0 holds %d GPU instances after the doctor, want 4", got)
 	}
 }
 

@@ -138,8 +138,18 @@ func topologyCheck(inv *inventory.Inventory) Check {
 
 func planCheck(plan *planner.Plan) Check {
 	c := Check{Name: "plan", Status: OK}
-	groups := 0
+	groups, migGPUs := 0, len(plan.MIGModels())
 	for _, p := range plan.Profiles {
+		if p.MIG != nil {
+			// A MIG profile's seats are instances on single GPUs, not
+			// groups.
+			var gpus []string
+			for _, g := range p.MIG.GPUs {
+				gpus = append(gpus, fmt.Sprintf("GPU %d: %s", g.Index(), count(g.Seats, "seat")))
+			}
+			c.Details = append(c.Details, fmt.Sprintf("%s: MIG %s instances on %s: %s", p.Resource, p.MIG.Profile, count(len(p.MIG.GPUs), "GPU"), strings.Join(gpus, ", ")))
+			continue
+		}
 		groups += len(p.Groups)
 		var names []string
 		for _, g := range p.Groups {
@@ -148,7 +158,10 @@ func planCheck(plan *planner.Plan) Check {
 		c.Details = append(c.Details, fmt.Sprintf("%s: %s of %s, %s each: %s", p.Resource, count(len(p.Groups), "group"), count(p.Size, "GPU"), count(p.SeatsPerGroup, "seat"), strings.Join(names, " ")))
 	}
 	c.Summary = fmt.Sprintf("%d groups in %d profiles", groups, len(plan.Profiles))
-	if groups == 0 {
+	if migGPUs > 0 {
+		c.Summary += fmt.Sprintf("; MIG seats on %s", count(migGPUs, "GPU"))
+	}
+	if groups == 0 && migGPUs == 0 {
 		c.Status, c.Fix = Fail, "the configuration leaves no group on this node: add a profile whose group size fits its GPUs"
 	}
 	for _, w := range plan.Warnings {
