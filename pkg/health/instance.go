@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
@@ -166,7 +167,7 @@ func (m *Monitor) changedInstance(ctx context.Context, tr *transition[Instance])
 	uuid := m.opts.Inventory.GPUs[in.GPU].UUID
 	if tr.fault == nil {
 		logger.Info("MIG instance is healthy again", "gpu", in.GPU, "uuid", uuid, "placement", in.Placement, "fault", tr.previous.Reason,
-			"unhealthyFor", m.clock.Since(tr.previous.Since), "quietFor", m.recovery)
+			"unhealthyFor", m.clock.Since(tr.previous.Since).Round(time.Millisecond), "quietFor", m.recovery)
 	} else {
 		logger.Error(nil, "MIG instance is unhealthy", "gpu", in.GPU, "uuid", uuid, "placement", in.Placement, "reason", tr.fault.Reason,
 			"message", tr.fault.Message, "recoversAfter", m.recovery)
