@@ -29,14 +29,17 @@ import (
 // only placement of 4g and 7g), and the GPUs a MIG profile has serve no
 // whole-GPU group of the shim.
 //
-// The kubelet never says when a seat is released, so an instance is made
-// at the first Allocate of its seat (through pkg/miginstance and its
+// The kubelet never says when a seat is released, so a seat's instance
+// is found or made at its first Allocate (through pkg/miginstance and its
 // journal, as a DRA prepare makes it) and kept: the seat's next holder
-// gets the same instance. Its seat is the journal's claim
-// (device-plugin/<seat ID>), so a DRA plugin that later serves the node
-// finds no prepared claim for it and destroys it. A restarted shim rolls
-// back instances a crash left half made and keeps every made one, in use
-// or not, since it cannot tell.
+// gets the same instance. An instance an administrator made at the seat's
+// placement (of its profile, one compute instance spanning it) is adopted,
+// as the NVIDIA device plugin serves partitions made beforehand, and never
+// destroyed. The journal's claim is the seat (device-plugin/<seat ID>), so
+// a DRA plugin that later serves the node finds no prepared claim for it:
+// it destroys the instances the shim made and forgets those it adopted.
+// What a crash left half made is rolled back at the seat's next Allocate;
+// made instances are kept, in use or not, since the shim cannot tell.
 
 // MIG makes MIG instances for the MIG profiles' seats.
 type MIG struct {
@@ -141,7 +144,7 @@ func (r *resource) allocateMIG(ctx context.Context, refs []seatRef) (*containere
 		}
 		inst, err := r.mig.instances.Ensure(ctx, miginstance.Want{
 			Claim: migClaim(r.ids[ref.idx]), Device: r.ids[ref.idx], GPU: gpu.Index, GPUMinor: gpu.Minor, GPUUUID: gpu.UUID,
-			Architecture: gpu.Architecture, Profile: d.GPU.Profile, Placement: d.Placement,
+			Architecture: gpu.Architecture, Profile: d.GPU.Profile, Placement: d.Placement, Adopt: true,
 		})
 		if err != nil {
 			return nil, nil, fmt.Errorf("seat %s: make MIG %s instance at %s on GPU %d: %w", r.ids[ref.idx], d.GPU.Profile.Name, d.Placement, gpu.Index, err)

@@ -188,6 +188,51 @@ func TestMIGSeatKeepsItsInstanceAcrossAShimRestartWithCDI(t *testing.T) {
 	}
 }
 
+func TestMIGSeatAdoptsAnAdministratorsInstanceOverRealSockets(t *testing.T) {
+	e := newEnv(t, "dgx-h100", migShimConfig)
+	// An administrator partitioned GPU 1 beforehand: 1g.10gb at {5}:1
+	// with one compute instance, as nvidia-smi mig -cgi 19 -C makes it.
+	dev, ret := e.sim.NVML().DeviceGetHandleByIndex(1)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if _, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	info, ret := dev.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 5, Size: 1})
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	ciInfo, ret := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if _, ret := gi.CreateComputeInstance(&ciInfo); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	md, ret := dev.GetMigDeviceHandleByIndex(0)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	static, _ := md.GetUUID()
+
+	e.start(e.withMIG)
+	resp, err := allocate(e, "kyb.ai/mig-1g.10gb", []string{"g1-mig-1g-10gb-5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.ContainerResponses[0].Envs["CUDA_VISIBLE_DEVICES"]; got != static {
+		t.Errorf("CUDA_VISIBLE_DEVICES=%s, want the administrator's instance %s", got, static)
+	}
+	if got, want := e.gpuInstances(1), []string{"19@{5}:1"}; !slices.Equal(got, want) {
+		t.Errorf("GPU 1's instances %v, want only the administrator's %v", got, want)
+	}
+}
+
 func TestMIGAllocateOnAmpereWithMIGOffFailsNamingTheFix(t *testing.T) {
 	e := newEnv(t, "dgx-a100", `
 profiles:
