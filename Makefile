@@ -82,7 +82,7 @@ FUZZTIME ?=
 fuzz: ## run every fuzz target briefly (FUZZTIME=1m for longer)
 	FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
-soak: ## 1,000 random crashes with lost checkpoints among them; reports seats doubled and lost (both must be 0)
+soak: ## 1,000 random crashes with lost checkpoints among them, then 300 on a node with MIG seats beside an administrator's instances; reports seats doubled and lost, MIG instances leaked and foreign instances destroyed (all must be 0)
 	GO=$(GO) hack/soak.sh
 
 soak-mps: ## 500 random MPS prepares, releases, restarts, profile changes and tenant tampering; reports daemons leaked, daemons of another group touched, GPUs in the wrong compute mode (all must be 0)
