@@ -202,3 +202,25 @@ func TestMIGInstanceEventsAreCountedOnTheirGPU(t *testing.T) {
 		}
 	}
 }
+
+// An event handed out on a MIG device's own handle, rather than its GPU's,
+// is that MIG device's instance's.
+func TestMIGEventOnAMIGDeviceHandleIsItsInstances(t *testing.T) {
+	r := newRig(t, nil)
+	r.makeInstance(2, "1g.10gb", 3)
+	gpu, ret := r.sim.NVML().DeviceGetHandleByIndex(2)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	md, ret := gpu.GetMigDeviceHandleByIndex(0)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	r.m.handleEvent(r.ctx, nvml.EventData{Device: md, EventType: nvml.EventTypeXidCriticalError, EventData: 79, GpuInstanceId: noInstance, ComputeInstanceId: noInstance})
+	if got, want := r.faults(), ""; got != want {
+		t.Errorf("unhealthy GPUs %q, want %q", got, want)
+	}
+	if got, want := r.instanceFaults(), "2/{3}:1:xid-79"; got != want {
+		t.Errorf("unhealthy instances %q, want %q", got, want)
+	}
+}
