@@ -24,6 +24,9 @@
 //   - XIDs that are the application's fault are ignored by default; see
 //     DefaultIgnoredXIDs for which and why, and health.ignoredXIDs /
 //     health.criticalXIDs to change the list.
+//   - MIG. An XID or ECC error that NVML gives a GPU instance ID makes
+//     that MIG instance unhealthy, not its GPU, so that the GPU's other
+//     instances keep their seats (instance.go).
 package health
 
 import (
