@@ -29,7 +29,9 @@ const usage = `Usage: kyb-device-plugin [flags]
 
 Runs the kyb device-plugin shim on this node, for clusters without DRA:
 serves each seat profile as an extended resource (kyb.ai/gpu-1x-seat, ...)
-through the kubelet's device-plugin API, one device per seat. It reads the
+through the kubelet's device-plugin API, one device per seat; a MIG
+profile's seats (kyb.ai/mig-1g.10gb) are MIG instances at fixed placements,
+made at their first Allocate and kept. It reads the
 same node configuration as the DRA plugin and serves its exclusive layout,
 in which no GPU serves two profiles that exclude each other. A node runs
 the DRA plugin or this shim, never both: each refuses to start while the
