@@ -58,38 +58,55 @@ func (s *Sampler) sampleMIG(dev nvml.Device, g GPU) ([]*Instance, []Process, err
 		if err != nil {
 			return nil, nil, fmt.Errorf("GPU %d MIG device %d: %w", g.Index, i, err)
 		}
+		if in == nil {
+			continue
+		}
 		instances = append(instances, in)
 		procs = append(procs, ps...)
 	}
 	return instances, procs, nil
 }
 
+// gone reports whether a MIG device's call failed because the instance is
+// gone: destroyed (a claim unprepared) between the list and the call.
+func gone(ret nvml.Return) bool {
+	return ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT
+}
+
+// sampleInstance reads one MIG device: nil, and no error, for one
+// destroyed meanwhile, which is no fault of the GPU's.
 func (s *Sampler) sampleInstance(parent, md nvml.Device) (*Instance, []Process, error) {
 	in := &Instance{}
+	failed := func(what string, ret nvml.Return) (*Instance, []Process, error) {
+		if gone(ret) {
+			return nil, nil, nil
+		}
+		return nil, nil, fmt.Errorf("%s%s: %s", in.UUID, what, s.lib.ErrorString(ret))
+	}
 	var ret nvml.Return
 	if in.UUID, ret = md.GetUUID(); ret != nvml.SUCCESS {
-		return nil, nil, fmt.Errorf("UUID: %s", s.lib.ErrorString(ret))
+		return failed("UUID", ret)
 	}
 	if in.GPUInstance, ret = md.GetGpuInstanceId(); ret != nvml.SUCCESS {
-		return nil, nil, fmt.Errorf("%s: GPU instance ID: %s", in.UUID, s.lib.ErrorString(ret))
+		return failed(": GPU instance ID", ret)
 	}
 	gi, ret := parent.GetGpuInstanceById(in.GPUInstance)
 	if ret != nvml.SUCCESS {
-		return nil, nil, fmt.Errorf("%s: GPU instance %d: %s", in.UUID, in.GPUInstance, s.lib.ErrorString(ret))
+		return failed(fmt.Sprintf(": GPU instance %d", in.GPUInstance), ret)
 	}
 	info, ret := gi.GetInfo()
 	if ret != nvml.SUCCESS {
-		return nil, nil, fmt.Errorf("%s: GPU instance %d: %s", in.UUID, in.GPUInstance, s.lib.ErrorString(ret))
+		return failed(fmt.Sprintf(": GPU instance %d", in.GPUInstance), ret)
 	}
 	in.Placement = mig.Placement{Start: int(info.Placement.Start), Size: int(info.Placement.Size)}
 	mem, ret := md.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
-		return nil, nil, fmt.Errorf("%s memory: %s", in.UUID, s.lib.ErrorString(ret))
+		return failed(" memory", ret)
 	}
 	in.MemoryUsedBytes, in.MemoryTotalBytes = mem.Used, mem.Total
 	running, ret := md.GetComputeRunningProcesses()
 	if ret != nvml.SUCCESS {
-		return nil, nil, fmt.Errorf("%s processes: %s", in.UUID, s.lib.ErrorString(ret))
+		return failed(" processes", ret)
 	}
 	procs := make([]Process, 0, len(running))
 	for _, p := range running {

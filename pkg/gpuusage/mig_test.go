@@ -80,7 +80,8 @@ func TestSamplerReadsMIGDevicesAndTheirProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	gpus := []gpuusage.GPU{{Index: 0, UUID: simnode.DeriveUUID("node-1", 0)}, {Index: 1, UUID: simnode.DeriveUUID("node-1", 1)}}
-	u := gpuusage.NewSampler(lib, gpus, node.Cgroups(gpuusage.ProcCgroups{Root: "/proc"})).Sample()
+	s := gpuusage.NewSampler(lib, gpus, node.Cgroups(gpuusage.ProcCgroups{Root: "/proc"}))
+	u := s.Sample()
 	if len(u) != 2 || u[0].Err != nil || u[1].Err != nil {
 		t.Fatalf("sample: %+v", u)
 	}
@@ -109,5 +110,21 @@ func TestSamplerReadsMIGDevicesAndTheirProcesses(t *testing.T) {
 	}
 	if len(u[1].Instances) != 0 || len(u[1].Processes) != 1 || u[1].Processes[0].Instance != nil || u[1].Processes[0].SMPercent != 30 {
 		t.Errorf("GPU 1, not in MIG mode: %+v", u[1])
+	}
+
+	// A MIG device destroyed between the list and its calls (a claim
+	// unprepared meanwhile) is left out; the GPU's other ones are read.
+	if err := node.FailCall(simnode.CallFault{Call: simnode.CallMigDeviceGetUUID, Nth: 1, Ret: nvml.ERROR_INVALID_ARGUMENT}); err != nil {
+		t.Fatal(err)
+	}
+	if u = s.Sample(); u[0].Err != nil || len(u[0].Instances) != 1 || len(u[0].Processes) != 1 {
+		t.Errorf("with a MIG device gone: %v, %d MIG devices, %d processes; want no error, 1, 1", u[0].Err, len(u[0].Instances), len(u[0].Processes))
+	}
+	// Any other failure is the GPU's.
+	if err := node.FailCall(simnode.CallFault{Call: simnode.CallMigDeviceGetUUID, Nth: 1, Ret: nvml.ERROR_UNKNOWN}); err != nil {
+		t.Fatal(err)
+	}
+	if u = s.Sample(); u[0].Err == nil || !strings.Contains(u[0].Err.Error(), "GPU 0 MIG device 0: UUID: ") {
+		t.Errorf("with a MIG device failing: %v, want the GPU's error", u[0].Err)
 	}
 }
