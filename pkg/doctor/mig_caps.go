@@ -125,9 +125,7 @@ func (e *examination) migCapabilities(c Check, g inventory.GPU, instances []migI
 		return worse(c, Fail, minorsErr.Error(), "the plugin cannot give a container a MIG device without its capability minors: load the NVIDIA driver with MIG support (nvidia-smi mig -lgip), and check /proc/driver/nvidia-caps")
 	}
 	lines, status, fix := capabilityLines(*minors, e.capsHost(), g.Minor, instances)
-	for _, l := range lines {
-		c.Details = append(c.Details, l)
-	}
+	c.Details = append(c.Details, lines...)
 	if status != OK {
 		c = worse(c, status, "", fix)
 	}
