@@ -8,6 +8,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
@@ -29,6 +30,14 @@ profiles:
 		c.slices = append(c.slices, *s)
 	}
 	c.sched.AddClasses(draresources.DeviceClasses(sn.Plan.Profiles, draresources.DeviceClassOptions{})...)
+	// An administrator's instance at {0}:1, published as a static seat.
+	for i := range c.slices {
+		for j := range c.slices[i].Spec.Devices {
+			if d := &c.slices[i].Spec.Devices[j]; d.Name == "g0-mig-1g-10gb-0" {
+				d.Attributes["static"] = resourceapi.DeviceAttribute{BoolValue: ptr.To(true)}
+			}
+		}
+	}
 
 	// A claim whose status the plugin has written, with its MIG device,
 	// and one allocated a moment ago.
@@ -72,6 +81,7 @@ profiles:
 		"g0-mig-1g-10gb-6 G0 mig-1g-10gb 1g.10gb {6}:1 0 1 1 full 6: team-a/small (team-a/small-pod) MIG-11111111-2222-3333-4444-555555555555",
 		"g0-mig-1g-10gb-5 G0 mig-1g-10gb 1g.10gb {5}:1 0 1 1 full ?: team-a/fresh (team-a/fresh-pod) -",
 		"g0-mig-1g-10gb-4 G0 mig-1g-10gb 1g.10gb {4}:1 0 1 0 free -",
+		"g0-mig-1g-10gb-0 G0 mig-1g-10gb 1g.10gb {0}:1 static 0 1 0 free -",
 		"g1-1x G1 1x - 1 1 0 free -",
 		// The GPU's whole-GPU group does not fit beside its instances;
 		// instances beside each other fit until the GPU's 4 seats are

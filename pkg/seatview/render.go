@@ -159,12 +159,17 @@ func heldBy(g Group, wide bool) string {
 }
 
 // migCell renders a MIG device's profile and placement as nvidia-smi
-// writes a placement: 1g.10gb {6}:1.
+// writes a placement, and whether it is a static seat: 1g.10gb {6}:1
+// static.
 func migCell(m *MIGInstance) string {
 	if m == nil {
 		return "-"
 	}
-	return fmt.Sprintf("%s {%d}:%d", m.Profile, m.PlacementStart, m.PlacementSize)
+	cell := fmt.Sprintf("%s {%d}:%d", m.Profile, m.PlacementStart, m.PlacementSize)
+	if m.Static {
+		cell += " static"
+	}
+	return cell
 }
 
 func ints(xs []int) string {

@@ -90,6 +90,10 @@ type MIGInstance struct {
 	// on its GPU.
 	PlacementStart int `json:"placementStart"`
 	PlacementSize  int `json:"placementSize"`
+	// Static: the instance is one the plugin did not make (an
+	// administrator's partition), which a claim adopts and which is never
+	// destroyed.
+	Static bool `json:"static,omitempty"`
 }
 
 // Seat is one held seat, or several held by one claim whose seat numbers
@@ -133,6 +137,7 @@ const (
 	attrMIGProfile     = "migProfile"
 	attrPlacementStart = "placementStart"
 	attrPlacementSize  = "placementSize"
+	attrStatic         = "static"
 )
 
 // perSeat matches a device of the per-seat layout, g01-2x-seat-1.
@@ -194,6 +199,9 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 					GPUs: gpuList(str(d, v1alpha1.AttrGPUIndices)), Interconnect: str(d, v1alpha1.AttrInterconnect), Held: []Seat{}}
 				if str(d, attrType) == "mig" {
 					g.MIG = &MIGInstance{Profile: str(d, attrMIGProfile), PlacementStart: integer(d, attrPlacementStart), PlacementSize: integer(d, attrPlacementSize)}
+					if a, ok := d.Attributes[attrStatic]; ok && a.BoolValue != nil {
+						g.MIG.Static = *a.BoolValue
+					}
 				}
 				groups[key] = g
 				devices[name] = append(devices[name], device)
