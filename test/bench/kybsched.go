@@ -139,7 +139,11 @@ func kybScheduler(opts KybSchedOptions, score bool) schedulerUnderTest {
 // pods name.
 func schedulerProcess(ctx context.Context, c *harness.Cluster, o harness.KybSchedulerOptions, name string) (schedTarget, func()) {
 	k := c.StartKybScheduler(o)
-	return schedTarget{name: name, attempts: func(ctx context.Context) (map[string]float64, error) { return settledAttempts(ctx, k) }}, k.Stop
+	return schedTarget{
+		name:     name,
+		attempts: func(ctx context.Context) (map[string]float64, error) { return settledAttempts(ctx, k) },
+		costs:    func(ctx context.Context) (cycleCosts, error) { return processCycleCosts(ctx, k.Metrics) },
+	}, k.Stop
 }
 
 // settledAttempts reads a scheduler process's attempts once they have

@@ -150,6 +150,9 @@ type schedTarget struct {
 	// attempts is the scheduler's scheduler_schedule_attempts_total, by
 	// result (scheduled, unschedulable, error).
 	attempts func(ctx context.Context) (map[string]float64, error)
+	// costs, for a scheduler process, reads its times per cycle; nil for
+	// the in-process scheduler.
+	costs func(ctx context.Context) (cycleCosts, error)
 }
 
 // inProcessScheduler is the cluster's default scheduler, the stock

@@ -1,0 +1,108 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// cycleCosts are a scheduler process's mean times per scheduling cycle,
+// in seconds, read from its metrics at the end of a round: the
+// scheduling algorithm (a pod's filtering and scoring, one cycle after
+// another; scheduler_scheduling_attempt_duration_seconds would add the
+// binding, which runs beside the next cycles), the placement score's own
+// work (PreScore, Score on
+// each node, NormalizeScore), and the DynamicResources plugin's
+// (PreFilter, Filter on each node). The framework times plugins in a
+// sample of the cycles (scheduler_plugin_execution_duration_seconds), so
+// a plugin's time per cycle is its sampled sum over its sampled cycles.
+type cycleCosts struct {
+	attempt, score, dra float64
+	// scoreCycles are the cycles the score was timed in.
+	scoreCycles float64
+}
+
+// scoreShare is the score's own time as a share of an attempt; 0 where
+// the scheduler runs no score.
+func (c cycleCosts) scoreShare() float64 {
+	if c.attempt <= 0 {
+		return 0
+	}
+	return c.score / c.attempt
+}
+
+// parseCycleCosts reads cycleCosts from a scheduler's metrics page.
+func parseCycleCosts(page []byte) (cycleCosts, error) {
+	type key struct{ name, point, plugin string }
+	sums := map[key]float64{}
+	sc := bufio.NewScanner(bytes.NewReader(page))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "scheduler_plugin_execution_duration_seconds_") && !strings.HasPrefix(line, "scheduler_scheduling_algorithm_duration_seconds_") {
+			continue
+		}
+		var name, labels, value string
+		if n, rest, ok := strings.Cut(line, "{"); ok {
+			name = n
+			if labels, value, ok = strings.Cut(rest, "} "); !ok {
+				return cycleCosts{}, fmt.Errorf("scheduler metrics: malformed line %q", line)
+			}
+		} else if name, value, ok = strings.Cut(line, " "); !ok {
+			return cycleCosts{}, fmt.Errorf("scheduler metrics: malformed line %q", line)
+		}
+		if !strings.HasSuffix(name, "_sum") && !strings.HasSuffix(name, "_count") {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			return cycleCosts{}, fmt.Errorf("scheduler metrics: line %q: %w", line, err)
+		}
+		k := key{name: name}
+		for l := range strings.SplitSeq(labels, ",") {
+			lk, lv, _ := strings.Cut(l, "=")
+			switch lk {
+			case "extension_point":
+				k.point = strings.Trim(lv, `"`)
+			case "plugin":
+				k.plugin = strings.Trim(lv, `"`)
+			}
+		}
+		sums[k] += v
+	}
+	if err := sc.Err(); err != nil {
+		return cycleCosts{}, fmt.Errorf("scheduler metrics: %w", err)
+	}
+	const plugin = "scheduler_plugin_execution_duration_seconds"
+	perCycle := func(name, first string, points ...string) float64 {
+		cycles := sums[key{plugin + "_count", first, name}]
+		if cycles == 0 {
+			return 0
+		}
+		total := 0.0
+		for _, p := range append([]string{first}, points...) {
+			total += sums[key{plugin + "_sum", p, name}]
+		}
+		return total / cycles
+	}
+	var c cycleCosts
+	if n := sums[key{name: "scheduler_scheduling_algorithm_duration_seconds_count"}]; n > 0 {
+		c.attempt = sums[key{name: "scheduler_scheduling_algorithm_duration_seconds_sum"}] / n
+	}
+	c.score = perCycle("KybPlacement", "PreScore", "Score", "ScoreExtensionNormalize")
+	c.scoreCycles = sums[key{plugin + "_count", "PreScore", "KybPlacement"}]
+	c.dra = perCycle("DynamicResources", "PreFilter", "Filter")
+	return c, nil
+}
+
+// processCycleCosts reads a scheduler process's cycleCosts.
+func processCycleCosts(ctx context.Context, metrics func(context.Context) ([]byte, error)) (cycleCosts, error) {
+	page, err := metrics(ctx)
+	if err != nil {
+		return cycleCosts{}, err
+	}
+	return parseCycleCosts(page)
+}
