@@ -273,3 +273,39 @@ func TestScoreReadsTheCyclesAllocatedState(t *testing.T) {
 		t.Errorf("with the tracker's empty state the nodes scored %v, want equal", scores)
 	}
 }
+
+// migAndWhole gives every GPU 1x groups and seven 1g.10gb MIG instances;
+// a GPU holds one or the other at a time (the counters keep them apart).
+const migAndWhole = `
+profiles:
+- {resource: kyb.ai/gpu-1x-seat}
+- {resource: kyb.ai/mig-1g.10gb, mig: {profile: 1g.10gb}}
+`
+
+// A MIG instance takes its memory slices and its share of the GPU, not
+// the whole GPU: pack puts the next MIG seat on the node whose GPU is
+// already partitioned and has room, not on the node as busy whose GPU a
+// whole-GPU group holds, where it would partition a GPU more.
+func TestPackPutsMIGSeatsOnPartitionedGPUs(t *testing.T) {
+	f := newFixture(t, Args{DefaultPolicy: Pack}, nodeSpec{"node-a", "dgx-h100", migAndWhole}, nodeSpec{"node-b", "dgx-h100", migAndWhole})
+	migClass := f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb")
+	if migClass == nil {
+		t.Fatal("no DeviceClass serves kyb.ai/mig-1g.10gb")
+	}
+	_, seat := f.seatPod(migClass.Name, 1)
+	if r := f.allocate(seat, "node-a", true); !strings.HasPrefix(r.Devices.Results[0].Device, "g0-mig-1g-10gb-") {
+		t.Fatalf("the first MIG seat took %s, want an instance on GPU 0", r.Devices.Results[0].Device)
+	}
+	_, whole := f.seatPod(class1x, 1)
+	if r := f.allocate(whole, "node-b", true); r.Devices.Results[0].Device != "g0-1x" {
+		t.Fatalf("the 1x seat took %s, want g0-1x", r.Devices.Results[0].Device)
+	}
+	pod, _ := f.seatPod(migClass.Name, 1)
+	scores, st := f.scores(pod, []string{"node-a", "node-b"})
+	if scores == nil {
+		t.Fatalf("PreScore: %v", st)
+	}
+	if scores["node-a"] <= scores["node-b"] {
+		t.Errorf("pack scored node-a (GPU 0 partitioned, six instances free) %d and node-b (GPU 0 a 1x group's) %d; want node-a first", scores["node-a"], scores["node-b"])
+	}
+}

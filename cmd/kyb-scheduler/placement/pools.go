@@ -94,6 +94,14 @@ type device struct {
 	// group can be allocated while it is in use (every profile but an
 	// overprovisioning one).
 	exclusive bool
+	// consumes are the counters it consumes, of every set, by the pool's
+	// counter index: what the allocator checks, so that a MIG instance
+	// takes its memory slices and its share of the GPU's counter, not the
+	// whole GPU.
+	consumes []consumption
+	// partial: it takes part of a GPU (a MIG instance: less than the GPU's
+	// counter holds), so another device can join it on that GPU.
+	partial bool
 	// tainted with NoSchedule or NoExecute: the allocator takes it only
 	// for a request that tolerates the taint, which the score does not
 	// predict, so it counts as unavailable.
@@ -118,8 +126,18 @@ type pool struct {
 	gpus    int
 	devices []*device
 
+	// capacity is each counter's value, by the index devices consume it
+	// by.
+	capacity []int64
+
 	mu      sync.Mutex
 	matches map[string][]bool
+}
+
+// consumption is an amount of one of the pool's counters.
+type consumption struct {
+	counter int
+	amount  int64
 }
 
 // poolCache keeps the parsed pools from one scheduling cycle to the next:
@@ -201,21 +219,49 @@ func currentGeneration(ss []*resourceapi.ResourceSlice) []*resourceapi.ResourceS
 func parsePool(node string, ss []*resourceapi.ResourceSlice) *pool {
 	p := &pool{node: node, slices: ss, matches: map[string][]bool{}}
 	counters := 0
+	index := map[string]int{}
 	for _, s := range ss {
 		for _, cs := range s.Spec.SharedCounters {
 			if cs.Name == counterSet {
 				counters = max(counters, len(cs.Counters))
 			}
+			for name, c := range cs.Counters {
+				index[cs.Name+"/"+name] = len(p.capacity)
+				p.capacity = append(p.capacity, c.Value.Value())
+			}
 		}
+	}
+	for _, s := range ss {
 		for i := range s.Spec.Devices {
 			d := parseDevice(&s.Spec.Devices[i])
 			d.id = structured.MakeDeviceID(driver.Name, s.Spec.Pool.Name, d.name)
+			p.consumption(d, index)
 			p.devices = append(p.devices, d)
 			p.gpus = max(p.gpus, d.gpus.bound())
 		}
 	}
 	p.gpus = max(p.gpus, counters)
 	return p
+}
+
+// consumption reads what d consumes of the pool's counters. A counter no
+// set of the pool holds has no room: the allocator takes no such device.
+func (p *pool) consumption(d *device, index map[string]int) {
+	for _, cc := range d.api.ConsumesCounters {
+		for name, c := range cc.Counters {
+			k, ok := index[cc.CounterSet+"/"+name]
+			if !ok {
+				k = len(p.capacity)
+				index[cc.CounterSet+"/"+name] = k
+				p.capacity = append(p.capacity, 0)
+			}
+			amount := c.Value.Value()
+			d.consumes = append(d.consumes, consumption{counter: k, amount: amount})
+			if cc.CounterSet == counterSet && strings.HasPrefix(name, counterPrefix) && amount < p.capacity[k] {
+				d.partial = true
+			}
+		}
+	}
 }
 
 // parseDevice reads a device's GPUs from the counters it consumes (the

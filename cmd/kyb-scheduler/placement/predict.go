@@ -26,8 +26,9 @@ type outcome struct {
 	predicted bool
 	// gpus the node has, busy of them before the pod.
 	gpus, busy int
-	// picks: devices taken; joined: of them, shared groups already in use
-	// before the pod (a seat taken where the GPUs already are).
+	// picks: devices taken; joined: of them, those taken where the GPUs
+	// already were in use before the pod (a share of a shared group in
+	// use, a MIG instance on a GPU already partitioned).
 	picks, joined int
 	// broken: larger groups whose GPUs were all idle before the pod and
 	// that the pod's groups overlap: an island the next request of that
@@ -39,13 +40,15 @@ type outcome struct {
 type nodeUse struct {
 	inUse []bool
 	seats []int64
-	// busy: GPUs of devices in use; held: GPUs whose counters a device in
-	// use consumes, which no other exclusive device can take.
-	busy, held gpuSet
+	// busy: GPUs of devices in use.
+	busy gpuSet
+	// used is what the devices in use consume of each counter; capacity
+	// (the pool's) what each holds.
+	used, capacity []int64
 }
 
 func newNodeUse(p *pool, a *allocated) *nodeUse {
-	u := &nodeUse{inUse: make([]bool, len(p.devices)), seats: make([]int64, len(p.devices))}
+	u := &nodeUse{inUse: make([]bool, len(p.devices)), seats: make([]int64, len(p.devices)), used: make([]int64, len(p.capacity)), capacity: p.capacity}
 	for i, d := range p.devices {
 		inUse, seats := a.use(d)
 		if !inUse {
@@ -54,15 +57,32 @@ func newNodeUse(p *pool, a *allocated) *nodeUse {
 		u.inUse[i] = true
 		u.seats[i] = seats
 		u.busy.addAll(d.gpus)
-		if d.exclusive {
-			u.held.addAll(d.gpus)
-		}
+		u.charge(d)
 	}
 	return u
 }
 
 func (u *nodeUse) clone() *nodeUse {
-	return &nodeUse{inUse: append([]bool(nil), u.inUse...), seats: append([]int64(nil), u.seats...), busy: u.busy.clone(), held: u.held.clone()}
+	return &nodeUse{inUse: append([]bool(nil), u.inUse...), seats: append([]int64(nil), u.seats...), busy: u.busy.clone(),
+		used: append([]int64(nil), u.used...), capacity: u.capacity}
+}
+
+// charge adds what d consumes to the counters: once per device, at its
+// first allocation (a shared device's later shares take seats alone).
+func (u *nodeUse) charge(d *device) {
+	for _, c := range d.consumes {
+		u.used[c.counter] += c.amount
+	}
+}
+
+// room says whether every counter d consumes has room for it.
+func (u *nodeUse) room(d *device) bool {
+	for _, c := range d.consumes {
+		if u.used[c.counter]+c.amount > u.capacity[c.counter] {
+			return false
+		}
+	}
+	return true
 }
 
 // fits says whether device d can take another allocation of seats: a
@@ -78,17 +98,18 @@ func (u *nodeUse) fits(i int, d *device, seats int64) bool {
 	if u.inUse[i] {
 		return false
 	}
-	return !d.exclusive || !u.held.overlaps(d.gpus)
+	return u.room(d)
 }
 
 func (u *nodeUse) take(i int, d *device, seats int64) {
+	first := !u.inUse[i]
 	u.inUse[i] = true
 	if d.shared {
 		u.seats[i] += seats
 	}
 	u.busy.addAll(d.gpus)
-	if d.exclusive {
-		u.held.addAll(d.gpus)
+	if first {
+		u.charge(d)
 	}
 }
 
@@ -132,7 +153,9 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, re
 	}
 	o.picks = len(picked)
 	for _, i := range picked {
-		if p.devices[i].shared && inUseBefore[i] {
+		// A seat joins where the GPUs already are: a share of a shared
+		// group in use, or a MIG instance on a GPU already partitioned.
+		if d := p.devices[i]; (d.shared && inUseBefore[i]) || (d.partial && before.overlaps(d.gpus)) {
 			o.joined++
 		}
 	}
