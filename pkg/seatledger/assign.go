@@ -15,10 +15,20 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
-// assignSeats decides the seats of a claim's allocation results on this
+// assigner decides the seats of claims allocated on this node's pool,
+// from the plan and inventory the node publishes.
+type assigner struct {
+	pool      string
+	plan      *planner.Plan
+	inventory *inventory.Inventory
+	index     map[string]draresources.DeviceRef
+}
+
+// seats decides the seats of a claim's allocation results on this
 // node and records them in st as prepared. It is pure bookkeeping: no
 // files, no API calls. A claim an older plugin recorded as started keeps
 // its seats and generations.
@@ -26,7 +36,7 @@ import (
 // It refuses, for this claim only: a device of another pool, a device the
 // node does not publish, a seat or GPU another claim already holds, and an
 // opaque configuration it does not understand.
-func (l *Ledger) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, error) {
+func (a assigner) seats(st *checkpoint.State, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, error) {
 	// Before any bookkeeping: a claim whose spec cannot be written must
 	// not hold seats it will never release.
 	if err := cdi.CheckClaimUID(claim.UID); err != nil {
@@ -54,7 +64,7 @@ func (l *Ledger) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceCl
 		if result.Driver != driver.Name {
 			continue
 		}
-		dev, err := l.assignResult(st, claim.UID, alloc.Devices.Config, result)
+		dev, err := a.result(st, claim.UID, alloc.Devices.Config, result)
 		if err != nil {
 			return nil, err
 		}
@@ -64,12 +74,12 @@ func (l *Ledger) assignSeats(st *checkpoint.State, claim *resourceapi.ResourceCl
 	return entry, nil
 }
 
-// assignResult decides the seats of one allocation result.
-func (l *Ledger) assignResult(st *checkpoint.State, uid types.UID, configs []resourceapi.DeviceAllocationConfiguration, result resourceapi.DeviceRequestAllocationResult) (checkpoint.Device, error) {
-	if result.Pool != l.opts.Pool {
-		return checkpoint.Device{}, fmt.Errorf("device %s is in pool %q, but this node's pool is %q: the claim was allocated for another node", result.Device, result.Pool, l.opts.Pool)
+// result decides the seats of one allocation result.
+func (a assigner) result(st *checkpoint.State, uid types.UID, configs []resourceapi.DeviceAllocationConfiguration, result resourceapi.DeviceRequestAllocationResult) (checkpoint.Device, error) {
+	if result.Pool != a.pool {
+		return checkpoint.Device{}, fmt.Errorf("device %s is in pool %q, but this node's pool is %q: the claim was allocated for another node", result.Device, result.Pool, a.pool)
 	}
-	ref, known := l.index[result.Device]
+	ref, known := a.index[result.Device]
 	if !known {
 		return checkpoint.Device{}, fmt.Errorf("device %s is not published by this node; its configuration may have changed since the claim was allocated", result.Device)
 	}
@@ -82,9 +92,9 @@ func (l *Ledger) assignResult(st *checkpoint.State, uid types.UID, configs []res
 	if isAdmin(result) {
 		// Monitoring: the group's GPUs, no seat; nothing held keeps it
 		// off, and it keeps nothing off.
-		return adminDevice(result, group, cfg, l.gpuUUIDs(group.GPUs)), nil
+		return adminDevice(result, group, cfg, a.gpuUUIDs(group.GPUs)), nil
 	}
-	if err := checkExclusive(l.opts.Plan, st, uid, group); err != nil {
+	if err := checkExclusive(a.plan, st, uid, group); err != nil {
 		return checkpoint.Device{}, err
 	}
 	// A fenced group's seats are all held, per-seat devices' included:
@@ -107,7 +117,7 @@ func (l *Ledger) assignResult(st *checkpoint.State, uid types.UID, configs []res
 			return checkpoint.Device{}, fmt.Errorf("group %s: %w; the scheduler counts seats, so another claim holds more than it should", group.Name, err)
 		}
 	}
-	status := v1alpha1.SeatStatus{Profile: group.Profile.Name, Group: group.Name, GPUs: slices.Clone(group.GPUs), GPUUUIDs: l.gpuUUIDs(group.GPUs), Seats: seats}
+	status := v1alpha1.SeatStatus{Profile: group.Profile.Name, Group: group.Name, GPUs: slices.Clone(group.GPUs), GPUUUIDs: a.gpuUUIDs(group.GPUs), Seats: seats}
 	for _, s := range seats {
 		status.Generations = append(status.Generations, st.NextGeneration(groupDevice, s))
 	}
@@ -115,10 +125,10 @@ func (l *Ledger) assignResult(st *checkpoint.State, uid types.UID, configs []res
 }
 
 // gpuUUIDs are the UUIDs of GPUs (indices).
-func (l *Ledger) gpuUUIDs(gpus []int) []string {
+func (a assigner) gpuUUIDs(gpus []int) []string {
 	out := make([]string, len(gpus))
 	for i, x := range gpus {
-		out[i] = l.opts.Inventory.GPUs[x].UUID
+		out[i] = a.inventory.GPUs[x].UUID
 	}
 	return out
 }

@@ -276,15 +276,15 @@ func (l *Ledger) RewriteSpecs(ctx context.Context, uids []types.UID) error {
 
 func (l *Ledger) rewriteSpec(uid types.UID) error {
 	defer l.claims.lock([]types.UID{uid})()
-	l.mu.Lock()
+	l.rec.mu.Lock()
 	var c *checkpoint.Claim
-	if l.st != nil {
-		if e := l.st.Claims[uid]; e != nil && !e.Fenced() && e.Phase == checkpoint.PrepareCompleted {
+	if l.rec.st != nil {
+		if e := l.rec.st.Claims[uid]; e != nil && !e.Fenced() && e.Phase == checkpoint.PrepareCompleted {
 			copied := *e
 			c = &copied
 		}
 	}
-	l.mu.Unlock()
+	l.rec.mu.Unlock()
 	if c == nil {
 		return nil
 	}

@@ -20,13 +20,13 @@ const (
 
 // flush makes every save durable soon after it happened: fsync of the
 // checkpoint and its directory, coalescing saves that come meanwhile.
-func (l *Ledger) flush(ctx context.Context) {
-	clk := l.opts.Clock
+func (r *record) flush(ctx context.Context) {
+	clk := r.opts.Clock
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-l.flushCh:
+		case <-r.flushCh:
 		}
 		deadline := clk.Now().Add(flushMaxDelay)
 	gather:
@@ -34,7 +34,7 @@ func (l *Ledger) flush(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				break gather
-			case <-l.flushCh:
+			case <-r.flushCh:
 				if !clk.Now().Before(deadline) {
 					break gather
 				}
@@ -42,8 +42,8 @@ func (l *Ledger) flush(ctx context.Context) {
 				break gather
 			}
 		}
-		if err := l.store.Sync(); err != nil {
-			l.countError("prepare", "checkpoint")
+		if err := r.store.Sync(); err != nil {
+			r.countError("prepare", "checkpoint")
 			klog.FromContext(ctx).Error(err, "Cannot flush the checkpoint to disk; it is safe against a plugin crash, not yet against a power loss")
 		}
 	}

@@ -30,13 +30,8 @@ package seatledger
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
-	"sync/atomic"
 
-	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	"k8s.io/apimachinery/pkg/types"
 	resourceclient "k8s.io/client-go/kubernetes/typed/resource/v1"
 	"k8s.io/klog/v2"
@@ -118,54 +113,23 @@ type Options struct {
 	Recovered func()
 }
 
-// Ledger is the record of the node's seats.
+// Ledger is the record of the node's seats. It answers the plugin's calls
+// and hands each responsibility to a type of its own: the checkpoint and
+// its locks (record), the choice of seats (assigner) and the batching of
+// prepares (batcher), the release of claims the API server no longer
+// allocates here (staleReleaser), and the repair of the node at start and
+// after a loss (repairer).
 type Ledger struct {
-	opts  Options
-	index map[string]draresources.DeviceRef
-	store *checkpoint.Store
-	rec   recoverer
-
-	// mu serialises every change of the record: batches of prepares,
-	// releases, the start-up repair. st is the record in memory (nil: read
-	// it from the file); told is what UsageChanged and operators were last
-	// told; releasedWhileLost are the claims released while the checkpoint
-	// was lost, which a rebuild must not bring back; baseline is what was
-	// left of the lost checkpoint (its previous copy), whose generations
-	// the rebuild keeps.
-	mu                sync.Mutex
-	st                *checkpoint.State
-	told              told
-	releasedWhileLost map[types.UID]bool
-	baseline          *checkpoint.State
-	// batch holds the prepares waiting for the next batch.
-	batch batch
-	// flushCh asks the flusher to make the last save durable; lostCh asks
-	// the recoverer to rebuild a lost checkpoint.
-	flushCh, lostCh chan struct{}
-	// lost is set while the checkpoint is lost and not yet rebuilt.
-	lost atomic.Bool
-	// claims are the per-claim locks (claimlock.go); reloads counts the
-	// times the record was read again from the file, which another writer
-	// may have changed.
-	claims  claimLocks
-	reloads atomic.Uint64
+	opts    Options
+	rec     *record
+	batches *batcher
+	stale   *staleReleaser
+	repair  *repairer
+	// claims are the per-claim locks (claimlock.go).
+	claims *claimLocks
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-}
-
-// batch is the queue of prepares waiting for a batch.
-type batch struct {
-	mu      sync.Mutex
-	pending []*Reservation
-}
-
-// told is what the ledger last told of the claims' use: UsageChanged its
-// usage (once known), operators the claims that fence GPUs.
-type told struct {
-	usage  Usage
-	known  bool
-	fences map[types.UID]fence
 }
 
 // Open reads the checkpoint and repairs the node's state before the
@@ -181,14 +145,17 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 		return nil, errors.New("seat ledger: the specs, a claims client and a clock are required")
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	l := &Ledger{
-		opts: opts, index: draresources.Index(opts.Plan), store: checkpoint.NewStore(opts.Dir),
-		releasedWhileLost: map[types.UID]bool{}, flushCh: make(chan struct{}, 1), lostCh: make(chan struct{}, 1), cancel: cancel,
-	}
-	l.rec = recoverer{opts: &l.opts, index: l.index}
-	l.wg.Go(func() { l.flush(ctx) })
-	l.wg.Go(func() { l.recoverWhenLost(ctx) })
-	if err := l.repair(ctx); err != nil {
+	l := &Ledger{opts: opts, claims: &claimLocks{}, cancel: cancel}
+	index := draresources.Index(opts.Plan)
+	rc := &recoverer{opts: &l.opts, index: index}
+	l.rec = newRecord(&l.opts, rc)
+	l.batches = &batcher{rec: l.rec, specs: opts.Specs, hooks: opts.Hooks,
+		assign: assigner{pool: opts.Pool, plan: opts.Plan, inventory: opts.Inventory, index: index}}
+	l.stale = &staleReleaser{rec: l.rec, claims: l.claims, client: opts.Claims, pool: opts.Pool, specs: opts.Specs, events: opts.Events}
+	l.repair = &repairer{rec: l.rec, rc: rc, opts: &l.opts}
+	l.wg.Go(func() { l.rec.flush(ctx) })
+	l.wg.Go(func() { l.repair.recoverWhenLost(ctx) })
+	if err := l.repair.atOpen(ctx); err != nil {
 		l.Close(ctx)
 		return nil, err
 	}
@@ -200,25 +167,25 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 func (l *Ledger) Close(ctx context.Context) {
 	l.cancel()
 	l.wg.Wait()
-	if err := l.store.Sync(); err != nil {
+	if err := l.rec.store.Sync(); err != nil {
 		klog.FromContext(ctx).Error(err, "Cannot flush the checkpoint to disk at stop")
 	}
 }
 
 // Lost reports whether the checkpoint is lost and not rebuilt yet.
-func (l *Ledger) Lost() bool { return l.lost.Load() }
+func (l *Ledger) Lost() bool { return l.rec.lost.Load() }
 
 // StatusOwed is the entry of a recorded claim whose status may lack its
 // seats, or nil. An entry's devices never change once recorded, so the
 // caller may read them without the lock.
 func (l *Ledger) StatusOwed(uid types.UID) *checkpoint.Claim {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.st == nil {
+	l.rec.mu.Lock()
+	defer l.rec.mu.Unlock()
+	if l.rec.st == nil {
 		return nil
 	}
 	// A fenced claim has no seats to record.
-	if c := l.st.Claims[uid]; c != nil && !c.StatusWritten && !c.Fenced() {
+	if c := l.rec.st.Claims[uid]; c != nil && !c.StatusWritten && !c.Fenced() {
 		return c
 	}
 	return nil
@@ -228,13 +195,13 @@ func (l *Ledger) StatusOwed(uid types.UID) *checkpoint.Claim {
 // devices never change once recorded, so the caller may read them without
 // the lock.
 func (l *Ledger) Prepared() []*checkpoint.Claim {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.st == nil {
+	l.rec.mu.Lock()
+	defer l.rec.mu.Unlock()
+	if l.rec.st == nil {
 		return nil
 	}
 	var out []*checkpoint.Claim
-	for _, c := range l.st.Claims {
+	for _, c := range l.rec.st.Claims {
 		if c.Phase == checkpoint.PrepareCompleted {
 			out = append(out, c)
 		}
@@ -244,13 +211,13 @@ func (l *Ledger) Prepared() []*checkpoint.Claim {
 
 // PreparedUIDs are the UIDs of the recorded claims, in any phase.
 func (l *Ledger) PreparedUIDs() []types.UID {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.st == nil {
+	l.rec.mu.Lock()
+	defer l.rec.mu.Unlock()
+	if l.rec.st == nil {
 		return nil
 	}
-	out := make([]types.UID, 0, len(l.st.Claims))
-	for uid := range l.st.Claims {
+	out := make([]types.UID, 0, len(l.rec.st.Claims))
+	for uid := range l.rec.st.Claims {
 		out = append(out, uid)
 	}
 	return out
@@ -259,115 +226,27 @@ func (l *Ledger) PreparedUIDs() []types.UID {
 // MarkStatusWritten notes that c's status holds its seats, if c is still
 // the claim's entry. The next save keeps it.
 func (l *Ledger) MarkStatusWritten(uid types.UID, c *checkpoint.Claim) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.st != nil && l.st.Claims[uid] == c {
+	l.rec.mu.Lock()
+	defer l.rec.mu.Unlock()
+	if l.rec.st != nil && l.rec.st.Claims[uid] == c {
 		c.StatusWritten = true
 	}
 }
 
 // StatusesOwed are the recorded claims whose status may lack their seats.
 func (l *Ledger) StatusesOwed() []types.UID {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.st == nil {
+	l.rec.mu.Lock()
+	defer l.rec.mu.Unlock()
+	if l.rec.st == nil {
 		return nil
 	}
 	var out []types.UID
-	for uid, c := range l.st.Claims {
+	for uid, c := range l.rec.st.Claims {
 		if !c.StatusWritten && c.Phase == checkpoint.PrepareCompleted && !c.Fenced() {
 			out = append(out, uid)
 		}
 	}
 	return out
-}
-
-// lock takes the ledger's lock and then the file lock shared with the
-// other pod of a rolling update; the func it returns releases both.
-func (l *Ledger) lock() (func(), error) {
-	l.mu.Lock()
-	unlock, err := l.lockFile()
-	if err != nil {
-		l.mu.Unlock()
-		return nil, err
-	}
-	return func() { unlock(); l.mu.Unlock() }, nil
-}
-
-// lockFile takes the lock that serialises the two instances of a rolling
-// update around every change of the checkpoint; it is the lock the
-// kubeletplugin helper of an instance that serialises its calls takes.
-// Without a peer, l.mu alone suffices.
-func (l *Ledger) lockFile() (func(), error) {
-	if !l.opts.SharedWithPeer {
-		return func() {}, nil
-	}
-	lock, err := fileutil.LockFile(filepath.Join(l.opts.Dir, "serialize.lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock the plugin data directory: %w", err)
-	}
-	return func() { _ = lock.Close() }, nil
-}
-
-// errLost fails what needs the record while the checkpoint is lost.
-var errLost = errors.New("the plugin's checkpoint is lost and not rebuilt yet")
-
-// state is the record in memory, read again from the file when another
-// writer replaced it (the other instance of a rolling update). A file
-// that cannot be trusted now (damaged, gone, or its previous copy behind
-// the specs on the node) makes the checkpoint lost: errLost, and a
-// rebuild in the background. Call with the lock held.
-func (l *Ledger) state(ctx context.Context) (*checkpoint.State, error) {
-	if l.lost.Load() {
-		return nil, errLost
-	}
-	if l.st != nil && !l.store.Changed() {
-		return l.st, nil
-	}
-	st, res, err := l.store.Load()
-	l.reloads.Add(1)
-	if errors.Is(err, checkpoint.ErrCorrupt) {
-		l.countError("prepare", "checkpoint")
-		l.enterLost(ctx, fmt.Errorf("the checkpoint and its previous copy are unusable: %w", err), nil)
-		return nil, errLost
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read the checkpoint: %w", err)
-	}
-	if doubt := l.doubt(st, res); doubt != nil {
-		l.countError("prepare", "checkpoint")
-		l.enterLost(ctx, doubt, st)
-		return nil, errLost
-	}
-	if res.RecoveredFrom != nil {
-		if err := l.continueFromPrevious(ctx, st, res.RecoveredFrom); err != nil {
-			return nil, err
-		}
-	}
-	l.st = st
-	l.noteUsage(ctx, st)
-	return st, nil
-}
-
-// save writes st as the checkpoint, makes it the record in memory and asks
-// the flusher to make it durable. Call with the lock held.
-func (l *Ledger) save(ctx context.Context, st *checkpoint.State) error {
-	if err := l.store.Save(st); err != nil {
-		return err
-	}
-	l.st = st
-	l.noteUsage(ctx, st)
-	select {
-	case l.flushCh <- struct{}{}:
-	default:
-	}
-	return nil
-}
-
-func (l *Ledger) countError(operation, kind string) {
-	if l.opts.CountError != nil {
-		l.opts.CountError(operation, kind)
-	}
 }
 
 func run(hook func()) {

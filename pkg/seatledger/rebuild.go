@@ -131,10 +131,10 @@ func (rc *recoverer) rebuild(ctx context.Context) (*rebuilt, error) {
 // The baseline gives no claim its seats: a claim it records that has no
 // record elsewhere (no status, no spec) was given to no container, or was
 // released by the save the baseline lacks.
-func (l *Ledger) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.State) (string, error) {
+func (p *repairer) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.State) (string, error) {
 	logger := klog.FromContext(ctx)
 	st := rb.st
-	for uid := range l.releasedWhileLost {
+	for uid := range p.rec.releasedWhileLost {
 		delete(st.Claims, uid)
 	}
 	if baseline != nil {
@@ -146,18 +146,18 @@ func (l *Ledger) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.St
 	if err := st.Validate(); err != nil {
 		return "", fmt.Errorf("the rebuilt checkpoint does not validate (a bug): %w", err)
 	}
-	st.BootID = readBootID(l.opts.BootIDFile)
+	st.BootID = readBootID(p.opts.BootIDFile)
 	fromSpecs := 0
 	for uid, c := range st.Claims {
 		if c.Fenced() {
 			continue
 		}
-		hadSpec := l.opts.Specs.Exists(uid)
+		hadSpec := p.opts.Specs.Exists(uid)
 		if hadSpec {
 			fromSpecs++
 			// Containers may hold it beside another claim: the spec keeps
 			// naming GPUs the way that allows.
-			if env, ok, err := l.opts.Specs.ReadEnv(uid); err == nil && ok {
+			if env, ok, err := p.opts.Specs.ReadEnv(uid); err == nil && ok {
 				if n, combined := combinedWidth(c, env); combined {
 					c.Combined, c.CombinedGPUs = true, n
 				}
@@ -167,29 +167,29 @@ func (l *Ledger) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.St
 		if c.Standalone && !hadSpec {
 			c.Combined = true
 		}
-		if err := l.opts.Specs.Write(uid, c); err != nil {
+		if err := p.opts.Specs.Write(uid, c); err != nil {
 			logger.Error(err, "Cannot write the CDI spec of a rebuilt claim", "claim", klog.KRef(c.Namespace, c.Name))
 		}
 	}
-	l.removeOrphanSpecs(ctx, func(uid types.UID) bool {
+	p.removeOrphanSpecs(ctx, func(uid types.UID) bool {
 		_, owned := st.Claims[uid]
-		return owned || (slices.Contains(rb.allocated, uid) && !l.releasedWhileLost[uid])
+		return owned || (slices.Contains(rb.allocated, uid) && !p.rec.releasedWhileLost[uid])
 	})
-	if err := l.store.Quarantine(); err != nil {
+	if err := p.rec.store.Quarantine(); err != nil {
 		return "", err
 	}
-	if err := l.save(ctx, st); err != nil {
+	if err := p.rec.save(ctx, st); err != nil {
 		return "", err
 	}
-	clear(l.releasedWhileLost)
-	l.baseline = nil
+	clear(p.rec.releasedWhileLost)
+	p.rec.baseline = nil
 	fenced := 0
 	for _, u := range rb.untrusted {
 		if _, kept := st.Claims[u.uid]; !kept {
 			continue
 		}
 		fenced++
-		l.countError("rebuild", "untrusted")
+		p.rec.countError("rebuild", "untrusted")
 		logger.Error(nil, "The seats of a claim could not be recovered; its group is fenced until it is released", "claim", klog.KRef(u.namespace, u.name), "uid", u.uid, "why", u.why)
 	}
 	summary := fmt.Sprintf("rebuilt %d prepared claims from the API server and the CDI specs on the node (%d with a spec on disk); %d could not be trusted and are fenced", len(st.Claims), fromSpecs, fenced)

@@ -9,11 +9,11 @@ import "context"
 // alone (stopping a group's MPS daemon, lowering its limits) asks it
 // first. It fails while the checkpoint is lost.
 func (l *Ledger) Refresh(ctx context.Context) error {
-	unlock, err := l.lock()
+	unlock, err := l.rec.lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	_, err = l.state(ctx)
+	_, err = l.rec.state(ctx)
 	return err
 }

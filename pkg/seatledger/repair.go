@@ -26,38 +26,47 @@ func apiRetry() wait.Backoff {
 	return wait.Backoff{Duration: time.Second, Factor: 2, Cap: time.Minute, Steps: 1 << 30}
 }
 
-// repair makes the node's files agree with the checkpoint before the
+// repairer makes the node's files and the record agree: at start, and
+// whenever the checkpoint is lost, by rebuilding it from the API server
+// and the specs on the node (rebuild.go) and adopting the result.
+type repairer struct {
+	rec  *record
+	rc   *recoverer
+	opts *Options
+}
+
+// atOpen makes the node's files agree with the checkpoint before the
 // kubelet can call: specs of recorded claims that are missing (a reboot
 // empties the CDI directory) are written again, specs no claim owns are
 // removed, and the boot ID is recorded. A checkpoint that cannot be
 // trusted is rebuilt instead (repairLost).
-func (l *Ledger) repair(ctx context.Context) error {
+func (p *repairer) atOpen(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	// During a rolling update the old pod still serves the kubelet. Take
 	// the lock around its checkpoint changes, so that this repair neither
 	// removes a spec the old pod just wrote nor saves an older checkpoint
 	// over its newer one.
-	unlock, err := l.lock()
+	unlock, err := p.rec.lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	st, res, err := l.store.Load()
+	st, res, err := p.rec.store.Load()
 	if errors.Is(err, checkpoint.ErrCorrupt) {
-		return l.repairLost(ctx, fmt.Errorf("the checkpoint and its previous copy are unusable: %w", err), nil)
+		return p.repairLost(ctx, fmt.Errorf("the checkpoint and its previous copy are unusable: %w", err), nil)
 	}
 	if err != nil {
-		return fmt.Errorf("read the checkpoint %s: %w", l.store.Path(), err)
+		return fmt.Errorf("read the checkpoint %s: %w", p.rec.store.Path(), err)
 	}
-	if doubt := l.doubt(st, res); doubt != nil {
-		return l.repairLost(ctx, doubt, st)
+	if doubt := p.rec.doubt(st, res); doubt != nil {
+		return p.repairLost(ctx, doubt, st)
 	}
 	if res.RecoveredFrom != nil {
-		if err := l.continueFromPrevious(ctx, st, res.RecoveredFrom); err != nil {
+		if err := p.rec.continueFromPrevious(ctx, st, res.RecoveredFrom); err != nil {
 			return err
 		}
 	}
-	bootID := readBootID(l.opts.BootIDFile)
+	bootID := readBootID(p.opts.BootIDFile)
 	if st.BootID != "" && bootID != "" && st.BootID != bootID {
 		// Saves are flushed to disk right behind the calls that made
 		// them; a power loss may still have taken the last few. A
@@ -65,89 +74,28 @@ func (l *Ledger) repair(ctx context.Context) error {
 		// clock, as after a rebuild. The kubelet prepares every claim
 		// again after a reboot; claims whose unprepare was lost are found
 		// by ReleaseStale.
-		st.RaiseGenerationFloor(l.opts.Clock.Now().Unix())
+		st.RaiseGenerationFloor(p.opts.Clock.Now().Unix())
 		logger.Info("The node rebooted since the plugin last ran; restoring the CDI specs of prepared claims", "claims", len(st.Claims), "generationFloor", st.GenerationFloor)
 	}
 	st.BootID = bootID
 	for uid, c := range st.Claims {
 		// A fenced claim's spec is not known: whatever is on disk stays.
-		if c.Phase != checkpoint.PrepareCompleted || c.Fenced() || l.opts.Specs.Complete(uid, c) {
+		if c.Phase != checkpoint.PrepareCompleted || c.Fenced() || p.opts.Specs.Complete(uid, c) {
 			continue
 		}
-		if err := l.opts.Specs.Write(uid, c); err != nil {
+		if err := p.opts.Specs.Write(uid, c); err != nil {
 			// Its next prepare reports the problem for this claim alone.
 			logger.Error(err, "Cannot restore the CDI spec of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
 			continue
 		}
 		logger.Info("Restored the CDI spec of a prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
 	}
-	l.removeOrphanSpecs(ctx, func(uid types.UID) bool {
+	p.removeOrphanSpecs(ctx, func(uid types.UID) bool {
 		_, owned := st.Claims[uid]
 		return owned
 	})
-	if err := l.save(ctx, st); err != nil {
+	if err := p.rec.save(ctx, st); err != nil {
 		return fmt.Errorf("write the checkpoint: %w", err)
-	}
-	return nil
-}
-
-// doubt says why a state loaded from the previous copy of the checkpoint,
-// or a fresh one where no checkpoint was found, cannot stand for the
-// checkpoint; nil if it can. Either may be behind what the node gave
-// containers: the previous copy lacks the last save, and a checkpoint
-// deleted with its copy looks like a first start. What containers were
-// given is in the specs on the node, so the state stands when it records
-// every spec, with the seats the spec gives. A claim the lost save
-// released only holds its seats a little longer (ReleaseStale frees
-// them); one the lost save prepared before its spec was written was given
-// to no container, and the kubelet prepares it again.
-func (l *Ledger) doubt(st *checkpoint.State, res checkpoint.LoadResult) error {
-	var what string
-	switch {
-	case res.Fresh:
-		what = "no checkpoint exists"
-	case res.RecoveredFrom != nil:
-		what = fmt.Sprintf("the checkpoint is unusable (%v) and its previous copy is behind the node", res.RecoveredFrom)
-	default:
-		return nil
-	}
-	if err := l.specsRecorded(st); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	return nil
-}
-
-// specsRecorded checks that st records every claim that has a spec on the
-// node, with the seats its spec gives.
-func (l *Ledger) specsRecorded(st *checkpoint.State) error {
-	uids, _, err := l.opts.Specs.Claims()
-	if err != nil {
-		return fmt.Errorf("the CDI specs cannot be listed to check it against: %w", err)
-	}
-	for _, uid := range uids {
-		c := st.Claims[uid]
-		if c == nil {
-			return fmt.Errorf("claim %s has a CDI spec on the node but no entry", uid)
-		}
-		if err := l.rec.specAgrees(uid, c); err != nil {
-			return fmt.Errorf("claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)
-		}
-	}
-	return nil
-}
-
-// continueFromPrevious makes the previous copy of the checkpoint, found to
-// record every spec on the node, the checkpoint again: the unusable file
-// is set aside for diagnosis and the copy saved in its place. Call with
-// the lock held.
-func (l *Ledger) continueFromPrevious(ctx context.Context, st *checkpoint.State, cause error) error {
-	klog.FromContext(ctx).Error(cause, "Checkpoint was unusable; continuing from its previous copy, which records every claim that has a CDI spec on the node")
-	l.countError("prepare", "checkpoint")
-	if err := l.store.Quarantine(); err != nil {
-		return err
-	}
-	if err := l.save(ctx, st); err != nil {
-		return fmt.Errorf("rewrite the checkpoint from its previous copy: %w", err)
 	}
 	return nil
 }
@@ -158,52 +106,36 @@ func (l *Ledger) continueFromPrevious(ctx context.Context, st *checkpoint.State,
 // clear error, keeps releasing, and rebuilds in the background. baseline,
 // if not nil, is what is left of the checkpoint (its previous copy). Call
 // with the lock held.
-func (l *Ledger) repairLost(ctx context.Context, cause error, baseline *checkpoint.State) error {
+func (p *repairer) repairLost(ctx context.Context, cause error, baseline *checkpoint.State) error {
 	logger := klog.FromContext(ctx)
 	logger.Error(cause, "The checkpoint cannot be trusted; rebuilding it from the API server and the CDI specs on the node")
-	l.countError("prepare", "checkpoint")
+	p.rec.countError("prepare", "checkpoint")
 	rctx, cancel := context.WithTimeout(ctx, rebuildTimeout)
-	rb, err := l.rec.rebuild(rctx)
+	rb, err := p.rc.rebuild(rctx)
 	cancel()
 	if err == nil {
-		summary, err := l.adopt(ctx, rb, baseline)
+		summary, err := p.adopt(ctx, rb, baseline)
 		if err != nil {
 			return err
 		}
-		l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, fmt.Sprintf("The plugin's checkpoint could not be trusted (%v); %s", cause, summary))
+		p.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, fmt.Sprintf("The plugin's checkpoint could not be trusted (%v); %s", cause, summary))
 		return nil
 	}
 	logger.Error(err, "Cannot rebuild the checkpoint now")
-	l.enterLost(ctx, cause, baseline)
+	p.rec.enterLost(ctx, cause, baseline)
 	return nil
-}
-
-// enterLost makes the checkpoint lost: new claims are refused, releases
-// go on, and the recoverer rebuilds it as soon as the API server answers.
-// Call with the lock held.
-func (l *Ledger) enterLost(ctx context.Context, cause error, baseline *checkpoint.State) {
-	klog.FromContext(ctx).Error(cause, "The checkpoint cannot be trusted; new claims are refused until it is rebuilt from the API server")
-	if !l.lost.Load() {
-		l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointLost, fmt.Sprintf("The plugin's checkpoint cannot be trusted (%v); new claims on this node are refused until it is rebuilt from the API server", cause))
-	}
-	l.st, l.baseline = nil, baseline
-	l.lost.Store(true)
-	select {
-	case l.lostCh <- struct{}{}:
-	default:
-	}
 }
 
 // recoverWhenLost rebuilds the checkpoint each time it is lost, until ctx
 // ends.
-func (l *Ledger) recoverWhenLost(ctx context.Context) {
+func (p *repairer) recoverWhenLost(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-l.lostCh:
-			if l.recoverLost(ctx) && l.opts.Recovered != nil {
-				l.opts.Recovered()
+		case <-p.rec.lostCh:
+			if p.recoverLost(ctx) && p.opts.Recovered != nil {
+				p.opts.Recovered()
 			}
 		}
 	}
@@ -212,28 +144,28 @@ func (l *Ledger) recoverWhenLost(ctx context.Context) {
 // recoverLost retries the rebuild of a lost checkpoint until the API
 // server answers, then makes the ledger whole again. It reports whether
 // it did (false: ctx ended).
-func (l *Ledger) recoverLost(ctx context.Context) bool {
+func (p *repairer) recoverLost(ctx context.Context) bool {
 	logger := klog.FromContext(ctx)
 	err := wait.ExponentialBackoffWithContext(ctx, apiRetry(), func(ctx context.Context) (bool, error) {
 		// The rebuild runs under the lock, so that nothing the other pod
 		// of a rolling update prepares meanwhile is missed by it.
-		unlock, err := l.lock()
+		unlock, err := p.rec.lock()
 		if err != nil {
 			logger.Error(err, "Rebuilding the lost checkpoint failed; retrying")
 			return false, nil
 		}
 		defer unlock()
-		if l.adoptPeer(ctx) {
+		if p.adoptPeer(ctx) {
 			return true, nil
 		}
 		rctx, cancel := context.WithTimeout(ctx, rebuildTimeout)
-		rb, err := l.rec.rebuild(rctx)
+		rb, err := p.rc.rebuild(rctx)
 		cancel()
 		if err == nil {
 			var summary string
-			if summary, err = l.adopt(ctx, rb, l.baseline); err == nil {
-				l.lost.Store(false)
-				l.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, "The plugin's checkpoint was lost; "+summary)
+			if summary, err = p.adopt(ctx, rb, p.rec.baseline); err == nil {
+				p.rec.lost.Store(false)
+				p.opts.Events.Warning(ctx, nodeevents.ReasonCheckpointRebuilt, "The plugin's checkpoint was lost; "+summary)
 				return true, nil
 			}
 		}
@@ -246,21 +178,21 @@ func (l *Ledger) recoverLost(ctx context.Context) bool {
 // adoptPeer takes the checkpoint the other pod of a rolling update wrote
 // while this one had lost it, if there is one that records every spec on
 // the node. Call with the lock held.
-func (l *Ledger) adoptPeer(ctx context.Context) bool {
-	st, res, err := l.store.Load()
-	if err != nil || res.Fresh || res.RecoveredFrom != nil || l.specsRecorded(st) != nil {
+func (p *repairer) adoptPeer(ctx context.Context) bool {
+	st, res, err := p.rec.store.Load()
+	if err != nil || res.Fresh || res.RecoveredFrom != nil || p.rec.specsRecorded(st) != nil {
 		return false
 	}
-	for uid := range l.releasedWhileLost {
+	for uid := range p.rec.releasedWhileLost {
 		delete(st.Claims, uid)
 	}
-	if err := l.save(ctx, st); err != nil {
+	if err := p.rec.save(ctx, st); err != nil {
 		klog.FromContext(ctx).Error(err, "Cannot adopt the checkpoint the other plugin pod wrote")
 		return false
 	}
-	clear(l.releasedWhileLost)
-	l.baseline = nil
-	l.lost.Store(false)
+	clear(p.rec.releasedWhileLost)
+	p.rec.baseline = nil
+	p.rec.lost.Store(false)
 	klog.FromContext(ctx).Info("Adopted the checkpoint the other plugin pod of a rolling update wrote while this one had lost it", "claims", len(st.Claims))
 	return true
 }
@@ -278,9 +210,9 @@ func readBootID(path string) string {
 // name), or cannot remove (a read-only directory), is logged and left:
 // the plugin starts all the same, and a spec nobody owns hands out no
 // seat (only a claim's own prepare names its CDI devices).
-func (l *Ledger) removeOrphanSpecs(ctx context.Context, keep func(types.UID) bool) {
+func (p *repairer) removeOrphanSpecs(ctx context.Context, keep func(types.UID) bool) {
 	logger := klog.FromContext(ctx)
-	uids, skipped, err := l.opts.Specs.Claims()
+	uids, skipped, err := p.opts.Specs.Claims()
 	if err != nil {
 		logger.Error(err, "Cannot list the CDI specs; specs of claims no longer held stay until the next start")
 		return
@@ -292,8 +224,8 @@ func (l *Ledger) removeOrphanSpecs(ctx context.Context, keep func(types.UID) boo
 		if keep(uid) {
 			continue
 		}
-		if err := l.opts.Specs.Remove(uid, types.NamespacedName{}); err != nil {
-			l.countError("prepare", "cdi")
+		if err := p.opts.Specs.Remove(uid, types.NamespacedName{}); err != nil {
+			p.rec.countError("prepare", "cdi")
 			logger.Error(err, "Cannot remove a CDI spec that no prepared claim owns; leaving it", "uid", uid)
 			continue
 		}

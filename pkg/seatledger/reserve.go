@@ -69,25 +69,11 @@ func (l *Ledger) ReserveFor(ctx context.Context, claims []*resourceapi.ResourceC
 	}
 	r := &Reservation{l: l, claims: claims, holders: holders}
 	r.unlock = sync.OnceFunc(l.claims.lock(uids))
-	if l.lost.Load() {
+	if l.rec.lost.Load() {
 		r.refuseLost()
 		return r
 	}
-	l.batch.mu.Lock()
-	l.batch.pending = append(l.batch.pending, r)
-	l.batch.mu.Unlock()
-
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if r.done {
-		// An earlier holder of l.mu took this reservation into its batch.
-		return r
-	}
-	l.batch.mu.Lock()
-	batch := l.batch.pending
-	l.batch.pending = nil
-	l.batch.mu.Unlock()
-	l.reserveBatch(ctx, batch)
+	l.batches.reserve(ctx, r)
 	return r
 }
 
@@ -110,12 +96,12 @@ func ReservingPods(c *resourceapi.ResourceClaim) []types.UID {
 
 // StandaloneClaims lists the standalone claims the node holds.
 func (l *Ledger) StandaloneClaims(ctx context.Context) ([]types.NamespacedName, error) {
-	unlock, err := l.lock()
+	unlock, err := l.rec.lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	st, err := l.state(ctx)
+	st, err := l.rec.state(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -149,99 +135,6 @@ func (r *Reservation) refuseLost() {
 	}
 }
 
-// reserveBatch decides the seats of a batch of reservations and saves
-// them once. Call with l.mu held.
-func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
-	logger := klog.FromContext(ctx)
-	fail := func(err error) {
-		for _, r := range batch {
-			r.Err, r.done = err, true
-		}
-	}
-	unlock, err := l.lockFile()
-	if err != nil {
-		fail(err)
-		return
-	}
-	defer unlock()
-	st, err := l.state(ctx)
-	if errors.Is(err, errLost) {
-		for _, r := range batch {
-			r.refuseLost()
-		}
-		return
-	}
-	if err != nil {
-		fail(err)
-		return
-	}
-	changed := false
-	for _, r := range batch {
-		r.done = true
-		r.Entries, r.Fresh, r.Rewrite, r.Errs, r.Widened = map[types.UID]*checkpoint.Claim{}, map[types.UID]bool{}, map[types.UID]bool{}, map[types.UID]error{}, nil
-		for _, claim := range r.claims {
-			if c, ok := st.Claims[claim.UID]; ok {
-				same := sameAllocation(c, claim)
-				switch {
-				case same && c.Fenced():
-					// Its container's seats are not known: handing it any
-					// now could give it another container's.
-					r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): the seats this claim holds could not be recovered after the plugin's checkpoint was lost, so its group is fenced; delete its pods to release it, and the claim is prepared afresh", claim.Namespace, claim.Name, claim.UID)
-					continue
-				case same && c.Phase == checkpoint.PrepareCompleted:
-					r.Entries[claim.UID] = c
-					continue
-				case !same:
-					// The claim was deallocated and allocated anew under
-					// the same UID while its old entry stayed (a lost
-					// unprepare): the old seats are nobody's now. Their
-					// spec goes first: should the new prepare fail, no
-					// container may start from the old seats.
-					if err := l.opts.Specs.Remove(claim.UID, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}); err != nil {
-						l.countError("prepare", "cdi")
-						r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s), allocated anew: remove the CDI spec of its earlier allocation: %w", claim.Namespace, claim.Name, claim.UID, err)
-						continue
-					}
-					logger.Info("Replacing the seats of a claim allocated anew", "claim", klog.KObj(claim), "uid", claim.UID, "old", DescribeSeats(c))
-					delete(st.Claims, claim.UID)
-					changed = true
-				}
-			}
-			c, err := l.assignSeats(st, claim)
-			if err != nil {
-				logger.Error(err, "Cannot prepare claim", "claim", klog.KObj(claim), "uid", claim.UID)
-				r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)
-				continue
-			}
-			// Recorded as prepared before its spec exists: the spec is
-			// owed from here on, and a restart writes what is missing.
-			r.Entries[claim.UID], r.Fresh[claim.UID] = c, true
-			changed = true
-		}
-		if r.combine(st) {
-			changed = true
-		}
-	}
-	for _, r := range batch {
-		r.reloads = l.reloads.Load()
-	}
-	if !changed {
-		return
-	}
-	run(l.opts.Hooks.BeforeSave)
-	if err := l.save(ctx, st); err != nil {
-		// The file is the truth: read it again on the next call.
-		l.st = nil
-		for _, r := range batch {
-			if len(r.Fresh) > 0 || len(r.Rewrite) > 0 || len(r.Widened) > 0 {
-				r.Err = fmt.Errorf("record seats in the checkpoint: %w", err)
-			}
-		}
-		return
-	}
-	run(l.opts.Hooks.AfterSave)
-}
-
 // Release releases claims: their specs go and their seats become free
 // (their generations stay, so the next holder sees a new one). An unknown
 // claim is already released. A claim whose spec cannot be removed keeps
@@ -251,9 +144,9 @@ func (l *Ledger) reserveBatch(ctx context.Context, batch []*Reservation) {
 // the claim back.
 func (l *Ledger) Release(ctx context.Context, uids []types.UID) (map[types.UID]error, error) {
 	defer l.claims.lock(uids)()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.lost.Load() {
+	l.rec.mu.Lock()
+	defer l.rec.mu.Unlock()
+	if !l.rec.lost.Load() {
 		results, err := l.releaseRecorded(ctx, uids)
 		if !errors.Is(err, errLost) {
 			return results, err
@@ -263,21 +156,21 @@ func (l *Ledger) Release(ctx context.Context, uids []types.UID) (map[types.UID]e
 	for _, uid := range uids {
 		results[uid] = l.opts.Specs.Remove(uid, types.NamespacedName{})
 		// The API server may show the claim allocated for a while yet.
-		l.releasedWhileLost[uid] = true
+		l.rec.releasedWhileLost[uid] = true
 	}
 	return results, nil
 }
 
 // releaseRecorded releases claims from the record; errLost if it turns out
-// to be lost. Call with l.mu held.
+// to be lost. Call with l.rec.mu held.
 func (l *Ledger) releaseRecorded(ctx context.Context, uids []types.UID) (map[types.UID]error, error) {
 	logger := klog.FromContext(ctx)
-	unlock, err := l.lockFile()
+	unlock, err := l.rec.lockFile()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	st, err := l.state(ctx)
+	st, err := l.rec.state(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -301,8 +194,8 @@ func (l *Ledger) releaseRecorded(ctx context.Context, uids []types.UID) (map[typ
 		}
 	}
 	if changed {
-		if err := l.save(ctx, st); err != nil {
-			l.st = nil
+		if err := l.rec.save(ctx, st); err != nil {
+			l.rec.st = nil
 			return nil, fmt.Errorf("release seats in the checkpoint: %w", err)
 		}
 		run(l.opts.Hooks.AfterReleaseSave)
@@ -323,15 +216,15 @@ func (r *Reservation) Done() { r.unlock() }
 // is removed again and Confirm says so.
 func (r *Reservation) Confirm(ctx context.Context, uid types.UID) error {
 	l := r.l
-	if !l.opts.SharedWithPeer || (l.reloads.Load() == r.reloads && !l.store.Changed()) {
+	if !l.opts.SharedWithPeer || (l.rec.reloads.Load() == r.reloads && !l.rec.store.Changed()) {
 		return nil
 	}
-	unlock, err := l.lock()
+	unlock, err := l.rec.lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	st, err := l.state(ctx)
+	st, err := l.rec.state(ctx)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	resourceclient "k8s.io/client-go/kubernetes/typed/resource/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
@@ -27,13 +28,27 @@ import (
 // plugin asks the API server about each held claim and releases those that
 // are gone.
 
+// staleReleaser finds the recorded claims the API server no longer
+// allocates on this node and releases them.
+type staleReleaser struct {
+	rec    *record
+	claims *claimLocks
+	client resourceclient.ResourceClaimsGetter
+	pool   string
+	specs  Specs
+	events *nodeevents.Recorder
+}
+
 // ReleaseStale checks every recorded claim against the API server and
 // releases those the API server no longer allocates on this node. It
 // retries until the API server answers or ctx ends.
-func (l *Ledger) ReleaseStale(ctx context.Context) {
+func (l *Ledger) ReleaseStale(ctx context.Context) { l.stale.run(ctx) }
+
+// run is ReleaseStale.
+func (s *staleReleaser) run(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	_ = wait.ExponentialBackoffWithContext(ctx, apiRetry(), func(ctx context.Context) (bool, error) {
-		stale, err := l.findStale(ctx)
+		stale, err := s.find(ctx)
 		if err != nil {
 			logger.Error(err, "Cannot check the held claims against the API server; retrying")
 			return false, nil
@@ -41,7 +56,7 @@ func (l *Ledger) ReleaseStale(ctx context.Context) {
 		if len(stale) == 0 {
 			return true, nil
 		}
-		if err := l.releaseStale(ctx, stale); err != nil {
+		if err := s.release(ctx, stale); err != nil {
 			logger.Error(err, "Cannot release the seats of claims that are gone; retrying")
 			return false, nil
 		}
@@ -49,20 +64,20 @@ func (l *Ledger) ReleaseStale(ctx context.Context) {
 	})
 }
 
-// findStale returns the recorded claims that no longer exist, were
+// find returns the recorded claims that no longer exist, were
 // replaced, or are no longer allocated on this node, with why.
-func (l *Ledger) findStale(ctx context.Context) (map[types.UID]staleClaim, error) {
+func (s *staleReleaser) find(ctx context.Context) (map[types.UID]staleClaim, error) {
 	held := map[types.UID]types.NamespacedName{}
-	l.mu.Lock()
-	if l.st != nil {
-		for uid, c := range l.st.Claims {
+	s.rec.mu.Lock()
+	if s.rec.st != nil {
+		for uid, c := range s.rec.st.Claims {
 			held[uid] = types.NamespacedName{Namespace: c.Namespace, Name: c.Name}
 		}
 	}
-	l.mu.Unlock()
+	s.rec.mu.Unlock()
 	stale := map[types.UID]staleClaim{}
 	for uid, ref := range held {
-		why, err := l.whyStale(ctx, uid, ref)
+		why, err := s.why(ctx, uid, ref)
 		if err != nil {
 			return nil, err
 		}
@@ -79,10 +94,10 @@ type staleClaim struct {
 	why string
 }
 
-// whyStale asks the API server about a recorded claim: why it is stale,
+// why asks the API server about a recorded claim: why it is stale,
 // or "" if it is still allocated here.
-func (l *Ledger) whyStale(ctx context.Context, uid types.UID, ref types.NamespacedName) (string, error) {
-	claim, err := l.opts.Claims.ResourceClaims(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+func (s *staleReleaser) why(ctx context.Context, uid types.UID, ref types.NamespacedName) (string, error) {
+	claim, err := s.client.ResourceClaims(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return "the claim no longer exists", nil
@@ -90,7 +105,7 @@ func (l *Ledger) whyStale(ctx context.Context, uid types.UID, ref types.Namespac
 		return "", fmt.Errorf("get claim %s: %w", ref, err)
 	case claim.UID != uid:
 		return fmt.Sprintf("the claim was replaced (now %s)", claim.UID), nil
-	case !allocatedOn(claim, l.opts.Pool):
+	case !allocatedOn(claim, s.pool):
 		return "the claim is no longer allocated on this node", nil
 	}
 	return "", nil
@@ -110,17 +125,17 @@ func allocatedOn(claim *resourceapi.ResourceClaim, pool string) bool {
 	return false
 }
 
-// releaseStale drops stale claims: their specs go, their seats become
+// release drops stale claims: their specs go, their seats become
 // free. A claim whose spec cannot be removed keeps its seats (its
 // containers may still start from the spec); the error says which.
-func (l *Ledger) releaseStale(ctx context.Context, stale map[types.UID]staleClaim) error {
+func (s *staleReleaser) release(ctx context.Context, stale map[types.UID]staleClaim) error {
 	logger := klog.FromContext(ctx)
-	defer l.claims.lock(slices.Collect(maps.Keys(stale)))()
+	defer s.claims.lock(slices.Collect(maps.Keys(stale)))()
 	// Under the claims' locks no prepare of them runs. One may have run
 	// since they were found stale (the claim allocated here again, under
 	// the same UID): ask once more.
-	for uid, s := range stale {
-		why, err := l.whyStale(ctx, uid, s.ref)
+	for uid, sc := range stale {
+		why, err := s.why(ctx, uid, sc.ref)
 		if err != nil {
 			return err
 		}
@@ -128,12 +143,12 @@ func (l *Ledger) releaseStale(ctx context.Context, stale map[types.UID]staleClai
 			delete(stale, uid)
 		}
 	}
-	unlock, err := l.lock()
+	unlock, err := s.rec.lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	st, err := l.state(ctx)
+	st, err := s.rec.state(ctx)
 	if err != nil {
 		return err
 	}
@@ -144,8 +159,8 @@ func (l *Ledger) releaseStale(ctx context.Context, stale map[types.UID]staleClai
 		if !ok {
 			continue
 		}
-		if err := l.opts.Specs.Remove(uid, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}); err != nil {
-			l.countError("unprepare", "cdi")
+		if err := s.specs.Remove(uid, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}); err != nil {
+			s.rec.countError("unprepare", "cdi")
 			failed = append(failed, fmt.Errorf("claim %s/%s (%s) keeps its seats: %w", c.Namespace, c.Name, uid, err))
 			continue
 		}
@@ -153,11 +168,11 @@ func (l *Ledger) releaseStale(ctx context.Context, stale map[types.UID]staleClai
 		changed = true
 		why := stale[uid].why
 		logger.Info("Released the seats of a claim the kubelet will not unprepare", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid, "reason", why, "seats", DescribeSeats(c))
-		l.opts.Events.Normal(ctx, nodeevents.ReasonStaleClaimReleased, fmt.Sprintf("Released the seats of claim %s/%s (%s): %s", c.Namespace, c.Name, uid, why))
+		s.events.Normal(ctx, nodeevents.ReasonStaleClaimReleased, fmt.Sprintf("Released the seats of claim %s/%s (%s): %s", c.Namespace, c.Name, uid, why))
 	}
 	if changed {
-		if err := l.save(ctx, st); err != nil {
-			l.st = nil
+		if err := s.rec.save(ctx, st); err != nil {
+			s.rec.st = nil
 			return fmt.Errorf("release stale claims in the checkpoint: %w", err)
 		}
 	}

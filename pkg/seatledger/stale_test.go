@@ -52,13 +52,13 @@ func TestReleaseStaleKeepsTheSeatsOfAClaimWhoseSpecCannotGo(t *testing.T) {
 		}
 	}
 	r.specs.stuck = map[types.UID]bool{stuck.UID: true}
-	stale, err := l.findStale(r.ctx)
+	stale, err := l.stale.find(r.ctx)
 	if err != nil || len(stale) != 2 {
 		t.Fatalf("stale %v, %v: want both claims (neither exists)", stale, err)
 	}
-	err = l.releaseStale(r.ctx, stale)
+	err = l.stale.release(r.ctx, stale)
 	if err == nil || !strings.Contains(err.Error(), "claim default/stuck (uid-stuck) keeps its seats: read-only file system") {
-		t.Errorf("releaseStale: %v", err)
+		t.Errorf("release: %v", err)
 	}
 	if got := r.lastHeld(); len(got) != 1 || got["g0-1x"] != 1 {
 		t.Errorf("held %v, want only stuck's g0-1x", got)
@@ -76,7 +76,7 @@ func TestReleaseStaleLeavesAClaimAllocatedHereAgain(t *testing.T) {
 	l := r.open()
 	c := claim("c", "g0-1x")
 	reserve(r.ctx, l, []*resourceapi.ResourceClaim{c})
-	stale, err := l.findStale(r.ctx)
+	stale, err := l.stale.find(r.ctx)
 	if err != nil || len(stale) != 1 {
 		t.Fatalf("stale %v, %v", stale, err)
 	}
@@ -90,7 +90,7 @@ func TestReleaseStaleLeavesAClaimAllocatedHereAgain(t *testing.T) {
 	if _, err := r.client.ResourceV1().ResourceClaims("default").Create(r.ctx, c, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.releaseStale(r.ctx, stale); err != nil {
+	if err := l.stale.release(r.ctx, stale); err != nil {
 		t.Fatal(err)
 	}
 	if gets != 1 {

@@ -118,20 +118,20 @@ func gpuList(gpus []int) string {
 }
 
 // noteUsage tells UsageChanged what the claims use when it changed, and
-// operators of every claim that newly fences GPUs. Call with l.mu held.
-func (l *Ledger) noteUsage(ctx context.Context, st *checkpoint.State) {
-	u, fences := usageOf(l.opts.Plan, st)
+// operators of every claim that newly fences GPUs. Call with r.mu held.
+func (r *record) noteUsage(ctx context.Context, st *checkpoint.State) {
+	u, fences := usageOf(r.opts.Plan, st)
 	for uid, f := range fences {
-		if _, known := l.told.fences[uid]; !known {
-			l.opts.Events.Warning(ctx, nodeevents.ReasonGPUsFenced, f.note)
+		if _, known := r.told.fences[uid]; !known {
+			r.opts.Events.Warning(ctx, nodeevents.ReasonGPUsFenced, f.note)
 		}
 	}
-	l.told.fences = fences
-	if l.told.known && u.equal(l.told.usage) {
+	r.told.fences = fences
+	if r.told.known && u.equal(r.told.usage) {
 		return
 	}
-	l.told.usage, l.told.known = u, true
-	if l.opts.UsageChanged != nil {
-		l.opts.UsageChanged(Usage{Held: maps.Clone(u.Held), Fenced: maps.Clone(u.Fenced), Largest: maps.Clone(u.Largest)})
+	r.told.usage, r.told.known = u, true
+	if r.opts.UsageChanged != nil {
+		r.opts.UsageChanged(Usage{Held: maps.Clone(u.Held), Fenced: maps.Clone(u.Fenced), Largest: maps.Clone(u.Largest)})
 	}
 }
