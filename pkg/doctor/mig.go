@@ -283,11 +283,19 @@ func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, 
 			return r.GPU == g.Index && r.Start == in.placement.Start && r.Size == in.placement.Size && r.Profile == in.profile
 		})
 		configured := plan != nil && slices.Contains(plan.profiles, in.profile)
+		// A record names the MIG device its claim's containers were
+		// given; an administrator's nvidia-smi mig -dci (and -cci) under
+		// a held claim leaves the GPU instance with no such device.
+		lost := ""
+		if i >= 0 && records[i].Phase != miginstance.Creating && !slices.ContainsFunc(in.cis, func(ci migComputeInstance) bool { return ci.uuid == records[i].UUID }) {
+			lost = fmt.Sprintf(", whose MIG device %s is gone", records[i].UUID)
+			c = worse(c, Warn, "", "a claim's containers were given a MIG device that no longer exists: delete the claim's pods; the plugin settles its journal at its next start and the claim's next prepare finds or makes the instance again")
+		}
 		switch {
 		case i >= 0 && records[i].Phase == miginstance.Adopted:
-			c.Details = append(c.Details, line+fmt.Sprintf(": a static seat (not made by the plugin), adopted by claim %s device %s", records[i].Claim, records[i].Device))
+			c.Details = append(c.Details, line+fmt.Sprintf(": a static seat (not made by the plugin), adopted by claim %s device %s%s", records[i].Claim, records[i].Device, lost))
 		case i >= 0:
-			line += fmt.Sprintf(": the plugin's, claim %s device %s", records[i].Claim, records[i].Device)
+			line += fmt.Sprintf(": the plugin's, claim %s device %s%s", records[i].Claim, records[i].Device, lost)
 			c.Details = append(c.Details, line)
 			if !configured {
 				c = worse(c, Warn, "", "an instance the plugin made of a profile the configuration no longer gives this GPU stays until its claim is released")

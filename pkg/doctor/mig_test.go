@@ -305,3 +305,78 @@ func TestCapsMajorFromProcDevices(t *testing.T) {
 		t.Errorf("got %v", err)
 	}
 }
+
+// destroyCI destroys the compute instances of the GPU instance at start
+// (1-slice profile), as an administrator's nvidia-smi mig -dci does, and
+// makes a new one where remake.
+func (m *migNode) destroyCI(t *testing.T, gpu, start int, remake bool) {
+	t.Helper()
+	d := m.device(t, gpu)
+	info, ret := d.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	gis, ret := d.GetGpuInstances(&info)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	for _, gi := range gis {
+		gInfo, ret := gi.GetInfo()
+		if ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+		if int(gInfo.Placement.Start) != start {
+			continue
+		}
+		ciInfo, ret := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+		cis, ret := gi.GetComputeInstances(&ciInfo)
+		if ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+		for _, ci := range cis {
+			if ret := ci.Destroy(); ret != nvml.SUCCESS {
+				t.Fatal(ret)
+			}
+		}
+		if remake {
+			if _, ret := gi.CreateComputeInstance(&ciInfo); ret != nvml.SUCCESS {
+				t.Fatal(ret)
+			}
+		}
+		return
+	}
+	t.Fatalf("GPU %d has no 1-slice GPU instance at %d", gpu, start)
+}
+
+func TestMIGCheckWarnsWhereARecordedMIGDeviceIsGone(t *testing.T) {
+	m := newMIGNode(t, "dgx-h100", `profiles:
+- {resource: kyb.ai/mig-1g.10gb, mig: {profile: 1g.10gb, seatsPerGPU: 4}, gpus: [0]}
+`)
+	_, ctx := ktesting.NewTestContext(t)
+	// The plugin's instance at {6}:1 has its compute instance destroyed
+	// and made again (another MIG device); the adopted one at {2}:1 has
+	// its compute instance destroyed. The claims' containers were given
+	// MIG devices that no longer exist.
+	inst := m.pluginInstance(ctx, t, "claim-1", 0, "1g.10gb", 6, false)
+	m.foreignInstance(t, 0, 2, true)
+	adopted := m.pluginInstance(ctx, t, "claim-2", 0, "1g.10gb", 2, true)
+	m.destroyCI(t, 0, 6, true)
+	m.destroyCI(t, 0, 2, false)
+
+	gpu0 := check(t, m.run(t), "mig-gpu0")
+	if gpu0.Status != Warn {
+		t.Errorf("mig-gpu0 is %s, want %s: %+v", gpu0.Status, Warn, gpu0)
+	}
+	for _, want := range []string{
+		"GI 13: 1g.10gb at {6}:1, CI 0 MIG-",
+		": the plugin's, claim claim-1 device g0-mig-1g-10gb-6, whose MIG device " + inst.UUID + " is gone",
+		"GI 9: 1g.10gb at {2}:1, no compute instance: a static seat (not made by the plugin), adopted by claim claim-2 device g0-mig-1g-10gb-2, whose MIG device " + adopted.UUID + " is gone",
+	} {
+		if !hasDetail(gpu0, want) {
+			t.Errorf("mig-gpu0 lacks %q: %q", want, gpu0.Details)
+		}
+	}
+}
