@@ -153,8 +153,8 @@ func (r *crashRig) fenced(c *resourceapi.ResourceClaim, msg string) (ok, fenced 
 	return r.call("prepare", c), true
 }
 
-// liveMIG are the instances of a MIG state, each as "GPU g GI i
-// profile@{start}:size" followed by its MIG devices' UUIDs.
+// liveMIG are the GPU instances of a MIG state, each keyed "GPU g
+// profile p@{start}:size" and its MIG devices' UUIDs, with those UUIDs.
 func liveMIG(st simnode.MIGState) map[string][]string {
 	out := map[string][]string{}
 	for _, g := range st.GPUs {
