@@ -66,6 +66,9 @@ type publisher struct {
 	// migPartitions are the MIG instances the plugin did not make, found
 	// at start before anything publishes (mig_static.go).
 	migPartitions []draresources.MIGPartition
+	// migModeOff are the MIG GPUs not in MIG mode that need a reset to be
+	// (mig_mode.go): their MIG devices are not published.
+	migModeOff []int
 
 	// publishMu serialises publishing: start-up, a health change, a layout
 	// fallback and a kubelet's wipe may republish at once.
@@ -132,6 +135,7 @@ func (p *publisher) resources() resourceslice.DriverResources {
 	node := p.node
 	res := draresources.Resources(node.plan, node.inv, node.pool, layout)
 	draresources.WithdrawAroundPartitions(res, node.plan, p.migPartitions)
+	draresources.WithdrawMIGOf(res, node.plan, p.migModeOff)
 	hidden := 0
 	if layout == draresources.LayoutShared && node.plan.HideBlocked {
 		hidden = draresources.HideBlocked(res, node.plan, held)

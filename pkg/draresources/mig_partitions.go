@@ -18,6 +18,10 @@ package draresources
 // fail: the counters know nothing of an instance no device stands for.
 // The counters stay as they are: a static device consumes its placement's
 // as any MIG device, and a withdrawn device consumes nothing.
+//
+// A GPU given to a MIG profile that is not in MIG mode, on an architecture
+// where turning it on needs a GPU reset, has every MIG device withdrawn
+// the same way (WithdrawMIGOf); its whole-GPU groups stay.
 
 import (
 	"slices"
@@ -88,6 +92,35 @@ func WithdrawAroundPartitions(res resourceslice.DriverResources, plan *planner.P
 					out = append(out, d)
 				}
 			}
+			withdrawn += len(s.Devices) - len(out)
+			pool.Slices[i].Devices = out
+		}
+		res.Pools[name] = pool
+	}
+	return withdrawn
+}
+
+// WithdrawMIGOf removes from res the MIG devices of gpus, GPUs that
+// cannot be put in MIG mode without a reset the plugin does not do, and
+// returns how many it removed. Their whole-GPU groups stay: the GPU
+// serves them as usual. Like HideBlocked it keeps every slice.
+func WithdrawMIGOf(res resourceslice.DriverResources, plan *planner.Plan, gpus []int) int {
+	if len(gpus) == 0 {
+		return 0
+	}
+	off := map[string]bool{}
+	for _, d := range plan.MIGDevices() {
+		if slices.Contains(gpus, d.GPU.Index()) {
+			off[d.DeviceName()] = true
+		}
+	}
+	withdrawn := 0
+	for name, pool := range res.Pools {
+		for i, s := range pool.Slices {
+			if len(s.Devices) == 0 {
+				continue
+			}
+			out := slices.DeleteFunc(slices.Clone(s.Devices), func(d resourceapi.Device) bool { return off[d.Name] })
 			withdrawn += len(s.Devices) - len(out)
 			pool.Slices[i].Devices = out
 		}
