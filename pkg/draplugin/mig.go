@@ -80,11 +80,15 @@ func (s *migSeats) want(uid types.UID, dev checkpoint.Device) (miginstance.Want,
 }
 
 // prepare makes the instances of a claim's MIG devices, or finds those
-// made.
+// made, and turns MIG mode off on the GPUs of its whole-GPU groups that
+// MIG seats share (miginstance.Manager.WholeGPU).
 func (s *migSeats) prepare(ctx context.Context, uid types.UID, c *checkpoint.Claim) error {
 	for _, dev := range c.Devices {
 		w, ok := s.want(uid, dev)
 		if !ok {
+			if err := s.wholeGPUs(ctx, dev); err != nil {
+				return fmt.Errorf("device %s: %w", dev.Device, err)
+			}
 			continue
 		}
 		if s.instances == nil {
@@ -92,6 +96,26 @@ func (s *migSeats) prepare(ctx context.Context, uid types.UID, c *checkpoint.Cla
 		}
 		if _, err := s.instances.Ensure(ctx, w); err != nil {
 			return fmt.Errorf("device %s: make MIG %s instance at %s on GPU %d: %w", dev.Device, w.Profile.Name, w.Placement, w.GPU, err)
+		}
+	}
+	return nil
+}
+
+// wholeGPUs readies the GPUs of a whole-GPU group that MIG seats share
+// for the group: MIG mode off. An admin-access device changes nothing:
+// it is given beside the GPUs' other holders.
+func (s *migSeats) wholeGPUs(ctx context.Context, dev checkpoint.Device) error {
+	ref, ok := s.node.index[dev.Device]
+	if s.instances == nil || !ok || ref.MIG != nil || dev.AdminAccess || dev.Fenced {
+		return nil
+	}
+	models := s.node.plan.MIGModels()
+	for _, gpu := range ref.Group.GPUs {
+		if _, ok := models[gpu]; !ok {
+			continue
+		}
+		if err := s.instances.WholeGPU(ctx, gpu, s.node.inv.GPUs[gpu].Architecture); err != nil {
+			return err
 		}
 	}
 	return nil
