@@ -311,6 +311,15 @@ func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, 
 				fmt.Sprintf("the plugin never touches an instance it did not make, and publishes neither the MIG devices it overlaps nor the GPU's whole-GPU groups; if it is not needed, destroy it (nvidia-smi mig -i %d -gi <GI> -dci, then nvidia-smi mig -i %d -gi <GI> -dgi) and restart the plugin, or make it a static seat: one compute instance spanning it, of a profile the GPU is given", g.Index, g.Index))
 		}
 	}
+	for _, r := range records {
+		if r.GPU != g.Index || r.Phase == miginstance.Creating || slices.ContainsFunc(instances, func(in migInstance) bool {
+			return in.placement == r.Placement() && in.profile == r.Profile
+		}) {
+			continue
+		}
+		c = worse(c, Warn, fmt.Sprintf("journal: %s %s at %s, claim %s device %s: no such GPU instance, so its MIG device %s is gone", r.Phase, r.Profile, r.Placement(), r.Claim, r.Device, r.UUID),
+			"a claim's containers were given a MIG device that no longer exists: delete the claim's pods; the plugin settles its journal at its next start and the claim's next prepare finds or makes the instance again")
+	}
 	return c
 }
 

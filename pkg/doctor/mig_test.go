@@ -351,6 +351,30 @@ func (m *migNode) destroyCI(t *testing.T, gpu, start int, remake bool) {
 	t.Fatalf("GPU %d has no 1-slice GPU instance at %d", gpu, start)
 }
 
+// destroyGI destroys the 1-slice GPU instance at start, as nvidia-smi mig
+// -dgi does.
+func (m *migNode) destroyGI(t *testing.T, gpu, start int) {
+	t.Helper()
+	d := m.device(t, gpu)
+	info, ret := d.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	gis, ret := d.GetGpuInstances(&info)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	for _, gi := range gis {
+		if gInfo, ret := gi.GetInfo(); ret == nvml.SUCCESS && int(gInfo.Placement.Start) == start {
+			if ret := gi.Destroy(); ret != nvml.SUCCESS {
+				t.Fatal(ret)
+			}
+			return
+		}
+	}
+	t.Fatalf("GPU %d has no 1-slice GPU instance at %d", gpu, start)
+}
+
 func TestMIGCheckWarnsWhereARecordedMIGDeviceIsGone(t *testing.T) {
 	m := newMIGNode(t, "dgx-h100", `profiles:
 - {resource: kyb.ai/mig-1g.10gb, mig: {profile: 1g.10gb, seatsPerGPU: 4}, gpus: [0]}
@@ -363,8 +387,12 @@ func TestMIGCheckWarnsWhereARecordedMIGDeviceIsGone(t *testing.T) {
 	inst := m.pluginInstance(ctx, t, "claim-1", 0, "1g.10gb", 6, false)
 	m.foreignInstance(t, 0, 2, true)
 	adopted := m.pluginInstance(ctx, t, "claim-2", 0, "1g.10gb", 2, true)
+	gone := m.pluginInstance(ctx, t, "claim-3", 0, "1g.10gb", 4, false)
 	m.destroyCI(t, 0, 6, true)
 	m.destroyCI(t, 0, 2, false)
+	// The plugin's instance at {4}:1 is destroyed whole.
+	m.destroyCI(t, 0, 4, false)
+	m.destroyGI(t, 0, 4)
 
 	gpu0 := check(t, m.run(t), "mig-gpu0")
 	if gpu0.Status != Warn {
@@ -374,6 +402,7 @@ func TestMIGCheckWarnsWhereARecordedMIGDeviceIsGone(t *testing.T) {
 		"GI 13: 1g.10gb at {6}:1, CI 0 MIG-",
 		": the plugin's, claim claim-1 device g0-mig-1g-10gb-6, whose MIG device " + inst.UUID + " is gone",
 		"GI 9: 1g.10gb at {2}:1, no compute instance: a static seat (not made by the plugin), adopted by claim claim-2 device g0-mig-1g-10gb-2, whose MIG device " + adopted.UUID + " is gone",
+		"journal: Created 1g.10gb at {4}:1, claim claim-3 device g0-mig-1g-10gb-4: no such GPU instance, so its MIG device " + gone.UUID + " is gone",
 	} {
 		if !hasDetail(gpu0, want) {
 			t.Errorf("mig-gpu0 lacks %q: %q", want, gpu0.Details)
