@@ -175,10 +175,10 @@ func migModeCheck(g inventory.GPU, plan *migGPUPlan, inGroups bool, current, pen
 		c.Details = append(c.Details, "the plugin turns MIG mode on at the GPU's first MIG prepare (on "+g.Architecture+" it takes effect at once; it fails while a process runs on the GPU)")
 	case pending == nvml.DEVICE_MIG_ENABLE:
 		c.Status = Fail
-		c.Fix = fmt.Sprintf("on %s GPUs MIG mode takes effect at a GPU reset: drain the GPU, then nvidia-smi -i %d --gpu-reset (or reboot the node); until then every MIG claim on it fails its prepare", g.Architecture, i)
+		c.Fix = fmt.Sprintf("on %s GPUs MIG mode takes effect at a GPU reset: drain the GPU, then nvidia-smi -i %d --gpu-reset (or reboot the node), then restart the plugin's pod; until then the plugin does not publish its MIG devices", g.Architecture, i)
 	default:
 		c.Status = Fail
-		c.Fix = fmt.Sprintf("on %s GPUs turning MIG mode on needs a GPU reset, which the plugin never does: drain the GPU, then nvidia-smi -i %d -mig 1 and nvidia-smi -i %d --gpu-reset (or reboot the node; the mode persists); until then every MIG claim on it fails its prepare", g.Architecture, i, i)
+		c.Fix = fmt.Sprintf("on %s GPUs turning MIG mode on needs a GPU reset, which the plugin never does: drain the GPU, then nvidia-smi -i %d -mig 1 and nvidia-smi -i %d --gpu-reset (or reboot the node; the mode persists), then restart the plugin's pod; until then the plugin does not publish its MIG devices", g.Architecture, i, i)
 	}
 	return c
 }
