@@ -46,6 +46,9 @@ type migSeats struct {
 	// static are the MIG devices whose instances the plugin did not make
 	// and adopts (mig_static.go), set at start before the kubelet calls.
 	static map[string]bool
+	// unlisted are the MIG GPUs whose instances could not be listed at
+	// start: their MIG devices are not published.
+	unlisted []int
 	// partitions counts the instances the plugin did not make, by GPU and
 	// kind (static, foreign).
 	partitions *prometheus.GaugeVec

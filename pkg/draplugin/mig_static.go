@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
@@ -63,13 +64,22 @@ func (s *migSeats) survey(ctx context.Context, events *nodeevents.Recorder, reg 
 			s.partitions.WithLabelValues(strconv.Itoa(gpu), kind).Set(0)
 		}
 	}
-	parts, err := s.instances.Partitions(ctx, gpus)
-	if err != nil {
-		// Publishing as if the GPUs were bare offers devices whose prepare
-		// may fail (NVML refuses an overlapping instance); it destroys
-		// nothing, and the node keeps serving its other seats.
-		logger.Error(err, "Cannot list the MIG instances the plugin did not make; publishing every MIG device and whole-GPU group")
-		return nil, nil
+	var parts []miginstance.Partition
+	s.unlisted = nil
+	for _, gpu := range gpus {
+		p, err := s.listPartitions(ctx, gpu)
+		if err != nil {
+			// A GPU whose instances are unknown may hold any: its MIG
+			// devices are not published (a static seat would lose its
+			// mark, a device beside a foreign instance fail its prepare),
+			// and a whole-GPU group's prepare checks the GPU for
+			// instances itself.
+			s.unlisted = append(s.unlisted, gpu)
+			logger.Error(err, "Cannot list a GPU's MIG instances; its MIG devices are not published until the plugin restarts", "gpu", gpu)
+			events.Warning(ctx, ReasonForeignMIGInstance, fmt.Sprintf("The MIG instances of GPU %d cannot be listed (%v): its MIG devices are not published until the plugin restarts. Check the GPU with kubectl kyb doctor.", gpu, err))
+			continue
+		}
+		parts = append(parts, p...)
 	}
 	static := map[string]bool{}
 	var out []draresources.MIGPartition
@@ -88,6 +98,29 @@ func (s *migSeats) survey(ctx context.Context, events *nodeevents.Recorder, reg 
 	}
 	s.static = static
 	return out, nil
+}
+
+// listAttempts bounds the tries of a GPU's listing at start: NVML
+// answers ERROR_UNKNOWN or a timeout now and then.
+const listAttempts = 3
+
+// listPartitions lists gpu's partitions, trying again after a failure.
+func (s *migSeats) listPartitions(ctx context.Context, gpu int) ([]miginstance.Partition, error) {
+	var err error
+	for attempt := range listAttempts {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+			}
+		}
+		var parts []miginstance.Partition
+		if parts, err = s.instances.Partitions(ctx, []int{gpu}); err == nil {
+			return parts, nil
+		}
+	}
+	return nil, err
 }
 
 // staticSeat is the MIG device a partition is a static seat of, or why it

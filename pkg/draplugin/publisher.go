@@ -67,7 +67,8 @@ type publisher struct {
 	// at start before anything publishes (mig_static.go).
 	migPartitions []draresources.MIGPartition
 	// migModeOff are the MIG GPUs not in MIG mode that need a reset to be
-	// (mig_mode.go): their MIG devices are not published.
+	// (mig_mode.go), and those whose instances could not be listed at
+	// start (mig_static.go): their MIG devices are not published.
 	migModeOff []int
 
 	// publishMu serialises publishing: start-up, a health change, a layout
