@@ -149,7 +149,7 @@ func migModeCheck(g inventory.GPU, plan *migGPUPlan, inGroups bool, current, pen
 	if pending != current {
 		mode += fmt.Sprintf(", %s pending (at the GPU's next reset)", on(pending))
 	}
-	resetless := g.Architecture == "hopper" || g.Architecture == "blackwell"
+	resetless := !mig.ModeChangeNeedsReset(g.Architecture)
 	if plan == nil {
 		c.Summary = fmt.Sprintf("GPU %d (%s): %s; no MIG profile of the configuration has this GPU", i, g.ProductName, mode)
 		switch {

@@ -9,6 +9,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 )
@@ -37,10 +38,6 @@ import (
 // do; its MIG devices are not published.
 const ReasonMIGModeNeedsReset = "MIGModeNeedsReset"
 
-// resetlessMIG are the architectures whose MIG mode changes take effect
-// at once (as pkg/miginstance and the doctor know them).
-var resetlessMIG = []string{"hopper", "blackwell"}
-
 // surveyMIGMode reads the MIG mode of the GPUs the plan gives to a MIG
 // profile and returns those whose MIG devices cannot be made until a GPU
 // reset, sorted. It runs once at start, before anything is published.
@@ -66,7 +63,7 @@ func (s *migSeats) surveyMIGMode(ctx context.Context, lib miginstance.Library, e
 		if current == nvml.DEVICE_MIG_ENABLE {
 			continue
 		}
-		if slices.Contains(resetlessMIG, g.Architecture) {
+		if !mig.ModeChangeNeedsReset(g.Architecture) {
 			logger.Info("GPU given to a MIG profile is not in MIG mode; the first MIG claim's prepare turns it on", "gpu", gpu, "architecture", g.Architecture)
 			continue
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/types"
@@ -12,11 +11,6 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 )
-
-// resetless are the architectures whose MIG mode changes take effect at
-// once. Ampere's need a GPU reset with no process on the GPU, which the
-// plugin must not force on a node running workloads.
-var resetless = []string{"hopper", "blackwell"}
 
 // migMode checks that the GPU is in MIG mode, and switches it on where
 // that takes no reset (the plan gave the GPU to a MIG profile, which is
@@ -29,7 +23,7 @@ func (m *Manager) migMode(ctx context.Context, dev nvml.Device, w Want) error {
 	if current == nvml.DEVICE_MIG_ENABLE {
 		return nil
 	}
-	if !slices.Contains(resetless, w.Architecture) {
+	if mig.ModeChangeNeedsReset(w.Architecture) {
 		if pending == nvml.DEVICE_MIG_ENABLE {
 			return fmt.Errorf("GPU %d (%s) is not in MIG mode yet: MIG mode is pending and takes effect at the GPU's next reset; drain the GPU and run `nvidia-smi -i %d --gpu-reset` (or reboot the node)", w.GPU, w.Architecture, w.GPU)
 		}

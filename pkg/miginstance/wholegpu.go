@@ -50,7 +50,7 @@ func (m *Manager) WholeGPU(ctx context.Context, gpu int, arch string) error {
 		return fmt.Errorf("GPU %d is in MIG mode and holds MIG instances at %v, so a container given it whole would see no CUDA device; `kyb-dra-plugin doctor` says whose each instance is: %w",
 			gpu, placed, callErr("SetMigMode", nvml.ERROR_IN_USE))
 	}
-	if !slices.Contains(resetless, arch) {
+	if mig.ModeChangeNeedsReset(arch) {
 		return fmt.Errorf("GPU %d (%s) is in MIG mode, so a container given it whole would see no CUDA device, and on %s GPUs turning it off needs a GPU reset with no process on the GPU, which the plugin does not do: drain the GPU, then run `nvidia-smi -i %d -mig 0` and `nvidia-smi -i %d --gpu-reset` (or reboot the node)",
 			gpu, arch, arch, gpu, gpu)
 	}
