@@ -174,11 +174,13 @@ func (st *KybSchedStudy) Table() *Table {
 		"Pods, release, busy clusters and pods/s as in the in-process study (busy: the pods take %.0f %% of the free nodes' seats); "+
 		"ratios are taken per round; a figure is the median of the rounds (the lower middle for an even count), each round's in parentheses.",
 		stock, 100*st.Options.BusyFill),
-		"Times per scheduling attempt are the scheduler's own metrics for the round: scheduler_scheduling_attempt_duration_seconds (the scheduling cycle, " +
-			"binding not included), and scheduler_plugin_execution_duration_seconds, which the framework records in a sample of the cycles, for the DRA " +
-			"plugin (PreFilter and Filter on every node tried) and the score (PreScore, Score on every node scored, NormalizeScore). The score's goal is " +
-			"judged on its own time per cycle; pods/s with the score against without it also differ by where the policy puts the pods, which changes " +
-			"the DRA plugin's Filter work (which nodes are full when it tries them)."}
+		"Times per scheduling cycle are the scheduler's own metrics for the round: scheduler_scheduling_algorithm_duration_seconds (a pod's " +
+			"filtering and scoring, binding not included), and scheduler_plugin_execution_duration_seconds, which the framework records in a tenth of " +
+			"the cycles, for the DRA plugin (PreFilter, and Filter on every node tried) and the score (PreScore, Score on every node scored, " +
+			"NormalizeScore). Filter and Score run on several nodes at once, so their sums can exceed the cycle; the score's work is its PreScore, " +
+			"one pass. \"Not timed\": a round where no sampled cycle ran the score. The score's goal is judged on its own time per cycle; pods/s " +
+			"with the score against without it also differ by where the policy puts the pods, which changes the DRA plugin's Filter work (which " +
+			"nodes are full when it tries them)."}
 	return t
 }
 
