@@ -8,7 +8,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/parallelize"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
+	schedmetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
@@ -41,6 +43,9 @@ func BenchmarkScore(b *testing.B) {
 				s, err := f.dra.ResourceClaims().GatherAllocatedState()
 				return err == nil && len(s.AllocatedDevices) == 4*n
 			})
+			// As the scheduler runs it: nodes predicted several at once.
+			schedmetrics.Register() // the parallelizer counts its goroutines
+			f.plugin.parallel = parallelize.NewParallelizer(parallelize.DefaultParallelism)
 			pod, _ := f.seatPod(class1x, 1)
 			infos := make([]fwk.NodeInfo, n)
 			for i, node := range f.nodes {

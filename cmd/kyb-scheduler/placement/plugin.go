@@ -56,6 +56,9 @@ type Plugin struct {
 	dra   fwk.SharedDRAManager
 	pools poolCache
 	cel   *cel.Cache
+	// parallel predicts the nodes several at once, as the framework runs
+	// Filter and Score; nil: one after the other.
+	parallel fwk.Parallelizer
 }
 
 var (
@@ -75,7 +78,9 @@ func New(_ context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, erro
 	if dra == nil {
 		return nil, fmt.Errorf("%s needs the scheduler's DRA manager: is the DynamicResourceAllocation feature gate off?", Name)
 	}
-	return NewWithManager(args, dra), nil
+	pl := NewWithManager(args, dra)
+	pl.parallel = fh.Parallelizer()
+	return pl, nil
 }
 
 // NewWithManager returns the plugin over a DRA manager: the scheduler's
@@ -122,22 +127,33 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return fwk.AsStatus(err)
 	}
 	alloc := ourAllocations(state0)
-	s := &scores{policy: policy, keys: make(map[string]int64, len(nodes))}
-	ours := false
-	for _, n := range nodes {
-		node := n.Node().Name
+	keys := make([]int64, len(nodes))
+	mine := make([]bool, len(nodes))
+	predictNode := func(i int) {
+		node := nodes[i].Node().Name
 		p, ok := pools[node]
 		if !ok {
-			s.keys[node] = 0
-			continue
+			return
 		}
 		o := predict(ctx, pl.cel, p, alloc, reqs)
-		ours = ours || o.ours
-		s.keys[node] = o.key(policy)
+		mine[i], keys[i] = o.ours, o.key(policy)
 		if loggerV := logger.V(5); loggerV.Enabled() {
-			loggerV.Info("Placement predicted", "pod", klog.KObj(pod), "node", node, "policy", policy, "key", s.keys[node],
+			loggerV.Info("Placement predicted", "pod", klog.KObj(pod), "node", node, "policy", policy, "key", keys[i],
 				"predicted", o.predicted, "gpus", o.gpus, "busyGPUs", o.busy, "devices", o.picks, "joinedGroups", o.joined, "brokenGroups", o.broken)
 		}
+	}
+	if pl.parallel != nil {
+		pl.parallel.Until(ctx, len(nodes), predictNode, Name)
+	} else {
+		for i := range nodes {
+			predictNode(i)
+		}
+	}
+	s := &scores{policy: policy, keys: make(map[string]int64, len(nodes))}
+	ours := false
+	for i, n := range nodes {
+		s.keys[n.Node().Name] = keys[i]
+		ours = ours || mine[i]
 	}
 	if !ours {
 		return fwk.NewStatus(fwk.Skip)

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -9,7 +10,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/parallelize"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
+	schedmetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
@@ -307,5 +310,34 @@ func TestPackPutsMIGSeatsOnPartitionedGPUs(t *testing.T) {
 	}
 	if scores["node-a"] <= scores["node-b"] {
 		t.Errorf("pack scored node-a (GPU 0 partitioned, six instances free) %d and node-b (GPU 0 a 1x group's) %d; want node-a first", scores["node-a"], scores["node-b"])
+	}
+}
+
+// The nodes are predicted several at once in the scheduler (its
+// parallelizer, as Filter and Score run): the scores are the ones of a
+// prediction node after node (and -race finds no shared write).
+func TestNodesPredictedInParallelScoreAsOneAfterTheOther(t *testing.T) {
+	var specs []nodeSpec
+	for i := range 12 {
+		specs = append(specs, nodeSpec{fmt.Sprintf("node-%02d", i), "dgx-h100", threeProfiles})
+	}
+	f := newFixture(t, Args{DefaultPolicy: Topology}, specs...)
+	for i, node := range f.nodes {
+		for range i % 5 {
+			_, claim := f.seatPod(class1x, 1)
+			f.allocate(claim, node, i%2 == 0)
+		}
+	}
+	pod, _ := f.seatPod(class2x, 1)
+	one, st := f.scores(pod, f.nodes)
+	if one == nil {
+		t.Fatalf("PreScore: %v", st)
+	}
+	schedmetrics.Register() // the parallelizer counts its goroutines
+	f.plugin.parallel = parallelize.NewParallelizer(parallelize.DefaultParallelism)
+	for range 5 {
+		if many, st := f.scores(pod, f.nodes); !maps.Equal(many, one) {
+			t.Fatalf("in parallel the nodes scored %v (%v), one after the other %v", many, st, one)
+		}
 	}
 }

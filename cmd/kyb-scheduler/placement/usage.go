@@ -1,6 +1,8 @@
 package placement
 
 import (
+	"sync"
+
 	"k8s.io/apimachinery/pkg/util/sets"
 	draapi "k8s.io/dynamic-resource-allocation/api"
 	"k8s.io/dynamic-resource-allocation/structured"
@@ -19,7 +21,9 @@ import (
 // a shared device without seats needs the shares themselves, which the
 // state keys by share; they are gathered by device once, on first need.
 type allocated struct {
-	state  *structured.AllocatedState
+	state *structured.AllocatedState
+	// Nodes are predicted in parallel: the shares are gathered once.
+	once   sync.Once
 	shared sets.Set[structured.DeviceID]
 }
 
@@ -46,15 +50,14 @@ func (a *allocated) use(d *device) (inUse bool, seats int64) {
 }
 
 func (a *allocated) sharedDevices() sets.Set[structured.DeviceID] {
-	if a.shared != nil {
-		return a.shared
-	}
-	a.shared = sets.New[structured.DeviceID]()
-	ourDriver := draapi.MakeUniqueString(driver.Name)
-	for id := range a.state.AllocatedSharedDeviceIDs {
-		if id.Driver == ourDriver {
-			a.shared.Insert(structured.DeviceID{Driver: id.Driver, Pool: id.Pool, Device: id.Device})
+	a.once.Do(func() {
+		a.shared = sets.New[structured.DeviceID]()
+		ourDriver := draapi.MakeUniqueString(driver.Name)
+		for id := range a.state.AllocatedSharedDeviceIDs {
+			if id.Driver == ourDriver {
+				a.shared.Insert(structured.DeviceID{Driver: id.Driver, Pool: id.Pool, Device: id.Device})
+			}
 		}
-	}
+	})
 	return a.shared
 }
