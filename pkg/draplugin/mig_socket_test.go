@@ -307,7 +307,7 @@ func TestMIGInstancesOfTwoProfilesShareAGPU(t *testing.T) {
 // next holder's generation is the next one), nothing is left behind, and
 // the administrator's partition stays.
 func TestMIGRestartAtEveryStep(t *testing.T) {
-	prepareSteps := []string{"SetMigMode", "record creating", "CreateGpuInstanceWithPlacement", "GpuInstance.GetInfo",
+	prepareSteps := []string{"SetMigMode", "record creating", "CreateGpuInstanceWithPlacement", "GpuInstance.GetInfo", "record GPU instance",
 		"GetComputeInstanceProfileInfo", "CreateComputeInstance", "ComputeInstance.GetInfo", "read MIG UUID", "record created"}
 	unprepareSteps := []string{"find GPU instance", "ComputeInstance.Destroy", "GpuInstance.Destroy", "forget destroyed"}
 	for _, step := range append(prepareSteps, unprepareSteps...) {

@@ -3,6 +3,7 @@ package miginstance
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -171,5 +172,40 @@ func TestFailedNVMLCallAtEachCall(t *testing.T) {
 			}
 			f.outcome(foreign, false)
 		}
+	}
+}
+
+// stepNamed stops the manager at the step of that name, as a crash would.
+type stepNamed string
+
+func (s stepNamed) step(name string) bool { return name == string(s) }
+
+// TestAnInstanceMadeAtTheCrashedPlacementIsLeft: the plugin crashes
+// before it makes its GPU instance, and an administrator makes one, with
+// a compute instance, at that placement before the plugin starts again.
+// The journal's record of the half-made instance does not name it, and
+// neither the restart's reconcile nor the claim's retried prepare
+// destroys it: the retry is refused, naming the instance in the way.
+func TestAnInstanceMadeAtTheCrashedPlacementIsLeft(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	f := newFixture(t, "dgx-h100")
+	f.enable()
+	if _, err := f.manager(stepNamed("CreateGpuInstanceWithPlacement").step).Ensure(ctx, f.want("claim-a", "1g.10gb", 0)); !errors.Is(err, errCrashed) {
+		t.Fatalf("Ensure: %v, want the crash", err)
+	}
+	f.foreign() // 1g at {0} with a compute instance, 1g at {1} bare
+	before := f.layout()
+	m := f.manager(nil)
+	if err := m.Reconcile(ctx, held("claim-a")); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if got := f.layout(); !slices.Equal(got, before) {
+		t.Fatalf("after the restart's reconcile the GPU holds %v, want the administrator's %v", got, before)
+	}
+	if _, err := m.Ensure(ctx, f.want("claim-a", "1g.10gb", 0)); err == nil || !strings.Contains(err.Error(), "not this claim's") {
+		t.Fatalf("retried Ensure: %v, want a refusal naming the instance at the placement", err)
+	}
+	if got := f.layout(); !slices.Equal(got, before) {
+		t.Fatalf("after the retried prepare the GPU holds %v, want the administrator's %v", got, before)
 	}
 }

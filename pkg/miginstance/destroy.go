@@ -122,12 +122,21 @@ func (m *Manager) destroy(ctx context.Context, dev nvml.Device, r Record) error 
 	var gi nvml.GpuInstance
 	var sliceCount int
 	ownCI := r.Phase == Created
-	if r.Phase == Created {
+	switch {
+	case r.Phase == Created:
 		st, g, err := m.check(dev, r)
 		if err != nil || st == vanished {
 			return err
 		}
 		gi, ownCI = g, st == whole
+	case r.GIMade:
+		// Every compute instance in the recorded GPU instance is the
+		// plugin's: a crash came before the record said Created.
+		g, ok, err := recordedGI(dev, r)
+		if err != nil || !ok {
+			return err
+		}
+		gi = g
 	}
 	info, err := giProfileInfo(dev, r.ProfileIndex, r.ProfileID, r.Profile)
 	if err != nil {
@@ -141,6 +150,15 @@ func (m *Manager) destroy(ctx context.Context, dev nvml.Device, r Record) error 
 		}
 		if err != nil {
 			return err
+		}
+		if held, err := holdsComputeInstances(g); err != nil {
+			return err
+		} else if held {
+			// The plugin made no compute instance before the record said
+			// GIMade: this GPU instance is someone else's, made at the
+			// placement after a crash before the plugin's was made.
+			logger.Info("Leaving a GPU instance at a half-made record's placement: it holds compute instances the plugin did not make", "instance", r.String())
+			return nil
 		}
 		gi = g
 	}
@@ -334,4 +352,26 @@ func (m *Manager) settleAdopted(ctx context.Context, r Record, released bool) (b
 	}
 	logger.Info("An adopted MIG instance is gone or changed; its record is forgotten and what is left stays", "instance", r.String())
 	return true, nil
+}
+
+// holdsComputeInstances says whether gi holds a compute instance of any
+// profile.
+func holdsComputeInstances(gi nvml.GpuInstance) (bool, error) {
+	for index := range nvml.COMPUTE_INSTANCE_PROFILE_COUNT {
+		info, ret := gi.GetComputeInstanceProfileInfo(index, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if ret != nvml.SUCCESS {
+			continue // a profile this GPU instance does not have
+		}
+		cis, ret := gi.GetComputeInstances(&info)
+		if gone(ret) {
+			continue
+		}
+		if ret != nvml.SUCCESS {
+			return false, callErr("GpuInstance.GetComputeInstances", ret)
+		}
+		if len(cis) > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -35,7 +35,12 @@ type Phase string
 const (
 	// Creating is written before the first NVML call that makes anything:
 	// the GPU instance at Placement may exist, and a compute instance in
-	// it, or nothing at all.
+	// it, or nothing at all. Once the GPU instance exists, the record says
+	// so (GIMade, GI) before a compute instance is made in it: a GPU
+	// instance found at the placement of a record without GIMade that
+	// holds a compute instance is then not the plugin's (an
+	// administrator made it after a crash before the plugin's), and is
+	// left as it is.
 	Creating Phase = "Creating"
 	// Created is written after the compute instance exists and its MIG
 	// device's UUID is read: GI, CI and UUID name it.
@@ -64,6 +69,8 @@ type Record struct {
 	Start        int    `json:"placementStart"`
 	Size         int    `json:"placementSize"`
 	Phase        Phase  `json:"phase"`
+	// GIMade: a Creating record's GPU instance exists, and GI names it.
+	GIMade bool `json:"giMade,omitempty"`
 	// GI, CI and UUID name the instance once Created or Adopted.
 	GI   int    `json:"gi,omitempty"`
 	CI   int    `json:"ci,omitempty"`

@@ -276,12 +276,15 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 	if err := m.save("record creating", records); err != nil {
 		return Instance{}, err
 	}
-	made, err := m.create(ctx, dev, &info, r)
+	made, err := m.create(ctx, dev, &info, r, func(r Record) error {
+		records[len(records)-1] = r
+		return m.save("record GPU instance", records)
+	})
 	if errors.Is(err, errCrashed) {
 		return Instance{}, err
 	}
 	if err != nil {
-		if rbErr := m.destroy(ctx, dev, r); rbErr != nil {
+		if rbErr := m.destroy(ctx, dev, made); rbErr != nil {
 			logger.Error(rbErr, "Cannot roll back a half-made MIG instance; its record stays for the next reconcile", "instance", r.String())
 			return Instance{}, fmt.Errorf("GPU %d: make MIG %s at %s: %w", w.GPU, w.Profile.Name, w.Placement, err)
 		}
@@ -300,9 +303,10 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 	return m.instance(made)
 }
 
-// create makes the GPU instance and its compute instance and reads the
-// MIG device's UUID: r Created.
-func (m *Manager) create(_ context.Context, dev nvml.Device, info *nvml.GpuInstanceProfileInfo, r Record) (Record, error) {
+// create makes the GPU instance, records it (recordGI), makes its compute
+// instance and reads the MIG device's UUID: r Created. On an error r is
+// what was made so far, for the rollback.
+func (m *Manager) create(_ context.Context, dev nvml.Device, info *nvml.GpuInstanceProfileInfo, r Record, recordGI func(Record) error) (Record, error) {
 	if m.step("CreateGpuInstanceWithPlacement") {
 		return r, errCrashed
 	}
@@ -316,6 +320,10 @@ func (m *Manager) create(_ context.Context, dev nvml.Device, info *nvml.GpuInsta
 	gInfo, ret := gi.GetInfo()
 	if ret != nvml.SUCCESS {
 		return r, callErr("GpuInstance.GetInfo", ret)
+	}
+	r.GIMade, r.GI = true, int(gInfo.Id)
+	if err := recordGI(r); err != nil {
+		return r, err
 	}
 	ciIndex, err := fullCIProfile(mig.Profile{Name: r.Profile, ComputeSlices: int(info.SliceCount)})
 	if err != nil {
@@ -349,6 +357,6 @@ func (m *Manager) create(_ context.Context, dev nvml.Device, info *nvml.GpuInsta
 	if err != nil {
 		return r, err
 	}
-	r.Phase, r.GI, r.CI, r.UUID = Created, int(gInfo.Id), int(cInfo.Id), uuid
+	r.Phase, r.GIMade, r.GI, r.CI, r.UUID = Created, false, int(gInfo.Id), int(cInfo.Id), uuid
 	return r, nil
 }
