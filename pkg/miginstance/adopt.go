@@ -73,43 +73,27 @@ func (m *Manager) partitions(gpu int, records []Record) ([]Partition, error) {
 	if ret != nvml.SUCCESS {
 		return nil, callErr("DeviceGetHandleByIndex", ret)
 	}
+	gis, err := gpuInstances(dev)
+	if err != nil {
+		return nil, err
+	}
 	var out []Partition
-	for index := range nvml.GPU_INSTANCE_PROFILE_COUNT {
-		info, ret := dev.GetGpuInstanceProfileInfo(index)
-		if ret != nvml.SUCCESS {
-			continue // a profile this GPU does not have
-		}
-		gis, ret := dev.GetGpuInstances(&info)
-		if ret == nvml.ERROR_NOT_SUPPORTED {
-			return nil, nil // MIG mode off: no instance
-		}
-		if ret != nvml.SUCCESS {
-			return nil, callErr("GetGpuInstances", ret)
-		}
-		for _, gi := range gis {
-			gInfo, ret := gi.GetInfo()
-			if gone(ret) {
-				continue
+	for _, g := range gis {
+		p := Partition{GPU: gpu, GI: int(g.info.Id), ProfileID: int(g.info.ProfileId),
+			Placement: mig.Placement{Start: int(g.info.Placement.Start), Size: int(g.info.Placement.Size)}}
+		if i := recordAt(records, gpu, p.Placement); i >= 0 {
+			if records[i].Phase != Adopted {
+				continue // made by the plugin
 			}
-			if ret != nvml.SUCCESS {
-				return nil, callErr("GpuInstance.GetInfo", ret)
-			}
-			p := Partition{GPU: gpu, GI: int(gInfo.Id), ProfileID: int(gInfo.ProfileId),
-				Placement: mig.Placement{Start: int(gInfo.Placement.Start), Size: int(gInfo.Placement.Size)}}
-			if i := recordAt(records, gpu, p.Placement); i >= 0 {
-				if records[i].Phase != Adopted {
-					continue // made by the plugin
-				}
-				p.Claim = records[i].Claim
-			}
-			cis, err := computeInstances(gi)
-			if err != nil {
-				return nil, fmt.Errorf("GPU instance %d: %w", p.GI, err)
-			}
-			p.ComputeInstances = len(cis)
-			p.Whole = len(cis) == 1 && cis[0].Placement.Size == info.SliceCount
-			out = append(out, p)
+			p.Claim = records[i].Claim
 		}
+		cis, err := computeInstances(g.gi)
+		if err != nil {
+			return nil, fmt.Errorf("GPU instance %d: %w", p.GI, err)
+		}
+		p.ComputeInstances = len(cis)
+		p.Whole = len(cis) == 1 && cis[0].Placement.Size == g.profile.SliceCount
+		out = append(out, p)
 	}
 	return out, nil
 }

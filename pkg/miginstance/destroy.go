@@ -151,9 +151,9 @@ func (m *Manager) destroy(ctx context.Context, dev nvml.Device, r Record) error 
 		if err != nil {
 			return err
 		}
-		if held, err := holdsComputeInstances(g); err != nil {
+		if cis, err := computeInstances(g); err != nil {
 			return err
-		} else if held {
+		} else if len(cis) > 0 {
 			// The plugin made no compute instance before the record said
 			// GIMade: this GPU instance is someone else's, made at the
 			// placement after a crash before the plugin's was made.
@@ -352,26 +352,4 @@ func (m *Manager) settleAdopted(ctx context.Context, r Record, released bool) (b
 	}
 	logger.Info("An adopted MIG instance is gone or changed; its record is forgotten and what is left stays", "instance", r.String())
 	return true, nil
-}
-
-// holdsComputeInstances says whether gi holds a compute instance of any
-// profile.
-func holdsComputeInstances(gi nvml.GpuInstance) (bool, error) {
-	for index := range nvml.COMPUTE_INSTANCE_PROFILE_COUNT {
-		info, ret := gi.GetComputeInstanceProfileInfo(index, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-		if ret != nvml.SUCCESS {
-			continue // a profile this GPU instance does not have
-		}
-		cis, ret := gi.GetComputeInstances(&info)
-		if gone(ret) {
-			continue
-		}
-		if ret != nvml.SUCCESS {
-			return false, callErr("GpuInstance.GetComputeInstances", ret)
-		}
-		if len(cis) > 0 {
-			return true, nil
-		}
-	}
-	return false, nil
 }

@@ -155,3 +155,41 @@ func migDeviceUUID(dev nvml.Device, gi, ci int) (string, error) {
 	}
 	return "", fmt.Errorf("no MIG device of GPU instance %d compute instance %d among the GPU's %d MIG device slots", gi, ci, n)
 }
+
+// gpuInstance is one GPU instance on a device, whoever made it, with its
+// profile's info.
+type gpuInstance struct {
+	gi      nvml.GpuInstance
+	info    nvml.GpuInstanceInfo
+	profile nvml.GpuInstanceProfileInfo
+}
+
+// gpuInstances lists the GPU instances of every profile on dev; none
+// where MIG mode is off.
+func gpuInstances(dev nvml.Device) ([]gpuInstance, error) {
+	var out []gpuInstance
+	for index := range nvml.GPU_INSTANCE_PROFILE_COUNT {
+		profile, ret := dev.GetGpuInstanceProfileInfo(index)
+		if ret != nvml.SUCCESS {
+			continue // a profile this GPU does not have
+		}
+		gis, ret := dev.GetGpuInstances(&profile)
+		if ret == nvml.ERROR_NOT_SUPPORTED {
+			return nil, nil // MIG mode off: no instance
+		}
+		if ret != nvml.SUCCESS {
+			return nil, callErr("GetGpuInstances", ret)
+		}
+		for _, gi := range gis {
+			info, ret := gi.GetInfo()
+			if gone(ret) {
+				continue
+			}
+			if ret != nvml.SUCCESS {
+				return nil, callErr("GpuInstance.GetInfo", ret)
+			}
+			out = append(out, gpuInstance{gi: gi, info: info, profile: profile})
+		}
+	}
+	return out, nil
+}

@@ -11,7 +11,6 @@ package miginstance
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
@@ -42,9 +41,13 @@ func (m *Manager) WholeGPU(ctx context.Context, gpu int, arch string) error {
 	if current != nvml.DEVICE_MIG_ENABLE {
 		return nil
 	}
-	placed, err := placements(dev)
+	gis, err := gpuInstances(dev)
 	if err != nil {
 		return fmt.Errorf("GPU %d: list its MIG instances: %w", gpu, err)
+	}
+	var placed []mig.Placement
+	for _, g := range gis {
+		placed = append(placed, mig.Placement{Start: int(g.info.Placement.Start), Size: int(g.info.Placement.Size)})
 	}
 	if len(placed) > 0 {
 		return fmt.Errorf("GPU %d is in MIG mode and holds MIG instances at %v, so a container given it whole would see no CUDA device; `kyb-dra-plugin doctor` says whose each instance is: %w",
@@ -66,34 +69,4 @@ func (m *Manager) WholeGPU(ctx context.Context, gpu int, arch string) error {
 	}
 	klog.FromContext(ctx).Info("Turned MIG mode off for a whole-GPU seat", "gpu", gpu, "architecture", arch)
 	return nil
-}
-
-// placements are the placements of every GPU instance on dev, whoever
-// made it.
-func placements(dev nvml.Device) ([]mig.Placement, error) {
-	var out []mig.Placement
-	for index := range nvml.GPU_INSTANCE_PROFILE_COUNT {
-		info, ret := dev.GetGpuInstanceProfileInfo(index)
-		if ret != nvml.SUCCESS {
-			continue // a profile this GPU does not have
-		}
-		gis, ret := dev.GetGpuInstances(&info)
-		if ret != nvml.SUCCESS {
-			return nil, callErr("GetGpuInstances", ret)
-		}
-		for _, gi := range gis {
-			gInfo, ret := gi.GetInfo()
-			if gone(ret) {
-				continue
-			}
-			if ret != nvml.SUCCESS {
-				return nil, callErr("GpuInstance.GetInfo", ret)
-			}
-			pl := mig.Placement{Start: int(gInfo.Placement.Start), Size: int(gInfo.Placement.Size)}
-			if !slices.Contains(out, pl) {
-				out = append(out, pl)
-			}
-		}
-	}
-	return out, nil
 }
