@@ -34,47 +34,54 @@ func (c cycleCosts) scoreShare() float64 {
 	return c.score / c.attempt
 }
 
-// parseCycleCosts reads cycleCosts from a scheduler's metrics page.
-func parseCycleCosts(page []byte) (cycleCosts, error) {
-	type key struct{ name, point, plugin string }
-	sums := map[key]float64{}
+// scanSamples calls sample for each sample line of a Prometheus text page
+// (comments skipped), with its metric name, labels and value.
+func scanSamples(page []byte, sample func(name string, labels map[string]string, v float64)) error {
 	sc := bufio.NewScanner(bytes.NewReader(page))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "scheduler_plugin_execution_duration_seconds_") && !strings.HasPrefix(line, "scheduler_scheduling_algorithm_duration_seconds_") {
+		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		var name, labels, value string
 		if n, rest, ok := strings.Cut(line, "{"); ok {
 			name = n
 			if labels, value, ok = strings.Cut(rest, "} "); !ok {
-				return cycleCosts{}, fmt.Errorf("scheduler metrics: malformed line %q", line)
+				return fmt.Errorf("scheduler metrics: malformed line %q", line)
 			}
 		} else if name, value, ok = strings.Cut(line, " "); !ok {
-			return cycleCosts{}, fmt.Errorf("scheduler metrics: malformed line %q", line)
-		}
-		if !strings.HasSuffix(name, "_sum") && !strings.HasSuffix(name, "_count") {
-			continue
+			return fmt.Errorf("scheduler metrics: malformed line %q", line)
 		}
 		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
 		if err != nil {
-			return cycleCosts{}, fmt.Errorf("scheduler metrics: line %q: %w", line, err)
+			return fmt.Errorf("scheduler metrics: line %q: %w", line, err)
 		}
-		k := key{name: name}
+		ls := map[string]string{}
 		for l := range strings.SplitSeq(labels, ",") {
-			lk, lv, _ := strings.Cut(l, "=")
-			switch lk {
-			case "extension_point":
-				k.point = strings.Trim(lv, `"`)
-			case "plugin":
-				k.plugin = strings.Trim(lv, `"`)
+			if k, val, ok := strings.Cut(l, "="); ok {
+				ls[k] = strings.Trim(val, `"`)
 			}
 		}
-		sums[k] += v
+		sample(name, ls, v)
 	}
 	if err := sc.Err(); err != nil {
-		return cycleCosts{}, fmt.Errorf("scheduler metrics: %w", err)
+		return fmt.Errorf("scheduler metrics: %w", err)
+	}
+	return nil
+}
+
+// parseCycleCosts reads cycleCosts from a scheduler's metrics page.
+func parseCycleCosts(page []byte) (cycleCosts, error) {
+	type key struct{ name, point, plugin string }
+	sums := map[key]float64{}
+	err := scanSamples(page, func(name string, labels map[string]string, v float64) {
+		if strings.HasPrefix(name, "scheduler_plugin_execution_duration_seconds_") || strings.HasPrefix(name, "scheduler_scheduling_algorithm_duration_seconds_") {
+			sums[key{name, labels["extension_point"], labels["plugin"]}] += v
+		}
+	})
+	if err != nil {
+		return cycleCosts{}, err
 	}
 	const plugin = "scheduler_plugin_execution_duration_seconds"
 	perCycle := func(name, first string, points ...string) float64 {

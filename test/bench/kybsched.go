@@ -1,13 +1,9 @@
 package bench
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"maps"
-	"strconv"
-	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -176,33 +172,14 @@ func settledAttempts(ctx context.Context, k *harness.KybScheduler) (map[string]f
 // parseAttempts reads scheduler_schedule_attempts_total by result from a
 // Prometheus text page, summed over profiles.
 func parseAttempts(page []byte) (map[string]float64, error) {
-	const metric = "scheduler_schedule_attempts_total{"
 	out := map[string]float64{}
-	sc := bufio.NewScanner(bytes.NewReader(page))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, metric) {
-			continue
+	err := scanSamples(page, func(name string, labels map[string]string, v float64) {
+		if name == "scheduler_schedule_attempts_total" {
+			out[labels["result"]] += v
 		}
-		labels, value, ok := strings.Cut(line[len(metric):], "} ")
-		if !ok {
-			return nil, fmt.Errorf("scheduler metrics: malformed line %q", line)
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			return nil, fmt.Errorf("scheduler metrics: line %q: %w", line, err)
-		}
-		result := ""
-		for _, l := range strings.Split(labels, ",") {
-			if k, val, ok := strings.Cut(l, "="); ok && k == "result" {
-				result = strings.Trim(val, `"`)
-			}
-		}
-		out[result] += v
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("scheduler metrics: %w", err)
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
