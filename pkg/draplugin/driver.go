@@ -269,7 +269,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if d.publisher.migPartitions, err = d.mig.survey(ctx, d.events, d.metrics.registry); err != nil {
 		return err
 	}
-	d.publisher.migModeOff = append(d.mig.surveyMIGMode(ctx, opts.MIG.NVML, d.events), d.mig.unlisted...)
+	d.publisher.noMIG = append(d.mig.surveyMIGMode(ctx, opts.MIG.NVML, d.events), d.mig.unlisted...)
 	d.statuses = newStatusWriter(opts.BackgroundClient.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
 	d.statuses.migUUID = d.mig.instanceUUID
 	if opts.Usage.Sampler != nil {

@@ -66,10 +66,10 @@ type publisher struct {
 	// migPartitions are the MIG instances the plugin did not make, found
 	// at start before anything publishes (mig_static.go).
 	migPartitions []draresources.MIGPartition
-	// migModeOff are the MIG GPUs not in MIG mode that need a reset to be
-	// (mig_mode.go), and those whose instances could not be listed at
-	// start (mig_static.go): their MIG devices are not published.
-	migModeOff []int
+	// noMIG are the MIG GPUs none of whose MIG devices can be published:
+	// not in MIG mode where that needs a reset (mig_mode.go), or whose
+	// instances could not be listed at start (mig_static.go).
+	noMIG []int
 
 	// publishMu serialises publishing: start-up, a health change, a layout
 	// fallback and a kubelet's wipe may republish at once.
@@ -136,7 +136,7 @@ func (p *publisher) resources() resourceslice.DriverResources {
 	node := p.node
 	res := draresources.Resources(node.plan, node.inv, node.pool, layout)
 	draresources.WithdrawAroundPartitions(res, node.plan, p.migPartitions)
-	draresources.WithdrawMIGOf(res, node.plan, p.migModeOff)
+	draresources.WithdrawMIGOf(res, node.plan, p.noMIG)
 	hidden := 0
 	if layout == draresources.LayoutShared && node.plan.HideBlocked {
 		hidden = draresources.HideBlocked(res, node.plan, held)
