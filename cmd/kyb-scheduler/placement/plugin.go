@@ -30,6 +30,7 @@ package placement
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -59,6 +60,8 @@ type Plugin struct {
 	// parallel predicts the nodes several at once, as the framework runs
 	// Filter and Score; nil: one after the other.
 	parallel fwk.Parallelizer
+	// scratch holds *scratch, one per node predicted at a time.
+	scratch sync.Pool
 }
 
 var (
@@ -135,7 +138,12 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		if !ok {
 			return
 		}
-		o := predict(ctx, pl.cel, p, alloc, reqs)
+		s, _ := pl.scratch.Get().(*scratch)
+		if s == nil {
+			s = &scratch{}
+		}
+		o := predict(ctx, pl.cel, p, alloc, reqs, s)
+		pl.scratch.Put(s)
 		mine[i], keys[i] = o.ours, o.key(policy)
 		if loggerV := logger.V(5); loggerV.Enabled() {
 			loggerV.Info("Placement predicted", "pod", klog.KObj(pod), "node", node, "policy", policy, "key", keys[i],

@@ -130,7 +130,7 @@ type pool struct {
 	// by.
 	capacity []int64
 
-	mu      sync.Mutex
+	mu      sync.RWMutex
 	matches map[string][]bool
 }
 
@@ -146,11 +146,19 @@ type consumption struct {
 type poolCache struct {
 	mu    sync.Mutex
 	pools map[string]*pool
+	// listed: every slice of the last listing, of any driver.
+	listed map[*resourceapi.ResourceSlice]struct{}
 }
 
 // update returns the pools of our driver among slices, by node name,
 // parsing only the pools whose slices changed since the last call.
 func (c *poolCache) update(all []*resourceapi.ResourceSlice) map[string]*pool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.unchanged(all) {
+		// The common case, every pod: no slice changed anywhere.
+		return c.pools
+	}
 	byNode := map[string][]*resourceapi.ResourceSlice{}
 	for _, s := range all {
 		if s.Spec.Driver != driver.Name || s.Spec.NodeName == nil {
@@ -158,8 +166,6 @@ func (c *poolCache) update(all []*resourceapi.ResourceSlice) map[string]*pool {
 		}
 		byNode[*s.Spec.NodeName] = append(byNode[*s.Spec.NodeName], s)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	next := make(map[string]*pool, len(byNode))
 	for node, ss := range byNode {
 		p, ok := c.pools[node]
@@ -177,7 +183,27 @@ func (c *poolCache) update(all []*resourceapi.ResourceSlice) map[string]*pool {
 		next[node] = p
 	}
 	c.pools = next
+	c.listed = make(map[*resourceapi.ResourceSlice]struct{}, len(all))
+	for _, s := range all {
+		c.listed[s] = struct{}{}
+	}
 	return next
+}
+
+// unchanged says whether all holds the very objects of the last listing:
+// the slice tracker hands out the same object until its slice changes,
+// so a look-up per slice tells, where comparing pools needs a map of
+// every node.
+func (c *poolCache) unchanged(all []*resourceapi.ResourceSlice) bool {
+	if c.pools == nil || len(all) != len(c.listed) {
+		return false
+	}
+	for _, s := range all {
+		if _, ok := c.listed[s]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // sameObjects says whether a and b hold the same objects, in any order
@@ -304,25 +330,35 @@ func parseDevice(api *resourceapi.Device) *device {
 
 // classMatches says which of the pool's devices a DeviceClass selects,
 // evaluating its CEL selectors once per version of the class and the
-// pool. A selector that does not compile or fails selects nothing here;
-// the allocator reports it to the pod.
-func (p *pool) classMatches(ctx context.Context, celCache *cel.Cache, class *resourceapi.DeviceClass) []bool {
-	key := string(class.UID) + "/" + class.ResourceVersion
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if m, ok := p.matches[key]; ok {
+// pool (key: classKey). A selector that does not compile or fails
+// selects nothing here; the allocator reports it to the pod.
+func (p *pool) classMatches(ctx context.Context, celCache *cel.Cache, class *resourceapi.DeviceClass, key string) []bool {
+	// Nodes are predicted in parallel, and every one but the first of a
+	// version reads.
+	p.mu.RLock()
+	m, ok := p.matches[key]
+	p.mu.RUnlock()
+	if ok {
 		return m
 	}
+	m = make([]bool, len(p.devices))
+	for i, d := range p.devices {
+		m[i] = selects(ctx, celCache, class, d.api)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if len(p.matches) > 64 {
 		// Versions of classes long gone.
 		clear(p.matches)
 	}
-	m := make([]bool, len(p.devices))
-	for i, d := range p.devices {
-		m[i] = selects(ctx, celCache, class, d.api)
-	}
 	p.matches[key] = m
 	return m
+}
+
+// classKey names a version of a DeviceClass, for the pools' caches of
+// what it selects.
+func classKey(class *resourceapi.DeviceClass) string {
+	return string(class.UID) + "/" + class.ResourceVersion
 }
 
 func selects(ctx context.Context, celCache *cel.Cache, class *resourceapi.DeviceClass, api *resourceapi.Device) bool {

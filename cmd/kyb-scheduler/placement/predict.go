@@ -47,8 +47,13 @@ type nodeUse struct {
 	used, capacity []int64
 }
 
-func newNodeUse(p *pool, a *allocated) *nodeUse {
-	u := &nodeUse{inUse: make([]bool, len(p.devices)), seats: make([]int64, len(p.devices)), used: make([]int64, len(p.capacity)), capacity: p.capacity}
+// reset makes u the pool's state before the pod, in u's own buffers.
+func (u *nodeUse) reset(p *pool, a *allocated) {
+	u.inUse = resize(u.inUse, len(p.devices))
+	u.seats = resize(u.seats, len(p.devices))
+	u.used = resize(u.used, len(p.capacity))
+	u.busy = resize(u.busy, 0)
+	u.capacity = p.capacity
 	for i, d := range p.devices {
 		inUse, seats := a.use(d)
 		if !inUse {
@@ -59,12 +64,26 @@ func newNodeUse(p *pool, a *allocated) *nodeUse {
 		u.busy.addAll(d.gpus)
 		u.charge(d)
 	}
-	return u
 }
 
-func (u *nodeUse) clone() *nodeUse {
-	return &nodeUse{inUse: append([]bool(nil), u.inUse...), seats: append([]int64(nil), u.seats...), busy: u.busy.clone(),
-		used: append([]int64(nil), u.used...), capacity: u.capacity}
+// copyFrom makes u a copy of o, in u's own buffers.
+func (u *nodeUse) copyFrom(o *nodeUse) {
+	u.inUse = append(u.inUse[:0], o.inUse...)
+	u.seats = append(u.seats[:0], o.seats...)
+	u.used = append(u.used[:0], o.used...)
+	u.busy = append(u.busy[:0], o.busy...)
+	u.capacity = o.capacity
+}
+
+// resize returns s with n zero elements, reusing its array where it is
+// large enough.
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
 }
 
 // charge adds what d consumes to the counters: once per device, at its
@@ -113,35 +132,54 @@ func (u *nodeUse) take(i int, d *device, seats int64) {
 	}
 }
 
+// scratch is one prediction's working state, reused from node to node
+// and pod to pod: the score predicts every node that fits, for every
+// pod, and a few small buffers per node were most of its cost.
+type scratch struct {
+	use, trial    nodeUse
+	before        gpuSet
+	inUseBefore   []bool
+	picked, taken []int
+}
+
 // predict places reqs on the pool as the allocator would.
-func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, reqs []request) outcome {
+func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, reqs []request, s *scratch) outcome {
 	o := outcome{predicted: true, gpus: p.gpus}
-	use := newNodeUse(p, a)
-	before := use.busy.clone()
-	o.busy = before.count()
-	inUseBefore := append([]bool(nil), use.inUse...)
-	var picked []int
+	use, trial := &s.use, &s.trial
+	use.reset(p, a)
+	s.before = append(s.before[:0], use.busy...)
+	o.busy = s.before.count()
+	s.inUseBefore = append(s.inUseBefore[:0], use.inUse...)
+	s.picked = s.picked[:0]
 	for _, r := range reqs {
 		mine := false
 		placed := false
 		for _, alt := range r.alternatives {
-			matches := p.classMatches(ctx, celCache, alt.class)
-			trial := use.clone()
-			var got []int
-			for n := int64(0); n < alt.count; n++ {
-				i := firstFit(trial, p, matches, alt.seats)
-				if i < 0 {
-					break
-				}
-				trial.take(i, p.devices[i], alt.seats)
-				got = append(got, i)
-			}
+			matches := p.classMatches(ctx, celCache, alt.class, alt.classKey)
 			if anyTrue(matches) {
 				mine = true
 			}
-			if int64(len(got)) == alt.count && len(got) > 0 {
-				use = trial
-				picked = append(picked, got...)
+			// An alternative that falls short is undone whole: its takes
+			// go to a copy. One device needs none, it takes all or nothing.
+			into := use
+			if alt.count > 1 {
+				trial.copyFrom(use)
+				into = trial
+			}
+			s.taken = s.taken[:0]
+			for n := int64(0); n < alt.count; n++ {
+				i := firstFit(into, p, matches, alt.seats)
+				if i < 0 {
+					break
+				}
+				into.take(i, p.devices[i], alt.seats)
+				s.taken = append(s.taken, i)
+			}
+			if int64(len(s.taken)) == alt.count && len(s.taken) > 0 {
+				if into != use {
+					use, trial = trial, use
+				}
+				s.picked = append(s.picked, s.taken...)
 				placed = true
 				break
 			}
@@ -151,19 +189,19 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, re
 		}
 		o.ours = o.ours || mine
 	}
-	o.picks = len(picked)
-	for _, i := range picked {
+	o.picks = len(s.picked)
+	for _, i := range s.picked {
 		// A seat joins where the GPUs already are: a share of a shared
 		// group in use, or a MIG instance on a GPU already partitioned.
-		if d := p.devices[i]; (d.shared && inUseBefore[i]) || (d.partial && before.overlaps(d.gpus)) {
+		if d := p.devices[i]; (d.shared && s.inUseBefore[i]) || (d.partial && s.before.overlaps(d.gpus)) {
 			o.joined++
 		}
 	}
 	for _, big := range p.devices {
-		if !big.exclusive || big.tainted || before.overlaps(big.gpus) {
+		if !big.exclusive || big.tainted || s.before.overlaps(big.gpus) {
 			continue
 		}
-		for _, i := range picked {
+		for _, i := range s.picked {
 			if d := p.devices[i]; big.size > d.size && big.gpus.overlaps(d.gpus) {
 				o.broken++
 				break

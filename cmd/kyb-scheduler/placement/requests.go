@@ -23,6 +23,8 @@ type request struct {
 
 type alternative struct {
 	class *resourceapi.DeviceClass
+	// classKey: classKey(class), once per pod, not per node.
+	classKey string
 	// count devices, each taking seats of a shared group.
 	count int64
 	seats int64
@@ -65,7 +67,7 @@ func podRequests(pod *v1.Pod, dra fwk.SharedDRAManager) []request {
 			continue
 		}
 		if class := resolver.GetDeviceClass(name); class != nil {
-			out = append(out, request{alternatives: []alternative{{class: class, count: q.Value(), seats: 1}}})
+			out = append(out, request{alternatives: []alternative{{class: class, classKey: classKey(class), count: q.Value(), seats: 1}}})
 		}
 	}
 	return out
@@ -120,7 +122,7 @@ func claimRequest(r resourceapi.DeviceRequest, classes fwk.DeviceClassLister) (r
 		if err != nil {
 			return
 		}
-		req.alternatives = append(req.alternatives, alternative{class: class, count: max(count, 1), seats: seatsOf(capacity)})
+		req.alternatives = append(req.alternatives, alternative{class: class, classKey: classKey(class), count: max(count, 1), seats: seatsOf(capacity)})
 	}
 	switch {
 	case r.Exactly != nil:

@@ -34,8 +34,12 @@ func ourAllocations(state *structured.AllocatedState) *allocated {
 // use says whether a device is in use (an ordinary device allocated, a
 // shared one with a share) and how many seats its shares consume.
 func (a *allocated) use(d *device) (inUse bool, seats int64) {
-	if a.state.AllocatedDevices.Has(d.id) {
-		return true, 0
+	// The state keeps an ordinary device's allocation by device, a shared
+	// one's by share (the allocator gives a share ID exactly where the
+	// device allows several): one look-up each where most devices are
+	// free.
+	if !d.shared {
+		return a.state.AllocatedDevices.Has(d.id), 0
 	}
 	if c, ok := a.state.AggregatedCapacity[d.id]; ok {
 		if q := c[seatsCapacity]; q != nil {
@@ -43,7 +47,7 @@ func (a *allocated) use(d *device) (inUse bool, seats int64) {
 		}
 		return true, seats
 	}
-	if !d.shared || d.seatsPublished {
+	if d.seatsPublished {
 		return false, 0
 	}
 	return a.sharedDevices().Has(d.id), 0
