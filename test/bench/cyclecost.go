@@ -113,3 +113,25 @@ func processCycleCosts(ctx context.Context, metrics func(context.Context) ([]byt
 	}
 	return parseCycleCosts(page)
 }
+
+// processCPUSeconds reads process_cpu_seconds_total from a process's
+// metrics page: the CPU it has used, in seconds.
+func processCPUSeconds(ctx context.Context, metrics func(context.Context) ([]byte, error)) (float64, error) {
+	page, err := metrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	cpu, found := 0.0, false
+	err = scanSamples(page, func(name string, _ map[string]string, v float64) {
+		if name == "process_cpu_seconds_total" {
+			cpu, found = v, true
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	if !found {
+		return 0, fmt.Errorf("scheduler metrics: no process_cpu_seconds_total")
+	}
+	return cpu, nil
+}

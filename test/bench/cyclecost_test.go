@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"math"
 	"testing"
 )
@@ -44,5 +45,19 @@ scheduler_scheduling_algorithm_duration_seconds_count 10
 	}
 	if _, err := parseCycleCosts([]byte("scheduler_scheduling_algorithm_duration_seconds_sum nope\n")); err == nil {
 		t.Error("a malformed value was taken")
+	}
+}
+
+func TestProcessCPUSeconds(t *testing.T) {
+	page := func(text string) func(context.Context) ([]byte, error) {
+		return func(context.Context) ([]byte, error) { return []byte(text), nil }
+	}
+	got, err := processCPUSeconds(context.Background(), page("# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"+
+		"# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 12.5\nprocess_open_fds 9\n"))
+	if err != nil || got != 12.5 {
+		t.Errorf("CPU seconds %v (%v), want 12.5", got, err)
+	}
+	if _, err := processCPUSeconds(context.Background(), page("process_open_fds 9\n")); err == nil {
+		t.Error("a page without process_cpu_seconds_total gave a figure")
 	}
 }

@@ -46,6 +46,14 @@ func TestKybSchedStudiesAtSmallSize(t *testing.T) {
 	if c := costs[runOursKybNoScore]; c.attempt <= 0 || c.score != 0 {
 		t.Errorf("kyb-scheduler without the score: times per attempt %+v, want no score time", c)
 	}
+	// Each scheduler process's CPU for the round, from its own metrics:
+	// a scheduler that schedules pods uses some. Stock in-process has none.
+	for i, r := range st.Scenarios[0].Runs {
+		cpu := st.Scenarios[0].CPUPerPod[0][i]
+		if inProcess := i <= runOursStock && opts.KubeScheduler == ""; inProcess != (cpu == 0) || cpu < 0 || cpu > 1 {
+			t.Errorf("%s under %s: %v CPU seconds per pod (in-process: %v)", r.Shape.Name, r.Scheduler.Name, cpu, inProcess)
+		}
+	}
 	var out bytes.Buffer
 	st.Table().Write(&out)
 	// A goal's verdict reads "met" or "NOT met".

@@ -128,12 +128,12 @@ func RunSched(ctx context.Context, c *harness.Cluster, opts SchedOptions) (*Sche
 					profile = fmt.Sprintf("%s-%s.pprof", opts.Profile, []string{"basic", "ours"}[i])
 					st.Profiles[sc.Shapes[i].Name] = profile
 				}
-				rate, tries, err := schedRound(ctx, c, inProcessScheduler(), sc.Shapes[i], fmt.Sprintf("r%d-c%d-s%d", r, si, i), sc.Nodes, sc.Full, sc.Pods[i], profile)
+				res, err := schedRound(ctx, c, inProcessScheduler(), sc.Shapes[i], fmt.Sprintf("r%d-c%d-s%d", r, si, i), sc.Nodes, sc.Full, sc.Pods[i], profile)
 				if err != nil {
 					return nil, fmt.Errorf("round %d, %d nodes, %s, %s: %w", r, sc.Nodes, sc.Name, sc.Shapes[i].Name, err)
 				}
-				rates[i] = rate
-				attempts[i] = tries / float64(sc.Pods[i])
+				rates[i] = res.rate
+				attempts[i] = res.attempts / float64(sc.Pods[i])
 			}
 			sc.PodsPerSecond = append(sc.PodsPerSecond, rates)
 			sc.Attempts = append(sc.Attempts, attempts)
@@ -153,6 +153,17 @@ type schedTarget struct {
 	// costs, for a scheduler process, reads its times per cycle; nil for
 	// the in-process scheduler.
 	costs func(ctx context.Context) (cycleCosts, error)
+	// cpu, for a scheduler process, reads the CPU seconds it has used
+	// (process_cpu_seconds_total); nil for the in-process scheduler, which
+	// shares its process with the API server.
+	cpu func(ctx context.Context) (float64, error)
+}
+
+// roundResult is what one round measured: pods/s, scheduling attempts,
+// and the scheduler process's CPU seconds from the release to the last
+// binding's attempt (0 in-process).
+type roundResult struct {
+	rate, attempts, cpu float64
 }
 
 // inProcessScheduler is the cluster's default scheduler, the stock
@@ -175,41 +186,45 @@ func total(byResult map[string]float64) float64 {
 // scheduler sched, releases them and returns the steady-state pods/s
 // (from the tenth of them scheduled to the last) and the scheduler's
 // attempts after the release: more attempts than pods are pods retried.
-func schedRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Shape, id string, n, full, pods int, profile string) (float64, float64, error) {
+func schedRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Shape, id string, n, full, pods int, profile string) (roundResult, error) {
 	ns := "sched-" + id
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		return 0, 0, err
+		return roundResult{}, err
 	}
 	nodes := make([]string, n)
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("%s-node-%03d", id, i)
 	}
 	if err := parallel(ctx, len(nodes), func(i int) error { return createNode(ctx, c.Client, nodes[i], s) }); err != nil {
-		return 0, 0, err
+		return roundResult{}, err
 	}
 	defer removeRound(context.WithoutCancel(ctx), c.Client, ns, nodes)
 	if err := fillNodes(ctx, c.Client, s, ns, nodes[:full]); err != nil {
-		return 0, 0, err
+		return roundResult{}, err
 	}
 
 	scheduled, stop, err := watchScheduled(c.Client, ns, pods)
 	if err != nil {
-		return 0, 0, err
+		return roundResult{}, err
 	}
 	defer stop()
 
 	before, err := createUnschedulable(ctx, c, sched, s, ns, id, pods)
 	if err != nil {
-		return 0, 0, err
+		return roundResult{}, err
+	}
+	cpuBefore, err := processCPU(ctx, sched)
+	if err != nil {
+		return roundResult{}, err
 	}
 	if profile != "" {
 		f, err := os.Create(profile)
 		if err != nil {
-			return 0, 0, err
+			return roundResult{}, err
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			return 0, 0, fmt.Errorf("profile the scheduler: %w", err)
+			return roundResult{}, fmt.Errorf("profile the scheduler: %w", err)
 		}
 		defer pprof.StopCPUProfile()
 	}
@@ -218,7 +233,7 @@ func schedRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Sh
 		_, err := c.Client.CoreV1().Nodes().Patch(ctx, nodes[i], types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
 	}); err != nil {
-		return 0, 0, err
+		return roundResult{}, err
 	}
 	var times []time.Time
 	timeout := time.After(time.Duration(pods)*100*time.Millisecond + time.Minute)
@@ -227,17 +242,34 @@ func schedRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Sh
 		case t := <-scheduled:
 			times = append(times, t)
 		case <-timeout:
-			return 0, 0, fmt.Errorf("only %d of %d pods were scheduled", len(times), pods)
+			return roundResult{}, fmt.Errorf("only %d of %d pods were scheduled", len(times), pods)
 		case <-ctx.Done():
-			return 0, 0, ctx.Err()
+			return roundResult{}, ctx.Err()
 		}
 	}
 	after, err := sched.attempts(ctx)
 	if err != nil {
-		return 0, 0, err
+		return roundResult{}, err
+	}
+	cpuAfter, err := processCPU(ctx, sched)
+	if err != nil {
+		return roundResult{}, err
 	}
 	first := len(times) / 10
-	return float64(len(times)-1-first) / times[len(times)-1].Sub(times[first]).Seconds(), total(after) - total(before), nil
+	return roundResult{
+		rate:     float64(len(times)-1-first) / times[len(times)-1].Sub(times[first]).Seconds(),
+		attempts: total(after) - total(before),
+		cpu:      cpuAfter - cpuBefore,
+	}, nil
+}
+
+// processCPU is the CPU seconds a scheduler process has used so far, 0
+// for the in-process scheduler.
+func processCPU(ctx context.Context, sched schedTarget) (float64, error) {
+	if sched.cpu == nil {
+		return 0, nil
+	}
+	return sched.cpu(ctx)
 }
 
 // createUnschedulable creates pods pods of round id with a claim each
