@@ -119,6 +119,13 @@ func (c *Cluster) Allocator(ctx context.Context) (structured.Allocator, error) {
 	return structured.NewAllocator(ctx, c.Features, c.state, classLister(c.classes), c.slices, c.cel)
 }
 
+// AllocatorOrdered is Allocator over the slices order makes of the
+// cluster's, given the state: as kyb-scheduler's DynamicResources plugin
+// builds its allocator where a plugin left it a device order.
+func (c *Cluster) AllocatorOrdered(ctx context.Context, order func(*structured.AllocatedState, []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice) (structured.Allocator, error) {
+	return structured.NewAllocator(ctx, c.Features, c.state, classLister(c.classes), order(&c.state, c.slices), c.cel)
+}
+
 // Allocate tries to allocate claim on node. It returns nil when the claim
 // does not fit there; a fitting allocation is recorded in the state.
 func (c *Cluster) Allocate(ctx context.Context, claim *resourceapi.ResourceClaim, node string) (*resourceapi.AllocationResult, error) {

@@ -133,6 +133,7 @@ func TestKybScheduler(t *testing.T) {
 		createTemplate(t, c, "seat-1x-gpu"+gpu, class1x, selector(`device.attributes["gpu.kyb.ai"].gpuIndices == "`+gpu+`"`))
 	}
 	createTemplate(t, c, "seat-2x-gpu01", class2x, selector(`device.attributes["gpu.kyb.ai"].gpuIndices == "0,1"`))
+	createTemplate(t, c, "seat-2x-gpu45", class2x, selector(`device.attributes["gpu.kyb.ai"].gpuIndices == "4,5"`))
 	defer func() {
 		if t.Failed() {
 			t.Logf("kyb-scheduler's log, last lines:\n%s", c.KybScheduler.Tail(60))
@@ -165,17 +166,17 @@ func TestKybScheduler(t *testing.T) {
 		}
 	})
 
-	// node-a holds 1x seats on GPUs 0 and 2: its next 1x seat (GPU 1)
-	// breaks no idle larger group. node-b holds a 2x seat on GPUs 0-1 and
-	// a 1x seat on GPU 4: fuller (pack's choice), but its next seat
-	// (GPU 2) breaks the idle pair 2-3. node-c is idle: a seat there
+	// node-a holds 1x seats on GPUs 0 and 2: its next 1x seat (GPU 1 or
+	// 3) breaks no idle larger group. node-b holds 2x seats on GPUs 0-1
+	// and 4-5: fuller (pack's choice), but a seat on any of its free GPUs
+	// breaks an idle pair (2-3 or 6-7). node-c is idle: a seat there
 	// breaks a pair and a four-GPU group.
 	t.Run("topology keeps larger groups whole", func(t *testing.T) {
 		defer clearPods(t, c)
 		runningOn(t, c, "a-gpu0", seatFrom("seat-1x-gpu0"), onNode("node-a"))
 		runningOn(t, c, "a-gpu2", seatFrom("seat-1x-gpu2"), onNode("node-a"))
 		runningOn(t, c, "b-gpu01", seatFrom("seat-2x-gpu01"), onNode("node-b"))
-		runningOn(t, c, "b-gpu4", seatFrom("seat-1x-gpu4"), onNode("node-b"))
+		runningOn(t, c, "b-gpu45", seatFrom("seat-2x-gpu45"), onNode("node-b"))
 		if got := runningOn(t, c, "packed", seatFrom("seat-1x"), placement("pack")); got != "node-b" {
 			t.Errorf("pack chose %s, want node-b (the fullest)", got)
 		}
@@ -184,6 +185,34 @@ func TestKybScheduler(t *testing.T) {
 			t.Errorf("topology chose %s, want node-a (breaks no idle pair or four-GPU group)", got)
 		}
 		logPods(t, c, "topology after pack")
+	})
+
+	// node-a holds a 1x seat on GPU 2. The published order's first free
+	// 1x group is GPU 0's, which breaks the idle pair 0-1; kyb-scheduler
+	// hands its allocator the pod's device order and the seat goes to
+	// GPU 3, whose pair and four-GPU group GPU 2 already broke. The
+	// default scheduler, stock, takes GPU 0.
+	t.Run("the group within the node", func(t *testing.T) {
+		defer clearPods(t, c)
+		runningOn(t, c, "a-gpu2", seatFrom("seat-1x-gpu2"), onNode("node-a"))
+		device := func(name string) string {
+			pod, _, _ := c.WaitForPodRunning(t, "default", name, timeout)
+			got := c.Allocation("default", harness.PodClaim(pod, "gpu"))
+			if len(got) != 1 {
+				t.Fatalf("%s's claim holds %v, want one device", name, got)
+			}
+			return got[0]
+		}
+		runningOn(t, c, "ordered", seatFrom("seat-1x"), onNode("node-a"))
+		if got := device("ordered"); got != "node-a/g3-1x" {
+			t.Errorf("kyb-scheduler gave the seat %s, want node-a/g3-1x (beside the busy GPU 2)", got)
+		}
+		c.DeletePod(t, "default", "ordered")
+		kybPod(t, c, "stock", seatFrom("seat-1x"), onNode("node-a"), func(p *v1.Pod) { p.Spec.SchedulerName = "" })
+		if got := device("stock"); got != "node-a/g0-1x" {
+			t.Errorf("the default scheduler gave the seat %s, want node-a/g0-1x (the published order's first)", got)
+		}
+		logPods(t, c, "a 1x seat on GPU 2, then one under kyb-scheduler and one under the default scheduler")
 	})
 
 	t.Run("an extended-resource pod is scored the same", func(t *testing.T) {

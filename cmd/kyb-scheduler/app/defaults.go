@@ -32,7 +32,8 @@ const PlacementWeight = 5
 // DefaultProfile is the profile kyb-scheduler runs where the
 // configuration names none (no --config, or a file without profiles):
 // kube-scheduler's default plugins, the placement score at
-// PlacementWeight with the pack policy, and NodeResourcesFit scoring
+// PlacementWeight with the pack policy (its PreFilter before the others'),
+// and NodeResourcesFit scoring
 // MostAllocated. Its default, LeastAllocated, spreads pods by CPU and
 // memory, counting a pod without requests at 100m and 200Mi: on nodes
 // alike it would send consecutive seat pods to different nodes, the
@@ -42,9 +43,15 @@ func DefaultProfile() configv1.KubeSchedulerProfile {
 	args := fmt.Appendf(nil, `{"defaultPolicy":%q}`, placement.Pack)
 	return configv1.KubeSchedulerProfile{
 		SchedulerName: ptr.To(SchedulerName),
-		Plugins: &configv1.Plugins{MultiPoint: configv1.PluginSet{Enabled: []configv1.Plugin{
-			{Name: placement.Name, Weight: ptr.To[int32](PlacementWeight)},
-		}}},
+		Plugins: &configv1.Plugins{
+			MultiPoint: configv1.PluginSet{Enabled: []configv1.Plugin{
+				{Name: placement.Name, Weight: ptr.To[int32](PlacementWeight)},
+			}},
+			// Named at PreFilter too, so that its PreFilter runs first: it
+			// leaves the device order the DynamicResources plugin's
+			// PreFilter hands the allocator (placement/order.go).
+			PreFilter: configv1.PluginSet{Enabled: []configv1.Plugin{{Name: placement.Name}}},
+		},
 		PluginConfig: []configv1.PluginConfig{
 			{Name: names.NodeResourcesFit, Args: runtime.RawExtension{Object: &configv1.NodeResourcesFitArgs{
 				ScoringStrategy: &configv1.ScoringStrategy{Type: configv1.MostAllocated},

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/deviceclass/extendedresourcecache"
+	"k8s.io/dynamic-resource-allocation/structured"
 	resourceslicetracker "k8s.io/dynamic-resource-allocation/resourceslice/tracker"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
@@ -224,6 +225,12 @@ func (f *fixture) feasible(claim *resourceapi.ResourceClaim) []string {
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	return f.feasibleWith(a, claim)
+}
+
+// feasibleWith is feasible with the cycle's allocator.
+func (f *fixture) feasibleWith(a structured.Allocator, claim *resourceapi.ResourceClaim) []string {
+	f.t.Helper()
 	var out []string
 	for _, n := range f.nodes {
 		r, err := f.sim.Try(f.ctx, a, claim, n)
@@ -307,22 +314,54 @@ func best(nodes []string, scores map[string]int64, turn int) string {
 // (after PreBind), as written says.
 func (f *fixture) schedule(pod *v1.Pod, claim *resourceapi.ResourceClaim, written bool) string {
 	f.t.Helper()
-	nodes := f.feasible(claim)
+	state := framework.NewCycleState()
+	a := f.cycleAllocator(state, pod)
+	nodes := f.feasibleWith(a, claim)
 	if len(nodes) == 0 {
 		f.t.Fatalf("%s fits nowhere", pod.Name)
 	}
-	scores, st := f.scores(pod, nodes)
+	scores, st := f.scoresIn(state, pod, nodes)
 	if scores == nil {
 		f.t.Fatalf("PreScore %s: %v", pod.Name, st)
 	}
 	node := best(nodes, scores, f.n)
-	f.allocate(claim, node, written)
+	f.allocateWith(a, claim, node, written)
 	return node
+}
+
+// cycleAllocator runs the plugin's PreFilter and returns the allocator
+// kyb-scheduler's DynamicResources PreFilter builds after it: over the
+// slices in the device order the plugin left, if it left one.
+func (f *fixture) cycleAllocator(state fwk.CycleState, pod *v1.Pod) structured.Allocator {
+	f.t.Helper()
+	if _, st := f.plugin.PreFilter(f.ctx, state, pod, nil); !st.IsSuccess() && !st.IsSkip() {
+		f.t.Fatalf("PreFilter %s: %v", pod.Name, st)
+	}
+	a, err := f.sim.AllocatorOrdered(f.ctx, func(s *structured.AllocatedState, all []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
+		d, err := state.Read(dynamicresources.DeviceOrderKey)
+		if err != nil {
+			return all
+		}
+		return d.(dynamicresources.DeviceOrder).OrderDevices(f.ctx, s, all)
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return a
 }
 
 func (f *fixture) allocate(claim *resourceapi.ResourceClaim, node string, written bool) *resourceapi.AllocationResult {
 	f.t.Helper()
-	r, err := f.sim.Allocate(f.ctx, claim, node)
+	a, err := f.sim.Allocator(f.ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return f.allocateWith(a, claim, node, written)
+}
+
+func (f *fixture) allocateWith(a structured.Allocator, claim *resourceapi.ResourceClaim, node string, written bool) *resourceapi.AllocationResult {
+	f.t.Helper()
+	r, err := f.sim.AllocateWith(f.ctx, a, claim, node)
 	if err != nil || r == nil {
 		f.t.Fatalf("allocate %s on %s: %v", claim.Name, node, err)
 	}

@@ -62,9 +62,13 @@ type Plugin struct {
 	parallel fwk.Parallelizer
 	// scratch holds *scratch, one per node predicted at a time.
 	scratch sync.Pool
+	// unordered says once that the profile runs the DynamicResources
+	// PreFilter before ours.
+	unordered sync.Once
 }
 
 var (
+	_ fwk.PreFilterPlugin = &Plugin{}
 	_ fwk.PreScorePlugin  = &Plugin{}
 	_ fwk.ScorePlugin     = &Plugin{}
 	_ fwk.ScoreExtensions = &Plugin{}
@@ -95,6 +99,65 @@ func NewWithManager(args Args, dra fwk.SharedDRAManager) *Plugin {
 
 // Name returns the plugin's name.
 func (pl *Plugin) Name() string { return Name }
+
+// PreFilter leaves the pod's device order for the DynamicResources
+// plugin's PreFilter, which runs after it where the profile enables
+// KybPlacement at PreFilter explicitly (kyb-scheduler's built-in profile
+// does): order.go. Pods that ask for none of our devices skip it.
+func (pl *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	if !needsDevices(pod, pl.dra) {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	reqs := podRequests(pod, pl.dra)
+	if len(reqs) == 0 {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	policy, err := pl.args.podPolicy(pod.Annotations, classNames(reqs))
+	if err != nil {
+		// PreScore reports it; the allocator keeps the published order.
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	state.Write(dynamicresources.DeviceOrderKey, &deviceOrder{pl: pl, policy: policy})
+	klog.FromContext(ctx).V(5).Info("Device order left for the allocator", "pod", klog.KObj(pod), "policy", policy)
+	return nil, nil
+}
+
+// PreFilterExtensions: none, the order adds no node filter.
+func (pl *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+// orderApplied says whether the cycle's allocator tries devices in the
+// pod's device order (and so the score predicts in that order).
+func orderApplied(state fwk.CycleState) bool {
+	o := cycleOrder(state)
+	return o != nil && o.applied.Load() && o.policy != Spread
+}
+
+func cycleOrder(state fwk.CycleState) *deviceOrder {
+	d, err := state.Read(dynamicresources.DeviceOrderKey)
+	if err != nil {
+		return nil
+	}
+	o, _ := d.(*deviceOrder)
+	return o
+}
+
+// checkOrdered says, once, where the DynamicResources plugin's PreFilter
+// ran before ours and so took no device order: a configuration of its
+// own that enables KybPlacement without naming it at PreFilter.
+func (pl *Plugin) checkOrdered(logger klog.Logger, state fwk.CycleState) {
+	if o := cycleOrder(state); o != nil && o.policy != Spread && !o.applied.Load() {
+		pl.unordered.Do(func() {
+			logger.Info("The DynamicResources plugin's PreFilter ran before KybPlacement's: within a node the allocator takes devices in the published order, not the policy's. Enable KybPlacement under plugins.preFilter in the profile (docs/kyb-scheduler.md)", "policy", o.policy)
+		})
+	}
+}
+
+func (pl *Plugin) getScratch() *scratch {
+	if s, ok := pl.scratch.Get().(*scratch); ok {
+		return s
+	}
+	return &scratch{}
+}
 
 // scores are a pod's keys by node name, kept from PreScore for Score.
 type scores struct {
@@ -130,6 +193,8 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return fwk.AsStatus(err)
 	}
 	alloc := ourAllocations(state0)
+	pl.checkOrdered(logger, state)
+	ordered := orderApplied(state)
 	keys := make([]int64, len(nodes))
 	mine := make([]bool, len(nodes))
 	predictNode := func(i int) {
@@ -138,11 +203,8 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		if !ok {
 			return
 		}
-		s, _ := pl.scratch.Get().(*scratch)
-		if s == nil {
-			s = &scratch{}
-		}
-		o := predict(ctx, pl.cel, p, alloc, reqs, s)
+		s := pl.getScratch()
+		o := predict(ctx, pl.cel, p, alloc, reqs, ordered, s)
 		pl.scratch.Put(s)
 		mine[i], keys[i] = o.ours, o.key(policy)
 		if loggerV := logger.V(5); loggerV.Enabled() {

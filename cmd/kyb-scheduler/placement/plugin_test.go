@@ -91,12 +91,15 @@ func TestTopologyKeepsLargerGroupsWhole(t *testing.T) {
 				_, claim := f.seatPod(class, 1, schedulertest.WithSelector(`device.attributes["gpu.kyb.ai"].gpuIndices == "`+gpus+`"`))
 				f.allocate(claim, node, true)
 			}
+			// node-a: its next 1x seat (GPU 1 or 3) breaks nothing idle.
+			// node-b, fuller: any free GPU's seat breaks an idle pair.
 			onGPU("node-a", class1x, "0")
 			onGPU("node-a", class1x, "2")
 			onGPU("node-b", class2x, "0,1")
-			onGPU("node-b", class1x, "4")
+			onGPU("node-b", class2x, "4,5")
 			pod, claim := f.seatPod(class1x, 1)
-			scores, st := f.scores(pod, f.feasible(claim))
+			state := framework.NewCycleState()
+			scores, st := f.scoresIn(state, pod, f.feasibleWith(f.cycleAllocator(state, pod), claim))
 			if st != nil {
 				t.Fatal(st)
 			}
@@ -291,10 +294,10 @@ profiles:
 // whole-GPU group holds, where it would partition a GPU more.
 func TestPackPutsMIGSeatsOnPartitionedGPUs(t *testing.T) {
 	f := newFixture(t, Args{DefaultPolicy: Pack}, nodeSpec{"node-a", "dgx-h100", migAndWhole}, nodeSpec{"node-b", "dgx-h100", migAndWhole})
+	// The resolver learns the classes from the informer, one after the
+	// other: the fixture waits for the first.
+	f.waitFor("the MIG class", func() bool { return f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb") != nil })
 	migClass := f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb")
-	if migClass == nil {
-		t.Fatal("no DeviceClass serves kyb.ai/mig-1g.10gb")
-	}
 	_, seat := f.seatPod(migClass.Name, 1)
 	if r := f.allocate(seat, "node-a", true); !strings.HasPrefix(r.Devices.Results[0].Device, "g0-mig-1g-10gb-") {
 		t.Fatalf("the first MIG seat took %s, want an instance on GPU 0", r.Devices.Results[0].Device)

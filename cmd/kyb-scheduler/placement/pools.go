@@ -132,6 +132,38 @@ type pool struct {
 
 	mu      sync.RWMutex
 	matches map[string][]bool
+
+	// spans: where each slice's devices are in devices, for the device
+	// order, which reorders within a slice only.
+	spans []span
+	// identity is the published order, 0..len(devices).
+	identity []int
+	orderMu  sync.Mutex
+	// last is the device order for the allocations last seen.
+	last *ordered
+}
+
+// span is one slice's devices, devices[start:end].
+type span struct {
+	slice      *resourceapi.ResourceSlice
+	start, end int
+}
+
+// published is the pool's devices in the order the slices publish them.
+func (p *pool) published() []int { return p.identity }
+
+// orderFor is the device order under use: the one computed for the
+// cycle's allocator where the allocations are those (every node the
+// allocator ordered), else computed into s.
+func (p *pool) orderFor(use *nodeUse, s *scratch) []int {
+	p.orderMu.Lock()
+	o := p.last
+	p.orderMu.Unlock()
+	if o != nil && slices.Equal(o.inUse, use.inUse) && slices.Equal(o.seats, use.seats) {
+		return o.order
+	}
+	s.order = p.preferred(use, s.order[:0])
+	return s.order
 }
 
 // consumption is an amount of one of the pool's counters.
@@ -258,13 +290,17 @@ func parsePool(node string, ss []*resourceapi.ResourceSlice) *pool {
 		}
 	}
 	for _, s := range ss {
+		sp := span{slice: s, start: len(p.devices)}
 		for i := range s.Spec.Devices {
 			d := parseDevice(&s.Spec.Devices[i])
 			d.id = structured.MakeDeviceID(driver.Name, s.Spec.Pool.Name, d.name)
 			p.consumption(d, index)
+			p.identity = append(p.identity, len(p.devices))
 			p.devices = append(p.devices, d)
 			p.gpus = max(p.gpus, d.gpus.bound())
 		}
+		sp.end = len(p.devices)
+		p.spans = append(p.spans, sp)
 	}
 	p.gpus = max(p.gpus, counters)
 	return p

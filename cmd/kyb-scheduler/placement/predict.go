@@ -140,13 +140,19 @@ type scratch struct {
 	before        gpuSet
 	inUseBefore   []bool
 	picked, taken []int
+	order         []int
 }
 
-// predict places reqs on the pool as the allocator would.
-func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, reqs []request, s *scratch) outcome {
+// predict places reqs on the pool as the allocator would: in the pool's
+// device order (order.go) where ordered, else in the published order.
+func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, reqs []request, ordered bool, s *scratch) outcome {
 	o := outcome{predicted: true, gpus: p.gpus}
 	use, trial := &s.use, &s.trial
 	use.reset(p, a)
+	order := p.published()
+	if ordered {
+		order = p.orderFor(use, s)
+	}
 	s.before = append(s.before[:0], use.busy...)
 	o.busy = s.before.count()
 	s.inUseBefore = append(s.inUseBefore[:0], use.inUse...)
@@ -168,7 +174,7 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, re
 			}
 			s.taken = s.taken[:0]
 			for n := int64(0); n < alt.count; n++ {
-				i := firstFit(into, p, matches, alt.seats)
+				i := firstFit(into, p, order, matches, alt.seats)
 				if i < 0 {
 					break
 				}
@@ -211,11 +217,11 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, re
 	return o
 }
 
-// firstFit is the first device in the pool's order that the class selects
-// and that has room, -1 if none.
-func firstFit(u *nodeUse, p *pool, matches []bool, seats int64) int {
-	for i, d := range p.devices {
-		if matches[i] && u.fits(i, d, seats) {
+// firstFit is the first device in order that the class selects and that
+// has room, -1 if none.
+func firstFit(u *nodeUse, p *pool, order []int, matches []bool, seats int64) int {
+	for _, i := range order {
+		if matches[i] && u.fits(i, p.devices[i], seats) {
 			return i
 		}
 	}
@@ -232,11 +238,13 @@ func anyTrue(b []bool) bool {
 }
 
 // Keys order the nodes under a policy, larger first; NormalizeScore maps
-// them onto 0..100. Each part is in per mille, so that a later part only
-// tells apart nodes the earlier ones find equal.
+// them onto 0..100. Each part is in per mille (broken groups: a count up
+// to maxBroken), so that a later part only tells apart nodes the earlier
+// ones find equal.
 const (
 	permilleSpan = 1001
-	packSpan     = permilleSpan * permilleSpan
+	brokenSpan   = permilleSpan * permilleSpan
+	packSpan     = permilleSpan * brokenSpan
 	maxBroken    = 999
 )
 
@@ -247,21 +255,26 @@ func permille(n, of int) int64 {
 	return int64(min(n, of)) * 1000 / int64(of)
 }
 
+// key: pack ranks the fullest node first, then, among nodes as full, the
+// one where the pod breaks the fewest idle larger groups (topology as its
+// tie-break), then the one where it joins the most GPUs in use; topology
+// ranks by broken groups first, then as pack; spread prefers the emptiest
+// node, then the one it joins least.
 func (o outcome) key(policy Policy) int64 {
 	if !o.ours {
 		return 0
 	}
 	fill := permille(o.busy, o.gpus)
 	join := permille(o.joined, o.picks)
-	pack := fill*permilleSpan + join
+	broken := int64(min(o.broken, maxBroken))
+	if !o.predicted {
+		broken = maxBroken
+	}
+	pack := fill*brokenSpan + (maxBroken-broken)*permilleSpan + join
 	switch policy {
 	case Spread:
 		return (1000-fill)*permilleSpan + (1000 - join)
 	case Topology:
-		broken := int64(min(o.broken, maxBroken))
-		if !o.predicted {
-			broken = maxBroken
-		}
 		return (maxBroken-broken)*packSpan + pack
 	default:
 		return pack

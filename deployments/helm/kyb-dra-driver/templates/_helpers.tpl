@@ -423,6 +423,11 @@ profiles:
         enabled:
           - name: KybPlacement
             weight: {{ int .Values.scheduler.weight }}
+      # Its PreFilter first: it leaves the order in which the
+      # DynamicResources plugin's allocator tries a node's devices.
+      preFilter:
+        enabled:
+          - name: KybPlacement
     pluginConfig:
       - name: KybPlacement
         args:
