@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"k8s.io/component-base/cli"
+	"k8s.io/component-base/metrics/legacyregistry"
 	// What kube-scheduler's main registers: the JSON log format
 	// (--logging-format=json), client-go's metrics (leader election, REST
 	// client, workqueue) and the build's version metric.
@@ -16,10 +17,14 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"
 
 	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-scheduler/app"
+	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-scheduler/placement"
 )
 
 func main() {
-	cmd, err := app.NewCommand()
+	// kube-scheduler serves the legacy registry on /metrics.
+	m := placement.NewMetrics()
+	legacyregistry.MustRegister(m.Collectors()...)
+	cmd, err := app.NewCommand(m)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kyb-scheduler: %v\n", err)
 		os.Exit(1)

@@ -13,15 +13,17 @@ import (
 // in seconds, read from its metrics at the end of a round: the
 // scheduling algorithm (a pod's filtering and scoring, one cycle after
 // another; scheduler_scheduling_attempt_duration_seconds would add the
-// binding, which runs beside the next cycles), the placement score's own
-// work (PreScore, Score on
-// each node, NormalizeScore), and the DynamicResources plugin's
-// (PreFilter, Filter on each node). The framework times plugins in a
-// sample of the cycles (scheduler_plugin_execution_duration_seconds), so
-// a plugin's time per cycle is its sampled sum over its sampled cycles.
+// binding, which runs beside the next cycles), and the placement score's
+// own work (kyb_placement_duration_seconds: its PreFilter, the device
+// order it hands the DynamicResources plugin, its PreScore), both
+// recorded in every cycle. The framework's
+// scheduler_plugin_execution_duration_seconds is not used: it times a
+// tenth of the cycles and drops observations while its buffer (1,000 a
+// second) is full, which Filter alone, one observation per plugin and
+// node, fills on a few hundred nodes.
 type cycleCosts struct {
-	attempt, score, dra float64
-	// scoreCycles are the cycles the score was timed in.
+	attempt, score float64
+	// scoreCycles are the cycles the score's PreScore ran in.
 	scoreCycles float64
 }
 
@@ -73,36 +75,25 @@ func scanSamples(page []byte, sample func(name string, labels map[string]string,
 
 // parseCycleCosts reads cycleCosts from a scheduler's metrics page.
 func parseCycleCosts(page []byte) (cycleCosts, error) {
-	type key struct{ name, point, plugin string }
-	sums := map[key]float64{}
+	var algorithmSum, algorithmCount, scoreSum, preScores float64
 	err := scanSamples(page, func(name string, labels map[string]string, v float64) {
-		if strings.HasPrefix(name, "scheduler_plugin_execution_duration_seconds_") || strings.HasPrefix(name, "scheduler_scheduling_algorithm_duration_seconds_") {
-			sums[key{name, labels["extension_point"], labels["plugin"]}] += v
+		switch name {
+		case "scheduler_scheduling_algorithm_duration_seconds_sum":
+			algorithmSum += v
+		case "scheduler_scheduling_algorithm_duration_seconds_count":
+			algorithmCount += v
+		case "kyb_placement_duration_seconds_sum":
+			scoreSum += v
+		case "kyb_placement_duration_seconds_count":
+			if labels["step"] == "PreScore" {
+				preScores += v
+			}
 		}
 	})
-	if err != nil {
+	if err != nil || algorithmCount == 0 {
 		return cycleCosts{}, err
 	}
-	const plugin = "scheduler_plugin_execution_duration_seconds"
-	perCycle := func(name, first string, points ...string) float64 {
-		cycles := sums[key{plugin + "_count", first, name}]
-		if cycles == 0 {
-			return 0
-		}
-		total := 0.0
-		for _, p := range append([]string{first}, points...) {
-			total += sums[key{plugin + "_sum", p, name}]
-		}
-		return total / cycles
-	}
-	var c cycleCosts
-	if n := sums[key{name: "scheduler_scheduling_algorithm_duration_seconds_count"}]; n > 0 {
-		c.attempt = sums[key{name: "scheduler_scheduling_algorithm_duration_seconds_sum"}] / n
-	}
-	c.score = perCycle("KybPlacement", "PreScore", "Score", "ScoreExtensionNormalize")
-	c.scoreCycles = sums[key{plugin + "_count", "PreScore", "KybPlacement"}]
-	c.dra = perCycle("DynamicResources", "PreFilter", "Filter")
-	return c, nil
+	return cycleCosts{attempt: algorithmSum / algorithmCount, score: scoreSum / algorithmCount, scoreCycles: preScores}, nil
 }
 
 // processCycleCosts reads a scheduler process's cycleCosts.

@@ -39,16 +39,17 @@ var DefaultGates = map[featuregate.Feature]bool{
 
 // NewCommand returns kyb-scheduler's command. It changes two process-wide
 // defaults, as a component's main does: the feature gates' (DefaultGates)
-// and the scheduler configuration's (RegisterDefaults). Call it once,
-// before the command parses its flags.
-func NewCommand() (*cobra.Command, error) {
+// and the scheduler configuration's (RegisterDefaults). Its score records
+// its cost in m (main registers it where kube-scheduler serves /metrics).
+// Call it once, before the command parses its flags.
+func NewCommand(m *placement.Metrics) (*cobra.Command, error) {
 	for name, on := range DefaultGates {
 		if err := utilfeature.DefaultMutableFeatureGate.OverrideDefault(name, on); err != nil {
 			return nil, fmt.Errorf("default feature gate %s=%t: %w", name, on, err)
 		}
 	}
 	RegisterDefaults(scheme.Scheme)
-	cmd := schedulerapp.NewSchedulerCommand(schedulerapp.WithPlugin(placement.Name, placement.New))
+	cmd := schedulerapp.NewSchedulerCommand(schedulerapp.WithPlugin(placement.Name, placement.Factory(m)))
 	cmd.Use = "kyb-scheduler"
 	// The command line's feature gates are set in PersistentPreRunE;
 	// gang scheduling then follows what the API server serves, checked

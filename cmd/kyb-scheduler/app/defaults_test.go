@@ -141,7 +141,7 @@ func profileNames(cfg *config.KubeSchedulerConfiguration) []string {
 // turns it off. (The only test that builds the command: building it
 // twice in one process would change the gates' defaults twice.)
 func TestCommandGates(t *testing.T) {
-	cmd, err := NewCommand()
+	cmd, err := NewCommand(placement.NewMetrics())
 	if err != nil {
 		t.Fatal(err)
 	}

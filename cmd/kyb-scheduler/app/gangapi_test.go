@@ -17,6 +17,8 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	schedulerapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"k8s.io/kubernetes/pkg/features"
+
+	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-scheduler/placement"
 )
 
 // --feature-gates=GenericWorkload=true names the gate: the check must
@@ -95,7 +97,7 @@ func TestAnAPIServerThatIsStartingIsAskedAgain(t *testing.T) {
 // its requests.
 func TestOfflineCommandsAskNoAPIServer(t *testing.T) {
 	if args := os.Getenv("KYB_SCHEDULER_CHILD_ARGS"); args != "" {
-		cmd, err := NewCommand()
+		cmd, err := NewCommand(placement.NewMetrics())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/structured"
@@ -56,6 +57,7 @@ func (o *deviceOrder) Clone() fwk.StateData { return o }
 // OrderDevices returns all with the slices of our nodes whose order
 // changes replaced by reordered copies.
 func (o *deviceOrder) OrderDevices(ctx context.Context, state *structured.AllocatedState, all []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
+	defer o.pl.metrics.since(stepDeviceOrder, time.Now())
 	o.applied.Store(true)
 	if o.policy == Spread || state == nil {
 		return all

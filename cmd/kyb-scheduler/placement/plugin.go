@@ -31,6 +31,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -39,6 +40,7 @@ import (
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 )
 
 // Name is the plugin's name in the scheduler's configuration.
@@ -65,6 +67,8 @@ type Plugin struct {
 	// unordered says once that the profile runs the DynamicResources
 	// PreFilter before ours.
 	unordered sync.Once
+	// metrics: nil records nothing.
+	metrics *Metrics
 }
 
 var (
@@ -75,19 +79,23 @@ var (
 	_ fwk.SignPlugin      = &Plugin{}
 )
 
-// New is the plugin's factory, for app.WithPlugin.
-func New(_ context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
-	args, err := DecodeArgs(obj)
-	if err != nil {
-		return nil, err
+// Factory returns the plugin's factory, for app.WithPlugin: every
+// profile's plugin records its cost in m.
+func Factory(m *Metrics) frameworkruntime.PluginFactory {
+	return func(_ context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
+		args, err := DecodeArgs(obj)
+		if err != nil {
+			return nil, err
+		}
+		dra := fh.SharedDRAManager()
+		if dra == nil {
+			return nil, fmt.Errorf("%s needs the scheduler's DRA manager: is the DynamicResourceAllocation feature gate off?", Name)
+		}
+		pl := NewWithManager(args, dra)
+		pl.parallel = fh.Parallelizer()
+		pl.metrics = m
+		return pl, nil
 	}
-	dra := fh.SharedDRAManager()
-	if dra == nil {
-		return nil, fmt.Errorf("%s needs the scheduler's DRA manager: is the DynamicResourceAllocation feature gate off?", Name)
-	}
-	pl := NewWithManager(args, dra)
-	pl.parallel = fh.Parallelizer()
-	return pl, nil
 }
 
 // NewWithManager returns the plugin over a DRA manager: the scheduler's
@@ -105,6 +113,7 @@ func (pl *Plugin) Name() string { return Name }
 // KybPlacement at PreFilter explicitly (kyb-scheduler's built-in profile
 // does): order.go. Pods that ask for none of our devices skip it.
 func (pl *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	defer pl.metrics.since(stepPreFilter, time.Now())
 	if !needsDevices(pod, pl.dra) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
@@ -171,6 +180,7 @@ func (s *scores) Clone() fwk.StateData { return s }
 // keeps each node's key under the pod's policy. Pods that ask for none of
 // our devices skip the score.
 func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
+	defer pl.metrics.since(stepPreScore, time.Now())
 	if !needsDevices(pod, pl.dra) {
 		return fwk.NewStatus(fwk.Skip)
 	}
