@@ -5,7 +5,9 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/dynamic-resource-allocation/structured"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework/parallelize"
@@ -69,6 +71,61 @@ func BenchmarkScore(b *testing.B) {
 					if _, st := f.plugin.Score(f.ctx, state, pod, ni); !st.IsSuccess() {
 						b.Fatal(st)
 					}
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDeviceOrder is the device order's work for one seat pod, on
+// the clusters of BenchmarkScore (each node half full, so each has an
+// order of its own): the order of every node, handed to the allocator
+// in the DynamicResources plugin's PreFilter. The reordered slices are
+// copied once per node and allocation state, then reused.
+func BenchmarkDeviceOrder(b *testing.B) {
+	for _, n := range []int{100, 500} {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			specs := make([]nodeSpec, n)
+			for i := range specs {
+				specs[i] = nodeSpec{fmt.Sprintf("node-%03d", i), "dgx-h100", threeProfiles}
+			}
+			f := newFixture(b, Args{}, specs...)
+			for _, node := range f.nodes {
+				for s := range 4 {
+					// GPUs 1, 3, 5, 7: every pair broken, nodes differ from
+					// the published order's choice.
+					claim := schedulertest.Claim(fmt.Sprintf("%s-seat-%d", node, s), class1x, 1,
+						schedulertest.WithSelector(fmt.Sprintf(`device.attributes["gpu.kyb.ai"].gpuIndices == "%d"`, 2*s+1)))
+					if r, err := f.sim.Allocate(f.ctx, claim, node); err != nil || r == nil {
+						b.Fatalf("allocate on %s: %v", node, err)
+					}
+				}
+			}
+			schedmetrics.Register()
+			f.plugin.parallel = parallelize.NewParallelizer(parallelize.DefaultParallelism)
+			pod, _ := f.seatPod(class1x, 1)
+			listed, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
+			if err != nil {
+				b.Fatal(err)
+			}
+			var state *structured.AllocatedState
+			if _, err := f.sim.AllocatorOrdered(f.ctx, func(s *structured.AllocatedState, _ []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
+				state = s
+				return nil
+			}); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				cycle := framework.NewCycleState()
+				if _, st := f.plugin.PreFilter(f.ctx, cycle, pod, nil); !st.IsSuccess() {
+					b.Fatal(st)
+				}
+				d, err := cycle.Read(dynamicresources.DeviceOrderKey)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if out := d.(dynamicresources.DeviceOrder).OrderDevices(f.ctx, state, listed); len(out) != len(listed) {
+					b.Fatalf("%d slices ordered of %d", len(out), len(listed))
 				}
 			}
 		})

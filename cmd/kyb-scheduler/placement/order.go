@@ -26,11 +26,12 @@ import (
 // whose PreFilter runs first leave, under DeviceOrderKey, an order for
 // the cycle's allocator: KybPlacement's PreFilter writes this one, and
 // the DynamicResources PreFilter hands it the slices it lists. For each
-// node of ours it puts first the devices that join GPUs already in use
-// (a share of a group in use, a MIG instance on a GPU already
-// partitioned), then those that break the fewest idle larger groups, and
-// last those with no room; the published order breaks ties. Under spread
-// the published order stays.
+// node of ours, among the devices of each profile, it puts first the
+// devices that join GPUs already in use (a share of a group in use, a MIG
+// instance on a GPU already partitioned), then those that break the
+// fewest idle larger groups, and last those with no room; the published
+// order breaks ties, and the profiles keep their published order. Under
+// spread the published order stays.
 //
 // Only the order within each slice changes, never a device, a slice's
 // other fields or which slice holds a device, so the allocator allocates
@@ -153,12 +154,16 @@ func (p *pool) reordered(s *resourceapi.ResourceSlice) *resourceapi.ResourceSlic
 }
 
 // preferred appends to buf the pool's device indices in the order the
-// allocator should try them under use, slice by slice: devices with room
-// for a seat first, among them those that join GPUs in use, then those
-// that break the fewest idle larger groups; the published order breaks
-// ties.
+// allocator should try them under use, slice by slice and, within a
+// slice, profile by profile as published: devices with room for a seat
+// first, among them those that join GPUs in use, then those that break
+// the fewest idle larger groups; the published order breaks ties. A
+// device never moves ahead of another profile's: the allocator evaluates
+// the request's selectors on every device it tries, and a device of
+// another profile is one more evaluation that cannot match.
 func (p *pool) preferred(use *nodeUse, buf []int) []int {
 	type rank struct {
+		block  int
 		full   bool
 		broken int
 		joined bool
@@ -166,6 +171,7 @@ func (p *pool) preferred(use *nodeUse, buf []int) []int {
 	ranks := make([]rank, len(p.devices))
 	for i, d := range p.devices {
 		ranks[i] = rank{
+			block:  d.block,
 			full:   !use.fits(i, d, 1),
 			broken: p.breaks(i, use.busy),
 			joined: (d.shared && use.inUse[i]) || (d.partial && use.busy.overlaps(d.gpus)),
@@ -179,6 +185,8 @@ func (p *pool) preferred(use *nodeUse, buf []int) []int {
 		slices.SortStableFunc(buf[start+sp.start:start+sp.end], func(a, b int) int {
 			ra, rb := ranks[a], ranks[b]
 			switch {
+			case ra.block != rb.block:
+				return ra.block - rb.block
 			case ra.full != rb.full:
 				return boolOrder(ra.full)
 			case ra.joined != rb.joined:

@@ -133,6 +133,12 @@ func TestReorderedSlicesAreKeptWhileTheNodeIsUnchanged(t *testing.T) {
 			if len(deviceNames(s)) != len(published[orig]) {
 				t.Errorf("slice %s: %d devices reordered, %d published", s.Name, len(deviceNames(s)), len(published[orig]))
 			}
+			// A device moves among its profile's only: one of another
+			// profile ahead of the request's is one more selector
+			// evaluation for the allocator, which cannot match.
+			if got, want := profiles(s), profiles(orig); !slices.Equal(got, want) {
+				t.Errorf("slice %s: profiles reordered to %v, published %v", s.Name, got, want)
+			}
 		}
 		if !slices.Equal(deviceNames(orig), published[orig]) {
 			t.Errorf("slice %s was modified: %v", orig.Name, deviceNames(orig))
@@ -147,6 +153,16 @@ func deviceNames(s *resourceapi.ResourceSlice) []string {
 	var out []string
 	for _, d := range s.Spec.Devices {
 		out = append(out, d.Name)
+	}
+	return out
+}
+
+func profiles(s *resourceapi.ResourceSlice) []string {
+	var out []string
+	for _, d := range s.Spec.Devices {
+		if a, ok := d.Attributes["profile"]; ok && a.StringValue != nil {
+			out = append(out, *a.StringValue)
+		}
 	}
 	return out
 }

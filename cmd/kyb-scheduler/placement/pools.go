@@ -3,6 +3,7 @@ package placement
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"math/bits"
 	"slices"
 	"strconv"
@@ -108,6 +109,10 @@ type device struct {
 	tainted bool
 	// api is the device as published, for the classes' selectors.
 	api *resourceapi.Device
+	// block numbers the runs of devices of one profile in the published
+	// order, within the pool: the device order moves a device within its
+	// block only (order.go).
+	block int
 }
 
 // pool is the node's pool of our driver: its devices in the order the
@@ -289,10 +294,15 @@ func parsePool(node string, ss []*resourceapi.ResourceSlice) *pool {
 			}
 		}
 	}
+	block, last := -1, ""
 	for _, s := range ss {
 		sp := span{slice: s, start: len(p.devices)}
 		for i := range s.Spec.Devices {
 			d := parseDevice(&s.Spec.Devices[i])
+			if k := profileOf(d); k != last || i == 0 {
+				block, last = block+1, k
+			}
+			d.block = block
 			d.id = structured.MakeDeviceID(driver.Name, s.Spec.Pool.Name, d.name)
 			p.consumption(d, index)
 			p.identity = append(p.identity, len(p.devices))
@@ -304,6 +314,15 @@ func parsePool(node string, ss []*resourceapi.ResourceSlice) *pool {
 	}
 	p.gpus = max(p.gpus, counters)
 	return p
+}
+
+// profileOf names d's profile: its profile attribute, else its size and
+// whether it is part of a GPU (the per-seat layout publishes none).
+func profileOf(d *device) string {
+	if a, ok := d.api.Attributes[resourceapi.QualifiedName(v1alpha1.AttrProfile)]; ok && a.StringValue != nil {
+		return *a.StringValue
+	}
+	return fmt.Sprintf("%d/%t", d.size, d.partial)
 }
 
 // consumption reads what d consumes of the pool's counters. A counter no
