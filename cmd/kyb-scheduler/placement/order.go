@@ -46,6 +46,10 @@ type deviceOrder struct {
 	// does not enable KybPlacement at PreFilter first): the score then
 	// predicts the published order.
 	applied atomic.Bool
+	// orders are the pools' orders under the cycle's allocations, as
+	// handed to the allocator; PreScore predicts from them, so that a
+	// node's allocations are looked up once per cycle, not twice.
+	orders map[*pool]*ordered
 }
 
 var _ dynamicresources.DeviceOrder = &deviceOrder{}
@@ -59,7 +63,8 @@ func (o *deviceOrder) Clone() fwk.StateData { return o }
 // changes replaced by reordered copies.
 func (o *deviceOrder) OrderDevices(ctx context.Context, state *structured.AllocatedState, all []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
 	defer o.pl.metrics.since(stepDeviceOrder, time.Now())
-	o.applied.Store(true)
+	// Stored last: whoever sees it applied sees the orders.
+	defer o.applied.Store(true)
 	if o.policy == Spread || state == nil {
 		return all
 	}
@@ -69,9 +74,10 @@ func (o *deviceOrder) OrderDevices(ctx context.Context, state *structured.Alloca
 	for _, p := range pools {
 		list = append(list, p)
 	}
+	orders := make([]*ordered, len(list))
 	orderPool := func(i int) {
 		s := o.pl.getScratch()
-		list[i].reorder(alloc, s)
+		orders[i] = list[i].reorder(alloc, s)
 		o.pl.scratch.Put(s)
 	}
 	if o.pl.parallel != nil {
@@ -80,6 +86,10 @@ func (o *deviceOrder) OrderDevices(ctx context.Context, state *structured.Alloca
 		for i := range list {
 			orderPool(i)
 		}
+	}
+	o.orders = make(map[*pool]*ordered, len(list))
+	for i, p := range list {
+		o.orders[p] = orders[i]
 	}
 	var out []*resourceapi.ResourceSlice
 	for i, s := range all {
@@ -90,7 +100,7 @@ func (o *deviceOrder) OrderDevices(ctx context.Context, state *structured.Alloca
 		if p == nil {
 			continue
 		}
-		if r := p.reordered(s); r != nil {
+		if r := o.orders[p].copies[s]; r != nil {
 			if out == nil {
 				out = slices.Clone(all)
 			}
@@ -114,14 +124,14 @@ type ordered struct {
 	copies map[*resourceapi.ResourceSlice]*resourceapi.ResourceSlice
 }
 
-// reorder computes the pool's order under a's allocations, unless they
-// are those of the last order.
-func (p *pool) reorder(a *allocated, s *scratch) {
+// reorder returns the pool's order under a's allocations: the last one,
+// where they are its allocations, else a new one.
+func (p *pool) reorder(a *allocated, s *scratch) *ordered {
 	s.use.reset(p, a)
 	p.orderMu.Lock()
 	defer p.orderMu.Unlock()
 	if o := p.last; o != nil && slices.Equal(o.inUse, s.use.inUse) && slices.Equal(o.seats, s.use.seats) {
-		return
+		return o
 	}
 	o := &ordered{inUse: slices.Clone(s.use.inUse), seats: slices.Clone(s.use.seats), order: p.preferred(&s.use, nil)}
 	for _, sp := range p.spans {
@@ -140,17 +150,7 @@ func (p *pool) reorder(a *allocated, s *scratch) {
 		o.copies[sp.slice] = &c
 	}
 	p.last = o
-}
-
-// reordered is the copy to hand the allocator in place of s, nil for s
-// itself.
-func (p *pool) reordered(s *resourceapi.ResourceSlice) *resourceapi.ResourceSlice {
-	p.orderMu.Lock()
-	defer p.orderMu.Unlock()
-	if p.last == nil {
-		return nil
-	}
-	return p.last.copies[s]
+	return o
 }
 
 // preferred appends to buf the pool's device indices in the order the

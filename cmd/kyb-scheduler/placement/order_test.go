@@ -7,6 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/structured"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
@@ -189,5 +190,59 @@ func (f *fixture) prediction(state fwk.CycleState, pod *v1.Pod, node string) out
 	if p == nil {
 		f.t.Fatalf("no pool of ours on %s", node)
 	}
-	return predict(f.ctx, f.plugin.cel, p, ourAllocations(gathered), podRequests(pod, f.dra), orderApplied(state), &scratch{})
+	var ord *ordered
+	if o := cycleOrder(state); o != nil {
+		ord = o.orders[p]
+	}
+	return predict(f.ctx, f.plugin.cel, p, ourAllocations(gathered), podRequests(pod, f.dra), orderApplied(state), ord, &scratch{})
+}
+
+// In the scheduler the allocator's order and the score's prediction come
+// from the same slices and allocated state: PreScore predicts from the
+// allocations the order was computed for, without looking them up again,
+// and predicts what it would from the state itself.
+func TestPreScorePredictsFromTheCyclesOrder(t *testing.T) {
+	f := newFixture(t, Args{DefaultPolicy: Pack}, nodeSpec{"node-a", "dgx-h100", threeProfiles})
+	_, busy := f.seatPod(class1x, 1, schedulertest.WithSelector(`device.attributes["gpu.kyb.ai"].gpuIndices == "3"`))
+	f.allocate(busy, "node-a", true)
+	pod, _ := f.seatPod(class1x, 1)
+	state := framework.NewCycleState()
+	if _, st := f.plugin.PreFilter(f.ctx, state, pod, nil); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	listed, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gathered, err := f.dra.ResourceClaims().GatherAllocatedState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state.Write(dynamicresources.AllocatedStateKey, &dynamicresources.AllocatedStateData{State: gathered})
+	order := cycleOrder(state)
+	order.OrderDevices(f.ctx, gathered, listed)
+	p := f.plugin.pools.update(listed)["node-a"]
+	ord := order.orders[p]
+	if ord == nil {
+		t.Fatal("no order of node-a's pool in the cycle")
+	}
+	reqs := podRequests(pod, f.dra)
+	restored := predict(f.ctx, f.plugin.cel, p, ourAllocations(gathered), reqs, true, ord, &scratch{})
+	looked := predict(f.ctx, f.plugin.cel, p, ourAllocations(gathered), reqs, true, nil, &scratch{})
+	if restored != looked || restored.broken != 0 || restored.busy != 1 || restored.picks != 1 {
+		t.Errorf("predicted %+v from the cycle's order, %+v from the state: want both one seat beside GPU 3, breaking nothing", restored, looked)
+	}
+	if st := f.plugin.PreScore(f.ctx, state, pod, nodeInfos("node-a")); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+}
+
+func nodeInfos(names ...string) []fwk.NodeInfo {
+	out := make([]fwk.NodeInfo, len(names))
+	for i, n := range names {
+		ni := framework.NewNodeInfo()
+		ni.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+		out[i] = ni
+	}
+	return out
 }

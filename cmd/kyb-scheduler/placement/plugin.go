@@ -204,7 +204,10 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	}
 	alloc := ourAllocations(state0)
 	pl.checkOrdered(logger, state)
-	ordered := orderApplied(state)
+	ordered, orders := false, map[*pool]*ordered(nil)
+	if o := cycleOrder(state); o != nil && o.applied.Load() && o.policy != Spread {
+		ordered, orders = true, o.orders
+	}
 	keys := make([]int64, len(nodes))
 	mine := make([]bool, len(nodes))
 	predictNode := func(i int) {
@@ -214,7 +217,7 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 			return
 		}
 		s := pl.getScratch()
-		o := predict(ctx, pl.cel, p, alloc, reqs, ordered, s)
+		o := predict(ctx, pl.cel, p, alloc, reqs, ordered, orders[p], s)
 		pl.scratch.Put(s)
 		mine[i], keys[i] = o.ours, o.key(policy)
 		if loggerV := logger.V(5); loggerV.Enabled() {

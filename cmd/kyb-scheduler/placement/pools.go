@@ -157,19 +157,6 @@ type span struct {
 // published is the pool's devices in the order the slices publish them.
 func (p *pool) published() []int { return p.identity }
 
-// orderFor is the device order under use: the one computed for the
-// cycle's allocator where the allocations are those (every node the
-// allocator ordered), else computed into s.
-func (p *pool) orderFor(use *nodeUse, s *scratch) []int {
-	p.orderMu.Lock()
-	o := p.last
-	p.orderMu.Unlock()
-	if o != nil && slices.Equal(o.inUse, use.inUse) && slices.Equal(o.seats, use.seats) {
-		return o.order
-	}
-	s.order = p.preferred(use, s.order[:0])
-	return s.order
-}
 
 // consumption is an amount of one of the pool's counters.
 type consumption struct {

@@ -66,6 +66,22 @@ func (u *nodeUse) reset(p *pool, a *allocated) {
 	}
 }
 
+// restore makes u the pool's state before the pod from the allocations
+// an order was computed for, in u's own buffers, without looking them up.
+func (u *nodeUse) restore(p *pool, o *ordered) {
+	u.inUse = append(u.inUse[:0], o.inUse...)
+	u.seats = append(u.seats[:0], o.seats...)
+	u.used = resize(u.used, len(p.capacity))
+	u.busy = resize(u.busy, 0)
+	u.capacity = p.capacity
+	for i, d := range p.devices {
+		if u.inUse[i] {
+			u.busy.addAll(d.gpus)
+			u.charge(d)
+		}
+	}
+}
+
 // copyFrom makes u a copy of o, in u's own buffers.
 func (u *nodeUse) copyFrom(o *nodeUse) {
 	u.inUse = append(u.inUse[:0], o.inUse...)
@@ -143,15 +159,25 @@ type scratch struct {
 	order         []int
 }
 
-// predict places reqs on the pool as the allocator would: in the pool's
-// device order (order.go) where ordered, else in the published order.
-func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, reqs []request, ordered bool, s *scratch) outcome {
+// predict places reqs on the pool as the allocator would: in the order
+// the cycle's allocator got (order.go) where the cycle ordered the
+// devices, else in the published order. ord is the pool's order as
+// handed to the allocator, from the allocations it was computed for (nil
+// where the pool changed since: then computed again).
+func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, reqs []request, ordered bool, ord *ordered, s *scratch) outcome {
 	o := outcome{predicted: true, gpus: p.gpus}
 	use, trial := &s.use, &s.trial
-	use.reset(p, a)
 	order := p.published()
-	if ordered {
-		order = p.orderFor(use, s)
+	switch {
+	case ordered && ord != nil:
+		use.restore(p, ord)
+		order = ord.order
+	case ordered:
+		use.reset(p, a)
+		s.order = p.preferred(use, s.order[:0])
+		order = s.order
+	default:
+		use.reset(p, a)
 	}
 	s.before = append(s.before[:0], use.busy...)
 	o.busy = s.before.count()
