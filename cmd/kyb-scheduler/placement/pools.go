@@ -157,7 +157,6 @@ type span struct {
 // published is the pool's devices in the order the slices publish them.
 func (p *pool) published() []int { return p.identity }
 
-
 // consumption is an amount of one of the pool's counters.
 type consumption struct {
 	counter int
