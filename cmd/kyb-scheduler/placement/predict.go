@@ -199,11 +199,18 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, re
 				into = trial
 			}
 			s.taken = s.taken[:0]
+			// The allocator looks for a request's next device after the
+			// one it took last (combinations, not permutations): a
+			// shared group with seats left gives a request one device,
+			// not two.
+			from := 0
 			for n := int64(0); n < alt.count; n++ {
-				i := firstFit(into, p, order, matches, alt.seats)
-				if i < 0 {
+				k := firstFit(into, p, order, from, matches, alt.seats)
+				if k < 0 {
 					break
 				}
+				i := order[k]
+				from = k + 1
 				into.take(i, p.devices[i], alt.seats)
 				s.taken = append(s.taken, i)
 			}
@@ -243,12 +250,12 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, re
 	return o
 }
 
-// firstFit is the first device in order that the class selects and that
-// has room, -1 if none.
-func firstFit(u *nodeUse, p *pool, order []int, matches []bool, seats int64) int {
-	for _, i := range order {
-		if matches[i] && u.fits(i, p.devices[i], seats) {
-			return i
+// firstFit is the position in order, from on, of the first device that
+// the class selects and that has room, -1 if none.
+func firstFit(u *nodeUse, p *pool, order []int, from int, matches []bool, seats int64) int {
+	for k := from; k < len(order); k++ {
+		if i := order[k]; matches[i] && u.fits(i, p.devices[i], seats) {
+			return k
 		}
 	}
 	return -1
