@@ -27,6 +27,12 @@ const (
 	counterPrefix = "gpu"
 	// seatsCapacity is a group's seats.
 	seatsCapacity resourceapi.QualifiedName = "seats"
+	// gpuIndexLimit bounds the GPU indices read from a slice's counter
+	// names and attributes: the driver publishes at most 32 GPUs a node
+	// (pkg/planner MaxGPUs), and a set sized by an index read from the API
+	// (gpu9000000000000000 is a valid counter name) would let one slice
+	// take the scheduler's memory. A larger index is no GPU of ours.
+	gpuIndexLimit = 1024
 )
 
 // gpuSet is a set of GPU indices of one node.
@@ -341,7 +347,7 @@ func parseDevice(api *resourceapi.Device) *device {
 			continue
 		}
 		for name := range cc.Counters {
-			if i, err := strconv.Atoi(strings.TrimPrefix(name, counterPrefix)); err == nil && strings.HasPrefix(name, counterPrefix) && i >= 0 {
+			if i, err := strconv.Atoi(strings.TrimPrefix(name, counterPrefix)); err == nil && strings.HasPrefix(name, counterPrefix) && i >= 0 && i < gpuIndexLimit {
 				d.gpus.add(i)
 				d.exclusive = true
 			}
@@ -350,7 +356,7 @@ func parseDevice(api *resourceapi.Device) *device {
 	if !d.exclusive {
 		if a, ok := api.Attributes[resourceapi.QualifiedName(v1alpha1.AttrGPUIndices)]; ok && a.StringValue != nil {
 			for _, f := range strings.Split(*a.StringValue, ",") {
-				if i, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && i >= 0 {
+				if i, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && i >= 0 && i < gpuIndexLimit {
 					d.gpus.add(i)
 				}
 			}
