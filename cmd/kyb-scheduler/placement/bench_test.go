@@ -7,7 +7,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/dynamic-resource-allocation/structured"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework/parallelize"
@@ -25,26 +24,7 @@ import (
 func BenchmarkScore(b *testing.B) {
 	for _, n := range []int{100, 500} {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
-			specs := make([]nodeSpec, n)
-			for i := range specs {
-				specs[i] = nodeSpec{fmt.Sprintf("node-%03d", i), "dgx-h100", threeProfiles}
-			}
-			f := newFixture(b, Args{}, specs...)
-			for _, node := range f.nodes {
-				for s := range 4 {
-					claim := schedulertest.Claim(fmt.Sprintf("%s-seat-%d", node, s), class1x, 1)
-					r, err := f.sim.Allocate(f.ctx, claim, node)
-					if err != nil || r == nil {
-						b.Fatalf("allocate on %s: %v", node, err)
-					}
-					claim.Status.Allocation = r
-					f.create(claim)
-				}
-			}
-			f.waitFor("the allocations", func() bool {
-				s, err := f.dra.ResourceClaims().GatherAllocatedState()
-				return err == nil && len(s.AllocatedDevices) == 4*n
-			})
+			f := halfFull(b, n, nil)
 			// As the scheduler runs it: nodes predicted several at once.
 			schedmetrics.Register() // the parallelizer counts its goroutines
 			f.plugin.parallel = parallelize.NewParallelizer(parallelize.DefaultParallelism)
@@ -85,22 +65,9 @@ func BenchmarkScore(b *testing.B) {
 func BenchmarkDeviceOrder(b *testing.B) {
 	for _, n := range []int{100, 500} {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
-			specs := make([]nodeSpec, n)
-			for i := range specs {
-				specs[i] = nodeSpec{fmt.Sprintf("node-%03d", i), "dgx-h100", threeProfiles}
-			}
-			f := newFixture(b, Args{}, specs...)
-			for _, node := range f.nodes {
-				for s := range 4 {
-					// GPUs 1, 3, 5, 7: every pair broken, nodes differ from
-					// the published order's choice.
-					claim := schedulertest.Claim(fmt.Sprintf("%s-seat-%d", node, s), class1x, 1,
-						schedulertest.WithSelector(fmt.Sprintf(`device.attributes["gpu.kyb.ai"].gpuIndices == "%d"`, 2*s+1)))
-					if r, err := f.sim.Allocate(f.ctx, claim, node); err != nil || r == nil {
-						b.Fatalf("allocate on %s: %v", node, err)
-					}
-				}
-			}
+			// GPUs 1, 3, 5, 7: every pair broken, so that each node's
+			// order differs from the published one.
+			f := halfFull(b, n, func(seat int) int { return 2*seat + 1 })
 			schedmetrics.Register()
 			f.plugin.parallel = parallelize.NewParallelizer(parallelize.DefaultParallelism)
 			pod, _ := f.seatPod(class1x, 1)
@@ -108,11 +75,8 @@ func BenchmarkDeviceOrder(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			var state *structured.AllocatedState
-			if _, err := f.sim.AllocatorOrdered(f.ctx, func(s *structured.AllocatedState, _ []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
-				state = s
-				return nil
-			}); err != nil {
+			state, err := f.dra.ResourceClaims().GatherAllocatedState()
+			if err != nil {
 				b.Fatal(err)
 			}
 			for b.Loop() {
@@ -130,4 +94,36 @@ func BenchmarkDeviceOrder(b *testing.B) {
 			}
 		})
 	}
+}
+
+// halfFull is a fixture of n dgx-h100 nodes with four one-GPU seats
+// allocated on each, in the API server: on GPU gpu(seat) of each, or
+// where the allocator puts them where gpu is nil.
+func halfFull(b *testing.B, n int, gpu func(seat int) int) *fixture {
+	b.Helper()
+	specs := make([]nodeSpec, n)
+	for i := range specs {
+		specs[i] = nodeSpec{fmt.Sprintf("node-%03d", i), "dgx-h100", threeProfiles}
+	}
+	f := newFixture(b, Args{}, specs...)
+	for _, node := range f.nodes {
+		for seat := range 4 {
+			var pin []func(*resourceapi.DeviceRequest)
+			if gpu != nil {
+				pin = append(pin, schedulertest.WithSelector(fmt.Sprintf(`device.attributes["gpu.kyb.ai"].gpuIndices == "%d"`, gpu(seat))))
+			}
+			claim := schedulertest.Claim(fmt.Sprintf("%s-seat-%d", node, seat), class1x, 1, pin...)
+			r, err := f.sim.Allocate(f.ctx, claim, node)
+			if err != nil || r == nil {
+				b.Fatalf("allocate on %s: %v", node, err)
+			}
+			claim.Status.Allocation = r
+			f.create(claim)
+		}
+	}
+	f.waitFor("the allocations", func() bool {
+		s, err := f.dra.ResourceClaims().GatherAllocatedState()
+		return err == nil && len(s.AllocatedDevices) == 4*n
+	})
+	return f
 }
