@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/component-base/cli"
 	"k8s.io/component-base/metrics/legacyregistry"
+
 	// What kube-scheduler's main registers: the JSON log format
 	// (--logging-format=json), client-go's metrics (leader election, REST
 	// client, workqueue) and the build's version metric.

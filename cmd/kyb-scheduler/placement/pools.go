@@ -71,8 +71,6 @@ func (s gpuSet) count() int {
 	return n
 }
 
-func (s gpuSet) clone() gpuSet { return slices.Clone(s) }
-
 // bound is one more than the highest GPU index in the set, 0 if empty.
 func (s gpuSet) bound() int {
 	for i := len(s) - 1; i >= 0; i-- {
