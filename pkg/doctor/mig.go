@@ -199,29 +199,18 @@ func migInstances(dev nvml.Device, plan *migGPUPlan, g inventory.GPU) ([]migInst
 	} else if m, err := mig.ModelForProduct(g.ProductName); err == nil {
 		model = m
 	}
-	var out []migInstance
-	for index := range nvml.GPU_INSTANCE_PROFILE_COUNT {
-		info, ret := dev.GetGpuInstanceProfileInfo(index)
-		if ret != nvml.SUCCESS {
-			continue // a profile this GPU does not have
-		}
-		gis, ret := dev.GetGpuInstances(&info)
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("GetGpuInstances: %s", nvml.ErrorString(ret))
-		}
-		name := fmt.Sprintf("profile ID %d", info.Id)
-		if p, err := model.ProfileByID(int(info.Id)); err == nil {
+	gis, err := miginstance.ListGPUInstances(dev)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]migInstance, 0, len(gis))
+	for _, g := range gis {
+		name := fmt.Sprintf("profile ID %d", g.ProfileID)
+		if p, err := model.ProfileByID(g.ProfileID); err == nil {
 			name = p.Name
 		}
-		for _, gi := range gis {
-			gInfo, ret := gi.GetInfo()
-			if ret != nvml.SUCCESS {
-				return nil, fmt.Errorf("GpuInstance.GetInfo: %s", nvml.ErrorString(ret))
-			}
-			out = append(out, migInstance{gi: int(gInfo.Id), profile: name, placement: mig.Placement{Start: int(gInfo.Placement.Start), Size: int(gInfo.Placement.Size)}})
-		}
+		out = append(out, migInstance{gi: g.ID, profile: name, placement: g.Placement})
 	}
-	slices.SortFunc(out, func(a, b migInstance) int { return a.gi - b.gi })
 	n, ret := dev.GetMaxMigDeviceCount()
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("GetMaxMigDeviceCount: %s", nvml.ErrorString(ret))

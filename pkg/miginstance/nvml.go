@@ -3,6 +3,7 @@ package miginstance
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -162,6 +163,35 @@ type gpuInstance struct {
 	gi      nvml.GpuInstance
 	info    nvml.GpuInstanceInfo
 	profile nvml.GpuInstanceProfileInfo
+}
+
+// GPUInstance is one GPU instance on a device, whoever made it, as
+// ListGPUInstances reports it.
+type GPUInstance struct {
+	ID int
+	// ProfileID is NVML's GPU instance profile ID (mig.Model.ProfileByID).
+	ProfileID int
+	Placement mig.Placement
+}
+
+// ListGPUInstances lists the GPU instances of every profile on dev, by
+// ID; none where MIG mode is off. Instances destroyed while they are
+// listed are left out.
+func ListGPUInstances(dev nvml.Device) ([]GPUInstance, error) {
+	gis, err := gpuInstances(dev)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]GPUInstance, 0, len(gis))
+	for _, g := range gis {
+		out = append(out, GPUInstance{
+			ID:        int(g.info.Id),
+			ProfileID: int(g.profile.Id),
+			Placement: mig.Placement{Start: int(g.info.Placement.Start), Size: int(g.info.Placement.Size)},
+		})
+	}
+	slices.SortFunc(out, func(a, b GPUInstance) int { return a.ID - b.ID })
+	return out, nil
 }
 
 // gpuInstances lists the GPU instances of every profile on dev; none
