@@ -4,10 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework/parallelize"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
@@ -29,12 +26,7 @@ func BenchmarkScore(b *testing.B) {
 			schedmetrics.Register() // the parallelizer counts its goroutines
 			f.plugin.parallel = parallelize.NewParallelizer(parallelize.DefaultParallelism)
 			pod, _ := f.seatPod(class1x, 1)
-			infos := make([]fwk.NodeInfo, n)
-			for i, node := range f.nodes {
-				ni := framework.NewNodeInfo()
-				ni.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
-				infos[i] = ni
-			}
+			infos := nodeInfos(f.nodes...)
 			// PreFilter gathers the state once per pod, and the score reads
 			// it: its cost is PreFilter's, not the score's.
 			gathered, err := f.dra.ResourceClaims().GatherAllocatedState()

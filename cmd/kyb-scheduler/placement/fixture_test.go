@@ -255,12 +255,7 @@ func (f *fixture) scores(pod *v1.Pod, nodes []string) (map[string]int64, *fwk.St
 // scoresIn is scores in a cycle whose state earlier plugins wrote.
 func (f *fixture) scoresIn(state fwk.CycleState, pod *v1.Pod, nodes []string) (map[string]int64, *fwk.Status) {
 	f.t.Helper()
-	infos := make([]fwk.NodeInfo, len(nodes))
-	for i, n := range nodes {
-		ni := framework.NewNodeInfo()
-		ni.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
-		infos[i] = ni
-	}
+	infos := nodeInfos(nodes...)
 	if st := f.plugin.PreScore(f.ctx, state, pod, infos); st.Code() == fwk.Skip {
 		zero := map[string]int64{}
 		for _, n := range nodes {
@@ -383,4 +378,15 @@ func (f *fixture) allocateWith(a structured.Allocator, claim *resourceapi.Resour
 		return err == nil && c.Status.Allocation != nil
 	})
 	return r
+}
+
+// nodeInfos are the framework's views of the named nodes.
+func nodeInfos(names ...string) []fwk.NodeInfo {
+	out := make([]fwk.NodeInfo, len(names))
+	for i, n := range names {
+		ni := framework.NewNodeInfo()
+		ni.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+		out[i] = ni
+	}
+	return out
 }

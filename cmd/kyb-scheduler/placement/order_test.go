@@ -7,7 +7,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/structured"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
@@ -235,14 +234,4 @@ func TestPreScorePredictsFromTheCyclesOrder(t *testing.T) {
 	if st := f.plugin.PreScore(f.ctx, state, pod, nodeInfos("node-a")); !st.IsSuccess() {
 		t.Fatal(st)
 	}
-}
-
-func nodeInfos(names ...string) []fwk.NodeInfo {
-	out := make([]fwk.NodeInfo, len(names))
-	for i, n := range names {
-		ni := framework.NewNodeInfo()
-		ni.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
-		out[i] = ni
-	}
-	return out
 }
