@@ -54,9 +54,9 @@ type deviceOrder struct {
 
 var _ dynamicresources.DeviceOrder = &deviceOrder{}
 
-// Clone returns the order itself: it holds no state of the cycle but
-// whether it was applied, which a clone (a preemption's simulation)
-// applying it too may set.
+// Clone returns the order itself: what it holds of the cycle (whether it
+// was applied, the orders handed to the allocator) is written once, in
+// the DynamicResources plugin's PreFilter, before any clone is made.
 func (o *deviceOrder) Clone() fwk.StateData { return o }
 
 // OrderDevices returns all with the slices of our nodes whose order
@@ -174,7 +174,7 @@ func (p *pool) preferred(use *nodeUse, buf []int) []int {
 			block:  d.block,
 			full:   !use.fits(i, d, 1),
 			broken: p.breaks(i, use.busy),
-			joined: (d.shared && use.inUse[i]) || (d.partial && use.busy.overlaps(d.gpus)),
+			joined: d.joins(use.inUse[i], use.busy),
 		}
 	}
 	start := len(buf)
@@ -205,6 +205,13 @@ func boolOrder(first bool) int {
 		return 1
 	}
 	return -1
+}
+
+// joins says whether taking d joins GPUs already in use, where d is in
+// use (inUse) and busy are the GPUs in use: a share of a shared group in
+// use, or a MIG instance on a GPU already partitioned.
+func (d *device) joins(inUse bool, busy gpuSet) bool {
+	return (d.shared && inUse) || (d.partial && busy.overlaps(d.gpus))
 }
 
 // breaks counts the idle larger groups device i overlaps: exclusive,

@@ -230,9 +230,7 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, re
 	}
 	o.picks = len(s.picked)
 	for _, i := range s.picked {
-		// A seat joins where the GPUs already are: a share of a shared
-		// group in use, or a MIG instance on a GPU already partitioned.
-		if d := p.devices[i]; (d.shared && s.inUseBefore[i]) || (d.partial && s.before.overlaps(d.gpus)) {
+		if p.devices[i].joins(s.inUseBefore[i], s.before) {
 			o.joined++
 		}
 	}
