@@ -41,6 +41,8 @@ import (
 type deviceOrder struct {
 	pl     *Plugin
 	policy Policy
+	// reqs are the pod's requests of our devices, for PreScore too.
+	reqs []request
 	// applied: the DynamicResources plugin ordered the cycle's slices. It
 	// does not where its PreFilter ran before ours (a configuration that
 	// does not enable KybPlacement at PreFilter first): the score then

@@ -126,7 +126,7 @@ func (pl *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 		// PreScore reports it; the allocator keeps the published order.
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
-	state.Write(dynamicresources.DeviceOrderKey, &deviceOrder{pl: pl, policy: policy})
+	state.Write(dynamicresources.DeviceOrderKey, &deviceOrder{pl: pl, policy: policy, reqs: reqs})
 	klog.FromContext(ctx).V(5).Info("Device order left for the allocator", "pod", klog.KObj(pod), "policy", policy)
 	return nil, nil
 }
@@ -181,17 +181,25 @@ func (s *scores) Clone() fwk.StateData { return s }
 // our devices skip the score.
 func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
 	defer pl.metrics.since(stepPreScore, time.Now())
-	if !needsDevices(pod, pl.dra) {
-		return fwk.NewStatus(fwk.Skip)
-	}
-	reqs := podRequests(pod, pl.dra)
-	if len(reqs) == 0 {
-		return fwk.NewStatus(fwk.Skip)
-	}
 	logger := klog.FromContext(ctx)
-	policy, err := pl.args.podPolicy(pod.Annotations, classNames(reqs))
-	if err != nil {
-		return fwk.AsStatus(fmt.Errorf("pod %s: %w", klog.KObj(pod), err))
+	// Our PreFilter found the requests and the policy in this cycle; only
+	// where it did not run first (or found none) are they looked up here.
+	var reqs []request
+	var policy Policy
+	if o := cycleOrder(state); o != nil {
+		reqs, policy = o.reqs, o.policy
+	} else {
+		if !needsDevices(pod, pl.dra) {
+			return fwk.NewStatus(fwk.Skip)
+		}
+		reqs = podRequests(pod, pl.dra)
+		if len(reqs) == 0 {
+			return fwk.NewStatus(fwk.Skip)
+		}
+		var err error
+		if policy, err = pl.args.podPolicy(pod.Annotations, classNames(reqs)); err != nil {
+			return fwk.AsStatus(fmt.Errorf("pod %s: %w", klog.KObj(pod), err))
+		}
 	}
 	slices, err := pl.dra.ResourceSlices().ListWithDeviceTaintRules()
 	if err != nil {
