@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework/parallelize"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
@@ -13,11 +14,17 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
 
-// BenchmarkScore is the score's work for one seat pod, PreScore and one
-// Score per node, as the framework runs them, on clusters of dgx-h100
-// nodes each half full (four of eight one-GPU seats allocated, in the
-// API server). Slices and classes are parsed at the first pod and reused
-// after, as in a running scheduler.
+// The benchmarks are the score's work for a stream of seat pods on
+// clusters of dgx-h100 nodes each half full (four of eight one-GPU seats
+// allocated, in the API server), as a running scheduler meets it: slices
+// and classes parsed at the first pod and reused after, and from one pod
+// to the next one node's allocations changed (the node the last pod went
+// to). Pods alternate between two allocated states that differ by one
+// seat on the first node.
+
+// BenchmarkScore is PreScore and one Score per node, where the profile
+// runs no device order (KybPlacement not at PreFilter): the score reads
+// the cycle's allocations itself.
 func BenchmarkScore(b *testing.B) {
 	for _, n := range []int{100, 500} {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
@@ -29,13 +36,12 @@ func BenchmarkScore(b *testing.B) {
 			infos := nodeInfos(f.nodes...)
 			// PreFilter gathers the state once per pod, and the score reads
 			// it: its cost is PreFilter's, not the score's.
-			gathered, err := f.dra.ResourceClaims().GatherAllocatedState()
-			if err != nil {
-				b.Fatal(err)
-			}
+			states := f.stream(b)
+			turn := 0
 			for b.Loop() {
 				state := framework.NewCycleState()
-				state.Write(dynamicresources.AllocatedStateKey, &dynamicresources.AllocatedStateData{State: gathered})
+				state.Write(dynamicresources.AllocatedStateKey, &dynamicresources.AllocatedStateData{State: states[turn%2]})
+				turn++
 				if st := f.plugin.PreScore(f.ctx, state, pod, infos); !st.IsSuccess() {
 					b.Fatal(st)
 				}
@@ -49,12 +55,10 @@ func BenchmarkScore(b *testing.B) {
 	}
 }
 
-// BenchmarkDeviceOrder is the device order's work for one seat pod, on
-// the clusters of BenchmarkScore (each node half full, so each has an
-// order of its own): the order of every node, handed to the allocator
-// in the DynamicResources plugin's PreFilter. The reordered slices are
-// copied once per node and allocation state, then reused.
-func BenchmarkDeviceOrder(b *testing.B) {
+// BenchmarkScoreCycle is all of the score's work for one pod under
+// kyb-scheduler's built-in profile: PreFilter, the device order handed to
+// the allocator, PreScore over every node (all fit) and Score.
+func BenchmarkScoreCycle(b *testing.B) {
 	for _, n := range []int{100, 500} {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
 			// GPUs 1, 3, 5, 7: every pair broken, so that each node's
@@ -63,16 +67,18 @@ func BenchmarkDeviceOrder(b *testing.B) {
 			schedmetrics.Register()
 			f.plugin.parallel = parallelize.NewParallelizer(parallelize.DefaultParallelism)
 			pod, _ := f.seatPod(class1x, 1)
+			infos := nodeInfos(f.nodes...)
 			listed, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
 			if err != nil {
 				b.Fatal(err)
 			}
-			state, err := f.dra.ResourceClaims().GatherAllocatedState()
-			if err != nil {
-				b.Fatal(err)
-			}
+			states := f.stream(b)
+			turn := 0
 			for b.Loop() {
 				cycle := framework.NewCycleState()
+				gathered := states[turn%2]
+				turn++
+				cycle.Write(dynamicresources.AllocatedStateKey, &dynamicresources.AllocatedStateData{State: gathered})
 				if _, st := f.plugin.PreFilter(f.ctx, cycle, pod, nil); !st.IsSuccess() {
 					b.Fatal(st)
 				}
@@ -80,12 +86,46 @@ func BenchmarkDeviceOrder(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if out := d.(dynamicresources.DeviceOrder).OrderDevices(f.ctx, state, listed); len(out) != len(listed) {
+				if out := d.(dynamicresources.DeviceOrder).OrderDevices(f.ctx, gathered, listed); len(out) != len(listed) {
 					b.Fatalf("%d slices ordered of %d", len(out), len(listed))
+				}
+				if st := f.plugin.PreScore(f.ctx, cycle, pod, infos); !st.IsSuccess() {
+					b.Fatal(st)
+				}
+				for _, ni := range infos {
+					if _, st := f.plugin.Score(f.ctx, cycle, pod, ni); !st.IsSuccess() {
+						b.Fatal(st)
+					}
 				}
 			}
 		})
 	}
+}
+
+// stream returns the two allocated states the benchmarks' pods alternate
+// between: the cluster's, and the cluster's with one more seat taken on
+// the first node.
+func (f *fixture) stream(b *testing.B) [2]*structured.AllocatedState {
+	b.Helper()
+	gathered, err := f.dra.ResourceClaims().GatherAllocatedState()
+	if err != nil {
+		b.Fatal(err)
+	}
+	next := *gathered
+	next.AllocatedDevices = gathered.AllocatedDevices.Clone()
+	listed, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := f.plugin.pools.update(listed).pool(f.nodes[0])
+	for _, d := range p.devices {
+		if d.size == 1 && !next.AllocatedDevices.Has(d.id) {
+			next.AllocatedDevices.Insert(d.id)
+			return [2]*structured.AllocatedState{gathered, &next}
+		}
+	}
+	b.Fatalf("no free seat on %s", f.nodes[0])
+	return [2]*structured.AllocatedState{}
 }
 
 // halfFull is a fixture of n dgx-h100 nodes with four one-GPU seats

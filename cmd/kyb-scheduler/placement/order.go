@@ -3,6 +3,7 @@ package placement
 import (
 	"context"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -10,8 +11,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
-
-	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
 // deviceOrder chooses the group within a node. The allocator takes the
@@ -48,95 +47,74 @@ type deviceOrder struct {
 	// does not enable KybPlacement at PreFilter first): the score then
 	// predicts the published order.
 	applied atomic.Bool
-	// orders are the pools' orders under the cycle's allocations, as
-	// handed to the allocator; PreScore predicts from them, so that a
-	// node's allocations are looked up once per cycle, not twice.
-	orders map[*pool]*ordered
+	// set and states are the pools the allocator got, and their states
+	// under the cycle's allocations (by the set's pool index), as handed
+	// to the allocator: PreScore predicts from them, so that the cycle's
+	// allocations are read once, not twice.
+	set    *poolSet
+	states []*ordered
 }
 
 var _ dynamicresources.DeviceOrder = &deviceOrder{}
 
 // Clone returns the order itself: what it holds of the cycle (whether it
-// was applied, the orders handed to the allocator) is written once, in
+// was applied, the states handed to the allocator) is written once, in
 // the DynamicResources plugin's PreFilter, before any clone is made.
 func (o *deviceOrder) Clone() fwk.StateData { return o }
 
 // OrderDevices returns all with the slices of our nodes whose order
-// changes replaced by reordered copies.
+// changes replaced by reordered copies. Under spread it returns all as
+// it is, and keeps the pools' states for PreScore.
 func (o *deviceOrder) OrderDevices(ctx context.Context, state *structured.AllocatedState, all []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
 	defer o.pl.metrics.since(stepDeviceOrder, time.Now())
-	// Stored last: whoever sees it applied sees the orders.
+	// Stored last: whoever sees it applied sees the states.
 	defer o.applied.Store(true)
-	if o.policy == Spread || state == nil {
+	if state == nil {
 		return all
 	}
-	pools := o.pl.pools.update(all)
-	alloc := ourAllocations(state)
-	list := make([]*pool, 0, len(pools))
-	for _, p := range pools {
-		list = append(list, p)
+	o.set = o.pl.pools.update(all)
+	o.states = o.pl.poolStates(ctx, o.set, state)
+	if o.policy == Spread {
+		return all
 	}
-	orders := make([]*ordered, len(list))
-	orderPool := func(i int) {
-		s := o.pl.getScratch()
-		orders[i] = list[i].reorder(alloc, s)
-		o.pl.scratch.Put(s)
+	if !slices.ContainsFunc(o.states, func(st *ordered) bool { return st.copies != nil }) {
+		return all
 	}
-	if o.pl.parallel != nil {
-		o.pl.parallel.Until(ctx, len(list), orderPool, Name)
-	} else {
-		for i := range list {
-			orderPool(i)
-		}
-	}
-	o.orders = make(map[*pool]*ordered, len(list))
-	for i, p := range list {
-		o.orders[p] = orders[i]
-	}
-	var out []*resourceapi.ResourceSlice
+	out := slices.Clone(all)
 	for i, s := range all {
-		if s.Spec.Driver != driver.Name || s.Spec.NodeName == nil {
-			continue
-		}
-		p := pools[*s.Spec.NodeName]
-		if p == nil {
-			continue
-		}
-		if r := o.orders[p].copies[s]; r != nil {
-			if out == nil {
-				out = slices.Clone(all)
+		if r, ok := o.set.spanOf[s]; ok {
+			if c := o.states[r.pool].copies; c != nil && c[r.span] != nil {
+				out[i] = c[r.span]
 			}
-			out[i] = r
 		}
-	}
-	if out == nil {
-		return all
 	}
 	return out
 }
 
-// ordered is a pool's order under the allocations it was computed for.
+// ordered is a pool's state under the allocations it was computed for:
+// its device order, and the predictions made from it.
 type ordered struct {
 	// inUse and seats: the allocations (nodeUse's) the order is for.
 	inUse []bool
 	seats []int64
 	// order: the pool's device indices, each slice's in its new order.
 	order []int
-	// copies: the reordered copy of each slice whose order changed.
-	copies map[*resourceapi.ResourceSlice]*resourceapi.ResourceSlice
+	// copies: the reordered copy of each slice whose order changed, by
+	// the pool's span; nil where none did.
+	copies []*resourceapi.ResourceSlice
+
+	mu sync.Mutex
+	// predictions: outcomes by predictionKey, while the allocations last.
+	predictions map[string]outcome
 }
 
-// reorder returns the pool's order under a's allocations: the last one,
-// where they are its allocations, else a new one.
-func (p *pool) reorder(a *allocated, s *scratch) *ordered {
-	s.use.reset(p, a)
-	p.orderMu.Lock()
-	defer p.orderMu.Unlock()
-	if o := p.last; o != nil && slices.Equal(o.inUse, s.use.inUse) && slices.Equal(o.seats, s.use.seats) {
-		return o
-	}
-	o := &ordered{inUse: slices.Clone(s.use.inUse), seats: slices.Clone(s.use.seats), order: p.preferred(&s.use, nil)}
-	for _, sp := range p.spans {
+// reorder makes the pool's state under the allocations inUse and seats
+// (the pool's part of a poolView), and keeps it as the pool's last.
+func (p *pool) reorder(inUse []bool, seats []int64, s *scratch) *ordered {
+	o := &ordered{inUse: slices.Clone(inUse), seats: slices.Clone(seats)}
+	s.use.restore(p, o)
+	o.order = p.preferred(&s.use, nil)
+	for j, sp := range p.spans {
 		idx := o.order[sp.start:sp.end]
 		if slices.IsSorted(idx) {
 			continue
@@ -147,11 +125,13 @@ func (p *pool) reorder(a *allocated, s *scratch) *ordered {
 			c.Spec.Devices[k] = sp.slice.Spec.Devices[i-sp.start]
 		}
 		if o.copies == nil {
-			o.copies = map[*resourceapi.ResourceSlice]*resourceapi.ResourceSlice{}
+			o.copies = make([]*resourceapi.ResourceSlice, len(p.spans))
 		}
-		o.copies[sp.slice] = &c
+		o.copies[j] = &c
 	}
+	p.orderMu.Lock()
 	p.last = o
+	p.orderMu.Unlock()
 	return o
 }
 

@@ -185,15 +185,17 @@ func (f *fixture) prediction(state fwk.CycleState, pod *v1.Pod, node string) out
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	p := f.plugin.pools.update(listed)[node]
-	if p == nil {
+	set := f.plugin.pools.update(listed)
+	k, ok := set.slot[node]
+	if !ok {
 		f.t.Fatalf("no pool of ours on %s", node)
 	}
-	var ord *ordered
-	if o := cycleOrder(state); o != nil {
-		ord = o.orders[p]
+	states := f.plugin.poolStates(f.ctx, set, gathered)
+	if o := cycleOrder(state); o != nil && o.states != nil {
+		set, states = o.set, o.states
+		k = set.slot[node]
 	}
-	return predict(f.ctx, f.plugin.cel, p, ourAllocations(gathered), podRequests(pod, f.dra), orderApplied(state), ord, &scratch{})
+	return predict(f.ctx, f.plugin.cel, set.list[k], podRequests(pod, f.dra), orderApplied(state), states[k], &scratch{})
 }
 
 // In the scheduler the allocator's order and the score's prediction come
@@ -220,14 +222,19 @@ func TestPreScorePredictsFromTheCyclesOrder(t *testing.T) {
 	state.Write(dynamicresources.AllocatedStateKey, &dynamicresources.AllocatedStateData{State: gathered})
 	order := cycleOrder(state)
 	order.OrderDevices(f.ctx, gathered, listed)
-	p := f.plugin.pools.update(listed)["node-a"]
-	ord := order.orders[p]
-	if ord == nil {
-		t.Fatal("no order of node-a's pool in the cycle")
+	set := f.plugin.pools.update(listed)
+	k := set.slot["node-a"]
+	p, ord := set.list[k], order.states[k]
+	if order.set != set || ord == nil {
+		t.Fatal("no state of node-a's pool in the cycle")
 	}
+	var v poolView
+	v.gather(set, gathered)
+	lo, hi := set.base[k], set.base[k+1]
+	fresh := p.reorder(v.inUse[lo:hi], v.seats[lo:hi], &scratch{})
 	reqs := podRequests(pod, f.dra)
-	restored := predict(f.ctx, f.plugin.cel, p, ourAllocations(gathered), reqs, true, ord, &scratch{})
-	looked := predict(f.ctx, f.plugin.cel, p, ourAllocations(gathered), reqs, true, nil, &scratch{})
+	restored := predict(f.ctx, f.plugin.cel, p, reqs, true, ord, &scratch{})
+	looked := predict(f.ctx, f.plugin.cel, p, reqs, true, fresh, &scratch{})
 	if restored != looked || restored.broken != 0 || restored.busy != 1 || restored.picks != 1 {
 		t.Errorf("predicted %+v from the cycle's order, %+v from the state: want both one seat beside GPU 3, breaking nothing", restored, looked)
 	}

@@ -17,10 +17,11 @@
 // shares it), not a second copy. Everything is computed once per pod in
 // PreScore, and Score is a map lookup: a node's pool is parsed once per
 // version of its slices and a class's selectors evaluated once per
-// version of class and pool; per pod the work is, per node, a walk over
-// its few devices with a lookup each in the allocated state. No allocator
-// runs here (see predict.go for why the Filter's own choice cannot be
-// read).
+// version of class and pool; per pod the allocated state is read in one
+// pass, and only the nodes whose allocations changed since they were
+// last ordered and predicted are ordered and predicted again (view.go).
+// No allocator runs here (see predict.go for why the Filter's own choice
+// cannot be read).
 //
 // Pods that ask for DRA-served extended resources (KEP-5004,
 // kyb.ai/gpu-1x-seat in limits) are scored the same way, through the
@@ -62,8 +63,9 @@ type Plugin struct {
 	// parallel predicts the nodes several at once, as the framework runs
 	// Filter and Score; nil: one after the other.
 	parallel fwk.Parallelizer
-	// scratch holds *scratch, one per node predicted at a time.
-	scratch sync.Pool
+	// scratch holds *scratch, one per node predicted at a time; views,
+	// *poolView, one per cycle.
+	scratch, views sync.Pool
 	// unordered says once that the profile runs the DynamicResources
 	// PreFilter before ours.
 	unordered sync.Once
@@ -201,43 +203,65 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 			return fwk.AsStatus(fmt.Errorf("pod %s: %w", klog.KObj(pod), err))
 		}
 	}
-	slices, err := pl.dra.ResourceSlices().ListWithDeviceTaintRules()
-	if err != nil {
-		return fwk.AsStatus(fmt.Errorf("list ResourceSlices: %w", err))
-	}
-	pools := pl.pools.update(slices)
-	state0, err := pl.allocatedState(state)
-	if err != nil {
-		return fwk.AsStatus(err)
-	}
-	alloc := ourAllocations(state0)
 	pl.checkOrdered(logger, state)
-	ordered, orders := false, map[*pool]*ordered(nil)
-	if o := cycleOrder(state); o != nil && o.applied.Load() && o.policy != Spread {
-		ordered, orders = true, o.orders
+	// The pools and their states the allocator got where the cycle
+	// ordered them; else read here.
+	var set *poolSet
+	var states []*ordered
+	ordered := false
+	if o := cycleOrder(state); o != nil && o.applied.Load() && o.states != nil {
+		set, states, ordered = o.set, o.states, o.policy != Spread
+	} else {
+		slices, err := pl.dra.ResourceSlices().ListWithDeviceTaintRules()
+		if err != nil {
+			return fwk.AsStatus(fmt.Errorf("list ResourceSlices: %w", err))
+		}
+		set = pl.pools.update(slices)
+		allocated, err := pl.allocatedState(state)
+		if err != nil {
+			return fwk.AsStatus(err)
+		}
+		states = pl.poolStates(ctx, set, allocated)
 	}
+	key := predictionKey(reqs, ordered)
 	keys := make([]int64, len(nodes))
 	mine := make([]bool, len(nodes))
-	predictNode := func(i int) {
-		node := nodes[i].Node().Name
-		p, ok := pools[node]
+	outcomes := make([]outcome, len(nodes))
+	// Nodes whose allocations are those of an earlier pod alike were
+	// predicted then; only the others are predicted now.
+	var todo []int
+	for i, n := range nodes {
+		k, ok := set.slot[n.Node().Name]
 		if !ok {
-			return
+			continue
 		}
+		if out, ok := states[k].prediction(key); ok {
+			outcomes[i] = out
+			continue
+		}
+		todo = append(todo, i)
+	}
+	predictNode := func(j int) {
+		i := todo[j]
+		k := set.slot[nodes[i].Node().Name]
 		s := pl.getScratch()
-		o := predict(ctx, pl.cel, p, alloc, reqs, ordered, orders[p], s)
+		outcomes[i] = predict(ctx, pl.cel, set.list[k], reqs, ordered, states[k], s)
 		pl.scratch.Put(s)
-		mine[i], keys[i] = o.ours, o.key(policy)
-		if loggerV := logger.V(5); loggerV.Enabled() {
-			loggerV.Info("Placement predicted", "pod", klog.KObj(pod), "node", node, "policy", policy, "key", keys[i],
-				"predicted", o.predicted, "gpus", o.gpus, "busyGPUs", o.busy, "devices", o.picks, "joinedGroups", o.joined, "brokenGroups", o.broken)
+		states[k].keep(key, outcomes[i])
+	}
+	if pl.parallel != nil && len(todo) > changedPools {
+		pl.parallel.Until(ctx, len(todo), predictNode, Name)
+	} else {
+		for j := range todo {
+			predictNode(j)
 		}
 	}
-	if pl.parallel != nil {
-		pl.parallel.Until(ctx, len(nodes), predictNode, Name)
-	} else {
-		for i := range nodes {
-			predictNode(i)
+	loggerV := logger.V(5)
+	for i, o := range outcomes {
+		mine[i], keys[i] = o.ours, o.key(policy)
+		if loggerV.Enabled() && o.ours {
+			loggerV.Info("Placement predicted", "pod", klog.KObj(pod), "node", nodes[i].Node().Name, "policy", policy, "key", keys[i],
+				"predicted", o.predicted, "gpus", o.gpus, "busyGPUs", o.busy, "devices", o.picks, "joinedGroups", o.joined, "brokenGroups", o.broken)
 		}
 	}
 	s := &scores{policy: policy, keys: make(map[string]int64, len(nodes))}

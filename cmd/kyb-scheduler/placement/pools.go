@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
+	draapi "k8s.io/dynamic-resource-allocation/api"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
@@ -171,20 +172,95 @@ type consumption struct {
 // a node's slices change when its GPUs' health does, not when claims come
 // and go, so parsing them again for every pod would be wasted work.
 type poolCache struct {
-	mu    sync.Mutex
-	pools map[string]*pool
+	mu  sync.Mutex
+	set *poolSet
 	// listed: every slice of the last listing, of any driver.
 	listed map[*resourceapi.ResourceSlice]struct{}
 }
 
-// update returns the pools of our driver among slices, by node name,
-// parsing only the pools whose slices changed since the last call.
-func (c *poolCache) update(all []*resourceapi.ResourceSlice) map[string]*pool {
+// poolSet is one version of the cluster's pools of our driver, and where
+// each of their devices is in a cycle's view of the allocations (view.go).
+type poolSet struct {
+	// list: the pools, each node's once; slot names a node's index in it.
+	list []*pool
+	slot map[string]int
+	// base: list[k]'s devices are base[k]..base[k+1] of a view.
+	base []int
+	// byPool: the index in list of the node whose pool has the name the
+	// allocated state names it by (a node's pool is one of ours);
+	// devices: the device at each index of a view.
+	byPool  map[draapi.UniqueString]int
+	devices []*device
+	// ids: each device's ID, side by side, for index's scan.
+	ids []structured.DeviceID
+	// spanOf: where each slice the set was made of is, for the device
+	// order's copies.
+	spanOf map[*resourceapi.ResourceSlice]spanRef
+	// unseatedShares: some shared device publishes no seats, so that only
+	// the state's shares tell whether it is in use.
+	unseatedShares bool
+}
+
+// pool returns the node's pool, nil if it has none of ours.
+func (ps *poolSet) pool(node string) *pool {
+	if k, ok := ps.slot[node]; ok {
+		return ps.list[k]
+	}
+	return nil
+}
+
+// spanRef names a slice's span: spans[span] of list[pool].
+type spanRef struct{ pool, span int }
+
+func newPoolSet(pools map[string]*pool) *poolSet {
+	ps := &poolSet{
+		slot:   make(map[string]int, len(pools)),
+		byPool: make(map[draapi.UniqueString]int, len(pools)),
+		spanOf: make(map[*resourceapi.ResourceSlice]spanRef, len(pools)),
+	}
+	for _, p := range pools {
+		k := len(ps.list)
+		ps.slot[p.node] = k
+		ps.list = append(ps.list, p)
+		ps.base = append(ps.base, len(ps.devices))
+		for _, d := range p.devices {
+			ps.byPool[d.id.Pool] = k
+			ps.devices = append(ps.devices, d)
+			ps.ids = append(ps.ids, d.id)
+			ps.unseatedShares = ps.unseatedShares || (d.shared && !d.seatsPublished)
+		}
+		for j, sp := range p.spans {
+			ps.spanOf[sp.slice] = spanRef{pool: k, span: j}
+		}
+	}
+	ps.base = append(ps.base, len(ps.devices))
+	return ps
+}
+
+// index is the device's index in a view, -1 if the set has none by that
+// ID. A node's pool has a few dozen devices at most: a scan of its IDs,
+// side by side, is quicker than a map of every device of the cluster.
+func (ps *poolSet) index(id structured.DeviceID) int {
+	k, ok := ps.byPool[id.Pool]
+	if !ok {
+		return -1
+	}
+	for i := ps.base[k]; i < ps.base[k+1]; i++ {
+		if ps.ids[i] == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// update returns the pools of our driver among slices, parsing only the
+// pools whose slices changed since the last call.
+func (c *poolCache) update(all []*resourceapi.ResourceSlice) *poolSet {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.unchanged(all) {
 		// The common case, every pod: no slice changed anywhere.
-		return c.pools
+		return c.set
 	}
 	byNode := map[string][]*resourceapi.ResourceSlice{}
 	for _, s := range all {
@@ -195,26 +271,29 @@ func (c *poolCache) update(all []*resourceapi.ResourceSlice) map[string]*pool {
 	}
 	next := make(map[string]*pool, len(byNode))
 	for node, ss := range byNode {
-		p, ok := c.pools[node]
-		if ok && sameObjects(p.listed, ss) {
-			// The common case, every pod: nothing of the node's changed.
+		var p *pool
+		if c.set != nil {
+			p = c.set.pool(node)
+		}
+		if p != nil && sameObjects(p.listed, ss) {
+			// Most nodes when one changes: nothing of theirs did.
 			next[node] = p
 			continue
 		}
 		listed := ss
 		ss = currentGeneration(ss)
-		if !ok || !slices.Equal(p.slices, ss) {
+		if p == nil || !slices.Equal(p.slices, ss) {
 			p = parsePool(node, ss)
 		}
 		p.listed = listed
 		next[node] = p
 	}
-	c.pools = next
+	c.set = newPoolSet(next)
 	c.listed = make(map[*resourceapi.ResourceSlice]struct{}, len(all))
 	for _, s := range all {
 		c.listed[s] = struct{}{}
 	}
-	return next
+	return c.set
 }
 
 // unchanged says whether all holds the very objects of the last listing:
@@ -222,7 +301,7 @@ func (c *poolCache) update(all []*resourceapi.ResourceSlice) map[string]*pool {
 // so a look-up per slice tells, where comparing pools needs a map of
 // every node.
 func (c *poolCache) unchanged(all []*resourceapi.ResourceSlice) bool {
-	if c.pools == nil || len(all) != len(c.listed) {
+	if c.set == nil || len(all) != len(c.listed) {
 		return false
 	}
 	for _, s := range all {

@@ -47,25 +47,6 @@ type nodeUse struct {
 	used, capacity []int64
 }
 
-// reset makes u the pool's state before the pod, in u's own buffers.
-func (u *nodeUse) reset(p *pool, a *allocated) {
-	u.inUse = resize(u.inUse, len(p.devices))
-	u.seats = resize(u.seats, len(p.devices))
-	u.used = resize(u.used, len(p.capacity))
-	u.busy = resize(u.busy, 0)
-	u.capacity = p.capacity
-	for i, d := range p.devices {
-		inUse, seats := a.use(d)
-		if !inUse {
-			continue
-		}
-		u.inUse[i] = true
-		u.seats[i] = seats
-		u.busy.addAll(d.gpus)
-		u.charge(d)
-	}
-}
-
 // restore makes u the pool's state before the pod from the allocations
 // an order was computed for, in u's own buffers, without looking them up.
 func (u *nodeUse) restore(p *pool, o *ordered) {
@@ -156,28 +137,19 @@ type scratch struct {
 	before        gpuSet
 	inUseBefore   []bool
 	picked, taken []int
-	order         []int
 }
 
-// predict places reqs on the pool as the allocator would: in the order
-// the cycle's allocator got (order.go) where the cycle ordered the
-// devices, else in the published order. ord is the pool's order as
-// handed to the allocator, from the allocations it was computed for (nil
-// where the pool changed since: then computed again).
-func predict(ctx context.Context, celCache *cel.Cache, p *pool, a *allocated, reqs []request, ordered bool, ord *ordered, s *scratch) outcome {
+// predict places reqs on the pool as the allocator would, from the
+// pool's state under the cycle's allocations: in the order the cycle's
+// allocator got (order.go) where the cycle ordered the devices (ordered),
+// else in the published order.
+func predict(ctx context.Context, celCache *cel.Cache, p *pool, reqs []request, ordered bool, st *ordered, s *scratch) outcome {
 	o := outcome{predicted: true, gpus: p.gpus}
 	use, trial := &s.use, &s.trial
+	use.restore(p, st)
 	order := p.published()
-	switch {
-	case ordered && ord != nil:
-		use.restore(p, ord)
-		order = ord.order
-	case ordered:
-		use.reset(p, a)
-		s.order = p.preferred(use, s.order[:0])
-		order = s.order
-	default:
-		use.reset(p, a)
+	if ordered {
+		order = st.order
 	}
 	s.before = append(s.before[:0], use.busy...)
 	o.busy = s.before.count()

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -169,4 +170,21 @@ func classNames(reqs []request) []string {
 		}
 	}
 	return out
+}
+
+// predictionKey names what a prediction depends on besides the pool's
+// state: the requests' alternatives (the class's version, the count, the
+// seats) and whether the devices are tried in the cycle's order.
+func predictionKey(reqs []request, ordered bool) string {
+	var b strings.Builder
+	if ordered {
+		b.WriteString("ordered")
+	}
+	for _, r := range reqs {
+		b.WriteByte('|')
+		for _, alt := range r.alternatives {
+			fmt.Fprintf(&b, "%s,%d,%d;", alt.classKey, alt.count, alt.seats)
+		}
+	}
+	return b.String()
 }

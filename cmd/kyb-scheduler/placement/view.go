@@ -1,0 +1,155 @@
+package placement
+
+import (
+	"context"
+	"slices"
+
+	draapi "k8s.io/dynamic-resource-allocation/api"
+	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+)
+
+// A cycle's view of our devices' allocations, and each pool's state under
+// it.
+//
+// The scheduler's allocated state holds the allocations in the API, those
+// it has assumed after writing them, and those of pods in flight
+// (reserved, not yet bound), which the DRA plugin's claim tracker adds
+// (SharedDRAManager). It is gathered afresh for every pod. Between two
+// pods it changes on the node the last pod went to, and on the nodes
+// whose claims were freed or written meanwhile: a few nodes, where the
+// score has hundreds to order and predict.
+//
+// So the view is read in one pass over the state, a look-up per
+// allocation (the scheduler's own gathering is a pass over the same
+// allocations), not a look-up per published device of every node; and a
+// pool whose allocations are those of its last order keeps that order,
+// and the predictions made from it, without any work of the score's. A
+// pool's state is compared whole, device by device, so nothing is reused
+// for allocations that only look alike.
+
+// poolView is the allocation state of every pool of a poolSet, device by
+// device: the devices in use and the seats their shares consume.
+type poolView struct {
+	inUse []bool
+	seats []int64
+}
+
+// gather reads the state's allocations of the set's devices into v, in
+// v's own buffers. A device is in use as the allocator counts it: an ordinary device allocated; a shared one with a share,
+// its seats the consumed capacity the state keeps by device (a share of a
+// device that publishes seats consumes at least one, its request policy's
+// minimum); only a shared device without seats needs the shares
+// themselves, which the state keys by share.
+func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
+	v.inUse = resize(v.inUse, len(ps.devices))
+	v.seats = resize(v.seats, len(ps.devices))
+	for id := range state.AllocatedDevices {
+		if id.Driver != ourDriver {
+			continue
+		}
+		if i := ps.index(id); i >= 0 && !ps.devices[i].shared {
+			v.inUse[i] = true
+		}
+	}
+	for id, c := range state.AggregatedCapacity {
+		if id.Driver != ourDriver {
+			continue
+		}
+		i := ps.index(id)
+		if i < 0 || !ps.devices[i].shared {
+			continue
+		}
+		v.inUse[i] = true
+		if q := c[seatsCapacity]; q != nil {
+			v.seats[i] = q.Value()
+		}
+	}
+	if !ps.unseatedShares {
+		return
+	}
+	for id := range state.AllocatedSharedDeviceIDs {
+		if id.Driver != ourDriver {
+			continue
+		}
+		if i := ps.index(id.GetDeviceID()); i >= 0 && ps.devices[i].shared && !ps.devices[i].seatsPublished {
+			v.inUse[i] = true
+		}
+	}
+}
+
+// ourDriver is the driver's name as the allocated state holds it.
+var ourDriver = draapi.MakeUniqueString(driver.Name)
+
+// changedPools is how many pools of a cycle must have their order made
+// anew before the framework's parallelizer is worth its goroutines.
+const changedPools = 16
+
+// poolStates returns each pool's state under the cycle's allocations, by
+// the set's pool index: the pool's last one where its allocations are
+// unchanged, else one made now.
+func (pl *Plugin) poolStates(ctx context.Context, ps *poolSet, state *structured.AllocatedState) []*ordered {
+	v, _ := pl.views.Get().(*poolView)
+	if v == nil {
+		v = &poolView{}
+	}
+	defer pl.views.Put(v)
+	v.gather(ps, state)
+	out := make([]*ordered, len(ps.list))
+	var changed []int
+	for k, p := range ps.list {
+		lo, hi := ps.base[k], ps.base[k+1]
+		if out[k] = p.lastOrder(v.inUse[lo:hi], v.seats[lo:hi]); out[k] == nil {
+			changed = append(changed, k)
+		}
+	}
+	orderPool := func(j int) {
+		k := changed[j]
+		lo, hi := ps.base[k], ps.base[k+1]
+		s := pl.getScratch()
+		out[k] = ps.list[k].reorder(v.inUse[lo:hi], v.seats[lo:hi], s)
+		pl.scratch.Put(s)
+	}
+	if pl.parallel != nil && len(changed) > changedPools {
+		pl.parallel.Until(ctx, len(changed), orderPool, Name)
+	} else {
+		for j := range changed {
+			orderPool(j)
+		}
+	}
+	return out
+}
+
+// lastOrder returns the pool's last order if it was made for these
+// allocations, else nil.
+func (p *pool) lastOrder(inUse []bool, seats []int64) *ordered {
+	p.orderMu.Lock()
+	defer p.orderMu.Unlock()
+	if o := p.last; o != nil && slices.Equal(o.inUse, inUse) && slices.Equal(o.seats, seats) {
+		return o
+	}
+	return nil
+}
+
+// predictionCap bounds the predictions an order keeps: one per kind of
+// pod scheduled while the node's allocations stay the same.
+const predictionCap = 16
+
+// prediction returns the outcome predicted under the order for pods whose
+// requests have the key, if there is one.
+func (o *ordered) prediction(key string) (outcome, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out, ok := o.predictions[key]
+	return out, ok
+}
+
+func (o *ordered) keep(key string, out outcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.predictions == nil || len(o.predictions) >= predictionCap {
+		o.predictions = make(map[string]outcome, 1)
+	}
+	o.predictions[key] = out
+}

@@ -1,0 +1,211 @@
+package placement
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
+)
+
+// sharedSeats is four seats per one-GPU group (shared devices that
+// publish seats) beside plain two-GPU groups.
+const sharedSeats = "profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 4}\n- {resource: kyb.ai/gpu-2x-seat}\n"
+
+// cycle is what one pod's scheduling cycle made of the plugin's work: the
+// nodes' scores, the device order handed to the allocator (each slice's
+// device names, by node) and the pools' states.
+type cycle struct {
+	scores map[string]int64
+	order  map[string][]string
+	set    *poolSet
+	states []*ordered
+}
+
+// runCycle runs pl over pod as kyb-scheduler's built-in profile does:
+// PreFilter, the device order in the DynamicResources plugin's PreFilter
+// (over the allocated state gathered now), then PreScore, Score and
+// NormalizeScore on every node.
+func (f *fixture) runCycle(pl *Plugin, pod *v1.Pod) cycle {
+	f.t.Helper()
+	gathered, err := f.dra.ResourceClaims().GatherAllocatedState()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	listed, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	state := framework.NewCycleState()
+	state.Write(dynamicresources.AllocatedStateKey, &dynamicresources.AllocatedStateData{State: gathered})
+	if _, st := pl.PreFilter(f.ctx, state, pod, nil); !st.IsSuccess() {
+		f.t.Fatalf("PreFilter %s: %v", pod.Name, st)
+	}
+	o := cycleOrder(state)
+	c := cycle{order: map[string][]string{}}
+	for _, s := range o.OrderDevices(f.ctx, gathered, listed) {
+		if s.Spec.NodeName == nil {
+			continue
+		}
+		for _, d := range s.Spec.Devices {
+			c.order[*s.Spec.NodeName] = append(c.order[*s.Spec.NodeName], d.Name)
+		}
+	}
+	c.set, c.states = o.set, o.states
+	saved := f.plugin
+	f.plugin = pl
+	defer func() { f.plugin = saved }()
+	c.scores, _ = f.scoresIn(state, pod, f.nodes)
+	if c.scores == nil {
+		f.t.Fatalf("PreScore %s failed", pod.Name)
+	}
+	return c
+}
+
+// allocationOf is the device a claim in flight or allocated got.
+func (f *fixture) allocationOf(claim *resourceapi.ResourceClaim) string {
+	f.t.Helper()
+	if r := f.dra.ResourceClaims().GetPendingAllocation(claim.UID); r != nil {
+		return r.Devices.Results[0].Device
+	}
+	c, err := f.dra.ResourceClaims().Get(claim.Namespace, claim.Name)
+	if err != nil || c.Status.Allocation == nil {
+		f.t.Fatalf("%s is not allocated: %v", claim.Name, err)
+	}
+	return c.Status.Allocation.Devices.Results[0].Device
+}
+
+// A pool's state under the cycle's allocations (its device order and the
+// predictions made from it) is kept while the node's allocations stay
+// the same: the next pod orders and predicts again only the node the
+// last one went to, and a node whose claim is freed is ordered again as
+// well.
+func TestOnlyNodesWhoseAllocationsChangedAreOrderedAgain(t *testing.T) {
+	f := newFixture(t, Args{DefaultPolicy: Pack},
+		nodeSpec{"node-a", "dgx-h100", threeProfiles}, nodeSpec{"node-b", "dgx-h100", sharedSeats}, nodeSpec{"node-c", "dgx-h100", threeProfiles})
+	pod, _ := f.seatPod(class1x, 1)
+	before := f.runCycle(f.plugin, pod)
+
+	_, onA := f.seatPod(class1x, 1)
+	f.allocate(onA, "node-a", true)
+	_, onB := f.seatPod(class1x, 1)
+	f.allocate(onB, "node-b", false)
+	after := f.runCycle(f.plugin, pod)
+	if after.set != before.set {
+		t.Fatal("the pools were parsed again: no slice changed")
+	}
+	kept := func(c1, c2 cycle, node string) bool {
+		k := c1.set.slot[node]
+		return c1.states[k] == c2.states[k]
+	}
+	for node, want := range map[string]bool{"node-a": false, "node-b": false, "node-c": true} {
+		if got := kept(before, after, node); got != want {
+			t.Errorf("after a seat on node-a (written) and one on node-b (in flight): %s kept its state: %t, want %t", node, got, want)
+		}
+	}
+	k := after.set.slot["node-b"]
+	if !slices.Contains(after.states[k].inUse, true) || !slices.Contains(after.states[k].seats, 1) {
+		t.Errorf("node-b's state %v, seats %v: want the in-flight share's group in use, one seat", after.states[k].inUse, after.states[k].seats)
+	}
+
+	// A second share of node-b's group: the same devices in use, one more
+	// seat taken.
+	_, again := f.seatPod(class1x, 1)
+	if r := f.allocate(again, "node-b", false); r.Devices.Results[0].Device != f.allocationOf(onB) {
+		t.Fatalf("the second share took %s, want the group in use, %s", r.Devices.Results[0].Device, f.allocationOf(onB))
+	}
+	shared := f.runCycle(f.plugin, pod)
+	if kept(after, shared, "node-b") || !slices.Contains(shared.states[k].seats, 2) {
+		t.Errorf("after a second share of node-b's group: state kept %t, seats %v; want a new state with two seats", kept(after, shared, "node-b"), shared.states[k].seats)
+	}
+	if !f.dra.ResourceClaims().MaybeRemoveClaimPendingAllocation(again.UID, true) {
+		t.Fatal("the second share was not in flight")
+	}
+
+	// Freed: the written claim deleted, the in-flight one dropped.
+	if err := f.client.ResourceV1().ResourceClaims(onA.Namespace).Delete(f.ctx, onA.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("the claim's deletion", func() bool { _, err := f.dra.ResourceClaims().Get(onA.Namespace, onA.Name); return err != nil })
+	if !f.dra.ResourceClaims().MaybeRemoveClaimPendingAllocation(onB.UID, true) {
+		t.Fatal("node-b's claim was not in flight")
+	}
+	freed := f.runCycle(f.plugin, pod)
+	for _, node := range f.nodes {
+		k := freed.set.slot[node]
+		if slices.Contains(freed.states[k].inUse, true) {
+			t.Errorf("%s: devices still in use %v after every claim was freed", node, freed.states[k].inUse)
+		}
+		if node == "node-c" && !kept(after, freed, node) {
+			t.Errorf("node-c was ordered again, though nothing of it changed")
+		}
+	}
+	if !maps.Equal(freed.scores, before.scores) || !maps.EqualFunc(freed.order, before.order, slices.Equal) {
+		t.Errorf("freed: scores %v, order %v; want those of the empty cluster, %v, %v", freed.scores, freed.order, before.scores, before.order)
+	}
+}
+
+// Kept states never change what the score decides: over a random stream
+// of allocations (written and in flight, plain devices, shared groups
+// with seats, MIG instances) and releases, a plugin that has scheduled
+// every pod before gives each new pod the scores and device order a
+// plugin started for that pod alone gives it.
+func TestKeptStatesScoreAsAFreshPlugin(t *testing.T) {
+	f := newFixture(t, Args{DefaultPolicy: Pack},
+		nodeSpec{"node-a", "dgx-h100", threeProfiles}, nodeSpec{"node-b", "dgx-h100", sharedSeats},
+		nodeSpec{"node-c", "dgx-h100", migAndWhole}, nodeSpec{"node-d", "dgx-h100", threeProfiles})
+	f.waitFor("the MIG class", func() bool { return f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb") != nil })
+	classes := []string{class1x, class2x, f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb").Name}
+	type held struct {
+		claim   *resourceapi.ResourceClaim
+		written bool
+	}
+	var holding []held
+	rng := rand.New(rand.NewPCG(1, 37))
+	for step := range 40 {
+		what := ""
+		if len(holding) > 0 && rng.IntN(3) == 0 {
+			i := rng.IntN(len(holding))
+			h := holding[i]
+			holding = slices.Delete(holding, i, i+1)
+			if h.written {
+				if err := f.client.ResourceV1().ResourceClaims(h.claim.Namespace).Delete(f.ctx, h.claim.Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				f.waitFor("the deletion of "+h.claim.Name, func() bool { _, err := f.dra.ResourceClaims().Get(h.claim.Namespace, h.claim.Name); return err != nil })
+			} else {
+				f.dra.ResourceClaims().MaybeRemoveClaimPendingAllocation(h.claim.UID, true)
+			}
+			what = "freed " + h.claim.Name
+		} else {
+			class := classes[rng.IntN(len(classes))]
+			_, claim := f.seatPod(class, 1)
+			nodes := f.feasible(claim)
+			if len(nodes) == 0 {
+				continue
+			}
+			node := nodes[rng.IntN(len(nodes))]
+			written := rng.IntN(2) == 0
+			f.allocate(claim, node, written)
+			holding = append(holding, held{claim, written})
+			what = fmt.Sprintf("%s on %s (written %t)", class, node, written)
+		}
+		for _, class := range classes {
+			pod, _ := f.seatPod(class, 1)
+			kept := f.runCycle(f.plugin, pod)
+			fresh := f.runCycle(NewWithManager(Args{DefaultPolicy: Pack}, f.dra), pod)
+			if !maps.Equal(kept.scores, fresh.scores) {
+				t.Errorf("step %d, after %s: a %s pod scored %v by the plugin that kept its states, %v by a fresh one", step, what, class, kept.scores, fresh.scores)
+			}
+			if !maps.EqualFunc(kept.order, fresh.order, slices.Equal) {
+				t.Errorf("step %d, after %s: a %s pod's device order %v by the plugin that kept its states, %v by a fresh one", step, what, class, kept.order, fresh.order)
+			}
+		}
+	}
+}
