@@ -23,6 +23,9 @@ import (
 // node, fills on a few hundred nodes.
 type cycleCosts struct {
 	attempt, score float64
+	// steps: the score's time per cycle by step (PreFilter, DeviceOrder,
+	// PreScore).
+	steps map[string]float64
 	// scoreCycles are the cycles the score's PreScore ran in.
 	scoreCycles float64
 }
@@ -76,6 +79,7 @@ func scanSamples(page []byte, sample func(name string, labels map[string]string,
 // parseCycleCosts reads cycleCosts from a scheduler's metrics page.
 func parseCycleCosts(page []byte) (cycleCosts, error) {
 	var algorithmSum, algorithmCount, scoreSum, preScores float64
+	steps := map[string]float64{}
 	err := scanSamples(page, func(name string, labels map[string]string, v float64) {
 		switch name {
 		case "scheduler_scheduling_algorithm_duration_seconds_sum":
@@ -84,6 +88,7 @@ func parseCycleCosts(page []byte) (cycleCosts, error) {
 			algorithmCount += v
 		case "kyb_placement_duration_seconds_sum":
 			scoreSum += v
+			steps[labels["step"]] += v
 		case "kyb_placement_duration_seconds_count":
 			if labels["step"] == "PreScore" {
 				preScores += v
@@ -93,7 +98,10 @@ func parseCycleCosts(page []byte) (cycleCosts, error) {
 	if err != nil || algorithmCount == 0 {
 		return cycleCosts{}, err
 	}
-	return cycleCosts{attempt: algorithmSum / algorithmCount, score: scoreSum / algorithmCount, scoreCycles: preScores}, nil
+	for k := range steps {
+		steps[k] /= algorithmCount
+	}
+	return cycleCosts{attempt: algorithmSum / algorithmCount, score: scoreSum / algorithmCount, steps: steps, scoreCycles: preScores}, nil
 }
 
 // processCycleCosts reads a scheduler process's cycleCosts.

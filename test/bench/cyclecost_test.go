@@ -38,6 +38,11 @@ scheduler_scheduling_algorithm_duration_seconds_count 10
 			t.Errorf("%s per cycle %v, want %v", f.name, f.got, f.want)
 		}
 	}
+	for step, want := range map[string]float64{"PreScore": 0.004 / 10, "PreFilter": 0.0005 / 10, "DeviceOrder": 0.0015 / 10} {
+		if math.Abs(c.steps[step]-want) > 1e-12 {
+			t.Errorf("%s per cycle %v, want %v", step, c.steps[step], want)
+		}
+	}
 	if got := c.scoreShare(); math.Abs(got-want.score/want.attempt) > 1e-12 {
 		t.Errorf("score share %v, want %v", got, want.score/want.attempt)
 	}

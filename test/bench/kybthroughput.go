@@ -135,7 +135,7 @@ func (st *KybSchedStudy) Table() *Table {
 		Title: fmt.Sprintf("kyb-scheduler's throughput against stock kube-scheduler, %v nodes (median of %d rounds)", st.Options.Nodes, st.Options.Rounds),
 		Header: []string{"nodes", "pods released onto", "shape", "scheduler", "pods", "pods/s", "ratio to basic under stock",
 			fmt.Sprintf("goal ≥ %.1fx", KybSchedGoal), "ms per scheduling cycle", "score's ms per cycle (share)",
-			fmt.Sprintf("goal: score ≤ %.0f %%", 100*KybScoreCostGoal), "pods/s with score / without", "scheduler CPU ms per pod", "CPU per pod, ratio to basic under stock", "scheduling attempts per pod"},
+			fmt.Sprintf("goal: score ≤ %.0f %%", 100*KybScoreCostGoal), "score's steps, ms per cycle: PreFilter / DeviceOrder / PreScore", "pods/s with score / without", "scheduler CPU ms per pod", "CPU per pod, ratio to basic under stock", "scheduling attempts per pod"},
 	}
 	ms := func(x float64) string { return fmt.Sprintf("%.2f", 1000*x) }
 	for _, sc := range st.Scenarios {
@@ -153,7 +153,7 @@ func (st *KybSchedStudy) Table() *Table {
 				attempt, score, share = append(attempt, c.attempt), append(score, c.score), append(share, c.scoreShare())
 			}
 			ratio := Median(ratios)
-			goal, ww, costGoal, attemptCol, scoreCol := "", "", "", "", ""
+			goal, ww, costGoal, attemptCol, scoreCol, stepsCol := "", "", "", "", "", ""
 			if Median(attempt) > 0 {
 				attemptCol = perRound(attempt, ms)
 			}
@@ -168,10 +168,19 @@ func (st *KybSchedStudy) Table() *Table {
 				if timed(sc.Costs, i) {
 					scoreCol = fmt.Sprintf("%s (%.1f %%)", perRound(score, ms), 100*Median(share))
 					costGoal = Verdict(Median(share) <= KybScoreCostGoal)
+					var parts []string
+					for _, step := range []string{"PreFilter", "DeviceOrder", "PreScore"} {
+						var per []float64
+						for round := range sc.Costs {
+							per = append(per, sc.Costs[round][i].steps[step])
+						}
+						parts = append(parts, ms(Median(per)))
+					}
+					stepsCol = strings.Join(parts, " / ")
 				}
 			}
 			t.Rows = append(t.Rows, []string{fmt.Sprint(sc.Nodes), sc.Name, r.Shape.Name, r.Scheduler.Name, fmt.Sprint(sc.Pods[i]),
-				perRound(rates, func(x float64) string { return fmt.Sprintf("%.0f", x) }), perRound(ratios, Ratio), goal, attemptCol, scoreCol, costGoal, ww,
+				perRound(rates, func(x float64) string { return fmt.Sprintf("%.0f", x) }), perRound(ratios, Ratio), goal, attemptCol, scoreCol, costGoal, stepsCol, ww,
 				cpuCol, cpuRatioCol, fmt.Sprintf("%.2f", Median(attempts))})
 		}
 	}

@@ -168,17 +168,19 @@ func TestKybScheduler(t *testing.T) {
 
 	// node-a holds 1x seats on GPUs 0 and 2: its next 1x seat (GPU 1 or
 	// 3) breaks no idle larger group. node-b holds 2x seats on GPUs 0-1
-	// and 4-5: fuller (pack's choice), but a seat on any of its free GPUs
-	// breaks an idle pair (2-3 or 6-7). node-c is idle: a seat there
-	// breaks a pair and a four-GPU group.
+	// and 4-5: fuller, but a seat on any of its free GPUs breaks an idle
+	// pair (2-3 or 6-7). node-c is idle: a seat there breaks a pair and a
+	// four-GPU group. Pack takes a node in use, and among those the one
+	// where the seat breaks no idle group; topology chooses by broken
+	// groups alone: node-a for both.
 	t.Run("topology keeps larger groups whole", func(t *testing.T) {
 		defer clearPods(t, c)
 		runningOn(t, c, "a-gpu0", seatFrom("seat-1x-gpu0"), onNode("node-a"))
 		runningOn(t, c, "a-gpu2", seatFrom("seat-1x-gpu2"), onNode("node-a"))
 		runningOn(t, c, "b-gpu01", seatFrom("seat-2x-gpu01"), onNode("node-b"))
 		runningOn(t, c, "b-gpu45", seatFrom("seat-2x-gpu45"), onNode("node-b"))
-		if got := runningOn(t, c, "packed", seatFrom("seat-1x"), placement("pack")); got != "node-b" {
-			t.Errorf("pack chose %s, want node-b (the fullest)", got)
+		if got := runningOn(t, c, "packed", seatFrom("seat-1x"), placement("pack")); got != "node-a" {
+			t.Errorf("pack chose %s, want node-a (in use, breaks no idle pair or four-GPU group)", got)
 		}
 		c.DeletePod(t, "default", "packed")
 		if got := runningOn(t, c, "topology", seatFrom("seat-1x"), placement("topology")); got != "node-a" {

@@ -57,17 +57,29 @@ func BenchmarkScore(b *testing.B) {
 
 // BenchmarkScoreCycle is all of the score's work for one pod under
 // kyb-scheduler's built-in profile: PreFilter, the device order handed to
-// the allocator, PreScore over every node (all fit) and Score.
+// the allocator, PreScore over the nodes that fit and Score. Half full:
+// every node has room; busy: nine nodes in ten full (all eight seats
+// allocated), as the throughput study's busy clusters, the others empty.
 func BenchmarkScoreCycle(b *testing.B) {
-	for _, n := range []int{100, 500} {
-		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
-			// GPUs 1, 3, 5, 7: every pair broken, so that each node's
-			// order differs from the published one.
-			f := halfFull(b, n, func(seat int) int { return 2*seat + 1 })
+	for _, c := range []struct {
+		name  string
+		nodes int
+		busy  bool
+	}{{"nodes=100", 100, false}, {"nodes=500", 500, false}, {"nodes=500,busy", 500, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			var f *fixture
+			if c.busy {
+				f = filled(b, c.nodes, func(node int) int { return 8 * min(1, node%10) }, nil)
+			} else {
+				// GPUs 1, 3, 5, 7: every pair broken, so that each node's
+				// order differs from the published one.
+				f = halfFull(b, c.nodes, func(seat int) int { return 2*seat + 1 })
+			}
 			schedmetrics.Register()
 			f.plugin.parallel = parallelize.NewParallelizer(parallelize.DefaultParallelism)
-			pod, _ := f.seatPod(class1x, 1)
-			infos := nodeInfos(f.nodes...)
+			pod, claim := f.seatPod(class1x, 1)
+			// Filter's nodes: the ones with room.
+			infos := nodeInfos(f.feasible(claim)...)
 			listed, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
 			if err != nil {
 				b.Fatal(err)
@@ -133,13 +145,21 @@ func (f *fixture) stream(b *testing.B) [2]*structured.AllocatedState {
 // where the allocator puts them where gpu is nil.
 func halfFull(b *testing.B, n int, gpu func(seat int) int) *fixture {
 	b.Helper()
+	return filled(b, n, func(int) int { return 4 }, gpu)
+}
+
+// filled is a fixture of n dgx-h100 nodes with seats(node) one-GPU seats
+// allocated on each, in the API server, placed as halfFull's.
+func filled(b *testing.B, n int, seats func(node int) int, gpu func(seat int) int) *fixture {
+	b.Helper()
 	specs := make([]nodeSpec, n)
 	for i := range specs {
 		specs[i] = nodeSpec{fmt.Sprintf("node-%03d", i), "dgx-h100", threeProfiles}
 	}
 	f := newFixture(b, Args{}, specs...)
-	for _, node := range f.nodes {
-		for seat := range 4 {
+	total := 0
+	for i, node := range f.nodes {
+		for seat := range seats(i) {
 			var pin []func(*resourceapi.DeviceRequest)
 			if gpu != nil {
 				pin = append(pin, schedulertest.WithSelector(fmt.Sprintf(`device.attributes["gpu.kyb.ai"].gpuIndices == "%d"`, gpu(seat))))
@@ -151,11 +171,12 @@ func halfFull(b *testing.B, n int, gpu func(seat int) int) *fixture {
 			}
 			claim.Status.Allocation = r
 			f.create(claim)
+			total++
 		}
 	}
 	f.waitFor("the allocations", func() bool {
 		s, err := f.dra.ResourceClaims().GatherAllocatedState()
-		return err == nil && len(s.AllocatedDevices) == 4*n
+		return err == nil && len(s.AllocatedDevices) == total
 	})
 	return f
 }

@@ -73,30 +73,41 @@ func TestSpreadSpreadsOverNodes(t *testing.T) {
 	}
 }
 
-// node-a holds 1x seats on GPUs 0 and 2: its next seat (GPU 1) breaks no
-// idle larger group. node-b holds a 2x seat on GPUs 0-1 and a 1x seat on
-// GPU 4: fuller, but its next seat (GPU 2) breaks the idle pair 2-3.
-// Topology chooses node-a, pack node-b.
+// Pack and topology both keep larger groups whole among the nodes in
+// use: node-a holds 1x seats on GPUs 0 and 2, so its next seat (GPU 1)
+// breaks no idle larger group; node-b, fuller (2x seats on GPUs 0-1 and
+// 4-5), has its next seat (GPU 2) break the idle pair 2-3. Both choose
+// node-a: taking the fullest node first would break the pair.
+//
+// They part where keeping larger groups whole would take an empty node:
+// node-c publishes one-GPU groups alone, so a seat there breaks nothing,
+// and node-d holds a 2x seat on GPUs 0-1, so its next seat breaks the
+// pair 2-3. Topology takes node-c, pack node-d, keeping node-c whole.
 func TestTopologyKeepsLargerGroupsWhole(t *testing.T) {
+	const onlyOneGPU = "profiles:\n- {resource: kyb.ai/gpu-1x-seat}\n"
+	type seat struct{ node, class, gpus string }
+	among := []nodeSpec{{"node-a", "dgx-h100", threeProfiles}, {"node-b", "dgx-h100", threeProfiles}}
+	amongSeats := []seat{{"node-a", class1x, "0"}, {"node-a", class1x, "2"}, {"node-b", class2x, "0,1"}, {"node-b", class2x, "4,5"}}
+	empty := []nodeSpec{{"node-c", "dgx-h100", onlyOneGPU}, {"node-d", "dgx-h100", threeProfiles}}
+	emptySeats := []seat{{"node-d", class2x, "0,1"}}
 	for _, tc := range []struct {
+		name   string
+		nodes  []nodeSpec
+		seats  []seat
 		policy Policy
 		want   string
 	}{
-		{Topology, "node-a"},
-		{Pack, "node-b"},
+		{"among nodes in use", among, amongSeats, Topology, "node-a"},
+		{"among nodes in use", among, amongSeats, Pack, "node-a"},
+		{"an empty node", empty, emptySeats, Topology, "node-c"},
+		{"an empty node", empty, emptySeats, Pack, "node-d"},
 	} {
-		t.Run(string(tc.policy), func(t *testing.T) {
-			f := newFixture(t, Args{DefaultPolicy: tc.policy}, nodeSpec{"node-a", "dgx-h100", threeProfiles}, nodeSpec{"node-b", "dgx-h100", threeProfiles})
-			onGPU := func(node, class, gpus string) {
-				_, claim := f.seatPod(class, 1, schedulertest.WithSelector(`device.attributes["gpu.kyb.ai"].gpuIndices == "`+gpus+`"`))
-				f.allocate(claim, node, true)
+		t.Run(tc.name+"/"+string(tc.policy), func(t *testing.T) {
+			f := newFixture(t, Args{DefaultPolicy: tc.policy}, tc.nodes...)
+			for _, s := range tc.seats {
+				_, claim := f.seatPod(s.class, 1, schedulertest.WithSelector(`device.attributes["gpu.kyb.ai"].gpuIndices == "`+s.gpus+`"`))
+				f.allocate(claim, s.node, true)
 			}
-			// node-a: its next 1x seat (GPU 1 or 3) breaks nothing idle.
-			// node-b, fuller: any free GPU's seat breaks an idle pair.
-			onGPU("node-a", class1x, "0")
-			onGPU("node-a", class1x, "2")
-			onGPU("node-b", class2x, "0,1")
-			onGPU("node-b", class2x, "4,5")
 			pod, claim := f.seatPod(class1x, 1)
 			state := framework.NewCycleState()
 			scores, st := f.scoresIn(state, pod, f.feasibleWith(f.cycleAllocator(state, pod), claim))

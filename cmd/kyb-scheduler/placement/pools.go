@@ -187,12 +187,12 @@ type poolSet struct {
 	// base: list[k]'s devices are base[k]..base[k+1] of a view.
 	base []int
 	// byPool: the index in list of the node whose pool has the name the
-	// allocated state names it by (a node's pool is one of ours);
-	// devices: the device at each index of a view.
-	byPool  map[draapi.UniqueString]int
-	devices []*device
-	// ids: each device's ID, side by side, for index's scan.
-	ids []structured.DeviceID
+	// allocated state names it by (a node's pool is one of ours).
+	byPool map[draapi.UniqueString]int
+	// ids: each device's ID and kind, side by side, for the view's pass
+	// over the allocations (a look-up each), which then reads nothing
+	// else of the device.
+	ids []viewID
 	// spanOf: where each slice the set was made of is, for the device
 	// order's copies.
 	spanOf map[*resourceapi.ResourceSlice]spanRef
@@ -209,6 +209,14 @@ func (ps *poolSet) pool(node string) *pool {
 	return nil
 }
 
+// viewID is a device as a view's pass over the allocations needs it.
+type viewID struct {
+	id structured.DeviceID
+	// shared: allowMultipleAllocations; unseated: shared, publishing no
+	// seats.
+	shared, unseated bool
+}
+
 // spanRef names a slice's span: spans[span] of list[pool].
 type spanRef struct{ pool, span int }
 
@@ -222,18 +230,17 @@ func newPoolSet(pools map[string]*pool) *poolSet {
 		k := len(ps.list)
 		ps.slot[p.node] = k
 		ps.list = append(ps.list, p)
-		ps.base = append(ps.base, len(ps.devices))
+		ps.base = append(ps.base, len(ps.ids))
 		for _, d := range p.devices {
 			ps.byPool[d.id.Pool] = k
-			ps.devices = append(ps.devices, d)
-			ps.ids = append(ps.ids, d.id)
+			ps.ids = append(ps.ids, viewID{id: d.id, shared: d.shared, unseated: d.shared && !d.seatsPublished})
 			ps.unseatedShares = ps.unseatedShares || (d.shared && !d.seatsPublished)
 		}
 		for j, sp := range p.spans {
 			ps.spanOf[sp.slice] = spanRef{pool: k, span: j}
 		}
 	}
-	ps.base = append(ps.base, len(ps.devices))
+	ps.base = append(ps.base, len(ps.ids))
 	return ps
 }
 
@@ -246,7 +253,7 @@ func (ps *poolSet) index(id structured.DeviceID) int {
 		return -1
 	}
 	for i := ps.base[k]; i < ps.base[k+1]; i++ {
-		if ps.ids[i] == id {
+		if ps.ids[i].id == id {
 			return i
 		}
 	}

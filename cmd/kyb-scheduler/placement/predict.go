@@ -242,13 +242,16 @@ func anyTrue(b []bool) bool {
 
 // Keys order the nodes under a policy, larger first; NormalizeScore maps
 // them onto 0..100. Each part is in per mille (broken groups: a count up
-// to maxBroken), so that a later part only tells apart nodes the earlier
-// ones find equal.
+// to maxBroken; whether the node is in use: 0 or 1), so that a later part
+// only tells apart nodes the earlier ones find equal.
 const (
 	permilleSpan = 1001
-	brokenSpan   = permilleSpan * permilleSpan
-	packSpan     = permilleSpan * brokenSpan
 	maxBroken    = 999
+	// fillSpan holds fill and join; brokenSpan the broken groups above
+	// them; packSpan all of pack's key.
+	fillSpan   = permilleSpan * permilleSpan
+	brokenSpan = (maxBroken + 1) * fillSpan
+	packSpan   = 2 * brokenSpan
 )
 
 func permille(n, of int) int64 {
@@ -258,11 +261,17 @@ func permille(n, of int) int64 {
 	return int64(min(n, of)) * 1000 / int64(of)
 }
 
-// key: pack ranks the fullest node first, then, among nodes as full, the
-// one where the pod breaks the fewest idle larger groups (topology as its
-// tie-break), then the one where it joins the most GPUs in use; topology
-// ranks by broken groups first, then as pack; spread prefers the emptiest
-// node, then the one it joins least.
+// key: pack ranks the nodes already in use first, so that empty nodes
+// stay whole; among them the one where the pod breaks the fewest idle
+// larger groups (topology as its tie-break), then the fullest, then the
+// one where it joins the most GPUs in use. Topology ranks by broken
+// groups first, then as pack. Spread prefers the emptiest node, then the
+// one it joins least.
+//
+// Pack's broken groups come before fill: ranking the fullest node first
+// breaks, on it, a pair or a quad that a node a little less full would
+// have kept, and left more of the cluster's free GPUs outside any whole
+// larger group (docs/placement-study.md, "Through the real scheduler").
 func (o outcome) key(policy Policy) int64 {
 	if !o.ours {
 		return 0
@@ -273,7 +282,11 @@ func (o outcome) key(policy Policy) int64 {
 	if !o.predicted {
 		broken = maxBroken
 	}
-	pack := fill*brokenSpan + (maxBroken-broken)*permilleSpan + join
+	used := int64(0)
+	if o.busy > 0 {
+		used = 1
+	}
+	pack := used*brokenSpan + (maxBroken-broken)*fillSpan + fill*permilleSpan + join
 	switch policy {
 	case Spread:
 		return (1000-fill)*permilleSpan + (1000 - join)

@@ -43,13 +43,13 @@ type poolView struct {
 // minimum); only a shared device without seats needs the shares
 // themselves, which the state keys by share.
 func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
-	v.inUse = resize(v.inUse, len(ps.devices))
-	v.seats = resize(v.seats, len(ps.devices))
+	v.inUse = resize(v.inUse, len(ps.ids))
+	v.seats = resize(v.seats, len(ps.ids))
 	for id := range state.AllocatedDevices {
 		if id.Driver != ourDriver {
 			continue
 		}
-		if i := ps.index(id); i >= 0 && !ps.devices[i].shared {
+		if i := ps.index(id); i >= 0 && !ps.ids[i].shared {
 			v.inUse[i] = true
 		}
 	}
@@ -58,7 +58,7 @@ func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
 			continue
 		}
 		i := ps.index(id)
-		if i < 0 || !ps.devices[i].shared {
+		if i < 0 || !ps.ids[i].shared {
 			continue
 		}
 		v.inUse[i] = true
@@ -73,7 +73,7 @@ func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
 		if id.Driver != ourDriver {
 			continue
 		}
-		if i := ps.index(id.GetDeviceID()); i >= 0 && ps.devices[i].shared && !ps.devices[i].seatsPublished {
+		if i := ps.index(id.GetDeviceID()); i >= 0 && ps.ids[i].unseated {
 			v.inUse[i] = true
 		}
 	}
