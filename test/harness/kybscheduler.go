@@ -127,8 +127,9 @@ func (c *Cluster) startKybScheduler(opts KybSchedulerOptions) *KybScheduler {
 		"--secure-port=" + strconv.Itoa(port),
 		// One replica: nothing to elect.
 		"--leader-elect=false",
-		// Metrics for benchmarks, without a token: a loopback port.
-		"--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+		// Metrics and profiles for benchmarks, without a token: a loopback
+		// port.
+		"--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics,/debug/pprof/*",
 		"--v=2",
 	}
 	if opts.Config != "" {
