@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,52 +34,6 @@ const (
 	// take the scheduler's memory. A larger index is no GPU of ours.
 	gpuIndexLimit = 1024
 )
-
-// gpuSet is a set of GPU indices of one node.
-type gpuSet []uint64
-
-func (s *gpuSet) add(i int) {
-	for len(*s) <= i/64 {
-		*s = append(*s, 0)
-	}
-	(*s)[i/64] |= 1 << (i % 64)
-}
-
-func (s *gpuSet) addAll(o gpuSet) {
-	for i, w := range o {
-		for len(*s) <= i {
-			*s = append(*s, 0)
-		}
-		(*s)[i] |= w
-	}
-}
-
-func (s gpuSet) overlaps(o gpuSet) bool {
-	for i := range min(len(s), len(o)) {
-		if s[i]&o[i] != 0 {
-			return true
-		}
-	}
-	return false
-}
-
-func (s gpuSet) count() int {
-	n := 0
-	for _, w := range s {
-		n += bits.OnesCount64(w)
-	}
-	return n
-}
-
-// bound is one more than the highest GPU index in the set, 0 if empty.
-func (s gpuSet) bound() int {
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] != 0 {
-			return 64*i + bits.Len64(s[i])
-		}
-	}
-	return 0
-}
 
 // device is one of our published devices, as the score needs it.
 type device struct {
