@@ -168,6 +168,9 @@ type viewID struct {
 	// shared: allowMultipleAllocations; unseated: shared, publishing no
 	// seats.
 	shared, unseated bool
+	// seats: the device's (1 where it publishes none), all of which a
+	// whole allocation of a shared device takes.
+	seats int64
 }
 
 // spanRef names a slice's span: spans[span] of list[pool].
@@ -186,7 +189,7 @@ func newPoolSet(pools map[string]*pool) *poolSet {
 		ps.base = append(ps.base, len(ps.ids))
 		for _, d := range p.devices {
 			ps.byPool[d.id.Pool] = k
-			ps.ids = append(ps.ids, viewID{id: d.id, shared: d.shared, unseated: d.shared && !d.seatsPublished})
+			ps.ids = append(ps.ids, viewID{id: d.id, shared: d.shared, unseated: d.shared && !d.seatsPublished, seats: d.seats})
 			ps.unseatedShares = ps.unseatedShares || (d.shared && !d.seatsPublished)
 		}
 		for j, sp := range p.spans {
@@ -311,14 +314,14 @@ func currentGeneration(ss []*resourceapi.ResourceSlice) []*resourceapi.ResourceS
 func parsePool(node string, ss []*resourceapi.ResourceSlice) *pool {
 	p := &pool{node: node, slices: ss, matches: map[string][]bool{}}
 	counters := 0
-	index := map[string]int{}
+	index := map[counterID]int{}
 	for _, s := range ss {
 		for _, cs := range s.Spec.SharedCounters {
 			if cs.Name == counterSet {
 				counters = max(counters, len(cs.Counters))
 			}
 			for name, c := range cs.Counters {
-				index[cs.Name+"/"+name] = len(p.capacity)
+				index[counterID{pool: s.Spec.Pool.Name, set: cs.Name, name: name}] = len(p.capacity)
 				p.capacity = append(p.capacity, c.Value.Value())
 			}
 		}
@@ -333,7 +336,7 @@ func parsePool(node string, ss []*resourceapi.ResourceSlice) *pool {
 			}
 			d.block = block
 			d.id = structured.MakeDeviceID(driver.Name, s.Spec.Pool.Name, d.name)
-			p.consumption(d, index)
+			p.consumption(d, s.Spec.Pool.Name, index)
 			p.identity = append(p.identity, len(p.devices))
 			p.devices = append(p.devices, d)
 			p.gpus = max(p.gpus, d.gpus.bound())
@@ -354,15 +357,23 @@ func profileOf(d *device) string {
 	return fmt.Sprintf("%d/%t", d.size, d.partial)
 }
 
-// consumption reads what d consumes of the pool's counters. A counter no
-// set of the pool holds has no room: the allocator takes no such device.
-func (p *pool) consumption(d *device, index map[string]int) {
+// counterID names a counter as the allocator keeps it: by pool, for a
+// counter set's name is the pool's own, and a node's slices may publish
+// two pools with sets of one name (a pool renamed: the old one until it
+// is deleted), whose counters the allocator keeps apart.
+type counterID struct{ pool, set, name string }
+
+// consumption reads what d, of the named pool, consumes of the node's
+// counters. A counter no set of the pool holds has no room: the allocator
+// takes no such device.
+func (p *pool) consumption(d *device, pool string, index map[counterID]int) {
 	for _, cc := range d.api.ConsumesCounters {
 		for name, c := range cc.Counters {
-			k, ok := index[cc.CounterSet+"/"+name]
+			id := counterID{pool: pool, set: cc.CounterSet, name: name}
+			k, ok := index[id]
 			if !ok {
 				k = len(p.capacity)
-				index[cc.CounterSet+"/"+name] = k
+				index[id] = k
 				p.capacity = append(p.capacity, 0)
 			}
 			amount := c.Value.Value()

@@ -37,44 +37,59 @@ type poolView struct {
 }
 
 // gather reads the state's allocations of the set's devices into v, in
-// v's own buffers. A device is in use as the allocator counts it: an ordinary device allocated; a shared one with a share,
-// its seats the consumed capacity the state keeps by device (a share of a
-// device that publishes seats consumes at least one, its request policy's
-// minimum); only a shared device without seats needs the shares
-// themselves, which the state keys by share.
+// v's own buffers, as the allocator reads them: a device allocated whole
+// (the state keeps it by device) is in use and takes nothing more, a
+// shared one included; a device with a share is in use, its seats the
+// consumed capacity the state keeps by device (a share of a device that
+// publishes seats consumes at least one, its request policy's minimum);
+// only a shared device without seats needs the shares themselves, which
+// the state keys by share.
+//
+// An allocation's kind is the device's kind when it was made, not
+// necessarily as published now: a profile republished with more or fewer
+// seats keeps its devices' names, so that a whole allocation can hold a
+// device now shared, and shares a device now ordinary. The allocator
+// gives the first no share (the device is allocated), and charges the
+// counters of the second, which leaves it no room where it consumes its
+// GPUs' (every profile but an overprovisioning one): both are in use
+// here, whatever the slice says of the device now.
 func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
 	v.inUse = resize(v.inUse, len(ps.ids))
 	v.seats = resize(v.seats, len(ps.ids))
-	for id := range state.AllocatedDevices {
-		if id.Driver != ourDriver {
-			continue
-		}
-		if i := ps.index(id); i >= 0 && !ps.ids[i].shared {
-			v.inUse[i] = true
-		}
-	}
 	for id, c := range state.AggregatedCapacity {
 		if id.Driver != ourDriver {
 			continue
 		}
 		i := ps.index(id)
-		if i < 0 || !ps.ids[i].shared {
+		if i < 0 {
 			continue
 		}
 		v.inUse[i] = true
-		if q := c[seatsCapacity]; q != nil {
+		if q := c[seatsCapacity]; q != nil && ps.ids[i].shared {
 			v.seats[i] = q.Value()
 		}
 	}
-	if !ps.unseatedShares {
-		return
+	if ps.unseatedShares {
+		for id := range state.AllocatedSharedDeviceIDs {
+			if id.Driver != ourDriver {
+				continue
+			}
+			if i := ps.index(id.GetDeviceID()); i >= 0 && ps.ids[i].unseated {
+				v.inUse[i] = true
+			}
+		}
 	}
-	for id := range state.AllocatedSharedDeviceIDs {
+	// Last, so that a whole allocation of a shared device leaves it no
+	// seat whatever its shares took.
+	for id := range state.AllocatedDevices {
 		if id.Driver != ourDriver {
 			continue
 		}
-		if i := ps.index(id.GetDeviceID()); i >= 0 && ps.ids[i].unseated {
+		if i := ps.index(id); i >= 0 {
 			v.inUse[i] = true
+			if ps.ids[i].shared {
+				v.seats[i] = ps.ids[i].seats
+			}
 		}
 	}
 }
