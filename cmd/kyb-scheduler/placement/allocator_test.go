@@ -7,7 +7,10 @@ import (
 	"slices"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
@@ -235,4 +238,51 @@ func TestPredictionsTakeWhatTheAllocatorTakes(t *testing.T) {
 		}
 	}
 	t.Logf("nodes compared, by shape: %v", compared)
+}
+
+// The claim the scheduler makes for a pod's extended resources has a
+// request per container: two containers asking for a seat each take two
+// shares, of the group in use where it has seats left, where one
+// container asking for two seats takes two groups (a request's devices
+// are distinct). The score predicts the devices the allocator takes for
+// the claim the DynamicResources plugin makes (one request per container,
+// named container-<index>-request-<index of the resource>).
+func TestExtendedResourcesAreRequestedPerContainer(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		containers []int64
+		want       []string
+	}{
+		{"one container, two seats", []int64{2}, []string{"node-a/g0-1x", "node-a/g1-1x"}},
+		{"two containers, a seat each", []int64{1, 1}, []string{"node-a/g0-1x", "node-a/g0-1x"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, Args{DefaultPolicy: Pack}, nodeSpec{"node-a", "dgx-h100", sharedSeats})
+			_, held := f.seatPod(class1x, 1, schedulertest.WithSelector(`device.attributes["gpu.kyb.ai"].gpuIndices == "0"`))
+			f.allocate(held, "node-a", true)
+
+			pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "extended", Namespace: "default", UID: "uid-extended"}}
+			claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "extended-claim", Namespace: "default", UID: "uid-extended-claim"}}
+			for i, n := range tc.containers {
+				q := v1.ResourceList{"kyb.ai/gpu-1x-seat": *resource.NewQuantity(n, resource.DecimalSI)}
+				pod.Spec.Containers = append(pod.Spec.Containers, v1.Container{Name: fmt.Sprintf("app-%d", i), Resources: v1.ResourceRequirements{Limits: q, Requests: q}})
+				claim.Spec.Devices.Requests = append(claim.Spec.Devices.Requests, resourceapi.DeviceRequest{
+					Name:    fmt.Sprintf("container-%d-request-0", i),
+					Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class1x, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: n},
+				})
+			}
+			state := framework.NewCycleState()
+			a := f.cycleAllocator(state, pod)
+			r, err := f.sim.Try(f.ctx, a, claim, "node-a")
+			if err != nil || r == nil {
+				t.Fatalf("the pod does not fit node-a: %v", err)
+			}
+			if got := allocatedDevices(r); !slices.Equal(got, tc.want) {
+				t.Errorf("the allocator took %v, want %v", got, tc.want)
+			}
+			if got, want := f.predictedDevices(state, "node-a"), allocatedDevices(r); !slices.Equal(got, want) {
+				t.Errorf("the score predicts %v, the allocator takes %v", got, want)
+			}
+		})
+	}
 }

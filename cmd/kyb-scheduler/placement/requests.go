@@ -2,12 +2,10 @@ package placement
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	resourcehelper "k8s.io/component-helpers/resource"
 	fwk "k8s.io/kube-scheduler/framework"
 	schedutil "k8s.io/kubernetes/pkg/scheduler/util"
 	"k8s.io/utils/ptr"
@@ -34,7 +32,7 @@ type alternative struct {
 // podRequests are the device requests the pod still needs allocated: those
 // of its ResourceClaims that are neither allocated nor in flight for
 // another pod, and those of the extended resources DeviceClasses serve
-// (KEP-5004: the scheduler allocates a claim for them). Requests of
+// (KEP-5004: the scheduler allocates a claim for them, extended.go). Requests of
 // classes that do not exist are left out; Filter has refused such pods.
 func podRequests(pod *v1.Pod, dra fwk.SharedDRAManager) []request {
 	var out []request
@@ -61,17 +59,7 @@ func podRequests(pod *v1.Pod, dra fwk.SharedDRAManager) []request {
 	if resolver == nil {
 		return out
 	}
-	reqs := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
-	for _, name := range sortedNames(reqs) {
-		q := reqs[name]
-		if q.IsZero() || !schedutil.IsDRAExtendedResourceName(name) {
-			continue
-		}
-		if class := resolver.GetDeviceClass(name); class != nil {
-			out = append(out, request{alternatives: []alternative{{class: class, classKey: classKey(class), count: q.Value(), seats: 1}}})
-		}
-	}
-	return out
+	return append(out, extendedRequests(pod, resolver)...)
 }
 
 // needsDevices says, without looking any object up, whether a pod may
@@ -150,15 +138,6 @@ func seatsOf(c *resourceapi.CapacityRequirements) int64 {
 		}
 	}
 	return 1
-}
-
-func sortedNames(l v1.ResourceList) []v1.ResourceName {
-	out := make([]v1.ResourceName, 0, len(l))
-	for n := range l {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // classNames are the classes of the requests' alternatives, in order.
