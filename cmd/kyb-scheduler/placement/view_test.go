@@ -154,7 +154,8 @@ func TestOnlyNodesWhoseAllocationsChangedAreOrderedAgain(t *testing.T) {
 // Kept states never change what the score decides: over a random stream
 // of allocations (written and in flight, plain devices, shared groups
 // with seats, MIG instances) and releases, a plugin that has scheduled
-// every pod before gives each new pod the scores and device order a
+// every pod before gives each new pod (of any class, count and policy,
+// or asking for an extended resource) the scores and device order a
 // plugin started for that pod alone gives it.
 func TestKeptStatesScoreAsAFreshPlugin(t *testing.T) {
 	f := newFixture(t, Args{DefaultPolicy: Pack},
@@ -162,6 +163,7 @@ func TestKeptStatesScoreAsAFreshPlugin(t *testing.T) {
 		nodeSpec{"node-c", "dgx-h100", migAndWhole}, nodeSpec{"node-d", "dgx-h100", threeProfiles})
 	f.waitFor("the MIG class", func() bool { return f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb") != nil })
 	classes := []string{class1x, class2x, f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb").Name}
+	policies := []Policy{Pack, Topology, Spread}
 	type held struct {
 		claim   *resourceapi.ResourceClaim
 		written bool
@@ -196,15 +198,26 @@ func TestKeptStatesScoreAsAFreshPlugin(t *testing.T) {
 			holding = append(holding, held{claim, written})
 			what = fmt.Sprintf("%s on %s (written %t)", class, node, written)
 		}
-		for _, class := range classes {
-			pod, _ := f.seatPod(class, 1)
+		// Pods of every class, of one device or two, under every policy,
+		// and one asking for seats as an extended resource: each kind of
+		// pod keeps predictions of its own.
+		pods := map[string]*v1.Pod{}
+		for j, class := range classes {
+			count, policy := int64(1+(step+j)%2), policies[(step+j)%len(policies)]
+			pod, _ := f.seatPod(class, count)
+			pod.Annotations = map[string]string{PolicyAnnotation: string(policy)}
+			pods[fmt.Sprintf("%s, %d devices, %s", class, count, policy)] = pod
+		}
+		pods["extended-resource"] = f.extendedPod("kyb.ai/gpu-1x-seat", int64(1+step%2))
+		for _, name := range slices.Sorted(maps.Keys(pods)) {
+			pod := pods[name]
 			kept := f.runCycle(f.plugin, pod)
 			fresh := f.runCycle(NewWithManager(Args{DefaultPolicy: Pack}, f.dra), pod)
 			if !maps.Equal(kept.scores, fresh.scores) {
-				t.Errorf("step %d, after %s: a %s pod scored %v by the plugin that kept its states, %v by a fresh one", step, what, class, kept.scores, fresh.scores)
+				t.Errorf("step %d, after %s: a %s pod scored %v by the plugin that kept its states, %v by a fresh one", step, what, name, kept.scores, fresh.scores)
 			}
 			if !maps.EqualFunc(kept.order, fresh.order, slices.Equal) {
-				t.Errorf("step %d, after %s: a %s pod's device order %v by the plugin that kept its states, %v by a fresh one", step, what, class, kept.order, fresh.order)
+				t.Errorf("step %d, after %s: a %s pod's device order %v by the plugin that kept its states, %v by a fresh one", step, what, name, kept.order, fresh.order)
 			}
 		}
 	}
