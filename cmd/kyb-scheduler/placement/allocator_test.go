@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/dynamic-resource-allocation/structured"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
@@ -92,18 +93,7 @@ func TestDevicesRepublishedAsAnotherKindStayInUse(t *testing.T) {
 			f.republish(nodeSpec{"node-a", "dgx-h100", tc.after}, "node-a")
 
 			pod, claim := f.seatPod(class1x, 1)
-			state := framework.NewCycleState()
-			a := f.cycleAllocator(state, pod)
-			r, err := f.sim.Try(f.ctx, a, claim, "node-a")
-			if err != nil || r == nil {
-				t.Fatalf("the pod does not fit node-a: %v", err)
-			}
-			if got, want := allocatedDevices(r), []string{"node-a/g1-1x"}; !slices.Equal(got, want) {
-				t.Errorf("the allocator took %v, want %v, beside the device held", got, want)
-			}
-			if got, want := f.predictedDevices(state, "node-a"), allocatedDevices(r); !slices.Equal(got, want) {
-				t.Errorf("the score predicts %v on node-a, the allocator takes %v", got, want)
-			}
+			state, a := f.takenAndPredicted(pod, claim, "node-a", "node-a/g1-1x")
 			scores, st := f.scoresIn(state, pod, f.feasibleWith(a, claim))
 			if want := map[string]int64{"node-a": 100, "node-b": 0}; !maps.Equal(scores, want) {
 				t.Errorf("pack scored %v (%v), want %v: node-a is in use", scores, st, want)
@@ -127,18 +117,28 @@ func TestTwoPoolsOfANodeKeepTheirCountersApart(t *testing.T) {
 		}
 	}
 	pod, claim := f.seatPod(class1x, 1)
+	f.takenAndPredicted(pod, claim, "node-a", "node-a-1/g0-1x")
+}
+
+// takenAndPredicted runs a cycle of pod with the allocator the cycle's
+// device order is handed to, and checks that on node it takes want and
+// that the score predicts what it takes. It returns the cycle and its
+// allocator.
+func (f *fixture) takenAndPredicted(pod *v1.Pod, claim *resourceapi.ResourceClaim, node string, want ...string) (fwk.CycleState, structured.Allocator) {
+	f.t.Helper()
 	state := framework.NewCycleState()
 	a := f.cycleAllocator(state, pod)
-	r, err := f.sim.Try(f.ctx, a, claim, "node-a")
+	r, err := f.sim.Try(f.ctx, a, claim, node)
 	if err != nil || r == nil {
-		t.Fatalf("the pod does not fit node-a: %v", err)
+		f.t.Fatalf("the pod does not fit %s: %v", node, err)
 	}
-	if got, want := allocatedDevices(r), []string{"node-a-1/g0-1x"}; !slices.Equal(got, want) {
-		t.Errorf("the allocator took %v, want %v", got, want)
+	if got := allocatedDevices(r); !slices.Equal(got, want) {
+		f.t.Errorf("the allocator took %v on %s, want %v", got, node, want)
 	}
-	if got, want := f.predictedDevices(state, "node-a"), allocatedDevices(r); !slices.Equal(got, want) {
-		t.Errorf("the score predicts %v on node-a, the allocator takes %v", got, want)
+	if got, took := f.predictedDevices(state, node), allocatedDevices(r); !slices.Equal(got, took) {
+		f.t.Errorf("the score predicts %v on %s, the allocator takes %v", got, node, took)
 	}
+	return state, a
 }
 
 // firstAvailable makes a request a firstAvailable one of one device of
