@@ -75,7 +75,7 @@ func extendedRequests(pod *v1.Pod, resolver fwk.DeviceClassResolver) []request {
 				}
 				reused += m
 			}
-			if n > reused && (rest.req.alternatives == nil || rest.req.alternatives[0].count < n-reused) {
+			if n > reused && (len(rest.req.alternatives) == 0 || rest.req.alternatives[0].count < n-reused) {
 				rest = add(i, n-reused)
 			}
 		}

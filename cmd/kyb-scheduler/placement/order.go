@@ -83,7 +83,7 @@ func (o *deviceOrder) OrderDevices(ctx context.Context, state *structured.Alloca
 	out := slices.Clone(all)
 	for i, s := range all {
 		if r, ok := o.set.spanOf[s]; ok {
-			if c := o.states[r.pool].copies; c != nil && c[r.span] != nil {
+			if c := o.states[r.pool].copies; len(c) > r.span && c[r.span] != nil {
 				out[i] = c[r.span]
 			}
 		}
