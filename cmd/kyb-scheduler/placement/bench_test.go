@@ -119,16 +119,9 @@ func BenchmarkScoreCycle(b *testing.B) {
 // the first node.
 func (f *fixture) stream(b *testing.B) [2]*structured.AllocatedState {
 	b.Helper()
-	gathered, err := f.dra.ResourceClaims().GatherAllocatedState()
-	if err != nil {
-		b.Fatal(err)
-	}
+	listed, gathered := f.snapshot()
 	next := *gathered
 	next.AllocatedDevices = gathered.AllocatedDevices.Clone()
-	listed, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
-	if err != nil {
-		b.Fatal(err)
-	}
 	p := f.plugin.pools.update(listed).pool(f.nodes[0])
 	for _, d := range p.devices {
 		if d.size == 1 && !next.AllocatedDevices.Has(d.id) {

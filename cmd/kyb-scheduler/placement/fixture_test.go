@@ -380,6 +380,21 @@ func (f *fixture) allocateWith(a structured.Allocator, claim *resourceapi.Resour
 	return r
 }
 
+// snapshot is what the DynamicResources plugin's PreFilter reads for a
+// cycle: the slices, DeviceTaintRules applied, and the allocated state.
+func (f *fixture) snapshot() ([]*resourceapi.ResourceSlice, *structured.AllocatedState) {
+	f.t.Helper()
+	listed, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	gathered, err := f.dra.ResourceClaims().GatherAllocatedState()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return listed, gathered
+}
+
 // nodeInfos are the framework's views of the named nodes.
 func nodeInfos(names ...string) []fwk.NodeInfo {
 	out := make([]fwk.NodeInfo, len(names))

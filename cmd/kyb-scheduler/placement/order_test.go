@@ -177,14 +177,7 @@ func boolInt(b bool) int {
 // prediction is the score's outcome for pod on node in the cycle.
 func (f *fixture) prediction(state fwk.CycleState, pod *v1.Pod, node string) outcome {
 	f.t.Helper()
-	listed, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	gathered, err := f.dra.ResourceClaims().GatherAllocatedState()
-	if err != nil {
-		f.t.Fatal(err)
-	}
+	listed, gathered := f.snapshot()
 	set := f.plugin.pools.update(listed)
 	k, ok := set.slot[node]
 	if !ok {
@@ -211,14 +204,7 @@ func TestPreScorePredictsFromTheCyclesOrder(t *testing.T) {
 	if _, st := f.plugin.PreFilter(f.ctx, state, pod, nil); !st.IsSuccess() {
 		t.Fatal(st)
 	}
-	listed, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
-	if err != nil {
-		t.Fatal(err)
-	}
-	gathered, err := f.dra.ResourceClaims().GatherAllocatedState()
-	if err != nil {
-		t.Fatal(err)
-	}
+	listed, gathered := f.snapshot()
 	state.Write(dynamicresources.AllocatedStateKey, &dynamicresources.AllocatedStateData{State: gathered})
 	order := cycleOrder(state)
 	order.OrderDevices(f.ctx, gathered, listed)

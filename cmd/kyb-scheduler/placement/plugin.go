@@ -212,11 +212,11 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	if o := cycleOrder(state); o != nil && o.applied.Load() && o.states != nil {
 		set, states, ordered = o.set, o.states, o.policy != Spread
 	} else {
-		slices, err := pl.dra.ResourceSlices().ListWithDeviceTaintRules()
+		listed, err := pl.dra.ResourceSlices().ListWithDeviceTaintRules()
 		if err != nil {
 			return fwk.AsStatus(fmt.Errorf("list ResourceSlices: %w", err))
 		}
-		set = pl.pools.update(slices)
+		set = pl.pools.update(listed)
 		allocated, err := pl.allocatedState(state)
 		if err != nil {
 			return fwk.AsStatus(err)
@@ -224,12 +224,11 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		states = pl.poolStates(ctx, set, allocated)
 	}
 	key := predictionKey(reqs, ordered)
-	keys := make([]int64, len(nodes))
-	mine := make([]bool, len(nodes))
 	outcomes := make([]outcome, len(nodes))
 	// Nodes whose allocations are those of an earlier pod alike were
 	// predicted then; only the others are predicted now.
-	var todo []int
+	type node struct{ i, pool int }
+	var todo []node
 	for i, n := range nodes {
 		k, ok := set.slot[n.Node().Name]
 		if !ok {
@@ -239,36 +238,33 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 			outcomes[i] = out
 			continue
 		}
-		todo = append(todo, i)
+		todo = append(todo, node{i: i, pool: k})
 	}
 	predictNode := func(j int) {
-		i := todo[j]
-		k := set.slot[nodes[i].Node().Name]
+		n := todo[j]
 		s := pl.getScratch()
-		outcomes[i] = predict(ctx, pl.cel, set.list[k], reqs, ordered, states[k], s)
+		outcomes[n.i] = predict(ctx, pl.cel, set.list[n.pool], reqs, ordered, states[n.pool], s)
 		pl.scratch.Put(s)
-		states[k].keep(key, outcomes[i])
+		states[n.pool].keep(key, outcomes[n.i])
 	}
-	if pl.parallel != nil && len(todo) > changedPools {
+	if pl.parallel != nil && len(todo) > parallelFrom {
 		pl.parallel.Until(ctx, len(todo), predictNode, Name)
 	} else {
 		for j := range todo {
 			predictNode(j)
 		}
 	}
-	loggerV := logger.V(5)
-	for i, o := range outcomes {
-		mine[i], keys[i] = o.ours, o.key(policy)
-		if loggerV.Enabled() && o.ours {
-			loggerV.Info("Placement predicted", "pod", klog.KObj(pod), "node", nodes[i].Node().Name, "policy", policy, "key", keys[i],
-				"predicted", o.predicted, "gpus", o.gpus, "busyGPUs", o.busy, "devices", o.picks, "joinedGroups", o.joined, "brokenGroups", o.broken)
-		}
-	}
 	s := &scores{policy: policy, keys: make(map[string]int64, len(nodes))}
 	ours := false
-	for i, n := range nodes {
-		s.keys[n.Node().Name] = keys[i]
-		ours = ours || mine[i]
+	loggerV := logger.V(5)
+	for i, o := range outcomes {
+		name := nodes[i].Node().Name
+		s.keys[name] = o.key(policy)
+		ours = ours || o.ours
+		if loggerV.Enabled() && o.ours {
+			loggerV.Info("Placement predicted", "pod", klog.KObj(pod), "node", name, "policy", policy, "key", s.keys[name],
+				"predicted", o.predicted, "gpus", o.gpus, "busyGPUs", o.busy, "devices", o.picks, "joinedGroups", o.joined, "brokenGroups", o.broken)
+		}
 	}
 	if !ours {
 		return fwk.NewStatus(fwk.Skip)

@@ -142,10 +142,10 @@ type poolSet struct {
 	// byPool: the index in list of the node whose pool has the name the
 	// allocated state names it by (a node's pool is one of ours).
 	byPool map[draapi.UniqueString]int
-	// ids: each device's ID and kind, side by side, for the view's pass
-	// over the allocations (a look-up each), which then reads nothing
-	// else of the device.
-	ids []viewID
+	// ids are the devices' IDs, side by side, for index's scan;
+	// devices, the devices by the same index.
+	ids     []structured.DeviceID
+	devices []*device
 	// spanOf: where each slice the set was made of is, for the device
 	// order's copies.
 	spanOf map[*resourceapi.ResourceSlice]spanRef
@@ -160,17 +160,6 @@ func (ps *poolSet) pool(node string) *pool {
 		return ps.list[k]
 	}
 	return nil
-}
-
-// viewID is a device as a view's pass over the allocations needs it.
-type viewID struct {
-	id structured.DeviceID
-	// shared: allowMultipleAllocations; unseated: shared, publishing no
-	// seats.
-	shared, unseated bool
-	// seats: the device's (1 where it publishes none), all of which a
-	// whole allocation of a shared device takes.
-	seats int64
 }
 
 // spanRef names a slice's span: spans[span] of list[pool].
@@ -189,7 +178,8 @@ func newPoolSet(pools map[string]*pool) *poolSet {
 		ps.base = append(ps.base, len(ps.ids))
 		for _, d := range p.devices {
 			ps.byPool[d.id.Pool] = k
-			ps.ids = append(ps.ids, viewID{id: d.id, shared: d.shared, unseated: d.shared && !d.seatsPublished, seats: d.seats})
+			ps.ids = append(ps.ids, d.id)
+			ps.devices = append(ps.devices, d)
 			ps.unseatedShares = ps.unseatedShares || (d.shared && !d.seatsPublished)
 		}
 		for j, sp := range p.spans {
@@ -209,7 +199,7 @@ func (ps *poolSet) index(id structured.DeviceID) int {
 		return -1
 	}
 	for i := ps.base[k]; i < ps.base[k+1]; i++ {
-		if ps.ids[i].id == id {
+		if ps.ids[i] == id {
 			return i
 		}
 	}

@@ -65,7 +65,7 @@ func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
 			continue
 		}
 		v.inUse[i] = true
-		if q := c[seatsCapacity]; q != nil && ps.ids[i].shared {
+		if q := c[seatsCapacity]; q != nil && ps.devices[i].shared {
 			v.seats[i] = q.Value()
 		}
 	}
@@ -74,7 +74,7 @@ func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
 			if id.Driver != ourDriver {
 				continue
 			}
-			if i := ps.index(id.GetDeviceID()); i >= 0 && ps.ids[i].unseated {
+			if i := ps.index(id.GetDeviceID()); i >= 0 && ps.devices[i].shared && !ps.devices[i].seatsPublished {
 				v.inUse[i] = true
 			}
 		}
@@ -87,8 +87,8 @@ func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
 		}
 		if i := ps.index(id); i >= 0 {
 			v.inUse[i] = true
-			if ps.ids[i].shared {
-				v.seats[i] = ps.ids[i].seats
+			if d := ps.devices[i]; d.shared {
+				v.seats[i] = d.seats
 			}
 		}
 	}
@@ -97,9 +97,9 @@ func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
 // ourDriver is the driver's name as the allocated state holds it.
 var ourDriver = draapi.MakeUniqueString(driver.Name)
 
-// changedPools is how many pools of a cycle must have their order made
+// parallelFrom is how many pools of a cycle must be ordered or predicted
 // anew before the framework's parallelizer is worth its goroutines.
-const changedPools = 16
+const parallelFrom = 16
 
 // poolStates returns each pool's state under the cycle's allocations, by
 // the set's pool index: the pool's last one where its allocations are
@@ -126,7 +126,7 @@ func (pl *Plugin) poolStates(ctx context.Context, ps *poolSet, state *structured
 		out[k] = ps.list[k].reorder(v.inUse[lo:hi], v.seats[lo:hi], s)
 		pl.scratch.Put(s)
 	}
-	if pl.parallel != nil && len(changed) > changedPools {
+	if pl.parallel != nil && len(changed) > parallelFrom {
 		pl.parallel.Until(ctx, len(changed), orderPool, Name)
 	} else {
 		for j := range changed {

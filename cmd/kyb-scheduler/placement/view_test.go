@@ -34,14 +34,7 @@ type cycle struct {
 // NormalizeScore on every node.
 func (f *fixture) runCycle(pl *Plugin, pod *v1.Pod) cycle {
 	f.t.Helper()
-	gathered, err := f.dra.ResourceClaims().GatherAllocatedState()
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	listed, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
-	if err != nil {
-		f.t.Fatal(err)
-	}
+	listed, gathered := f.snapshot()
 	state := framework.NewCycleState()
 	state.Write(dynamicresources.AllocatedStateKey, &dynamicresources.AllocatedStateData{State: gathered})
 	if _, st := pl.PreFilter(f.ctx, state, pod, nil); !st.IsSuccess() {
