@@ -166,6 +166,7 @@ func newShimMPS(t *testing.T) *shimMPS {
 	e := newEnv(t, "nvlink-2x4", shimSharingConfig)
 	root := filepath.Join(e.dir, "..", "mps")
 	t.Cleanup(func() { _ = os.RemoveAll(root) }) // stops a daemon a failed test leaves
+	mpstest.UnmountAtEnd(t, root)
 	return &shimMPS{env: e, control: control, root: root, pr: newFakePodResources(t, filepath.Join(e.dir, ".."), "kyb.ai/gpu-1x-seat")}
 }
 
@@ -174,7 +175,7 @@ func (s *shimMPS) start(mutate ...func(*Sharing)) { s.startSharing(s.root, s.con
 func (e *env) startSharing(root, control string, pr *fakePodResources, mutate ...func(*Sharing)) {
 	e.t.Helper()
 	host := &gpuhost.Host{NVML: e.sim.NVML(), Simulated: e.sim}
-	mgr, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: host.SetExclusive})
+	mgr, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: host.SetExclusive, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -322,7 +323,7 @@ func TestShimMPSRefusalsOverRealSockets(t *testing.T) {
 func TestShimRestartSettlesDaemonsOverRealSockets(t *testing.T) {
 	s := newShimMPS(t)
 	e, control, root, pr := s.env, s.control, s.root, s.pr
-	mgr, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: func(context.Context, string, bool) error { return nil }})
+	mgr, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: func(context.Context, string, bool) error { return nil }, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ type mpsNode struct {
 func mpsOptions(t *testing.T, e *env, root, control string, mpsOpts func(*mps.Options), mutate ...func(*draplugin.Options)) func(*draplugin.Options) {
 	return func(o *draplugin.Options) {
 		host := &gpuhost.Host{NVML: e.sim.NVML(), Simulated: e.sim}
-		mo := mps.Options{Root: root, Control: []string{control}, SetExclusive: host.SetExclusive, ControlTimeout: time.Second, StopTimeout: time.Second}
+		mo := mps.Options{Root: root, Control: []string{control}, SetExclusive: host.SetExclusive, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB, ControlTimeout: time.Second, StopTimeout: time.Second}
 		if mpsOpts != nil {
 			mpsOpts(&mo)
 		}

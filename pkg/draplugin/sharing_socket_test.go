@@ -37,7 +37,7 @@ profiles:
 func withSharing(root, control string) envOption {
 	return func(e *env) {
 		host := &gpuhost.Host{NVML: e.sim.NVML(), Simulated: e.sim}
-		mgr, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: host.SetExclusive})
+		mgr, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: host.SetExclusive, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB})
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -49,6 +49,7 @@ func withSharing(root, control string) envOption {
 			// A daemon a test leaves running is stopped with its directory.
 			_ = os.RemoveAll(root)
 		})
+		mpstest.UnmountAtEnd(e.t, root)
 	}
 }
 
@@ -170,7 +171,7 @@ func TestAPluginRestartAdoptsTheDaemon(t *testing.T) {
 	one := e.claim(class1x)
 	e.prepareOK(one)
 	// A daemon of a group no claim holds, left by a plugin that went away.
-	mgr, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: func(context.Context, string, bool) error { return nil }})
+	mgr, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: func(context.Context, string, bool) error { return nil }, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@
 // daemons at once, even while one's stop is pending (overlap.go).
 //
 // Containers get the daemon's pipe directory (read-only by default) and
-// its shm directory. Nothing the plugin reads or runs depends on what a
+// its shm directory (a tmpfs of the group's own, shm.go). Nothing the plugin reads or runs depends on what a
 // container can write: the daemon is found by its record, stopped by its
 // PID, and its control socket is checked (type, owner, identity) before
 // the control client is run against it.
@@ -82,9 +82,15 @@ type Options struct {
 	// SetExclusive puts a GPU in compute mode EXCLUSIVE_PROCESS (true) or
 	// DEFAULT (false).
 	SetExclusive func(ctx context.Context, uuid string, exclusive bool) error
-	// ShmTmpfs mounts a tmpfs of this many MiB as each daemon's shm
-	// directory; 0 uses a plain directory.
+	// ShmTmpfsMiB is the size of the tmpfs mounted as each daemon's shm
+	// directory, which the group's clients share as their /dev/shm
+	// (DefaultShmTmpfsMiB is the commands' default; see shm.go). 0 is
+	// refused unless ShmUnbounded says so.
 	ShmTmpfsMiB int64
+	// ShmUnbounded makes each daemon's shm directory a plain directory on
+	// the MPS root's filesystem instead, which the group's tenants may
+	// fill. Only with ShmTmpfsMiB 0.
+	ShmUnbounded bool
 	// Cgroup, when set, is a cgroup v2 directory each daemon is moved
 	// into, so that it outlives the plugin's container.
 	Cgroup string
@@ -121,6 +127,9 @@ type Manager struct {
 func NewManager(opts Options) (*Manager, error) {
 	if opts.Root == "" || len(opts.Control) == 0 || opts.SetExclusive == nil {
 		return nil, errors.New("mps: Root, Control and SetExclusive are required")
+	}
+	if err := checkShmOptions(opts); err != nil {
+		return nil, err
 	}
 	for _, d := range []struct {
 		v   *time.Duration

@@ -41,8 +41,9 @@ func (m *modes) get(uuid string) bool {
 func newManager(t *testing.T, control string) (*mps.Manager, *modes, string) {
 	t.Helper()
 	root := t.TempDir()
+	mpstest.UnmountAtEnd(t, root)
 	md := &modes{exclusive: map[string]bool{}}
-	m, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set})
+	m, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func TestASecondManagerAdoptsTheRunningDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A restarted plugin: a new manager over the same directory.
-	again, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set})
+	again, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +227,7 @@ func TestADaemonStoppedByNameGivesItsGPUsBack(t *testing.T) {
 	if !md.get("GPU-a") || !md.get("GPU-b") {
 		t.Fatal("the group's GPUs are not EXCLUSIVE_PROCESS while its daemon runs")
 	}
-	again, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set})
+	again, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB})
 	if err != nil {
 		t.Fatal(err)
 	}

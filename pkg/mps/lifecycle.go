@@ -212,7 +212,9 @@ func (m *Manager) stop(ctx context.Context, g Group, removeDirs bool) error {
 		logger.Info("Stopped MPS control daemon; its directories stay for the containers that mount them", "mpsDaemon", g.Name)
 		return nil
 	}
-	m.removeShm(ctx, filepath.Join(m.Dir(g.Name), ShmDir))
+	if err := m.removeShm(g.Name); err != nil {
+		return fmt.Errorf("stop MPS daemon %s: %w", g.Name, err)
+	}
 	if err := m.root.RemoveAll(g.Name); err != nil {
 		return fmt.Errorf("stop MPS daemon %s: %w", g.Name, err)
 	}

@@ -87,7 +87,7 @@ func TestARootOthersCouldRedirectIsRefused(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			base := t.TempDir()
 			root := tt.setup(t, base)
-			_, err := mps.NewManager(mps.Options{Root: root, Control: []string{"true"}, SetExclusive: (&modes{exclusive: map[string]bool{}}).set})
+			_, err := mps.NewManager(mps.Options{Root: root, Control: []string{"true"}, SetExclusive: (&modes{exclusive: map[string]bool{}}).set, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB})
 			switch {
 			case tt.wantErr == "" && err != nil:
 				t.Errorf("NewManager(%s): %v, want it accepted", root, err)
@@ -115,7 +115,7 @@ func TestTheRootIsUsedAsItWasOpened(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := &modes{exclusive: map[string]bool{}}
-	m, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set,
+	m, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB,
 		Env:            []string{mpstest.OutliveDirEnv + "=1"},
 		ControlTimeout: 500 * time.Millisecond, StopTimeout: 500 * time.Millisecond})
 	if err != nil {

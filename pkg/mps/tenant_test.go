@@ -27,7 +27,7 @@ func tenantManager(t *testing.T, control string, mutate ...func(*mps.Options)) (
 	t.Helper()
 	root := mpstest.Root(t)
 	md := &modes{exclusive: map[string]bool{}}
-	opts := mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set,
+	opts := mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB,
 		ControlTimeout: 500 * time.Millisecond, StopTimeout: 500 * time.Millisecond}
 	for _, f := range mutate {
 		f(&opts)
@@ -336,7 +336,7 @@ func TestARetiredDaemonThatEndsGivesItsGPUBack(t *testing.T) {
 func managerOn(t *testing.T, control, root string) (*mps.Manager, *modes) {
 	t.Helper()
 	md := &modes{exclusive: map[string]bool{}}
-	m, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set,
+	m, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB,
 		ControlTimeout: 500 * time.Millisecond, StopTimeout: 500 * time.Millisecond, StartTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

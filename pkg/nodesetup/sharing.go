@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"k8s.io/klog/v2"
@@ -23,7 +24,7 @@ import (
 type SharingFlags struct {
 	MPSRoot    string
 	MPSControl string
-	MPSShmMiB  int
+	MPSShm     ShmSize
 	MPSCgroup  string
 	// MPSPipeReadOnly mounts the daemons' pipe directories read-only
 	// into containers.
@@ -34,7 +35,8 @@ type SharingFlags struct {
 func (s *SharingFlags) AddFlags(f *cli.FlagSet) {
 	f.StringVar(&s.MPSRoot, "mps-root", "KYB_MPS_ROOT", "", "host directory holding one directory per MPS daemon (pipe, log, shm), bind-mounted into its clients; it must have the same path in the plugin's container and on the host, belong to the plugin's user, be writable by no one else, and be reached through directories only root or that user can change (docs/security.md). Default: <plugin directory>/mps")
 	f.StringVar(&s.MPSControl, "mps-control", "KYB_MPS_CONTROL", "", "command that runs nvidia-cuda-mps-control, with any prefix it needs; a bare name found neither on PATH nor by the prefix is looked for among the driver's tools under --driver-root, and then runs with the driver's libraries and tools. Default: nvidia-cuda-mps-control; on a simulated node (--simulate), this binary's own simulated daemon ('<this binary> "+mpssim.Command+"')")
-	f.IntVar(&s.MPSShmMiB, "mps-shm-size-mib", "KYB_MPS_SHM_SIZE_MIB", 0, "size of a tmpfs mounted as each MPS daemon's shm directory (its clients' /dev/shm); 0: a plain directory")
+	s.MPSShm = ShmSize{MiB: mps.DefaultShmTmpfsMiB}
+	f.Var(&s.MPSShm, "mps-shm-size-mib", "KYB_MPS_SHM_SIZE_MIB", "MiB of the tmpfs mounted as each MPS daemon's shm directory, which all the containers of its group share as their /dev/shm; mounting needs CAP_SYS_ADMIN. \""+mps.ShmSizeUnbounded+"\": a plain directory on the host's disk instead, which any tenant of the group may fill (0 is refused)")
 	f.StringVar(&s.MPSCgroup, "mps-cgroup", "KYB_MPS_CGROUP", "", "cgroup v2 directory the MPS daemons are moved into, so that they outlive the plugin's container (for example /sys/fs/cgroup/kyb-mps); empty: they stay in the plugin's cgroup")
 	f.BoolVar(&s.MPSPipeReadOnly, "mps-pipe-read-only", "KYB_MPS_PIPE_READ_ONLY", true, "mount each MPS daemon's pipe directory read-only into its clients, which then cannot remove or replace the daemon's sockets; false mounts it read-write")
 }
@@ -67,13 +69,54 @@ func (s *SharingFlags) MPSManager(ctx context.Context, node *Node, pluginDir, dr
 	}
 	m, err := mps.NewManager(mps.Options{
 		Root: root, Control: control, Env: env, SetExclusive: node.Host.SetExclusive,
-		ShmTmpfsMiB: int64(s.MPSShmMiB), Cgroup: s.MPSCgroup, ClientPipeWritable: !s.MPSPipeReadOnly,
+		ShmTmpfsMiB: s.MPSShm.MiB, ShmUnbounded: s.MPSShm.Unbounded, Cgroup: s.MPSCgroup, ClientPipeWritable: !s.MPSPipeReadOnly,
 	})
 	if err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).Info("MPS daemons of mps profiles run here", "root", root, "control", control, "env", env, "pipeReadOnly", s.MPSPipeReadOnly)
+	if err := m.CheckShm(); err != nil {
+		klog.FromContext(ctx).Error(err, "Claims of MPS profiles will fail to prepare until the plugin may mount (or --mps-shm-size-mib is "+mps.ShmSizeUnbounded+")")
+	}
+	klog.FromContext(ctx).Info("MPS daemons of mps profiles run here", "root", root, "control", control, "env", env, "pipeReadOnly", s.MPSPipeReadOnly, "shmSizeMiB", s.MPSShm.String())
 	return m, nil
+}
+
+// ShmSize is --mps-shm-size-mib: the MiB of each MPS daemon's shm tmpfs,
+// or Unbounded: a plain directory. A bare 0 is refused, so that nobody
+// gets unbounded directories by mistaking 0 for a default.
+type ShmSize struct {
+	MiB       int64
+	Unbounded bool
+}
+
+// String is the flag's value.
+func (s *ShmSize) String() string {
+	switch {
+	case s == nil:
+		return ""
+	case s.Unbounded:
+		return mps.ShmSizeUnbounded
+	}
+	return strconv.FormatInt(s.MiB, 10)
+}
+
+// Set parses a size in MiB, or "unbounded".
+func (s *ShmSize) Set(v string) error {
+	if v == mps.ShmSizeUnbounded {
+		*s = ShmSize{Unbounded: true}
+		return nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case err != nil:
+		return fmt.Errorf("want a size in MiB or %q", mps.ShmSizeUnbounded)
+	case n == 0:
+		return fmt.Errorf("0 would leave each MPS daemon's shm directory unbounded on the host's disk: give a size in MiB, or %q to mean that", mps.ShmSizeUnbounded)
+	case n < 0:
+		return fmt.Errorf("want a positive size in MiB or %q", mps.ShmSizeUnbounded)
+	}
+	*s = ShmSize{MiB: n}
+	return nil
 }
 
 // control is the MPS control command: the operator's, else the driver's

@@ -45,7 +45,7 @@ func TestMPSControlFromTheDriverRoot(t *testing.T) {
 	}
 	defer node.Close(ctx)
 	t.Setenv("PATH", "/usr/bin:/bin") // no nvidia-cuda-mps-control on it
-	s := SharingFlags{MPSRoot: t.TempDir(), MPSControl: "nvidia-cuda-mps-control"}
+	s := SharingFlags{MPSRoot: t.TempDir(), MPSControl: "nvidia-cuda-mps-control", MPSShm: ShmSize{MiB: mps.DefaultShmTmpfsMiB}}
 	pluginDir := t.TempDir()
 	m, err := s.MPSManager(ctx, node, pluginDir, root)
 	if err != nil {

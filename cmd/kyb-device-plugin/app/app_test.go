@@ -44,6 +44,8 @@ func TestDevicePluginCommandLineErrorsSayWhatToFix(t *testing.T) {
 		{"nvidia-cdi without CDI injection", nil, []string{"--driver-files", "nvidia-cdi"}, 2, "--driver-files=nvidia-cdi needs --injection=cdi"},
 		{"stray argument", nil, []string{"serve"}, 2, `unexpected argument "serve"`},
 		{"faults without a simulated node", nil, []string{"--simulate-faults-file", "/tmp/faults"}, 2, "--simulate-faults-file needs --simulate"},
+		{"MPS shm of 0", nil, []string{"--mps-shm-size-mib", "0"}, 2, `invalid value "0" for flag -mps-shm-size-mib: 0 would leave each MPS daemon's shm directory unbounded on the host's disk: give a size in MiB, or "unbounded" to mean that`},
+		{"negative MPS shm in env", map[string]string{"KYB_MPS_SHM_SIZE_MIB": "-1"}, nil, 2, `environment variable KYB_MPS_SHM_SIZE_MIB="-1": want a positive size in MiB or "unbounded"`},
 		{"unknown preset", nil, []string{"--simulate", "dgx-z"}, 1, `unknown preset "dgx-z"`},
 		{"beside a live DRA plugin", nil, []string{"--simulate", "dgx-h100", "--device-plugin-directory-path", filepath.Join(dir, "dp"), "--kubelet-plugins-directory-path", filepath.Join(dir, "plugins")}, 1,
 			"the kyb DRA plugin serves this node (" + filepath.Join(dir, "plugins", "gpu.kyb.ai", "dra.sock") + " answers)"},
@@ -73,6 +75,7 @@ func TestDevicePluginHelp(t *testing.T) {
 		"-pod-resources-socket", "(env POD_RESOURCES_SOCKET)",
 		"-mps-control", "(env KYB_MPS_CONTROL)",
 		"-mps-pipe-read-only", "(env KYB_MPS_PIPE_READ_ONLY)",
+		"-mps-shm-size-mib", "(env KYB_MPS_SHM_SIZE_MIB) (default 256)",
 		"-simulate-faults-file", "(env KYB_SIMULATE_FAULTS_FILE)", "xid GPU XID",
 		"-v value",
 	} {

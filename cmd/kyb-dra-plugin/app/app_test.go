@@ -120,6 +120,9 @@ func TestCommandLineErrorsSayWhatToFix(t *testing.T) {
 		{"relative plugin directory", nil, []string{"--node-name", "n", "--kubelet-plugins-directory-path", ""}, 2, `--kubelet-plugins-directory-path "" must be an absolute path`},
 		{"relative CDI root in env", map[string]string{"CDI_ROOT": "cdi"}, []string{"--node-name", "n"}, 2, `--cdi-root "cdi" must be an absolute path`},
 		{"faults without a simulated node", map[string]string{"KYB_SIMULATE_FAULTS_FILE": "/tmp/faults"}, []string{"--node-name", "n"}, 2, "--simulate-faults-file needs --simulate"},
+		{"MPS shm of 0", nil, []string{"--node-name", "n", "--mps-shm-size-mib", "0"}, 2, `invalid value "0" for flag -mps-shm-size-mib: 0 would leave each MPS daemon's shm directory unbounded on the host's disk: give a size in MiB, or "unbounded" to mean that`},
+		{"MPS shm of 0 in env", map[string]string{"KYB_MPS_SHM_SIZE_MIB": "0"}, []string{"--node-name", "n"}, 2, `environment variable KYB_MPS_SHM_SIZE_MIB="0": 0 would leave each MPS daemon's shm directory unbounded`},
+		{"MPS shm not a size", nil, []string{"--node-name", "n", "--mps-shm-size-mib", "1Gi"}, 2, `invalid value "1Gi" for flag -mps-shm-size-mib: want a size in MiB or "unbounded"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

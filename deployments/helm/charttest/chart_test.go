@@ -45,6 +45,7 @@ type chartCase struct {
 	privileged  bool
 	mps         bool   // pods as MPS daemons need them
 	mpsControl  string // KYB_MPS_CONTROL; empty: unset
+	mpsShm      string // KYB_MPS_SHM_SIZE_MIB; empty: the default, 256
 	seamless    bool
 	simulated   bool
 	noPodGPU    bool              // metrics.podGPU.enabled=false
@@ -124,6 +125,14 @@ var cases = []chartCase{
 		set:      []string{"mps.control=chroot /host nvidia-cuda-mps-control"},
 		extended: true, seamless: true, driverMount: hostUsr,
 		privileged: true, mps: true, mpsControl: "chroot /host nvidia-cuda-mps-control",
+		profiles: []wantProfile{{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 4, sharing: "mps"}, {resource: "kyb.ai/gpu-2x-seat", name: "2x", size: 2, seats: 2, sharing: "timeSlicing/Long"}},
+	},
+	{
+		name:     "MPS with unbounded shm directories",
+		files:    []string{"testdata/mps-values.yaml"},
+		set:      []string{"mps.shmSizeMiB=unbounded"},
+		extended: true, seamless: true, driverMount: hostUsr,
+		privileged: true, mps: true, mpsShm: "unbounded",
 		profiles: []wantProfile{{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 4, sharing: "mps"}, {resource: "kyb.ai/gpu-2x-seat", name: "2x", size: 2, seats: 2, sharing: "timeSlicing/Long"}},
 	},
 	{

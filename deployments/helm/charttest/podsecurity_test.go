@@ -40,7 +40,7 @@ func checkPodSecurity(t *testing.T, m *manifest, tc chartCase) {
 	}
 	e := env(c)
 	if tc.mps {
-		wantEnv := map[string]string{"KYB_MPS_CGROUP": "/sys/fs/cgroup/kyb-mps", "KYB_MPS_SHM_SIZE_MIB": "256"}
+		wantEnv := map[string]string{"KYB_MPS_CGROUP": "/sys/fs/cgroup/kyb-mps", "KYB_MPS_SHM_SIZE_MIB": cmp.Or(tc.mpsShm, "256")}
 		if tc.deviceMode {
 			wantEnv["POD_RESOURCES_SOCKET"] = "/var/lib/kubelet/pod-resources/kubelet.sock"
 		}
@@ -113,16 +113,18 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 		// Only the driver root's mounts follow the host (a driver
 		// container mounting its root after the plugin started),
 		// and the plugin's data directory carries the MPS daemons' shm
-		// tmpfs mounts to the host (mps.shmSizeMiB, privileged pods only).
+		// tmpfs mounts to the host (mps.shmSizeMiB, privileged pods only;
+		// none where the shm directories are plain ones).
 		p := vm.MountPropagation
+		shmTmpfs := tc.mps && tc.mpsShm != "unbounded"
 		switch {
 		case p == nil || *p == corev1.MountPropagationNone:
 		case *p == corev1.MountPropagationHostToContainer && strings.HasPrefix(v.Name, "driver-root-"):
-		case *p == corev1.MountPropagationBidirectional && v.Name == "plugin-data" && tc.mps:
+		case *p == corev1.MountPropagationBidirectional && v.Name == "plugin-data" && shmTmpfs:
 		default:
 			t.Errorf("host path %s has mount propagation %s", v.HostPath.Path, *p)
 		}
-		if tc.mps && v.Name == "plugin-data" && (p == nil || *p != corev1.MountPropagationBidirectional) {
+		if shmTmpfs && v.Name == "plugin-data" && (p == nil || *p != corev1.MountPropagationBidirectional) {
 			t.Errorf("with mps.shmSizeMiB, the daemons' shm tmpfs never reaches the host: plugin-data propagation %v", p)
 		}
 		got[v.HostPath.Path] = hostMount{container: vm.MountPath, readOnly: vm.ReadOnly}

@@ -74,6 +74,11 @@ func TestBadValuesAreRefusedReadably(t *testing.T) {
 			want: []string{"nodeConfig.profiles[0].sharing.strategy is mps, which needs mps.enabled=true"},
 		},
 		{
+			name: "MPS shm directories of 0 MiB (schema: oneOf)",
+			set:  []string{"mps.enabled=true", "mps.shmSizeMiB=0"},
+			want: []string{"at '/mps/shmSizeMiB'"},
+		},
+		{
 			name: "a sharing strategy the driver does not know",
 			set:  []string{"nodeConfig.profiles[0].resource=kyb.ai/gpu-1x-seat", "nodeConfig.profiles[0].sharing.strategy=vgpu"},
 			want: []string{"at '/nodeConfig/profiles/0/sharing/strategy': value must be one of 'timeSlicing', 'mps'"},

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -84,6 +85,8 @@ func JoinCommand(t testing.TB, control []string, pipe, threadPct, memLimit strin
 // Root is a directory for the daemons' pipes, logs and shm, removed with
 // the test: short, under /tmp, since a pipe's socket path must fit in 108
 // bytes, which a test's own temporary directory may not leave room for.
+// What is still mounted in it then (the shm tmpfs of a group whose
+// directory the test kept) is unmounted first.
 func Root(t testing.TB) string {
 	t.Helper()
 	root, err := os.MkdirTemp("", "kyb-mps-")
@@ -91,7 +94,41 @@ func Root(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	UnmountAtEnd(t, root)
 	return root
+}
+
+// Mounts lists the mount points at or under dir in this process's mount
+// table, in the table's order (a mount stacked on another comes after
+// it).
+func Mounts(t testing.TB, dir string) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		// The fifth field is the mount point; the tests' paths have no
+		// character that mountinfo escapes.
+		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// UnmountAtEnd unmounts, when the test ends (before the cleanups
+// registered earlier, such as dir's removal), whatever is still mounted
+// at or under dir.
+func UnmountAtEnd(t testing.TB, dir string) {
+	t.Cleanup(func() {
+		for _, mp := range slices.Backward(Mounts(t, dir)) {
+			if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
+				t.Errorf("unmount %s at the end of the test: %v", mp, err)
+			}
+		}
+	})
 }
 
 // Daemons are the simulated daemons of the binary control that run (not

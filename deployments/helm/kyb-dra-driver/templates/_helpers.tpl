@@ -344,7 +344,7 @@ kyb.containerEnv.
 {{- end }}
 - name: plugin-data
   mountPath: {{ $.pluginDataDir }}
-{{- if and $.mps (gt (int $.Values.mps.shmSizeMiB) 0) }}
+{{- if and $.mps (ne (toString $.Values.mps.shmSizeMiB) "unbounded") }}
   # values mps.shmSizeMiB: the daemons' shm tmpfs, mounted by the plugin,
   # must reach the host, where their clients' containers bind-mount it.
   mountPropagation: Bidirectional
