@@ -192,8 +192,9 @@ func (f *fallbackLog) note(ctx context.Context, claim *resourceapi.ResourceClaim
 // claim the node holds (the kubelet leaves that one out of the call,
 // having prepared it for another pod, yet one of the pod's containers may
 // hold both), and those standalone claims. Only on a node holding
-// standalone claims: one GET of each. A claim that cannot be read counts
-// as referenced, so the specs err on the side that is right for every
+// standalone claims in the call's namespace, whose reservations it reads
+// (standaloneReservations). A claim that cannot be read counts as
+// referenced, so the specs err on the side that is right for every
 // container.
 func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]bool, []types.NamespacedName) {
 	held, err := d.ledger.StandaloneClaims(ctx)
@@ -201,38 +202,79 @@ func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.Res
 		// The reservation reports a checkpoint that cannot be read.
 		return nil, nil
 	}
+	// A pod references claims of its own namespace only.
+	candidates := map[string][]string{}
+	for _, h := range held {
+		if slices.ContainsFunc(claims, func(c *resourceapi.ResourceClaim) bool { return c.Namespace == h.Namespace && c.Name != h.Name }) {
+			candidates[h.Namespace] = append(candidates[h.Namespace], h.Name)
+		}
+	}
 	logger := klog.FromContext(ctx)
 	beside := map[types.UID]bool{}
 	var besideHeld []types.NamespacedName
-	for _, h := range held {
-		// A pod references claims of its own namespace only.
-		var here []*resourceapi.ResourceClaim
-		for _, c := range claims {
-			if c.Namespace == h.Namespace && c.Name != h.Name {
-				here = append(here, c)
+	for _, ns := range slices.Sorted(maps.Keys(candidates)) {
+		names := candidates[ns]
+		slices.Sort(names)
+		reserving, err := d.standaloneReservations(ctx, ns, names)
+		for _, name := range names {
+			pods, found := reserving[name]
+			if err == nil && !found {
+				continue // gone: no pod references it now
 			}
-		}
-		if len(here) == 0 {
-			continue
-		}
-		s, err := d.opts.Client.ResourceV1().ResourceClaims(h.Namespace).Get(ctx, h.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			continue // gone: no pod references it now
-		}
-		for _, c := range here {
-			switch {
-			case err != nil:
-				logger.Info("Cannot read a standalone claim the node holds; preparing the claim as if its pod referenced it", "standalone", klog.KRef(h.Namespace, h.Name), "claim", klog.KObj(c), "err", err)
-			case slices.ContainsFunc(seatledger.ReservingPods(s), func(uid types.UID) bool { return slices.Contains(seatledger.ReservingPods(c), uid) }):
-				logger.V(2).Info("The claim's pod also references a standalone claim the node holds: its containers may hold both", "claim", klog.KObj(c), "standalone", klog.KObj(s))
-			default:
-				continue
-			}
-			beside[c.UID] = true
-			if !slices.Contains(besideHeld, h) {
-				besideHeld = append(besideHeld, h)
+			h := types.NamespacedName{Namespace: ns, Name: name}
+			for _, c := range claims {
+				if c.Namespace != ns || c.Name == name {
+					continue
+				}
+				switch {
+				case err != nil:
+					logger.Info("Cannot read a standalone claim the node holds; preparing the claim as if its pod referenced it", "standalone", klog.KRef(ns, name), "claim", klog.KObj(c), "err", err)
+				case slices.ContainsFunc(pods, func(uid types.UID) bool { return slices.Contains(seatledger.ReservingPods(c), uid) }):
+					logger.V(2).Info("The claim's pod also references a standalone claim the node holds: its containers may hold both", "claim", klog.KObj(c), "standalone", klog.KRef(ns, name))
+				default:
+					continue
+				}
+				beside[c.UID] = true
+				if !slices.Contains(besideHeld, h) {
+					besideHeld = append(besideHeld, h)
+				}
 			}
 		}
 	}
 	return beside, besideHeld
+}
+
+// standaloneReservations reads which pods reserve the named standalone
+// claims of namespace ns now (a pod that references one beside a claim of
+// its own was added to its reservations after its prepare, which the
+// kubelet does not repeat), by name; a claim that is gone is left out.
+// One read, whatever their number: a GET for one claim, else one LIST of
+// the namespace. A GET each made every prepare's reads, through the
+// plugin's rate-limited client, grow with the standalone claims the node
+// holds, and a run of prepares quadratic. Both are consistent reads, as
+// the reservation of the pod being prepared needs.
+func (d *Driver) standaloneReservations(ctx context.Context, ns string, names []string) (map[string][]types.UID, error) {
+	api := d.opts.Client.ResourceV1().ResourceClaims(ns)
+	out := make(map[string][]types.UID, len(names))
+	if len(names) == 1 {
+		c, err := api.Get(ctx, names[0], metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return out, nil
+		case err != nil:
+			return nil, err
+		}
+		out[c.Name] = seatledger.ReservingPods(c)
+		return out, nil
+	}
+	list, err := api.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list the claims of namespace %s: %w", ns, err)
+	}
+	for i := range list.Items {
+		if c := &list.Items[i]; slices.Contains(names, c.Name) {
+			out[c.Name] = seatledger.ReservingPods(c)
+		}
+	}
+	return out, nil
 }

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"testing"
 
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources/podresourcestest"
 )
 
@@ -51,6 +54,61 @@ func BenchmarkPrepareAsksTheKubelet(b *testing.B) {
 			if kubelet != nil && kubelet.Gets() < b.N {
 				b.Fatalf("the kubelet was asked %d times for %d prepares", kubelet.Gets(), b.N)
 			}
+		})
+	}
+}
+
+// BenchmarkThirtyTwoPreparesOneAfterAnother fills a node of 32 one-seat
+// seats the way a job of 32 pods does: 32 standalone claims, each of a
+// pod of its own, prepared one after another over the plugin's socket,
+// through a prepare client limited as kyb-dra-plugin's is by default
+// (client-go's token bucket: a burst of 64, then 20 a second), with the
+// kubelet's PodResources API (over a real unix socket) and without it
+// (each prepare then reads the reservations of the standalone claims the
+// node holds). One op is the 32 prepares, from a full bucket; the claims
+// are made before and released after, outside the timer. The goal is
+// under 1 s an op either way; requests/op counts what the prepare client
+// sent.
+func BenchmarkThirtyTwoPreparesOneAfterAnother(b *testing.B) {
+	for _, asked := range []bool{false, true} {
+		b.Run(fmt.Sprintf("podResources=%v", asked), func(b *testing.B) {
+			var kubelet *podresourcestest.Server
+			var api *prepareClient
+			var opts []envOption
+			if asked {
+				opts = append(opts, withPodResources(b, &kubelet))
+			}
+			opts = append(opts, withPrepareClient(&api, prepareQPS, prepareBurst))
+			e := newEnv(b, "nvlink-2x4", seed, opts...)
+			requests := 0
+			b.ResetTimer()
+			for n := range b.N {
+				b.StopTimer()
+				claims := make([]*resourceapi.ResourceClaim, 32)
+				for i := range claims {
+					pod := fmt.Sprintf("pod-%d-%d", n, i)
+					claims[i] = e.reserveFor(e.standaloneClaim(class1x), pod)
+					if kubelet != nil {
+						kubelet.SetPod(claims[i].Namespace, pod, ctr("app", claims[i]))
+					}
+				}
+				api.reset(prepareQPS, prepareBurst)
+				b.StartTimer()
+				for _, c := range claims {
+					e.prepareOK(c)
+				}
+				b.StopTimer()
+				requests += api.total()
+				e.unprepare(claims...)
+				for _, c := range claims {
+					e.cluster.Release(c.Status.Allocation)
+					if err := e.client.ResourceV1().ResourceClaims(c.Namespace).Delete(e.ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(requests)/float64(b.N), "requests/op")
 		})
 	}
 }
