@@ -19,7 +19,9 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -316,7 +318,9 @@ func TestChartSchedulerConfigIsKybSchedulers(t *testing.T) {
 // authorizes with RBAC. It schedules a pod with a claim (allocating the
 // claim and binding the pod), leads on the lease of the release's
 // namespace, and is refused nothing: neither in its log nor in the API
-// server's audit log.
+// server's audit log. The chart's ClusterRole grants nothing the API
+// server's own roles of kube-scheduler do not, and the ServiceAccount
+// cannot touch the default scheduler's lease.
 func TestChartSchedulerRunsWithTheChartsRBAC(t *testing.T) {
 	bin := kybSchedulerBinary(t)
 	dir := t.TempDir()
@@ -398,6 +402,8 @@ func TestChartSchedulerRunsWithTheChartsRBAC(t *testing.T) {
 		}
 	}()
 
+	checkSchedulerRoleWithinKubeSchedulers(t, c, chartObjects(t, rendered), ns, sa)
+
 	// The leader's lease, in the release's namespace.
 	var holder string
 	err = wait.PollUntilContextTimeout(c.Ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
@@ -446,7 +452,7 @@ func TestChartSchedulerRunsWithTheChartsRBAC(t *testing.T) {
 		"create coordination.k8s.io/leases", "get coordination.k8s.io/leases", "update coordination.k8s.io/leases",
 		// The authentication reader in kube-system.
 		"get /configmaps", "watch /configmaps",
-		// system:kube-scheduler: what scheduling a pod with a claim takes.
+		// The chart's ClusterRole: what scheduling a pod with a claim takes.
 		"watch resource.k8s.io/resourceslices", "watch resource.k8s.io/deviceclasses", "watch scheduling.k8s.io/podgroups",
 		"update resource.k8s.io/resourceclaims/status", "create /pods/binding",
 	} {
@@ -468,4 +474,70 @@ func TestChartSchedulerRunsWithTheChartsRBAC(t *testing.T) {
 			t.Errorf("kyb-scheduler's log: %s", line)
 		}
 	}
+}
+
+// checkSchedulerRoleWithinKubeSchedulers checks the chart's scheduler
+// ClusterRole against the API server's own roles of kube-scheduler (the
+// user system:kube-scheduler holds system:kube-scheduler and
+// system:volume-scheduler): every verb it grants, they grant. And the
+// chart's ServiceAccount may renew its own lease but not the default
+// scheduler's, kube-system/kube-scheduler, which system:kube-scheduler
+// grants.
+func checkSchedulerRoleWithinKubeSchedulers(t *testing.T, c *harness.Cluster, objs []*unstructured.Unstructured, ns, sa string) {
+	t.Helper()
+	var role *rbacv1.ClusterRole
+	for _, o := range objs {
+		if o.GetKind() == "ClusterRole" && o.GetLabels()["app.kubernetes.io/component"] == "scheduler" {
+			role = &rbacv1.ClusterRole{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, role, true); err != nil {
+				t.Fatalf("ClusterRole %s: %v", o.GetName(), err)
+			}
+		}
+	}
+	if role == nil {
+		t.Fatal("the chart renders no ClusterRole of the scheduler")
+	}
+	allowed := func(user string, attrs *authorizationv1.ResourceAttributes) bool {
+		t.Helper()
+		sar, err := c.Client.AuthorizationV1().SubjectAccessReviews().Create(c.Ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:authenticated"}, ResourceAttributes: attrs,
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("SubjectAccessReview: %v", err)
+		}
+		return sar.Status.Allowed
+	}
+	checked := 0
+	for _, r := range role.Rules {
+		if len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 {
+			t.Errorf("rule %+v: the scheduler's ClusterRole names resources or URLs; its lease is a Role's", r)
+		}
+		for _, group := range r.APIGroups {
+			for _, res := range r.Resources {
+				resource, sub, _ := strings.Cut(res, "/")
+				for _, verb := range r.Verbs {
+					checked++
+					if !allowed("system:kube-scheduler", &authorizationv1.ResourceAttributes{Group: group, Resource: resource, Subresource: sub, Verb: verb}) {
+						t.Errorf("the chart grants %s %s/%s, which the API server's roles of kube-scheduler do not", verb, group, res)
+					}
+				}
+			}
+		}
+	}
+	user := "system:serviceaccount:" + ns + ":" + sa
+	for _, tc := range []struct {
+		attrs authorizationv1.ResourceAttributes
+		want  bool
+	}{
+		{authorizationv1.ResourceAttributes{Namespace: ns, Group: "coordination.k8s.io", Resource: "leases", Name: kybScheduler, Verb: "update"}, true},
+		{authorizationv1.ResourceAttributes{Namespace: "kube-system", Group: "coordination.k8s.io", Resource: "leases", Name: "kube-scheduler", Verb: "get"}, false},
+		{authorizationv1.ResourceAttributes{Namespace: "kube-system", Group: "coordination.k8s.io", Resource: "leases", Name: "kube-scheduler", Verb: "update"}, false},
+		{authorizationv1.ResourceAttributes{Namespace: "kube-system", Group: "coordination.k8s.io", Resource: "leases", Verb: "create"}, false},
+		{authorizationv1.ResourceAttributes{Namespace: ns, Group: "coordination.k8s.io", Resource: "leases", Name: "kube-scheduler", Verb: "update"}, false},
+	} {
+		if got := allowed(user, &tc.attrs); got != tc.want {
+			t.Errorf("the chart's ServiceAccount may %s lease %s/%s: %v, want %v", tc.attrs.Verb, tc.attrs.Namespace, tc.attrs.Name, got, tc.want)
+		}
+	}
+	t.Logf("the chart's scheduler ClusterRole: %d verbs, each granted by the API server's roles of kube-scheduler; the default scheduler's lease refused", checked)
 }

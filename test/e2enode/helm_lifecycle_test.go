@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kyb-ai/kyb-dra-driver/test/realnode"
@@ -27,7 +28,13 @@ import (
 func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	h := startHelmNode(t, realnode.Options{Name: "helm-node", Preset: "dgx-h100"})
 	c, n := h.c, h.n
-	// kyb-scheduler too, as a second scheduler beside the cluster's.
+	// kyb-scheduler too, as a second scheduler beside the cluster's. The
+	// chart places its pod on control-plane nodes; this machine runs the
+	// control plane too, and is labelled as kubeadm labels such a node.
+	patch := []byte(`{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`)
+	if _, err := c.Client.CoreV1().Nodes().Patch(c.Ctx, n.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	withScheduler := filepath.Join(t.TempDir(), "scheduler-values.yaml")
 	if err := os.WriteFile(withScheduler, []byte("scheduler:\n  enabled: true\n"), 0o644); err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 // Every object the chart renders with the scheduler on has a name of its
 // own per kind and namespace, also where the release's name and namespace
 // are long enough for the 63-character truncation to cut the suffixes
-// ("-scheduler", "-volume-scheduler") off.
+// ("-scheduler", "-scheduler-authentication-reader") off.
 func TestSchedulerObjectNamesStayApartWithLongNames(t *testing.T) {
 	for _, tc := range []struct {
 		name, release, ns string

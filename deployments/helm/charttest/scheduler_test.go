@@ -44,12 +44,14 @@ type schedulerCase struct {
 // kyb-scheduler's Deployment, configuration and RBAC (values scheduler):
 // the chart's image, leader election on a lease of the release's
 // namespace, a pod that runs as non-root on a read-only root file system
-// without capabilities, HTTPS probes on its secure port, and a
-// ServiceAccount of its own bound to the built-in scheduler roles, to a
-// Role for its lease only, and to the authentication reader in
+// without capabilities on a control-plane node unless values say
+// otherwise, HTTPS probes on its secure port, and a ServiceAccount of its
+// own bound to a ClusterRole of the chart's (not the built-in
+// system:kube-scheduler, which grants the default scheduler's lease), to
+// a Role for its own lease only, and to the authentication reader in
 // kube-system. Off by default. What the configuration loads as, and that
-// the RBAC is enough, test/e2e proves with the real binary
-// (TestChartSchedulerConfigIsKybSchedulers,
+// the RBAC is enough and within kube-scheduler's own, test/e2e proves
+// with the real binary (TestChartSchedulerConfigIsKybSchedulers,
 // TestChartSchedulerRunsWithTheChartsRBAC).
 func TestSchedulerValues(t *testing.T) {
 	helmBinary(t)
@@ -59,9 +61,11 @@ func TestSchedulerValues(t *testing.T) {
 		}
 	}
 	placement := filepath.Join(t.TempDir(), "placement.yaml")
+	// Another trusted pool in place of the control plane: the default's
+	// key cleared (null), the default tolerations replaced.
 	if err := os.WriteFile(placement, []byte(`scheduler:
-  nodeSelector: {node-role.kubernetes.io/control-plane: ""}
-  tolerations: [{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}]
+  nodeSelector: {node-role.kubernetes.io/control-plane: null, kyb.ai/pool: trusted}
+  tolerations: [{key: kyb.ai/dedicated, operator: Equal, value: scheduler, effect: NoSchedule}]
   affinity:
     podAntiAffinity:
       preferredDuringSchedulingIgnoredDuringExecution:
@@ -182,14 +186,19 @@ func checkSchedulerDeployment(t *testing.T, m *manifest, tc schedulerCase) *apps
 		t.Errorf("resources %+v, want requests", c.Resources)
 	}
 
+	// Its token binds, allocates and deletes anything: by default its pod
+	// runs where the control plane does, never on a GPU node.
 	if tc.placement {
-		if pod.NodeSelector["node-role.kubernetes.io/control-plane"] != "" || len(pod.NodeSelector) != 1 ||
-			len(pod.Tolerations) != 1 || pod.Tolerations[0].Key != "node-role.kubernetes.io/control-plane" ||
+		want := []corev1.Toleration{{Key: "kyb.ai/dedicated", Operator: corev1.TolerationOpEqual, Value: "scheduler", Effect: corev1.TaintEffectNoSchedule}}
+		if !reflect.DeepEqual(pod.NodeSelector, map[string]string{"kyb.ai/pool": "trusted"}) || !reflect.DeepEqual(pod.Tolerations, want) ||
 			pod.Affinity == nil || pod.Affinity.PodAntiAffinity == nil {
 			t.Errorf("nodeSelector %v, tolerations %v, affinity %+v: not the values'", pod.NodeSelector, pod.Tolerations, pod.Affinity)
 		}
-	} else if len(pod.NodeSelector) != 0 || len(pod.Tolerations) != 0 || pod.Affinity != nil {
-		t.Errorf("nodeSelector %v, tolerations %v, affinity %+v by default; the plugin's (GPU nodes) must not apply", pod.NodeSelector, pod.Tolerations, pod.Affinity)
+	} else {
+		want := []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+		if !reflect.DeepEqual(pod.NodeSelector, map[string]string{"node-role.kubernetes.io/control-plane": ""}) || !reflect.DeepEqual(pod.Tolerations, want) || pod.Affinity != nil {
+			t.Errorf("nodeSelector %v, tolerations %v, affinity %+v by default; want control-plane nodes only (their label and taint), and none of the plugin's (GPU nodes)", pod.NodeSelector, pod.Tolerations, pod.Affinity)
+		}
 	}
 	return &dep
 }
@@ -245,15 +254,38 @@ func checkSchedulerRBAC(t *testing.T, m *manifest, tc schedulerCase, sa string) 
 		}
 		return
 	}
+	// No built-in scheduler role: system:kube-scheduler also grants
+	// get/update of the lease kube-scheduler in every namespace, the
+	// default scheduler's.
 	want := map[string]string{
-		"ClusterRole system:kube-scheduler":              "",
-		"ClusterRole system:volume-scheduler":            "",
-		"Role kyb-kyb-dra-driver-scheduler-lease":        namespace,
-		"Role extension-apiserver-authentication-reader": "kube-system",
+		"ClusterRole kyb-kyb-dra-driver-kyb-system-scheduler": "",
+		"Role kyb-kyb-dra-driver-scheduler-lease":             namespace,
+		"Role extension-apiserver-authentication-reader":      "kube-system",
 	}
 	if !reflect.DeepEqual(bound, want) {
 		t.Errorf("bound to the scheduler's ServiceAccount (role: namespace):\n got %v\nwant %v", bound, want)
 	}
+	var cr *rbacv1.ClusterRole
+	for _, o := range m.ofKind("ClusterRole") {
+		if component(o) == schedulerComponent {
+			cr = &rbacv1.ClusterRole{}
+			decode(t, o, cr)
+		}
+	}
+	if cr == nil || cr.Name != "kyb-kyb-dra-driver-kyb-system-scheduler" {
+		t.Fatalf("the scheduler's ClusterRole: %+v", cr)
+	}
+	if !reflect.DeepEqual(cr.Rules, wantSchedulerClusterRules) {
+		t.Errorf("the scheduler's ClusterRole rules:\n got %+v\nwant %+v", cr.Rules, wantSchedulerClusterRules)
+	}
+	for _, r := range cr.Rules {
+		if slices.Contains(r.APIGroups, "coordination.k8s.io") || slices.Contains(r.Verbs, "*") || slices.Contains(r.Resources, "*") {
+			t.Errorf("the scheduler's ClusterRole grants %+v in every namespace", r)
+		}
+	}
+	// Leases: its own, by name, in the release's namespace only; create
+	// cannot be limited to a name (the name is not known before the
+	// object exists).
 	var role rbacv1.Role
 	decode(t, m.one(t, "Role"), &role)
 	wantRules := []rbacv1.PolicyRule{
@@ -263,6 +295,34 @@ func checkSchedulerRBAC(t *testing.T, m *manifest, tc schedulerCase, sa string) 
 	if role.Namespace != namespace || !reflect.DeepEqual(role.Rules, wantRules) {
 		t.Errorf("Role %s/%s rules\n got %+v\nwant %+v", role.Namespace, role.Name, role.Rules, wantRules)
 	}
+}
+
+// What kube-scheduler 1.37 calls with kyb-scheduler's feature gates (its
+// defaults and GenericWorkload): system:kube-scheduler and
+// system:volume-scheduler of Kubernetes 1.37 without their leases and
+// lease candidates (coordinated leader election is off), the legacy
+// bindings resource and extensions group, pods/finalizers (the scheduler
+// sets no blockOwnerDeletion) and composite pod groups (an alpha gate that
+// is off). README "kyb-scheduler" says why each rule is there; test/e2e
+// (TestChartSchedulerRunsWithTheChartsRBAC) that it is enough and within
+// the API server's own roles.
+var wantSchedulerClusterRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch", "update"}},
+	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "delete"}},
+	{APIGroups: []string{""}, Resources: []string{"pods/binding"}, Verbs: []string{"create"}},
+	{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch", "update"}},
+	{APIGroups: []string{""}, Resources: []string{"nodes", "namespaces", "services", "replicationcontrollers"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{"apps"}, Resources: []string{"replicasets", "statefulsets"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{""}, Resources: []string{"persistentvolumes", "persistentvolumeclaims"}, Verbs: []string{"get", "list", "watch", "update", "patch"}},
+	{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"storageclasses", "csinodes", "csidrivers", "csistoragecapacities", "volumeattachments"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+	{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
+	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"deviceclasses", "resourceslices", "devicetaintrules"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+	{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status", "resourceclaims/binding"}, Verbs: []string{"update", "patch"}},
+	{APIGroups: []string{"scheduling.k8s.io"}, Resources: []string{"podgroups"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{"scheduling.k8s.io"}, Resources: []string{"podgroups/status"}, Verbs: []string{"patch", "update"}},
 }
 
 // Bad scheduler values are refused with a message naming the value.
@@ -298,6 +358,26 @@ func TestSchedulerValuesRefused(t *testing.T) {
 				t.Errorf("helm's message lacks %q:\n%s", tc.want, msg)
 			}
 		})
+	}
+}
+
+// The lease Role grants its one name in the release's namespace: in
+// kube-system, the name kube-scheduler would grant the default
+// scheduler's lease, and kyb-scheduler would contend for it.
+func TestSchedulerLeaseIsNeverTheDefaultSchedulers(t *testing.T) {
+	helmBinary(t)
+	msg := renderError(t, "kube-system", []string{"--kube-version", kubeVersion}, "scheduler.enabled=true", "scheduler.name=kube-scheduler")
+	if want := `scheduler.name "kube-scheduler" in namespace kube-system names the default scheduler's leader election lease`; !strings.Contains(msg, want) {
+		t.Errorf("helm's message lacks %q:\n%s", want, msg)
+	}
+	// Elsewhere the name is a lease like any other.
+	out, stderr, err := runHelm(t, "template", releaseName, chartDir, "--namespace", namespace, "--kube-version", kubeVersion,
+		"--set", "scheduler.enabled=true", "--set", "scheduler.name=kube-scheduler")
+	if err != nil {
+		t.Fatalf("scheduler.name=kube-scheduler in %s: %v\n%s", namespace, err, stderr)
+	}
+	if !strings.Contains(out, "--leader-elect-resource-namespace="+namespace) {
+		t.Errorf("the lease is not in the release's namespace:\n%s", out)
 	}
 }
 
