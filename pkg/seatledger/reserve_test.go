@@ -1,6 +1,7 @@
 package seatledger
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -314,5 +315,56 @@ func TestCombine(t *testing.T) {
 	shared.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p1", UID: "p1"}, {Resource: "pods", Name: "p2", UID: "p2"}}
 	if c := reserve(r.ctx, l, []*resourceapi.ResourceClaim{shared}).Entries["uid-shared"]; c == nil || !c.Standalone || !c.Combined {
 		t.Errorf("a pod's claim that two pods reserve: %+v", c)
+	}
+}
+
+// Two schedulers that each count only their own in-flight allocations can
+// allocate one seat twice (kubernetes#128980). The node refuses the second
+// claim, naming what holds the seat, and prepares it once the first is
+// released: the kubelet's retry then succeeds.
+func TestReserveRefusesASeatAllocatedTwice(t *testing.T) {
+	r := newRig(t, "dgx-h100", fourSeats)
+	l := r.open()
+	var held []*resourceapi.ResourceClaim
+	for _, name := range []string{"a", "b", "c", "first"} {
+		held = append(held, claim(name, "g0-1x"))
+	}
+	// The fallback slices' per-seat devices: one device, allocated twice.
+	perSeat := claim("per-seat", "g4-1x-seat-0")
+	held = append(held, perSeat)
+	if res := reserve(r.ctx, l, held); res.Err != nil || len(res.Errs) != 0 {
+		t.Fatalf("Reserve: %v %v", res.Err, res.Errs)
+	}
+	second, perSeatTwice := claim("second", "g0-1x"), claim("per-seat-twice", "g4-1x-seat-0")
+	res := reserve(r.ctx, l, []*resourceapi.ResourceClaim{second, perSeatTwice})
+	for uid, want := range map[types.UID]string{
+		second.UID:       "prepare claim default/second (uid-second): group G0: device g0-1x has 0 free seat(s) of 4, 1 needed; the scheduler counts seats, so another claim holds more than it should",
+		perSeatTwice.UID: "prepare claim default/per-seat-twice (uid-per-seat-twice): seat 0 of group G4 is already held by claim default/per-seat (uid-per-seat)",
+	} {
+		if err := res.Errs[uid]; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", uid, err, want)
+		}
+		if res.Entries[uid] != nil {
+			t.Errorf("%s was recorded although refused", uid)
+		}
+	}
+	if got := r.lastHeld(); got["g0-1x"] != 4 {
+		t.Errorf("held %v, want g0-1x: 4", got)
+	}
+
+	for _, c := range []*resourceapi.ResourceClaim{held[3], perSeat} {
+		if err := r.specs.Write(c.UID, &checkpoint.Claim{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if released, err := l.Release(r.ctx, []types.UID{held[3].UID, perSeat.UID}); err != nil || released[held[3].UID] != nil || released[perSeat.UID] != nil {
+		t.Fatalf("Release: %v %v", released, err)
+	}
+	res = reserve(r.ctx, l, []*resourceapi.ResourceClaim{second, perSeatTwice})
+	if res.Err != nil || len(res.Errs) != 0 {
+		t.Fatalf("the retried prepares after the first holders' release: %v %v", res.Err, res.Errs)
+	}
+	if got := seatsOf(res.Entries[second.UID]); len(got) != 1 || !slices.Equal(got[0], []int{3}) {
+		t.Errorf("second holds seats %v, want [[3]]", got)
 	}
 }

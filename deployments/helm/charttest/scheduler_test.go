@@ -381,14 +381,16 @@ func TestSchedulerLeaseIsNeverTheDefaultSchedulers(t *testing.T) {
 	}
 }
 
-// With the scheduler on, NOTES say how to see it run and how pods use it.
+// With the scheduler on, NOTES say how to see it run, how pods use it (all
+// under one scheduler), and where it runs.
 func TestSchedulerNotes(t *testing.T) {
 	out, stderr, err := runHelm(t, "install", releaseName, chartDir, "--namespace", namespace, "--dry-run=client", "--set", "scheduler.enabled=true")
 	if err != nil {
 		t.Fatalf("helm install --dry-run=client: %v\n%s", err, stderr)
 	}
 	_, notes, _ := strings.Cut(out, "NOTES:\n")
-	for _, w := range []string{"rollout status deployment/kyb-kyb-dra-driver-scheduler", "get lease kyb-scheduler", "spec.schedulerName: kyb-scheduler"} {
+	for _, w := range []string{"rollout status deployment/kyb-kyb-dra-driver-scheduler", "get lease kyb-scheduler", "spec.schedulerName: kyb-scheduler",
+		"Give every pod that claims these GPUs to one scheduler", "Its pod runs on a control-plane node"} {
 		if !strings.Contains(notes, w) {
 			t.Errorf("NOTES lack %q:\n%s", w, notes)
 		}
