@@ -1,22 +1,23 @@
 // Package cdisandbox runs a program as a container holding some CDI
-// devices would run it, with no container runtime: a new mount namespace
-// whose root holds only the program and the C library it links (the
-// "image"), and what the devices' CDI edits give (device nodes, bind
-// mounts, environment). The doctor runs the CUDA probe in it, to show what
-// a container holding a seat sees.
+// devices would run it, with no container runtime: new mount and PID
+// namespaces whose root holds what runc gives every container (its own
+// /proc, a read-only /sys, /dev with the standard nodes, /dev/pts,
+// /dev/shm), a glibc base image with the program (sandbox.Container),
+// and what the devices' CDI edits give (device nodes, bind mounts,
+// environment). The doctor runs the CUDA probe in it, to show what a
+// container holding a seat sees.
 //
 // It is faithful to what runc does with a CDI spec in what the probe can
 // observe: the same device nodes (bound from the host, or made from their
 // numbers where the host has none), the same files at the same paths, the
 // same environment. It does not run the spec's hooks (our specs have none;
 // NVIDIA's have ldconfig and symlink hooks, which the report names), nor
-// set up cgroups, namespaces other than mounts, or seccomp.
+// set up cgroups, namespaces other than mounts and PIDs, or seccomp.
 package cdisandbox
 
 import (
 	"bytes"
 	"context"
-	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -65,27 +66,34 @@ const killGrace = 5 * time.Second
 // outlives it. A path of the specs the sandbox will not build is an error
 // that wraps sandbox.ErrRefused.
 func Run(ctx context.Context, opts Options) ([]byte, *sandbox.Config, error) {
-	cfg, err := plan(opts)
+	cfg, err := Plan(opts)
 	if err != nil {
 		return nil, nil, err
 	}
+	out, err := RunConfig(ctx, opts.Program, cfg)
+	return out, cfg, err
+}
+
+// RunConfig runs program in the sandbox cfg describes (its Root is set
+// here), as Run does.
+func RunConfig(ctx context.Context, program string, cfg *sandbox.Config) ([]byte, error) {
 	root, err := os.MkdirTemp("", "kyb-sandbox-")
 	if err != nil {
-		return nil, nil, fmt.Errorf("sandbox root: %w", err)
+		return nil, fmt.Errorf("sandbox root: %w", err)
 	}
 	defer func() { _ = os.RemoveAll(root) }() // the mounts went with the namespace
 	cfg.Root = root
 	cfgFile := filepath.Join(root, "..", filepath.Base(root)+".json")
 	data, err := json.Marshal(cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := os.WriteFile(cfgFile, data, 0o600); err != nil {
-		return nil, nil, fmt.Errorf("sandbox config: %w", err)
+		return nil, fmt.Errorf("sandbox config: %w", err)
 	}
 	defer func() { _ = os.Remove(cfgFile) }()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(opts.Program, sandbox.EnterArg, cfgFile)
+	cmd := exec.Command(program, sandbox.EnterArg, cfgFile)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Env = []string{}
 	// Its own process group, killed whole; and its own PID namespace, of
@@ -97,21 +105,21 @@ func Run(ctx context.Context, opts Options) ([]byte, *sandbox.Config, error) {
 	cmd.WaitDelay = killGrace
 	if err := cmd.Start(); err != nil {
 		if errors.Is(err, syscall.EPERM) {
-			return nil, cfg, sandbox.ErrNoNamespace
+			return nil, sandbox.ErrNoNamespace
 		}
-		return nil, cfg, fmt.Errorf("sandbox: %w", err)
+		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	err = waitGroup(ctx, cmd)
 	var exit *exec.ExitError
 	switch {
 	case err == nil:
-		return stdout.Bytes(), cfg, nil
+		return stdout.Bytes(), nil
 	case ctx.Err() != nil:
-		return stdout.Bytes(), cfg, fmt.Errorf("sandbox: %s did not finish: %w", opts.Program, err)
+		return stdout.Bytes(), fmt.Errorf("sandbox: %s did not finish: %w", program, err)
 	case errors.As(err, &exit) && exit.ExitCode() == sandbox.ExitRefused:
-		return stdout.Bytes(), cfg, refused(bytes.TrimSpace(stderr.Bytes()))
+		return stdout.Bytes(), refused(bytes.TrimSpace(stderr.Bytes()))
 	}
-	return stdout.Bytes(), cfg, fmt.Errorf("sandbox: %w: %s", err, bytes.TrimSpace(stderr.Bytes()))
+	return stdout.Bytes(), fmt.Errorf("sandbox: %w: %s", err, bytes.TrimSpace(stderr.Bytes()))
 }
 
 // refused is the first stage's refusal of a path, in its words.
@@ -163,20 +171,21 @@ func waitGroup(ctx context.Context, cmd *exec.Cmd) error {
 	}
 }
 
-// plan turns the devices' edits into binds, nodes and environment. It
-// refuses, naming the spec entry, a container path that is not clean and
+// Plan is the sandbox Run builds: the program's container, and the
+// devices' edits turned into binds, nodes and environment. It refuses,
+// naming the spec entry, a container path that is not clean and
 // absolute: a path the sandbox would not resolve inside its root as the
 // spec writes it. Enter checks again where it builds, in the namespace.
-func plan(opts Options) (*sandbox.Config, error) {
+func Plan(opts Options) (*sandbox.Config, error) {
 	hostPath := opts.HostPath
 	if hostPath == nil {
 		hostPath = func(p string) string { return p }
 	}
-	base, err := imageFiles(opts.Program)
+	cfg, err := sandbox.Container(opts.Program)
 	if err != nil {
 		return nil, err
 	}
-	cfg := &sandbox.Config{Binds: base}
+	ownNodes := len(cfg.Nodes)
 	env := slices.Clone(opts.BaseEnv)
 	edits, err := DeviceEdits(opts.Specs, opts.Devices)
 	if err != nil {
@@ -211,6 +220,11 @@ func plan(opts Options) (*sandbox.Config, error) {
 		for _, h := range e.Hooks {
 			cfg.Hooks = append(cfg.Hooks, h.HookName+": "+h.Path)
 		}
+	}
+	if slices.ContainsFunc(cfg.Binds, func(b sandbox.Bind) bool { return b.Target == "/dev" }) {
+		// A directory bound at /dev is the container's /dev, and runc
+		// makes none of a container's own nodes in it.
+		cfg.Nodes = cfg.Nodes[ownNodes:]
 	}
 	cfg.Env = slices.DeleteFunc(env, func(kv string) bool { k, _, _ := strings.Cut(kv, "="); return slices.Contains(opts.Unset, k) })
 	return cfg, nil
@@ -282,72 +296,4 @@ func mergeEnv(env, add []string) []string {
 		env = append(env, kv)
 	}
 	return env
-}
-
-// libraryDirs are where the image's libraries are looked for, as the
-// dynamic loader of a glibc system looks.
-var libraryDirs = []string{"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"}
-
-// imageFiles are the sandbox's image: the program at sandbox.ProgramPath, its ELF
-// interpreter and the shared libraries it needs (and they need), each at
-// its own path. Nothing else of the host is visible, so that whatever
-// driver file the program finds came from the devices' edits.
-func imageFiles(program string) ([]sandbox.Bind, error) {
-	const from = "the sandbox's image"
-	binds := []sandbox.Bind{{Source: program, Target: sandbox.ProgramPath, ReadOnly: true, From: from}}
-	seen := map[string]bool{}
-	queue := []string{program}
-	for len(queue) > 0 {
-		path := queue[0]
-		queue = queue[1:]
-		f, err := elf.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", path, err)
-		}
-		needed, err := f.ImportedLibraries()
-		interp := interpreter(f)
-		_ = f.Close() // read only
-		if err != nil {
-			return nil, fmt.Errorf("libraries of %s: %w", path, err)
-		}
-		if interp != "" && !seen[interp] {
-			seen[interp] = true
-			binds = append(binds, sandbox.Bind{Source: interp, Target: interp, ReadOnly: true, From: from})
-		}
-		for _, lib := range needed {
-			found := findLibrary(lib)
-			if found == "" {
-				return nil, fmt.Errorf("%s needs %s, which is in none of %v", path, lib, libraryDirs)
-			}
-			if seen[found] {
-				continue
-			}
-			seen[found] = true
-			binds = append(binds, sandbox.Bind{Source: found, Target: found, ReadOnly: true, From: from})
-			queue = append(queue, found)
-		}
-	}
-	return binds, nil
-}
-
-func interpreter(f *elf.File) string {
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			b := make([]byte, p.Filesz)
-			if _, err := p.ReadAt(b, 0); err == nil {
-				return string(b[:len(b)-1])
-			}
-		}
-	}
-	return ""
-}
-
-func findLibrary(name string) string {
-	for _, d := range libraryDirs {
-		p := filepath.Join(d, name)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	return ""
 }

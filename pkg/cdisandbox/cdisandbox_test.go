@@ -49,7 +49,7 @@ func TestPlanAppliesEditsAsARuntimeDoes(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(host, "nvidia0"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := plan(Options{Specs: []string{spec}, Devices: []string{"kyb.ai/gpu=c1-seat"}, Program: self, BaseEnv: []string{"A=image", "PATH=/bin"}, HostPath: hostPath})
+	cfg, err := Plan(Options{Specs: []string{spec}, Devices: []string{"kyb.ai/gpu=c1-seat"}, Program: self, BaseEnv: []string{"A=image", "PATH=/bin"}, HostPath: hostPath})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,8 +60,10 @@ func TestPlanAppliesEditsAsARuntimeDoes(t *testing.T) {
 	if !slices.Contains(cfg.Binds, sandbox.Bind{Source: filepath.Join(host, "nvidia0"), Target: "/dev/nvidia0", From: from}) {
 		t.Errorf("/dev/nvidia0 is not bound from the host: %+v", cfg.Binds)
 	}
-	if !slices.Equal(cfg.Nodes, []sandbox.Node{{Path: "/dev/nvidia1", Major: 195, Minor: 1, From: from}}) {
-		t.Errorf("nodes %+v, want /dev/nvidia1 made from 195:1", cfg.Nodes)
+	// After a container's own nodes, as runc makes a spec's after them.
+	if len(cfg.Nodes) == 0 || cfg.Nodes[len(cfg.Nodes)-1] != (sandbox.Node{Path: "/dev/nvidia1", Major: 195, Minor: 1, From: from}) ||
+		!slices.ContainsFunc(cfg.Nodes, func(n sandbox.Node) bool { return n.Path == "/dev/null" }) {
+		t.Errorf("nodes %+v, want a container's, then /dev/nvidia1 made from 195:1", cfg.Nodes)
 	}
 	if !slices.Contains(cfg.Binds, sandbox.Bind{Source: lib, Target: "/usr/local/nvidia/lib64/libcuda.so.1", ReadOnly: true, From: from}) {
 		t.Errorf("libcuda is not mounted read-only: %+v", cfg.Binds)
@@ -83,7 +85,7 @@ func TestPlanRefusesWhatCannotBeBuilt(t *testing.T) {
 		{"kyb.ai/gpu=c1-seat", "/dev/nvidia-nowhere does not exist and the spec gives no numbers"},
 		{"kyb.ai/gpu=c2-seat", "CDI device kyb.ai/gpu=c2-seat is in none of"},
 	} {
-		if _, err := plan(Options{Specs: []string{spec}, Devices: []string{tt.device}, Program: self}); err == nil || !strings.Contains(err.Error(), tt.want) {
+		if _, err := Plan(Options{Specs: []string{spec}, Devices: []string{tt.device}, Program: self}); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v, want %q", tt.device, err, tt.want)
 		}
 	}
@@ -123,11 +125,47 @@ func TestPlanRefusesPathsOutsideTheRoot(t *testing.T) {
 					wantFrom = "CDI spec "
 				}
 				spec := writeSpec(t, `{"cdiVersion":"0.6.0","kind":"kyb.ai/gpu","containerEdits":`+common+`,"devices":[{"name":"c1-seat","containerEdits":`+device+`}]}`)
-				_, err := plan(Options{Specs: []string{spec}, Devices: []string{"kyb.ai/gpu=c1-seat"}, Program: self})
+				_, err := Plan(Options{Specs: []string{spec}, Devices: []string{"kyb.ai/gpu=c1-seat"}, Program: self})
 				if err == nil || !strings.HasPrefix(err.Error(), wantFrom) || !strings.Contains(err.Error(), spec) ||
 					!strings.Contains(err.Error(), tt.want) || !errors.Is(err, sandbox.ErrRefused) {
 					t.Errorf("%s edits: %v, want %q from %q", where, err, tt.want, wantFrom+spec)
 				}
+			}
+		})
+	}
+}
+
+// TestPlanLeavesAContainersNodesOutOfADevTheSpecBinds: a directory a spec
+// binds at /dev is the container's /dev, in which runc makes none of a
+// container's own nodes; the spec's nodes are still made.
+func TestPlanLeavesAContainersNodesOutOfADevTheSpecBinds(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := t.TempDir()
+	for _, tt := range []struct {
+		name, mounts string
+		want         []string
+	}{
+		{name: "a directory at /dev/gpus", mounts: `{"hostPath":"` + dev + `","containerPath":"/dev/gpus"}`,
+			want: []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/nvidia1"}},
+		{name: "a directory at /dev", mounts: `{"hostPath":"` + dev + `","containerPath":"/dev","options":["rbind"]}`,
+			want: []string{"/dev/nvidia1"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			spec := writeSpec(t, `{"cdiVersion":"0.6.0","kind":"kyb.ai/gpu","devices":[{"name":"c1-seat","containerEdits":{
+				"deviceNodes":[{"path":"/dev/nvidia1","hostPath":"/nonexistent/nvidia1","major":195,"minor":1}],"mounts":[`+tt.mounts+`]}}]}`)
+			cfg, err := Plan(Options{Specs: []string{spec}, Devices: []string{"kyb.ai/gpu=c1-seat"}, Program: self})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, n := range cfg.Nodes {
+				got = append(got, n.Path)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("nodes %v, want %v", got, tt.want)
 			}
 		})
 	}

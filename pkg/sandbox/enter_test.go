@@ -55,14 +55,27 @@ func buildLister(t *testing.T) string {
 	return listerBin
 }
 
-// enter runs the lister's first stage in a new mount namespace, as
-// cdisandbox.Run starts the probe, with the program bound at ProgramPath
-// and binds and nodes after it; it returns what the lister printed, or
+// enter runs the lister's first stage in new mount and PID namespaces, as
+// cdisandbox.Run starts the probe, in the Container of the lister with
+// binds and nodes after its own; it returns what the lister printed, or
 // what the first stage said when it failed.
 func enter(t *testing.T, root string, binds []Bind, nodes []Node) (string, error) {
 	t.Helper()
+	cfg, err := Container(buildLister(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Binds = append(cfg.Binds, binds...)
+	cfg.Nodes = append(cfg.Nodes, nodes...)
+	return enterConfig(t, root, cfg, syscall.CLONE_NEWNS|syscall.CLONE_NEWPID)
+}
+
+// enterConfig runs the lister's first stage with cfg in the namespaces
+// cloneflags make.
+func enterConfig(t *testing.T, root string, cfg *Config, cloneflags uintptr) (string, error) {
+	t.Helper()
 	lister := buildLister(t)
-	cfg := Config{Root: root, Binds: append([]Bind{{Source: lister, Target: ProgramPath, ReadOnly: true}}, binds...), Nodes: nodes}
+	cfg.Root = root
 	data, err := json.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +88,7 @@ func enter(t *testing.T, root string, binds []Bind, nodes []Node) (string, error
 	cmd := exec.Command(lister, EnterArg, cfgFile)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Env = []string{}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: cloneflags}
 	if err := cmd.Run(); err != nil {
 		return stdout.String(), &exec.ExitError{ProcessState: cmd.ProcessState, Stderr: stderr.Bytes()}
 	}

@@ -16,9 +16,10 @@ package sandbox
 //     an empty tmpfs and only a bound host directory can bring a symlink
 //     into it: a spec path through one would land elsewhere than the spec
 //     says, and the doctor's report says so instead of guessing;
-//   - directories, mount points and device nodes are made only on the
-//     sandbox's own tmpfs, never in a host directory bound into it, so
-//     that the doctor changes nothing on the node;
+//   - directories, mount points, device nodes, links and files are made
+//     only on the sandbox's own tmpfs (its root, and the tmpfs it mounts
+//     at /dev), never in a host directory bound into it, so that the
+//     doctor changes nothing on the node;
 //   - mounts are made on the resolved descriptor (/proc/self/fd/N, as runc
 //     mounts), never on a path resolved a second time.
 //
@@ -30,7 +31,9 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -60,8 +63,9 @@ func CheckPath(p string) error {
 // rootDir is the sandbox's root, held open: every path is resolved from it.
 type rootDir struct {
 	fd int
-	// dev is the root file system's device: things are made only there.
-	dev uint64
+	// devs are the devices of the sandbox's own file systems, the root's
+	// and the tmpfs it mounted: things are made only there.
+	devs []uint64
 }
 
 func openRoot(path string) (*rootDir, error) {
@@ -74,7 +78,7 @@ func openRoot(path string) (*rootDir, error) {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("sandbox root %s: %w", path, err)
 	}
-	return &rootDir{fd: fd, dev: st.Dev}, nil
+	return &rootDir{fd: fd, devs: []uint64{st.Dev}}, nil
 }
 
 func (r *rootDir) Close() error { return unix.Close(r.fd) }
@@ -166,9 +170,24 @@ func (r *rootDir) onRoot(dir int, at string) error {
 	if err := unix.Fstat(dir, &st); err != nil {
 		return fmt.Errorf("%s: %w", at, err)
 	}
-	if st.Dev != r.dev {
+	if !slices.Contains(r.devs, st.Dev) {
 		return fmt.Errorf("%w: %s does not exist, and its directory was bound from the host: the sandbox makes nothing outside its own file system", ErrRefused, at)
 	}
+	return nil
+}
+
+// own makes the file system mounted at p one of the sandbox's own.
+func (r *rootDir) own(p string) error {
+	fd, err := r.open(p, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = unix.Close(fd) }()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	r.devs = append(r.devs, st.Dev)
 	return nil
 }
 
@@ -183,6 +202,29 @@ func isDir(fd int, at string) error {
 	return nil
 }
 
+// parent opens the directory p is to be made in, making the missing
+// directories on the way, and refuses it unless it is on the sandbox's
+// own file system. The caller makes p's last component in it, where an
+// existing one, a symlink included, is EEXIST; and closes it.
+func (r *rootDir) parent(p string) (int, error) {
+	if err := CheckPath(p); err != nil {
+		return -1, err
+	}
+	dir, err := r.open(filepath.Dir(p), makeDir)
+	if err != nil {
+		return -1, err
+	}
+	if err := isDir(dir, filepath.Dir(p)); err != nil {
+		_ = unix.Close(dir)
+		return -1, err
+	}
+	if err := r.onRoot(dir, p); err != nil {
+		_ = unix.Close(dir)
+		return -1, err
+	}
+	return dir, nil
+}
+
 // mknod makes a character device node at p, which must not exist.
 func (r *rootDir) mknod(p string, major, minor int64) error {
 	if err := CheckPath(p); err != nil {
@@ -191,20 +233,42 @@ func (r *rootDir) mknod(p string, major, minor int64) error {
 	if major < 0 || major >= 1<<12 || minor < 0 || minor >= 1<<20 {
 		return fmt.Errorf("%w: device numbers %d:%d are out of range", ErrRefused, major, minor)
 	}
-	dir, err := r.open(filepath.Dir(p), makeDir)
+	dir, err := r.parent(p)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = unix.Close(dir) }()
-	if err := isDir(dir, filepath.Dir(p)); err != nil {
-		return err
-	}
-	if err := r.onRoot(dir, p); err != nil {
-		return err
-	}
-	// mknodat makes the last component itself: an existing one, a symlink
-	// included, is EEXIST.
 	return unix.Mknodat(dir, filepath.Base(p), unix.S_IFCHR|0o666, int(unix.Mkdev(uint32(major), uint32(minor))))
+}
+
+// symlink makes a symbolic link at p to target, which is not resolved:
+// the link is read in the sandbox, after its root is the root.
+func (r *rootDir) symlink(p, target string) error {
+	dir, err := r.parent(p)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = unix.Close(dir) }()
+	return unix.Symlinkat(target, dir, filepath.Base(p))
+}
+
+// writeFile makes a file at p holding content.
+func (r *rootDir) writeFile(p, content string) error {
+	dir, err := r.parent(p)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = unix.Close(dir) }()
+	fd, err := unix.Openat(dir, filepath.Base(p), unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	_, err = f.WriteString(content)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // fdPath names a descriptor for the system calls that take only paths

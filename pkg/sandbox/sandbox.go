@@ -1,12 +1,14 @@
 // Package sandbox is the inside of the doctor's sandbox: run as the first
-// stage of a program in a new mount namespace, it builds a root that holds
-// only what a Config lists (bind mounts and device nodes), changes into it
-// and executes the program there with the Config's environment, as a
-// container runtime would start a container. Every path of the Config is
-// resolved inside the root and nothing is made outside it (paths.go says
-// how). It links nothing but the standard library and x/sys, so that the
-// probe that embeds it stays small; package cdisandbox writes the Config
-// from CDI specs.
+// stage of a program in new mount and PID namespaces, it builds a root
+// that holds only what a Config lists (a container's own file systems,
+// device nodes, links and files, and bind mounts), changes into it and
+// executes the program there with the Config's environment, as a
+// container runtime would start a container. Container says what a plain
+// container holds (container.go), Image what its image is (image.go).
+// Every path of the Config is resolved inside the root and nothing is
+// made outside it (paths.go says how). It links nothing but the standard
+// library and x/sys, so that the probe that embeds it stays small;
+// package cdisandbox adds a CDI spec's edits to the Config.
 package sandbox
 
 import (
@@ -27,10 +29,16 @@ const ProgramPath = "/probe"
 type Config struct {
 	// Root is an empty directory that becomes the sandbox's root.
 	Root string `json:"root"`
+	// Mounts are file systems made fresh, first, in order.
+	Mounts []Mount `json:"mounts,omitempty"`
+	// Files and Links are made next, so that binds may cover them.
+	Files []File `json:"files,omitempty"`
+	Links []Link `json:"links,omitempty"`
 	// Binds are files and directories bound in, sources as this process
 	// sees them.
 	Binds []Bind `json:"binds"`
-	// Nodes are device nodes the host lacks, made from their numbers.
+	// Nodes are device nodes: a container's own, and those a spec gives
+	// that the host lacks, made from their numbers.
 	Nodes []Node `json:"nodes"`
 	// Env is the program's whole environment.
 	Env []string `json:"env"`
@@ -78,9 +86,9 @@ func ExitCode(err error) int {
 var ErrNoNamespace = errors.New("the sandbox needs its own mount and PID namespaces: run as root (CAP_SYS_ADMIN)")
 
 // Enter is the sandbox's first stage, run as `<program> --enter-sandbox
-// <config>` in a new mount namespace: it builds the root the config
-// describes, changes into it and executes the program there with the
-// config's environment. It returns only on failure.
+// <config>` in new mount and PID namespaces: it builds the root the
+// config describes, changes into it and executes the program there with
+// the config's environment. It returns only on failure.
 func Enter(configPath string) error {
 	data, err := os.ReadFile(configPath)
 	if err != nil {
@@ -90,10 +98,18 @@ func Enter(configPath string) error {
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return fmt.Errorf("sandbox config %s: %w", configPath, err)
 	}
+	// As the init of its PID namespace, the program's /proc shows only the
+	// processes of the sandbox; the kernel kills them all when it exits.
+	if pid := os.Getpid(); pid != 1 {
+		return fmt.Errorf("the sandbox's first stage is PID %d, not the init of a PID namespace of its own: %w", pid, ErrNoNamespace)
+	}
 	// Nothing mounted here may leak to the host's namespace.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w: %w", err, ErrNoNamespace)
 	}
+	// Modes are made as written (/tmp 1777, device nodes 0666); the
+	// program gets a runtime's default umask.
+	unix.Umask(0)
 	if err := checkProc(); err != nil {
 		return err
 	}
@@ -114,13 +130,29 @@ func Enter(configPath string) error {
 	if err := unix.Chroot("."); err != nil {
 		return fmt.Errorf("chroot %s: %w", cfg.Root, err)
 	}
+	unix.Umask(0o022)
 	return unix.Exec(ProgramPath, []string{ProgramPath}, cfg.Env)
 }
 
-// build makes in root what cfg lists, in order: the binds (each resolved
-// after the ones before it, which may have bound directories on its way),
-// the device nodes, and /tmp.
+// build makes in root what cfg lists, in order: the file systems, files
+// and links, the binds (each resolved after the ones before it, which may
+// have bound directories on its way), the device nodes, and /tmp.
 func build(root *rootDir, cfg *Config) error {
+	for _, m := range cfg.Mounts {
+		if err := mount(root, m); err != nil {
+			return fmt.Errorf("%s: %s at %s: %w", defaultFrom, m.Type, m.Target, err)
+		}
+	}
+	for _, f := range cfg.Files {
+		if err := root.writeFile(f.Path, f.Content); err != nil {
+			return fmt.Errorf("%s: file %s: %w", imageFrom, f.Path, err)
+		}
+	}
+	for _, l := range cfg.Links {
+		if err := root.symlink(l.Path, l.Target); err != nil {
+			return fmt.Errorf("%s: link %s to %s: %w", defaultFrom, l.Path, l.Target, err)
+		}
+	}
 	for _, b := range cfg.Binds {
 		if err := bind(root, b); err != nil {
 			return fmt.Errorf("%sbind %s at %s: %w", from(b.From), b.Source, b.Target, err)
@@ -191,6 +223,15 @@ func bind(root *rootDir, b Bind) error {
 // Targets are the paths the sandbox shows, sorted, for reports.
 func (c *Config) Targets() []string {
 	var out []string
+	for _, m := range c.Mounts {
+		out = append(out, m.Target)
+	}
+	for _, f := range c.Files {
+		out = append(out, f.Path)
+	}
+	for _, l := range c.Links {
+		out = append(out, l.Path)
+	}
 	for _, b := range c.Binds {
 		out = append(out, b.Target)
 	}
