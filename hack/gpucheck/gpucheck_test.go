@@ -194,7 +194,7 @@ func fakeDriverRoot(t *testing.T, preset, node string) string {
 	if err := os.MkdirAll(lib, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	gcc := exec.Command("gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", filepath.Join(lib, "libcuda.so.580.95.05"), "../../pkg/doctor/testdata/fakecuda.c")
+	gcc := exec.Command("gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", filepath.Join(lib, "libcuda.so.580.95.05"), "../../pkg/doctor/testdata/fakecuda.c", "-lm")
 	if out, err := gcc.CombinedOutput(); err != nil {
 		t.Fatalf("build the stand-in libcuda: %v: %s", err, out)
 	}

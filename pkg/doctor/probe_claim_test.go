@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
@@ -171,6 +172,11 @@ func TestProbeOfAClaimFailsASpecThatGivesAnotherGPUOutOfCUDAsSight(t *testing.T)
 					text = inv.GPUs[i].UUID + "\n"
 				}
 				n.write(filepath.Join(n.root, "gpus", name), text)
+			}
+			// A directory bound at /dev is the container's whole /dev: the
+			// driver needs its /dev/null there too.
+			if err := unix.Mknod(filepath.Join(n.root, "gpus", "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+				t.Fatal(err)
 			}
 			nodes := `{"path":"/dev/nvidia0"},` + tt.nodes + `{"path":"/dev/nvidiactl"}`
 			if tt.unset {

@@ -62,7 +62,9 @@ func buildProbe(t *testing.T) (probe, libcuda string) {
 			return
 		}
 		for lib, flags := range map[*string][]string{&fakeCUDA: nil, &hangCUDA: {"-DFAKE_CUINIT_HANGS"}} {
-			args := append([]string{"-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", *lib, "testdata/fakecuda.c"}, flags...)
+			// -lm after the source: libm is NEEDED, as by the real
+			// library, whatever the linker's --as-needed default.
+			args := append([]string{"-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", *lib, "testdata/fakecuda.c", "-lm"}, flags...)
 			if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 				buildErr = err
 				*lib = string(out)

@@ -100,7 +100,7 @@ func (d *FakeDriver) Install(ctx context.Context, version string, api int) error
 	file := "libcuda.so." + version
 	out, err := exec.CommandContext(ctx, "gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1",
 		fmt.Sprintf("-DFAKE_GPUS=%q", strings.Join(gpus, ",")), "-DFAKE_DRIVER_API="+strconv.Itoa(api),
-		"-o", filepath.Join(lib, file), fakeCUDASource()).CombinedOutput()
+		"-o", filepath.Join(lib, file), fakeCUDASource(), "-lm").CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("build the fake libcuda: %w\n%s", err, out)
 	}

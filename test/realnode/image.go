@@ -10,6 +10,7 @@ import (
 
 	v1 "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sandbox"
 	"github.com/kyb-ai/kyb-dra-driver/test/ociimage"
 )
 
@@ -30,24 +31,43 @@ type imageFile struct {
 }
 
 // busyboxImage is the workload image: Debian's static busybox with the
-// applets the pods use, and the CUDA probe with the host's glibc. It is a
-// plain image, not NVIDIA's: no LD_LIBRARY_PATH, no /usr/local/nvidia, no
-// loader cache; the probe finds libcuda.so.1 only where our specs put it.
+// applets the pods use, and the CUDA probe with the host's glibc base (the
+// doctor's sandbox's image: the loader, libc, libm, libdl, libpthread,
+// librt and what they need), which every glibc image has and the driver's
+// libcuda.so.1 needs. It is a plain image, not NVIDIA's: no
+// LD_LIBRARY_PATH, no /usr/local/nvidia, no loader cache; the probe finds
+// libcuda.so.1 only where our specs put it.
 func busyboxImage(name, busybox, probe string) (image, error) {
 	img := image{name: name, entrypoint: []string{"/bin/sh"}}
-	for _, d := range []string{"bin", "dev", "etc", "lib", "lib/x86_64-linux-gnu", "lib64", "proc", "sys", "tmp", "usr", "usr/lib", "var", "var/run"} {
+	base, err := sandbox.Image(probe)
+	if err != nil {
+		return image{}, fmt.Errorf("the probe's glibc: %w", err)
+	}
+	var libs []imageFile
+	dirs := []string{"bin", "dev", "etc", "lib", "lib64", "proc", "sys", "tmp", "usr", "usr/lib", "var", "var/run"}
+	for _, b := range base {
+		if b.Target == sandbox.ProgramPath {
+			continue
+		}
+		src, err := filepath.EvalSymlinks(b.Source)
+		if err != nil {
+			return image{}, fmt.Errorf("the probe's glibc: %w", err)
+		}
+		libs = append(libs, imageFile{path: b.Target[1:], src: src, mode: 0o755})
+		for d := filepath.Dir(b.Target[1:]); d != "."; d = filepath.Dir(d) {
+			if !slices.Contains(dirs, d) {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	// Sorted, a directory comes before what is in it.
+	slices.Sort(dirs)
+	for _, d := range dirs {
 		img.files = append(img.files, imageFile{path: d, isDir: true, mode: 0o755})
 	}
 	img.files = append(img.files, imageFile{path: "bin/busybox", src: busybox, mode: 0o755})
 	img.files = append(img.files, imageFile{path: "bin/kyb-cuda-probe", src: probe, mode: 0o755})
-	// What the probe links: the loader and libc (dlopen is in libc).
-	for _, f := range []string{"lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libc.so.6"} {
-		src, err := filepath.EvalSymlinks("/" + f)
-		if err != nil {
-			return image{}, fmt.Errorf("the probe's glibc: %w", err)
-		}
-		img.files = append(img.files, imageFile{path: f, src: src, mode: 0o755})
-	}
+	img.files = append(img.files, libs...)
 	for _, applet := range []string{"sh", "env", "ls", "cat", "sleep", "grep", "sort", "echo", "test", "mount", "head", "find", "readlink", "true", "wc"} {
 		img.files = append(img.files, imageFile{path: "bin/" + applet, link: "busybox"})
 	}

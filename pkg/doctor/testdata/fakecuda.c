@@ -8,13 +8,18 @@
  * when it is built). It needs /dev/nvidiactl, orders the GPUs by minor
  * number and honours CUDA_VISIBLE_DEVICES (indices or UUIDs, up to the
  * first entry that names no device), so a probe over it fails for the
- * reasons a container over the real one would. Built with
- * -DFAKE_CUINIT_HANGS it stands for a wedged GPU: cuInit forks (as a
- * driver's helper would) and neither process ever returns.
+ * reasons a container over the real one would. It needs what the real
+ * one needs of a container: libm (link it with -lm, after the source, so
+ * that it is NEEDED however the linker is set), and for cuInit a procfs
+ * (/proc/self/maps), a sysfs and /dev/null, without which cuInit fails
+ * with CUDA_ERROR_OPERATING_SYSTEM (304). Built with -DFAKE_CUINIT_HANGS
+ * it stands for a wedged GPU: cuInit forks (as a driver's helper would)
+ * and neither process ever returns.
  */
 #include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +37,7 @@
 #define CUDA_ERROR_NOT_INITIALIZED 3
 #define CUDA_ERROR_NO_DEVICE 100
 #define CUDA_ERROR_INVALID_DEVICE 101
+#define CUDA_ERROR_OPERATING_SYSTEM 304
 #define CUDA_ERROR_UNKNOWN 999
 
 struct gpu { int minor; char uuid[64]; char node[32]; };
@@ -70,12 +76,41 @@ static int is_chardev(const char *path) {
 	return stat(path, &st) == 0 && S_ISCHR(st.st_mode);
 }
 
+/* read_line says whether path has a first line to read. */
+static int read_line(const char *path) {
+	char line[256];
+	FILE *f = fopen(path, "r");
+	if (f == NULL) return 0;
+	int ok = fgets(line, sizeof line, f) != NULL;
+	fclose(f);
+	return ok;
+}
+
+/*
+ * os_ready says whether the process has what the driver asks of the
+ * kernel before it opens a GPU: its own mappings in procfs, the CPUs in
+ * sysfs, and /dev/null, a character device it can write.
+ */
+static int os_ready(void) {
+	if (!read_line("/proc/self/maps") || !read_line("/sys/devices/system/cpu/online")) return 0;
+	int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (fd < 0) return 0;
+	struct stat st;
+	int ok = fstat(fd, &st) == 0 && S_ISCHR(st.st_mode) && write(fd, "", 1) == 1;
+	close(fd);
+	return ok;
+}
+
+/* A GPU's memory in MiB; volatile, so that the library calls libm. */
+static volatile double memory_mib = 81559;
+
 int cuInit(unsigned int flags) {
 	(void)flags;
 #ifdef FAKE_CUINIT_HANGS
 	fork();
 	for (;;) pause();
 #endif
+	if (!os_ready()) return CUDA_ERROR_OPERATING_SYSTEM;
 	if (access("/dev/nvidiactl", R_OK) != 0) return CUDA_ERROR_NO_DEVICE;
 	DIR *d = opendir("/dev");
 	if (d == NULL) return CUDA_ERROR_NO_DEVICE;
@@ -146,7 +181,7 @@ int cuDeviceGetUuid(unsigned char *out, int dev) {
 	return CUDA_SUCCESS;
 }
 
-int cuDeviceTotalMem_v2(size_t *bytes, int dev) { (void)dev; *bytes = (size_t)81559 << 20; return CUDA_SUCCESS; }
+int cuDeviceTotalMem_v2(size_t *bytes, int dev) { (void)dev; *bytes = (size_t)ldexp(memory_mib, 20); return CUDA_SUCCESS; }
 
 int cuDevicePrimaryCtxRetain(void **ctx, int dev) {
 	/* A simulated node's kernel has no driver behind the numbers. */
