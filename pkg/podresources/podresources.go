@@ -1,6 +1,6 @@
 // Package podresources reads, from the kubelet's PodResources API, which
-// device-plugin devices the kubelet has assigned to the containers of its
-// active pods. The device-plugin API never tells a
+// device-plugin devices and which claims the kubelet has assigned to the
+// containers of its active pods. The device-plugin API never tells a
 // plugin that a device was released; this is where the kubelet says which
 // are still held.
 package podresources
@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/types"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
@@ -52,15 +53,28 @@ func NewClient(socket string) (*Client, error) {
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
+// ClaimAssignment is a claim one container references, with the drivers
+// whose devices the kubelet prepared for it.
+type ClaimAssignment struct {
+	// Pod is namespace/name.
+	Pod       string
+	Container string
+	Claim     types.NamespacedName
+	Drivers   []string
+}
+
 // Listing is what the kubelet says of its active pods.
 type Listing struct {
 	// Pods are the active pods, namespace/name.
 	Pods []string
 	// Assignments are their containers' device-plugin devices.
 	Assignments []Assignment
+	// Claims are their containers' claims.
+	Claims []ClaimAssignment
 }
 
-// List lists the active pods and their containers' device-plugin devices.
+// List lists the active pods, their containers' device-plugin devices and
+// their containers' claims.
 func (c *Client) List(ctx context.Context) (Listing, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
@@ -71,10 +85,12 @@ func (c *Client) List(ctx context.Context) (Listing, error) {
 	// The kubelet lists each device in an entry of its own, once per NUMA
 	// node it reports; an assignment is the set of a container's IDs.
 	var out []Assignment
+	var claims []ClaimAssignment
 	var pods []string
 	for _, p := range resp.GetPodResources() {
 		pods = append(pods, p.GetNamespace()+"/"+p.GetName())
 		for _, ctr := range p.GetContainers() {
+			claims = append(claims, containerClaims(p, ctr)...)
 			first := len(out)
 			for _, d := range ctr.GetDevices() {
 				i := slices.IndexFunc(out[first:], func(a Assignment) bool { return a.Resource == d.GetResourceName() })
@@ -92,5 +108,26 @@ func (c *Client) List(ctx context.Context) (Listing, error) {
 		}
 	}
 	out = slices.DeleteFunc(out, func(a Assignment) bool { return len(a.IDs) == 0 })
-	return Listing{Pods: pods, Assignments: out}, nil
+	return Listing{Pods: pods, Assignments: out, Claims: claims}, nil
+}
+
+// containerClaims are the claims a container references, with the drivers
+// of their devices.
+func containerClaims(p *podresourcesapi.PodResources, ctr *podresourcesapi.ContainerResources) []ClaimAssignment {
+	var out []ClaimAssignment
+	for _, r := range ctr.GetDynamicResources() {
+		ns := r.GetClaimNamespace()
+		if ns == "" {
+			// A pod references claims of its own namespace only.
+			ns = p.GetNamespace()
+		}
+		c := ClaimAssignment{Pod: p.GetNamespace() + "/" + p.GetName(), Container: ctr.GetName(), Claim: types.NamespacedName{Namespace: ns, Name: r.GetClaimName()}}
+		for _, res := range r.GetClaimResources() {
+			if d := res.GetDriverName(); !slices.Contains(c.Drivers, d) {
+				c.Drivers = append(c.Drivers, d)
+			}
+		}
+		out = append(out, c)
+	}
+	return out
 }

@@ -38,6 +38,8 @@ type Server struct {
 	// limiter, when set, refuses calls over its rate as the kubelet's
 	// server does.
 	limiter *rate.Limiter
+	// whole are the pods set as the API's own type (SetPodResources).
+	whole map[types.NamespacedName]*podresourcesapi.PodResources
 }
 
 // TB is what Start needs of a test (testing.TB, or a harness's).
@@ -57,7 +59,7 @@ func Start(tb TB, socket string) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := &Server{Socket: socket, pods: map[types.NamespacedName][]podresources.ContainerClaims{}}
+	s := &Server{Socket: socket, pods: map[types.NamespacedName][]podresources.ContainerClaims{}, whole: map[types.NamespacedName]*podresourcesapi.PodResources{}}
 	srv := grpc.NewServer()
 	podresourcesapi.RegisterPodResourcesListerServer(srv, s)
 	go func() { _ = srv.Serve(lis) }()
@@ -69,14 +71,29 @@ func Start(tb TB, socket string) *Server {
 func (s *Server) SetPod(namespace, name string, containers ...podresources.ContainerClaims) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.pods[types.NamespacedName{Namespace: namespace, Name: name}] = containers
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	s.pods[key] = containers
+	delete(s.whole, key)
+}
+
+// SetPodResources makes the kubelet know a pod whose containers hold what
+// p says (device-plugin devices, claims with the devices drivers prepared
+// for them), answered as it is; p is not changed afterwards.
+func (s *Server) SetPodResources(p *podresourcesapi.PodResources) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := types.NamespacedName{Namespace: p.GetNamespace(), Name: p.GetName()}
+	s.pods[key] = nil
+	s.whole[key] = p
 }
 
 // RemovePod makes the kubelet forget a pod.
 func (s *Server) RemovePod(namespace, name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.pods, types.NamespacedName{Namespace: namespace, Name: name})
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	delete(s.pods, key)
+	delete(s.whole, key)
 }
 
 // Limit refuses calls over limiter's rate from now on, as the kubelet
@@ -100,6 +117,9 @@ func (s *Server) allow() error {
 func (s *Server) Gets() int { return int(s.gets.Load()) }
 
 func (s *Server) resources(key types.NamespacedName) *podresourcesapi.PodResources {
+	if p, ok := s.whole[key]; ok {
+		return p
+	}
 	p := &podresourcesapi.PodResources{Namespace: key.Namespace, Name: key.Name}
 	for _, c := range s.pods[key] {
 		ctr := &podresourcesapi.ContainerResources{Name: c.Name}
