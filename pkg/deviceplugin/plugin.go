@@ -46,6 +46,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 )
 
 // Injection says how Allocate hands a container its seats.
@@ -87,6 +88,10 @@ type Options struct {
 	// plugin socket makes the shim refuse to start (default
 	// /var/lib/kubelet/plugins).
 	KubeletPluginsDir string
+	// PodResources lists what the containers of the kubelet's active pods
+	// hold (its PodResources API). The shim refuses to start while a
+	// container holds devices the DRA plugin prepared. nil: not checked.
+	PodResources func(ctx context.Context) (podresources.Listing, error)
 	// Health tells which GPUs are unhealthy; nil: all healthy.
 	Health health.Source
 	// Sharing applies the profiles' sharing strategies (MPS daemons,
@@ -158,13 +163,17 @@ type Plugin struct {
 // Start serves every profile of the exclusive layout on its socket and
 // registers with the kubelet, now if kubelet.sock is there, else as soon as
 // it appears. It refuses to start beside a live DRA plugin or another live
-// shim. Stop ends it.
+// shim, and while pods of the DRA plugin hold the node's GPUs. Stop ends
+// it.
 func Start(ctx context.Context, opts Options) (*Plugin, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
 	logger := klog.FromContext(ctx)
 	if err := claimNode(logger, opts); err != nil {
+		return nil, err
+	}
+	if err := checkDrained(ctx, opts); err != nil {
 		return nil, err
 	}
 	layout, why := opts.Plan.ExclusiveLayout()
@@ -237,6 +246,21 @@ func claimNode(logger klog.Logger, opts Options) error {
 	}
 	removeStaleSockets(logger, opts.DevicePluginDir)
 	return nil
+}
+
+// checkDrained asks the kubelet what its pods' containers hold, and
+// refuses while any holds devices the DRA plugin prepared: the shim would
+// hand the same GPUs out again.
+func checkDrained(ctx context.Context, opts Options) error {
+	if opts.PodResources == nil {
+		klog.FromContext(ctx).Info("Not checking that no pod of the DRA plugin holds a GPU", "warning", "the kubelet's PodResources API is not asked; drain the node before the shim takes it over")
+		return nil
+	}
+	l, err := opts.PodResources(ctx)
+	if err != nil {
+		return fmt.Errorf("ask the kubelet whether pods of the kyb DRA plugin still hold this node's GPUs: %w", err)
+	}
+	return driver.CheckNoDRAPods(l.DriverHolders(driver.Name))
 }
 
 // makeEndpoints makes one endpoint per profile of the layout that has

@@ -1,7 +1,8 @@
 // Package doctor says whether a node is ready for the plugin, and when it
 // is not, what is wrong and what to do: NVML and the GPUs, the plan, the
 // driver files a container would get, the CDI and kubelet directories, the
-// container runtime's CDI setting, the checkpoint. `kyb-dra-plugin doctor`
+// container runtime's CDI setting, the checkpoint, and whether pods of the
+// device-plugin shim still hold GPUs (the kubelet's PodResources API). `kyb-dra-plugin doctor`
 // prints its report; the chart runs it as an init container, so that a
 // broken node says why in `kubectl logs`.
 //
@@ -77,6 +78,10 @@ type Options struct {
 	PluginsDir      string
 	RegistrarDir    string
 	DevicePluginDir string
+	// PodResourcesSocket is the kubelet's PodResources API; where set, the
+	// handover check asks it whether pods of the device-plugin shim still
+	// hold GPUs.
+	PodResourcesSocket string
 	// HostRoot is where the host's root file system is, as the doctor sees
 	// it; the container runtime's configuration is read under it.
 	HostRoot string
@@ -147,6 +152,9 @@ func Run(ctx context.Context, opts Options) *Report {
 	}
 	for _, s := range steps {
 		e.step(ctx, timeout, s.checks, s.run)
+	}
+	if opts.PodResourcesSocket != "" {
+		e.step(ctx, timeout, []string{"handover"}, (*examination).checkHandover)
 	}
 	if opts.Probe != nil {
 		e.step(ctx, opts.Probe.timeout()+timeout, []string{"probe"}, (*examination).checkProbe)

@@ -10,6 +10,11 @@
 // socket file that nobody listens on (left behind by a crash) is not live:
 // only a successful dial counts, so a stale file never blocks a start.
 //
+// A surface that stopped leaves its pods running on the GPUs it handed
+// out, and the kubelet keeps them: each refuses to start, too, while the
+// kubelet's PodResources API lists a container holding the other's devices
+// (CheckNoShimPods, CheckNoDRAPods). A node changes surface drained.
+//
 // It imports no Kubernetes client code, so that the shim, which never
 // talks to the API server, links none.
 package driver
@@ -18,6 +23,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -64,6 +70,51 @@ func CheckNoLiveDRA(kubeletPluginsDir string) error {
 		return nil
 	}
 	return fmt.Errorf("the kyb DRA plugin serves this node (%s answers): a node runs the DRA plugin or the shim, never both, or the same GPUs are handed out twice; remove the DRA plugin from this node first", strings.Join(live, ", "))
+}
+
+// ResourceDomain is the domain of the extended resources the shim serves
+// by default (kyb.ai/gpu-1x-seat).
+const ResourceDomain = "kyb.ai"
+
+// ShimResource says whether an extended resource is one the shim serves,
+// or served under an earlier configuration: in ResourceDomain, or one of
+// configured (the node configuration's profiles' resources).
+func ShimResource(configured []string) func(resource string) bool {
+	return func(resource string) bool {
+		return strings.HasPrefix(resource, ResourceDomain+"/") || slices.Contains(configured, resource)
+	}
+}
+
+// maxHolders bounds the containers an error names.
+const maxHolders = 10
+
+// CheckNoShimPods returns an error when holders (containers, as
+// podresources.Listing.ResourceHolders names them) hold devices of the
+// shim's resources. The DRA plugin calls it before it starts: it would
+// hand their GPUs out again, and destroy the MIG instances of their seats.
+func CheckNoShimPods(holders []string) error {
+	if len(holders) == 0 {
+		return nil
+	}
+	return fmt.Errorf("pods still hold GPUs the kyb device-plugin shim handed out (%s): the DRA plugin would hand the same GPUs out again and destroy the MIG instances of their seats; drain the node of them (kubectl drain, or delete those pods), then start the DRA plugin", listHolders(holders))
+}
+
+// CheckNoDRAPods returns an error when holders (containers, as
+// podresources.Listing.DriverHolders names them) hold devices the DRA
+// plugin prepared. The shim calls it before it starts: it would hand
+// their GPUs out again.
+func CheckNoDRAPods(holders []string) error {
+	if len(holders) == 0 {
+		return nil
+	}
+	return fmt.Errorf("pods still hold GPUs the kyb DRA plugin prepared (%s): the shim would hand the same GPUs out again; drain the node of them (kubectl drain, or delete those pods), then start the shim", listHolders(holders))
+}
+
+func listHolders(holders []string) string {
+	if len(holders) <= maxHolders {
+		return strings.Join(holders, "; ")
+	}
+	return fmt.Sprintf("%s; and %d more", strings.Join(holders[:maxHolders], "; "), len(holders)-maxHolders)
 }
 
 // LiveSockets returns the files matching pattern that accept a connection.

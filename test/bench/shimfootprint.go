@@ -100,8 +100,9 @@ func RunShimFootprint(ctx context.Context, opts ShimFootprintOptions) (*ShimFoot
 		return nil, err
 	}
 	defer func() { _ = logFile.Close() }()
+	// No kubelet serves PodResources here: the shim is told not to ask.
 	cmd := exec.CommandContext(ctx, shim, "--simulate", "dgx-h100", "--node-name", "footprint-node",
-		"--device-plugin-directory-path", dp, "--kubelet-plugins-directory-path", plugins, "--cdi-root", filepath.Join(dir, "cdi"))
+		"--device-plugin-directory-path", dp, "--kubelet-plugins-directory-path", plugins, "--cdi-root", filepath.Join(dir, "cdi"), "--pod-resources-socket", "")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", shim, err)

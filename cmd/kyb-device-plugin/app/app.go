@@ -35,8 +35,10 @@ made at their first Allocate and kept. It reads the
 same node configuration as the DRA plugin and serves its exclusive layout,
 in which no GPU serves two profiles that exclude each other. A node runs
 the DRA plugin or this shim, never both: each refuses to start while the
-other answers on its socket. Every flag can also be set by the environment
-variable named beside it; a flag given on the command line wins.
+other answers on its socket, or while the kubelet's PodResources API lists
+a pod holding GPUs the other handed out (drain the node to switch). Every
+flag can also be set by the environment variable named beside it; a flag
+given on the command line wins.
 
   kyb-device-plugin                                   # on a GPU node
   kyb-device-plugin --injection cdi                   # containerd 1.7+ / CRI-O 1.24+ with CDI
@@ -68,7 +70,7 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	o.driverFiles.AddFlags(f, "shim", "how containers get the driver's libraries and tools: auto (with --injection=cdi NVIDIA's CDI spec if the node has one; else the files under --driver-root), nvidia-cdi (needs --injection=cdi), driver-root or none")
 	f.StringVar(&o.devicePluginDir, "device-plugin-directory-path", "DEVICE_PLUGIN_DIRECTORY_PATH", "/var/lib/kubelet/device-plugins/", "the kubelet's device-plugin directory, holding kubelet.sock and the shim's sockets")
 	f.StringVar(&o.pluginsDir, "kubelet-plugins-directory-path", "KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins", "the kubelet's plugin directory; the shim refuses to start while the DRA plugin answers in <dir>/gpu.kyb.ai")
-	f.StringVar(&o.podResources, "pod-resources-socket", "POD_RESOURCES_SOCKET", podresources.DefaultSocket, "the kubelet's PodResources API, where the shim learns which seats are still held (profiles shared with mps only)")
+	f.StringVar(&o.podResources, "pod-resources-socket", "POD_RESOURCES_SOCKET", podresources.DefaultSocket, "the kubelet's PodResources API: at start, that no pod holds GPUs the DRA plugin prepared; with mps, which seats are still held. Empty: not asked (no MPS profile, and the node is known to be drained)")
 	f.DurationVar(&o.podResourcesPoll, "pod-resources-poll-interval", "POD_RESOURCES_POLL_INTERVAL", 10*time.Second, "how often the shim asks the PodResources API which seats are held; an MPS daemon stops within this interval after its group's last pod")
 	f.StringVar(&o.podNamespace, "pod-namespace", "POD_NAMESPACE", "", "the shim's own pod's namespace, with --pod-name: a PodResources listing without that pod is not believed (a kubelet that has just started does not know all its pods yet)")
 	f.StringVar(&o.podName, "pod-name", "POD_NAME", "", "the shim's own pod's name; see --pod-namespace")
@@ -90,12 +92,14 @@ func (o *options) check() error {
 	for _, d := range []struct{ flag, path string }{
 		{"--device-plugin-directory-path", o.devicePluginDir},
 		{"--kubelet-plugins-directory-path", o.pluginsDir},
-		{"--pod-resources-socket", o.podResources},
 		{"--cdi-root", o.cdiRoot},
 	} {
 		if !filepath.IsAbs(d.path) {
 			return fmt.Errorf("%s %q must be an absolute path", d.flag, d.path)
 		}
+	}
+	if o.podResources != "" && !filepath.IsAbs(o.podResources) {
+		return fmt.Errorf("--pod-resources-socket %q must be an absolute path (or empty: not asked)", o.podResources)
 	}
 	if (o.podName == "") != (o.podNamespace == "") {
 		return errors.New("--pod-name and --pod-namespace go together: they name the shim's own pod")
@@ -138,12 +142,20 @@ func (o *options) run(ctx context.Context) error {
 		return err
 	}
 	defer stopHealth()
-	sharing, closeSharing, err := o.shimSharing(ctx, node)
+	// The kubelet's PodResources API is dialled lazily, so a kubelet that
+	// restarts later is found when it comes.
+	var pr *podresources.Client
+	if o.podResources != "" {
+		if pr, err = podresources.NewClient(o.podResources); err != nil {
+			return err
+		}
+		defer pr.Close()
+	}
+	sharing, err := o.shimSharing(ctx, node, pr)
 	if err != nil {
 		return err
 	}
-	defer closeSharing()
-	p, err := deviceplugin.Start(ctx, deviceplugin.Options{
+	opts := deviceplugin.Options{
 		NodeName:          o.node.NodeName,
 		Inventory:         node.Inv,
 		Plan:              node.Plan,
@@ -159,7 +171,11 @@ func (o *options) run(ctx context.Context) error {
 		// keeps its own: a node moved to the DRA plugin destroys the
 		// shim's instances, whose seats no claim holds.
 		MIG: deviceplugin.MIG{NVML: node.Host.NVML, Minors: node.Host.MIGMinors, Dir: driver.PluginDir(o.pluginsDir)},
-	})
+	}
+	if pr != nil {
+		opts.PodResources = pr.List
+	}
+	p, err := deviceplugin.Start(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -170,24 +186,22 @@ func (o *options) run(ctx context.Context) error {
 }
 
 // shimSharing is how the shim applies the profiles' sharing strategies.
-// MPS daemons need the kubelet's PodResources API, where the shim learns
-// that a group's last seat was released (the device-plugin API never
-// says); it is dialled lazily, so a kubelet that starts after the shim is
-// found when it comes.
-func (o *options) shimSharing(ctx context.Context, node *nodesetup.Node) (deviceplugin.Sharing, func(), error) {
+// MPS daemons need the kubelet's PodResources API (pr), where the shim
+// learns that a group's last seat was released (the device-plugin API
+// never says).
+func (o *options) shimSharing(ctx context.Context, node *nodesetup.Node, pr *podresources.Client) (deviceplugin.Sharing, error) {
 	s := deviceplugin.Sharing{SetTimeSlice: node.Host.SetTimeSlice}
 	m, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.pluginsDir), o.node.DriverRoot)
 	if err != nil || m == nil {
-		return s, func() {}, err
+		return s, err
 	}
-	pr, err := podresources.NewClient(o.podResources)
-	if err != nil {
-		return s, nil, err
+	if pr == nil {
+		return s, errors.New("--pod-resources-socket is empty, and MPS needs the kubelet's PodResources API: the shim learns there that a group's last seat was released")
 	}
 	klog.FromContext(ctx).Info("MPS daemons stop when the kubelet no longer lists their seats", "podResourcesSocket", o.podResources)
 	s.MPS, s.Assigned, s.Poll = m, pr.List, o.podResourcesPoll
 	if o.podName != "" {
 		s.Self = o.podNamespace + "/" + o.podName
 	}
-	return s, func() { _ = pr.Close() }, nil
+	return s, nil
 }

@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources/podresourcestest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
 
@@ -21,9 +24,26 @@ func runShimCommand(ctx context.Context, env map[string]string, args ...string) 
 	return code, stderr.String()
 }
 
+// kubeletPodResources serves the kubelet's PodResources API for a shim
+// command, with no pod.
+func kubeletPodResources(t *testing.T) *podresourcestest.Server {
+	return podresourcestest.Start(t, filepath.Join(sockettest.Dir(t), "pod-resources.sock"))
+}
+
 func TestDevicePluginCommandLineErrorsSayWhatToFix(t *testing.T) {
 	dir := sockettest.Dir(t)
 	sockettest.Listen(t, filepath.Join(dir, "plugins", "gpu.kyb.ai", "dra.sock"))
+	// The DRA plugin is gone from another node, its pod still running.
+	drained := kubeletPodResources(t)
+	drained.SetPodResources(&podresourcesapi.PodResources{Namespace: "team-a", Name: "trainer", Containers: []*podresourcesapi.ContainerResources{{
+		Name: "app", DynamicResources: []*podresourcesapi.DynamicResource{{ClaimName: "gpus", ClaimNamespace: "team-a",
+			ClaimResources: []*podresourcesapi.ClaimResource{{DriverName: driver.Name, PoolName: "node-1", DeviceName: "g01-2x"}}}},
+	}}})
+	other := filepath.Join(dir, "other")
+	mps := filepath.Join(dir, "mps.yaml")
+	if err := os.WriteFile(mps, []byte("profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 2, sharing: {strategy: mps}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		env  map[string]string
@@ -47,6 +67,12 @@ func TestDevicePluginCommandLineErrorsSayWhatToFix(t *testing.T) {
 		{"MPS shm of 0", nil, []string{"--mps-shm-size-mib", "0"}, 2, `invalid value "0" for flag -mps-shm-size-mib: 0 would leave each MPS daemon's shm directory unbounded on the host's disk: give a size in MiB, or "unbounded" to mean that`},
 		{"negative MPS shm in env", map[string]string{"KYB_MPS_SHM_SIZE_MIB": "-1"}, nil, 2, `environment variable KYB_MPS_SHM_SIZE_MIB="-1": want a positive size in MiB or "unbounded"`},
 		{"unknown preset", nil, []string{"--simulate", "dgx-z"}, 1, `unknown preset "dgx-z"`},
+		{"pods of the DRA plugin hold GPUs", map[string]string{"POD_RESOURCES_SOCKET": drained.Socket}, []string{"--simulate", "dgx-h100", "--device-plugin-directory-path", filepath.Join(other, "dp"), "--kubelet-plugins-directory-path", filepath.Join(other, "plugins")}, 1,
+			"pods still hold GPUs the kyb DRA plugin prepared (team-a/trainer container app: claim team-a/gpus)"},
+		{"no kubelet to ask", map[string]string{"POD_RESOURCES_SOCKET": filepath.Join(dir, "nope.sock")}, []string{"--simulate", "dgx-h100", "--device-plugin-directory-path", filepath.Join(other, "dp"), "--kubelet-plugins-directory-path", filepath.Join(other, "plugins")}, 1,
+			"ask the kubelet whether pods of the kyb DRA plugin still hold this node's GPUs"},
+		{"MPS without the kubelet", nil, []string{"--pod-resources-socket", "", "--simulate", "dgx-h100", "--config", mps, "--device-plugin-directory-path", filepath.Join(other, "dp"), "--kubelet-plugins-directory-path", filepath.Join(other, "plugins")}, 1,
+			"--pod-resources-socket is empty, and MPS needs the kubelet's PodResources API"},
 		{"beside a live DRA plugin", nil, []string{"--simulate", "dgx-h100", "--device-plugin-directory-path", filepath.Join(dir, "dp"), "--kubelet-plugins-directory-path", filepath.Join(dir, "plugins")}, 1,
 			"the kyb DRA plugin serves this node (" + filepath.Join(dir, "plugins", "gpu.kyb.ai", "dra.sock") + " answers)"},
 	}
@@ -88,6 +114,7 @@ func TestDevicePluginHelp(t *testing.T) {
 func TestDevicePluginServesUntilSignalledAndRemovesItsSocketsOverRealSockets(t *testing.T) {
 	dir := sockettest.Dir(t)
 	dp := filepath.Join(dir, "dp")
+	kubelet := kubeletPodResources(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
@@ -96,7 +123,7 @@ func TestDevicePluginServesUntilSignalledAndRemovesItsSocketsOverRealSockets(t *
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		code, errOut = runShimCommand(ctx, map[string]string{"KYB_SIMULATE": "dgx-h100", "KUBELET_PLUGINS_DIRECTORY_PATH": filepath.Join(dir, "plugins")},
+		code, errOut = runShimCommand(ctx, map[string]string{"KYB_SIMULATE": "dgx-h100", "KUBELET_PLUGINS_DIRECTORY_PATH": filepath.Join(dir, "plugins"), "POD_RESOURCES_SOCKET": kubelet.Socket},
 			"--device-plugin-directory-path", dp, "--injection", "cdi", "--cdi-root", filepath.Join(dir, "cdi"))
 	}()
 	sockets := []string{"kyb-gpu-1x-seat.sock", "kyb-gpu-2x-seat.sock", "kyb-gpu-4x-seat.sock"}

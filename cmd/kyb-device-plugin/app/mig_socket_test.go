@@ -25,6 +25,7 @@ import (
 func TestShimCommandServesMIGSeatsOverRealSockets(t *testing.T) {
 	dir := sockettest.Dir(t)
 	dp, plugins := filepath.Join(dir, "dp"), filepath.Join(dir, "plugins")
+	kubelet := kubeletPodResources(t)
 	config := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(config, []byte("profiles:\n- {resource: kyb.ai/gpu-1x-seat}\n- {resource: kyb.ai/mig-1g.10gb, mig: {profile: 1g.10gb, seatsPerGPU: 2}, gpus: [0]}\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -37,7 +38,7 @@ func TestShimCommandServesMIGSeatsOverRealSockets(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		code, errOut = runShimCommand(ctx, map[string]string{"KYB_SIMULATE": "dgx-h100", "KYB_CONFIG": config, "KUBELET_PLUGINS_DIRECTORY_PATH": plugins},
+		code, errOut = runShimCommand(ctx, map[string]string{"KYB_SIMULATE": "dgx-h100", "KYB_CONFIG": config, "KUBELET_PLUGINS_DIRECTORY_PATH": plugins, "POD_RESOURCES_SOCKET": kubelet.Socket},
 			"--device-plugin-directory-path", dp)
 	}()
 	stop := func() {

@@ -139,7 +139,7 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	f.BoolVar(&o.deviceMetadata, "device-metadata", "KYB_DEVICE_METADATA", true, "give containers each prepared device's attributes, seats, seat generations and GPU UUIDs in a metadata file (KEP-5304) under /var/run/kubernetes.io/dra-device-attributes/")
 	f.StringVar(&o.bootIDFile, "boot-id-file", "KYB_BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id", "file holding the node's boot ID")
 	f.StringVar(&o.podResourcesSocket, "pod-resources-socket", "POD_RESOURCES_SOCKET", podresources.DefaultSocket,
-		"the kubelet's PodResources API: which claims each container of a pod references, so that a claim alone in its containers names its own GPUs (and, for the per-pod GPU metrics, a container's claims where it has no device metadata); empty: not asked, and claims that may share a container name GPUs by index")
+		"the kubelet's PodResources API: at start, that no pod holds GPUs of the device-plugin shim; which claims each container of a pod references, so that a claim alone in its containers names its own GPUs (and, for the per-pod GPU metrics, a container's claims where it has no device metadata); empty: not asked, the node is known to be drained of the shim's pods, and claims that may share a container name GPUs by index")
 	f.StringVar(&o.runtimeSocket, "container-runtime-socket", "KYB_CONTAINER_RUNTIME_SOCKET", "/run/containerd/containerd.sock",
 		"the container runtime's CRI socket (containerd: /run/containerd/containerd.sock, CRI-O: /var/run/crio/crio.sock), where the per-pod GPU metrics find the pod and container of a GPU process's container ID; empty: no process is given to a pod")
 }
@@ -236,6 +236,16 @@ func (o *options) run(ctx context.Context) error {
 	}
 	defer node.Close(ctx)
 	node.LogPlan(ctx)
+	var pr *podresources.Client
+	if o.podResourcesSocket != "" {
+		if pr, err = podresources.NewClient(o.podResourcesSocket); err != nil {
+			return err
+		}
+		defer pr.Close()
+	}
+	if err := checkShimDrained(ctx, pr, node.Plan); err != nil {
+		return err
+	}
 
 	mon, stopHealth, err := nodesetup.StartHealth(ctx, node, o.health)
 	if err != nil {
@@ -270,12 +280,7 @@ func (o *options) run(ctx context.Context) error {
 		Health:           mon,
 		Collectors:       []prometheus.Collector{mon.Collector()},
 	}
-	if o.podResourcesSocket != "" {
-		pr, err := podresources.NewClient(o.podResourcesSocket)
-		if err != nil {
-			return err
-		}
-		defer pr.Close()
+	if pr != nil {
 		opts.PodResources = pr
 	}
 	if o.metricsAddress != "" {

@@ -22,7 +22,9 @@ Examines this node as the plugin would serve it and says, check by check,
 ok, warn or fail, and what to do: NVML and the driver, the GPUs and their
 links, the configuration and plan, the driver files a container would get,
 NVIDIA's CDI spec, the CDI directory, the kubelet's plugin directories, the
-container runtime's CDI setting, the plugin's checkpoint. With --probe it
+container runtime's CDI setting, the plugin's checkpoint, and with
+--pod-resources-socket whether pods of the device-plugin shim still hold
+GPUs (drain them before the plugin takes the node over). With --probe it
 also runs a CUDA probe in a sandbox built only from a seat's CDI spec: what
 a container holding that seat would see. The probe is killed when it
 takes longer than --probe-timeout (a wedged GPU hangs cuInit), and the
@@ -50,6 +52,7 @@ func Doctor(ctx context.Context, args []string, getenv func(string) string, stdo
 	opts.DriverFiles.AddFlags(f, "plugin", "how the plugin would give containers the driver's files: auto, nvidia-cdi, driver-root or none")
 	var d dirs
 	d.addFlags(f)
+	f.StringVar(&opts.PodResourcesSocket, "pod-resources-socket", "POD_RESOURCES_SOCKET", "", "the kubelet's PodResources API, as the plugin's flag: where set, whether pods of the device-plugin shim still hold GPUs (the plugin refuses to take the node over until it is drained of them); empty: not asked")
 	f.StringVar(&opts.HostRoot, "host-root", "KYB_HOST_ROOT", "/", "where the host's root file system is, as the doctor sees it; the container runtime's configuration is read under it")
 	f.StringVar(&opts.ContainerdConfig, "containerd-config", "KYB_CONTAINERD_CONFIG", "/etc/containerd/config.toml", "containerd's configuration file on the host")
 	f.StringVar(&opts.CRIOConfig, "crio-config", "KYB_CRIO_CONFIG", "/etc/crio/crio.conf", "CRI-O's configuration file on the host; its drop-ins in <file>.d are read too")

@@ -137,9 +137,9 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 	if tc.deviceMode {
 		// Fixed in the kubelet, whatever its root directory.
 		want["/var/lib/kubelet/device-plugins"] = hostMount{container: "/var/lib/kubelet/device-plugins"}
-		if tc.mps {
-			want[root+"/pod-resources"] = hostMount{container: root + "/pod-resources", readOnly: true}
-		}
+		// That no pod holds GPUs of the DRA plugin, and (with MPS) which
+		// seats are held.
+		want[root+"/pod-resources"] = hostMount{container: root + "/pod-resources", readOnly: true}
 	} else {
 		want[root+"/plugins_registry"] = hostMount{container: root + "/plugins_registry"}
 		// Which claims each container references.
@@ -186,9 +186,7 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 		}
 	} else {
 		wantSockets["DEVICE_PLUGIN_DIRECTORY_PATH"] = "/var/lib/kubelet/device-plugins/"
-		if tc.mps {
-			wantSockets["POD_RESOURCES_SOCKET"] = root + "/pod-resources/kubelet.sock"
-		}
+		wantSockets["POD_RESOURCES_SOCKET"] = root + "/pod-resources/kubelet.sock"
 	}
 	wantSockets["KUBELET_PLUGINS_DIRECTORY_PATH"] = root + "/plugins"
 	for _, k := range []string{"POD_RESOURCES_SOCKET", "KYB_CONTAINER_RUNTIME_SOCKET", "KUBELET_REGISTRAR_DIRECTORY_PATH", "KUBELET_PLUGINS_DIRECTORY_PATH", "DEVICE_PLUGIN_DIRECTORY_PATH"} {

@@ -203,10 +203,10 @@ realGPUs, kubeletDir, seamless, health, metrics).
 - name: NVIDIA_VISIBLE_DEVICES
   value: void
 {{- end }}
-{{- if $.mps }}
 {{- if not $.dra }}
 - name: POD_RESOURCES_SOCKET
   value: {{ printf "%s/pod-resources/kubelet.sock" $.kubeletDir | quote }}
+{{- if $.mps }}
 # The shim believes a PodResources listing only once it lists this pod.
 - name: POD_NAMESPACE
   valueFrom:
@@ -217,6 +217,8 @@ realGPUs, kubeletDir, seamless, health, metrics).
     fieldRef:
       fieldPath: metadata.name
 {{- end }}
+{{- end }}
+{{- if $.mps }}
 {{- with $.Values.mps.control }}
 # Empty: the plugin's default (the driver's own; on a simulated node,
 # the simulated daemon of its own binary).
@@ -336,11 +338,9 @@ kyb.containerEnv.
 {{- else }}
 - name: device-plugins
   mountPath: {{ include "kyb.devicePluginDir" . }}
-{{- if $.mps }}
 - name: pod-resources
   mountPath: {{ printf "%s/pod-resources" $.kubeletDir }}
   readOnly: true
-{{- end }}
 {{- end }}
 - name: plugin-data
   mountPath: {{ $.pluginDataDir }}
