@@ -38,8 +38,11 @@ import (
 // destroyed. The journal's claim is the seat (device-plugin/<seat ID>), so
 // a DRA plugin that later serves the node finds no prepared claim for it:
 // it destroys the instances the shim made and forgets those it adopted.
-// What a crash left half made is rolled back at the seat's next Allocate;
-// made instances are kept, in use or not, since the shim cannot tell.
+// What a crash left half made is rolled back at start; made instances of
+// the configuration's seats are kept, in use or not, since the shim
+// cannot tell, and those of seats the configuration no longer has are
+// destroyed at start once no container holds them (mig_survey.go), which
+// also keeps the seats that cannot be made from being handed out.
 
 // MIG makes MIG instances for the MIG profiles' seats.
 type MIG struct {
@@ -104,17 +107,19 @@ func migGPUs(plan *planner.Plan) map[int]bool {
 // newMIGResource serves a MIG profile's seats: each seat a group of one
 // seat (the GPU's group, once per seat), so that the preferred allocation
 // and the health of whole-GPU seats apply unchanged.
-func newMIGResource(layout *planner.Plan, prof *planner.Profile, seats []planner.MIGDevice, opts *Options, cdiWriter *cdi.Writer, instances *miginstance.Manager, stopped <-chan struct{}, logger klog.Logger) *resource {
+// blocked says why each seat that cannot be made cannot (surveyMIG).
+func newMIGResource(layout *planner.Plan, prof *planner.Profile, seats []planner.MIGDevice, blocked map[string]string, opts *Options, cdiWriter *cdi.Writer, instances *miginstance.Manager, stopped <-chan struct{}, logger klog.Logger) *resource {
 	one := *prof
 	one.SeatsPerGroup = 1
 	r := newResource(layout, &one, opts, cdiWriter, nil, stopped, logger)
 	r.groups, r.ids, r.seats = nil, nil, map[string]seatRef{}
-	r.mig = &migSeats{instances: instances, seats: seats}
+	r.mig = &migSeats{instances: instances, seats: seats, blocked: make([]string, len(seats))}
 	for i, d := range seats {
 		id := d.DeviceName()
 		r.groups = append(r.groups, d.GPU.Group)
 		r.seats[id] = seatRef{group: i, seat: d.Placement.Start, idx: i}
 		r.ids = append(r.ids, id)
+		r.mig.blocked[i] = blocked[id]
 	}
 	r.gens = make([]atomic.Int64, len(r.ids))
 	return r
@@ -125,6 +130,9 @@ type migSeats struct {
 	instances *miginstance.Manager
 	// seats by index, as resource.ids.
 	seats []planner.MIGDevice
+	// blocked, by index, says why a seat cannot be made ("" where it
+	// can): it is served Unhealthy.
+	blocked []string
 }
 
 // allocateMIG hands out a container's MIG seats: each seat's instance,
@@ -138,6 +146,9 @@ func (r *resource) allocateMIG(ctx context.Context, refs []seatRef) (*containere
 	var gens []int64
 	for _, ref := range refs {
 		d := r.mig.seats[ref.idx]
+		if why := r.mig.blocked[ref.idx]; why != "" {
+			return nil, nil, fmt.Errorf("seat %s cannot be made: %s", r.ids[ref.idx], why)
+		}
 		gpu, ok := r.delivery.inv.GPUByIndex(d.GPU.Index())
 		if !ok {
 			return nil, nil, fmt.Errorf("GPU %d of seat %s is not in the inventory", d.GPU.Index(), r.ids[ref.idx])
@@ -166,10 +177,8 @@ func (r *resource) allocateMIG(ctx context.Context, refs []seatRef) (*containere
 	return edits, gens, nil
 }
 
-// startMIG opens the journal of the MIG profiles' instances. What a crash
-// left of a seat's instance is settled at the seat's next Allocate, as a
-// retried prepare settles it (Ensure); made instances are kept, since the
-// shim cannot tell which seats are held.
+// startMIG opens the journal of the MIG profiles' instances; surveyMIG
+// settles it.
 func startMIG(opts Options) (*miginstance.Manager, error) {
 	if !opts.Plan.HasMIG() {
 		return nil, nil

@@ -90,7 +90,10 @@ type Options struct {
 	KubeletPluginsDir string
 	// PodResources lists what the containers of the kubelet's active pods
 	// hold (its PodResources API). The shim refuses to start while a
-	// container holds devices the DRA plugin prepared. nil: not checked.
+	// container holds devices the DRA plugin prepared, and destroys the
+	// MIG instances of seats its configuration no longer has once no
+	// container holds them. nil: neither is checked, and no made MIG
+	// instance is destroyed at start.
 	PodResources func(ctx context.Context) (podresources.Listing, error)
 	// Health tells which GPUs are unhealthy; nil: all healthy.
 	Health health.Source
@@ -173,7 +176,8 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 	if err := claimNode(logger, opts); err != nil {
 		return nil, err
 	}
-	if err := checkDrained(ctx, opts); err != nil {
+	listing, err := checkDrained(ctx, opts)
+	if err != nil {
 		return nil, err
 	}
 	layout, why := opts.Plan.ExclusiveLayout()
@@ -205,7 +209,7 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.makeEndpoints(logger, instances); err != nil {
+	if err := p.makeEndpoints(ctx, instances, listing); err != nil {
 		return nil, err
 	}
 	// Watch before serving and registering, so that a kubelet.sock created
@@ -250,22 +254,28 @@ func claimNode(logger klog.Logger, opts Options) error {
 
 // checkDrained asks the kubelet what its pods' containers hold, and
 // refuses while any holds devices the DRA plugin prepared: the shim would
-// hand the same GPUs out again.
-func checkDrained(ctx context.Context, opts Options) error {
+// hand the same GPUs out again. The listing is nil where the kubelet is
+// not asked.
+func checkDrained(ctx context.Context, opts Options) (*podresources.Listing, error) {
 	if opts.PodResources == nil {
 		klog.FromContext(ctx).Info("Not checking that no pod of the DRA plugin holds a GPU", "warning", "the kubelet's PodResources API is not asked; drain the node before the shim takes it over")
-		return nil
+		return nil, nil
 	}
 	l, err := opts.PodResources(ctx)
 	if err != nil {
-		return fmt.Errorf("ask the kubelet whether pods of the kyb DRA plugin still hold this node's GPUs: %w", err)
+		return nil, fmt.Errorf("ask the kubelet whether pods of the kyb DRA plugin still hold this node's GPUs: %w", err)
 	}
-	return driver.CheckNoDRAPods(l.DriverHolders(driver.Name))
+	if err := driver.CheckNoDRAPods(l.DriverHolders(driver.Name)); err != nil {
+		return nil, err
+	}
+	return &l, nil
 }
 
 // makeEndpoints makes one endpoint per profile of the layout that has
-// groups, and one per MIG profile that has seats.
-func (p *Plugin) makeEndpoints(logger klog.Logger, instances *miginstance.Manager) error {
+// groups, and one per MIG profile that has seats. listing is what the
+// kubelet said its containers hold, nil where it was not asked.
+func (p *Plugin) makeEndpoints(ctx context.Context, instances *miginstance.Manager, listing *podresources.Listing) error {
+	logger := klog.FromContext(ctx)
 	var writer *cdi.Writer
 	if p.opts.Injection == InjectionCDI {
 		var err error
@@ -278,11 +288,12 @@ func (p *Plugin) makeEndpoints(logger klog.Logger, instances *miginstance.Manage
 	for _, w := range warnings {
 		logger.Info("MIG seats", "warning", w)
 	}
+	blocked := surveyMIG(ctx, instances, p.opts.MIG.NVML, migSeats, listing)
 	for _, prof := range p.layout.Profiles {
 		var res *resource
 		switch {
 		case prof.MIG != nil && len(migSeats[prof.Resource]) > 0:
-			res = newMIGResource(p.layout, prof, migSeats[prof.Resource], &p.opts, writer, instances, p.stopped, logger)
+			res = newMIGResource(p.layout, prof, migSeats[prof.Resource], blocked, &p.opts, writer, instances, p.stopped, logger)
 		case prof.MIG == nil:
 			res = newResource(p.layout, prof, &p.opts, writer, p.sharing, p.stopped, logger)
 		}

@@ -146,9 +146,13 @@ func (r *resource) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugi
 func (r *resource) devices() []*pluginapi.Device {
 	bad := r.health.Faults()
 	out := make([]*pluginapi.Device, 0, len(r.ids))
-	for _, id := range r.ids {
+	for i, id := range r.ids {
 		g := r.groups[r.seats[id].group]
 		d := &pluginapi.Device{ID: id, Health: kubeletHealth(g, bad)}
+		if r.mig != nil && r.mig.blocked[i] != "" {
+			// A seat that cannot be made is never handed out.
+			d.Health = pluginapi.Unhealthy
+		}
 		// The TopologyManager aligns CPUs with the seat's NUMA node; a
 		// group spanning sockets has none to offer.
 		if g.NUMANode >= 0 {

@@ -137,8 +137,8 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 	if tc.deviceMode {
 		// Fixed in the kubelet, whatever its root directory.
 		want["/var/lib/kubelet/device-plugins"] = hostMount{container: "/var/lib/kubelet/device-plugins"}
-		// That no pod holds GPUs of the DRA plugin, and (with MPS) which
-		// seats are held.
+		// That no pod holds GPUs of the DRA plugin, which MIG seats and
+		// (with MPS) which seats are held.
 		want[root+"/pod-resources"] = hostMount{container: root + "/pod-resources", readOnly: true}
 	} else {
 		want[root+"/plugins_registry"] = hostMount{container: root + "/plugins_registry"}
