@@ -65,6 +65,10 @@ type GPUProperties struct {
 	CUDAComputeCapability string `json:"cudaComputeCapability,omitempty"`
 	// MemoryMiB is the GPU's memory.
 	MemoryMiB int64 `json:"memoryMiB,omitempty"`
+	// MIG, where set, makes the GPU MIG-capable with this geometry
+	// (topology_mig.go). Default: the simulated node's table of the
+	// product, where it has one.
+	MIG *SimulatedMIG `json:"mig,omitempty"`
 }
 
 // SimulatedGPU is one GPU of a simulated node.
@@ -137,6 +141,9 @@ func (t *NodeTopology) SetDefaults() {
 			}
 			if g.MemoryMiB == 0 {
 				g.MemoryMiB = d.MemoryMiB
+			}
+			if g.MIG == nil {
+				g.MIG = d.MIG
 			}
 		}
 		if g.Minor == nil {
@@ -317,6 +324,9 @@ func mergeProps(p, d GPUProperties) GPUProperties {
 	if p.MemoryMiB == 0 {
 		p.MemoryMiB = d.MemoryMiB
 	}
+	if p.MIG == nil {
+		p.MIG = d.MIG
+	}
 	return p
 }
 
@@ -332,6 +342,9 @@ func validateGPUProperties(p *GPUProperties, path *field.Path, errs *FieldErrors
 	}
 	if len(p.ProductName) > 64 {
 		errs.Add(path.Child("productName"), "is longer than 64 characters")
+	}
+	if p.MIG != nil {
+		validateMIGGeometry(p.MIG, path.Child("mig"), errs)
 	}
 }
 

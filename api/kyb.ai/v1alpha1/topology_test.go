@@ -79,6 +79,40 @@ gpus:
 - {index: 1, pcieRoot: pci0000:80, pcieSwitch: sw0}
 `, []string{`t.yaml:4: gpus[1].pcieSwitch: switch "sw0" is behind root pci0000:00 on another GPU, not pci0000:80`}},
 		{"no GPUs", "driverVersion: \"580.95.05\"\n", []string{"gpus: required"}},
+		{"a MIG geometry with mistakes", `defaults:
+  productName: x
+  architecture: blackwell
+  cudaComputeCapability: "10.0"
+  memoryMiB: 1000
+  mig:
+    profiles:
+    - {index: 0, id: 14, sliceCount: 1, instanceCount: 4, multiprocessorCount: 46, memorySizeMB: 240, placements: {starts: [0, 1, 1, 8], size: 1}}
+    - index: 17
+      id: 14
+      sliceCount: 0
+      instanceCount: 1
+      multiprocessorCount: 94
+      memorySizeMB: 480
+      placements: {starts: [1], size: 2}
+    - {index: 0, id: 3, sliceCount: 1, instanceCount: 1, multiprocessorCount: 1, memorySizeMB: 1, jpegCount: -1, placements: {starts: [0], size: 3}}
+gpus:
+- index: 0
+  mig:
+    profiles: []
+- {index: 1, mig: {profiles: [{index: 0, id: 1, sliceCount: 1, instanceCount: 1, multiprocessorCount: 1, memorySizeMB: 1, placement: {starts: [0], size: 1}}]}}
+`, []string{
+			"t.yaml:8: defaults.mig.profiles[0].placements.starts[2]: start 1 is listed twice",
+			"t.yaml:8: defaults.mig.profiles[0].placements.starts[3]: a placement of 1 slices at 8 does not lie on the 8 memory slices a simulated GPU has at most",
+			"t.yaml:9: defaults.mig.profiles[1].index: must be an NVML_GPU_INSTANCE_PROFILE_* value between 0 and 16, not 17",
+			"t.yaml:10: defaults.mig.profiles[1].id: ID 14 is already that of profiles[0]",
+			"t.yaml:11: defaults.mig.profiles[1].sliceCount: must be at least 1, not 0",
+			"t.yaml:15: defaults.mig.profiles[1].placements.starts[0]: a placement of 2 slices starts at a multiple of 2, not at 1",
+			"t.yaml:16: defaults.mig.profiles[2].index: index 0 is already that of profiles[0]",
+			"t.yaml:16: defaults.mig.profiles[2].jpegCount: must not be negative, not -1",
+			"t.yaml:16: defaults.mig.profiles[2].placements.size: must be 1, 2, 4 or 8 memory slices, not 3",
+			"t.yaml:20: gpus[0].mig.profiles: required: a MIG GPU has at least one GPU-instance profile",
+			"t.yaml:21: gpus[1].mig.profiles[0].placement: unknown field",
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
