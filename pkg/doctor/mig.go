@@ -196,8 +196,8 @@ func migInstances(dev nvml.Device, plan *migGPUPlan, g inventory.GPU) ([]migInst
 	model := mig.Model{}
 	if plan != nil {
 		model = plan.model
-	} else if m, err := mig.ModelForProduct(g.ProductName); err == nil {
-		model = m
+	} else if g.MIG != nil {
+		model = *g.MIG
 	}
 	gis, err := miginstance.ListGPUInstances(dev)
 	if err != nil {

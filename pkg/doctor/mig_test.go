@@ -15,6 +15,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 // migNode is a simulated node opened for the doctor, whose MIG state a
@@ -67,11 +68,7 @@ func (m *migNode) pluginInstance(ctx context.Context, t *testing.T, claim string
 	if err != nil {
 		t.Fatal(err)
 	}
-	model, err := mig.ModelForProduct("NVIDIA H100 80GB HBM3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := model.Profile(profile)
+	p, err := simnodetest.MIGModel(t, m.device(t, gpu)).Profile(profile)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
 
@@ -16,10 +15,7 @@ import (
 // seats (56), whose other MIG devices the counters block but the
 // allocator still evaluates selectors on.
 func BenchmarkRejectFullNode(b *testing.B) {
-	model, err := mig.ModelByName("H100-80GB")
-	if err != nil {
-		b.Fatal(err)
-	}
+	model := presetModel(b, "dgx-h100")
 	for _, bc := range []struct {
 		name, config, class string
 		seats               int

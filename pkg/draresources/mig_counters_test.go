@@ -11,7 +11,19 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
+
+// presetModel is the MIG geometry of GPU 0 of a preset, as discovery
+// reads it through NVML.
+func presetModel(t testing.TB, preset string) mig.Model {
+	t.Helper()
+	_, inv := simnodetest.Inventory(t, preset, "node-1")
+	if inv.GPUs[0].MIG == nil {
+		t.Fatalf("%s: GPU 0 has no MIG geometry: %s", preset, inv.GPUs[0].NoMIG)
+	}
+	return *inv.GPUs[0].MIG
+}
 
 // everyMIGProfile is the 1x…8x profiles and every MIG profile of model on
 // every GPU.
@@ -70,12 +82,9 @@ func (m *counterModel) fits(names []string) bool {
 // every set the counters allow and, from each, tries every further
 // instance and the whole GPU's 1x group.
 func TestMIGCountersAgreeWithCoexist(t *testing.T) {
-	for _, tc := range []struct{ preset, model string }{{"dgx-h100", "H100-80GB"}, {"dgx-a100", "A100-40GB"}} {
-		t.Run(tc.preset, func(t *testing.T) {
-			model, err := mig.ModelByName(tc.model)
-			if err != nil {
-				t.Fatal(err)
-			}
+	for _, tc := range []struct{ preset, model string }{{"dgx-h100", "H100-80GB"}, {"dgx-a100", "A100-40GB"}, {"dgx-h200", "H200"}, {fourSlices, "four memory slices"}} {
+		t.Run(tc.model, func(t *testing.T) {
+			model := presetModel(t, tc.preset)
 			n := newNode(t, tc.preset, everyMIGProfile(model), draresources.LayoutShared)
 			m := newCounterModel(draresources.Resources(n.plan, n.inv, "node-1", draresources.LayoutShared))
 			var names []string
@@ -124,12 +133,9 @@ func TestMIGCountersAgreeWithCoexist(t *testing.T) {
 // beside the 1x…8x profiles, measured and held to the API's limits
 // (k8s.io/api/resource/v1, 1.37). The figures go to docs/design.md.
 func TestMIGShapeWithinAPILimits(t *testing.T) {
-	for _, tc := range []struct{ preset, model string }{{"dgx-h100", "H100-80GB"}, {"dgx-a100", "A100-40GB"}} {
+	for _, tc := range []struct{ preset, model string }{{"dgx-h100", "H100-80GB"}, {"dgx-a100", "A100-40GB"}, {"dgx-h200", "H200"}} {
 		t.Run(tc.preset, func(t *testing.T) {
-			model, err := mig.ModelByName(tc.model)
-			if err != nil {
-				t.Fatal(err)
-			}
+			model := presetModel(t, tc.preset)
 			n := newNode(t, tc.preset, everyMIGProfile(model), draresources.LayoutShared)
 			res := draresources.Resources(n.plan, n.inv, "node-1", draresources.LayoutShared)
 			var devices, migDevices, deviceSlices, counterSlices, sets, counters int

@@ -10,8 +10,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 // makeInstance makes a MIG instance of profile at start on dev, MIG mode
@@ -24,12 +24,7 @@ func makeInstance(t *testing.T, dev nvml.Device, profile string, start int) uint
 			t.Fatalf("enable MIG: %v, %v", activation, ret)
 		}
 	}
-	name, _ := dev.GetName()
-	model, err := mig.ModelForProduct(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := model.Profile(profile)
+	p, err := simnodetest.MIGModel(t, dev).Profile(profile)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 // makeInstance makes a MIG instance of profile at start on GPU gpu of the
@@ -28,12 +29,7 @@ func (r *rig) makeInstance(gpu int, profile string, start int) uint32 {
 			r.t.Fatalf("GPU %d: enable MIG: %v, %v", gpu, activation, ret)
 		}
 	}
-	name, _ := d.GetName()
-	model, err := mig.ModelForProduct(name)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	p, err := model.Profile(profile)
+	p, err := simnodetest.MIGModel(r.t, d).Profile(profile)
 	if err != nil {
 		r.t.Fatal(err)
 	}

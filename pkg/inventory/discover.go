@@ -9,6 +9,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 )
 
 // PCIeTopology answers what NVML does not report itself: the PCIe root
@@ -58,6 +60,11 @@ func Discover(ctx context.Context, lib nvml.Interface, pcie PCIeTopology) (*Inve
 	}
 	inv.Links = links
 	inv.Warnings = append(inv.Warnings, warnings...)
+	for _, g := range inv.GPUs {
+		if g.MIGCapable && g.MIG == nil {
+			inv.Warnings = append(inv.Warnings, fmt.Sprintf("GPU %d (%s) has MIG, but NVML gives no MIG geometry for it, so it takes no MIG profile: %s", g.Index, g.ProductName, g.NoMIG))
+		}
+	}
 	for _, w := range inv.Warnings {
 		logger.Info("GPU inventory", "warning", w)
 	}
@@ -101,6 +108,7 @@ func describe(lib nvml.Interface, dev nvml.Device, index int, pcie PCIeTopology)
 		return g, fmt.Errorf("read memory size: %w", nvmlError(lib, ret))
 	}
 	g.MemoryMiB = int64(mem.Total / (1 << 20))
+	readMIG(dev, &g, mem.Total)
 
 	// NVML knows the NUMA node on recent drivers only; sysfs always does.
 	if n, ret := dev.GetNumaNodeId(); ret == nvml.SUCCESS {
@@ -116,6 +124,19 @@ func describe(lib nvml.Interface, dev nvml.Device, index int, pcie PCIeTopology)
 		}
 	}
 	return g, nil
+}
+
+// readMIG reads the GPU's MIG geometry, or why it has none: a GPU NVML
+// gives no geometry for is a fact of the node, as one without MIG is,
+// never a failed discovery.
+func readMIG(dev nvml.Device, g *GPU, memoryBytes uint64) {
+	m, err := mig.Read(dev, g.ProductName, memoryBytes)
+	if err != nil {
+		g.NoMIG = err.Error()
+		g.MIGCapable = !errors.Is(err, mig.ErrNotCapable)
+		return
+	}
+	g.MIG, g.MIGCapable = &m, true
 }
 
 // discoverLinks fills the link matrix: PCIe common ancestors from NVML,

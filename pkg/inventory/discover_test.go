@@ -28,6 +28,7 @@ func TestDiscoverPresetIdentity(t *testing.T) {
 		cuda      string
 	}{
 		{"dgx-h100", 8, "NVIDIA H100 80GB HBM3", "hopper", "9.0", 81559, "580.95.05", "13.0"},
+		{"dgx-h200", 8, "NVIDIA H200", "hopper", "9.0", 143771, "580.159.04", "13.0"},
 		{"dgx-a100", 8, "NVIDIA A100-SXM4-40GB", "ampere", "8.0", 40960, "570.172.08", "12.8"},
 		{"nvlink-2x4", 8, "NVIDIA A100-SXM4-80GB", "ampere", "8.0", 81920, "570.172.08", "12.8"},
 		{"pcie-8gpu", 8, "NVIDIA L40S", "ada", "8.9", 46068, "580.95.05", "13.0"},

@@ -5,12 +5,15 @@
 //
 // Discovery runs once at start; the result is cached and refreshed only on
 // request, because NVML link queries are slow on large nodes and the
-// topology does not change while the driver runs.
+// topology does not change while the driver runs. So is each GPU's MIG
+// geometry (pkg/mig's Read), which NVML gives with MIG mode on or off.
 package inventory
 
 import (
 	"fmt"
 	"strings"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 )
 
 // GPU is one GPU as NVML reports it.
@@ -27,6 +30,15 @@ type GPU struct {
 	// CUDAComputeCapability is "major.minor".
 	CUDAComputeCapability string `json:"cudaComputeCapability"`
 	MemoryMiB             int64  `json:"memoryMiB"`
+	// MIG is the GPU's MIG geometry as NVML gives it (mig.Read), read
+	// once here; nil where it has none, and NoMIG then says why.
+	MIG *mig.Model `json:"mig,omitempty"`
+	// NoMIG says why MIG is nil: the GPU is not MIG-capable, or NVML
+	// would not give its geometry (the call that failed and its answer).
+	NoMIG string `json:"noMIG,omitempty"`
+	// MIGCapable: the GPU has MIG (GetMigMode answers), whether or not
+	// its geometry could be read.
+	MIGCapable bool `json:"migCapable,omitempty"`
 }
 
 // Inventory is a node's GPUs and the links between every pair of them.

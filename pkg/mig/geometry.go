@@ -9,8 +9,8 @@ import (
 // Placement is where a GPU instance sits on the GPU's memory slices: Size
 // slices from Start, as nvidia-smi writes it, {Start}:Size.
 type Placement struct {
-	Start int
-	Size  int
+	Start int `json:"start"`
+	Size  int `json:"size"`
 }
 
 func (p Placement) String() string { return fmt.Sprintf("{%d}:%d", p.Start, p.Size) }
@@ -23,44 +23,49 @@ func Overlaps(a, b Placement) bool {
 	return a.Start < b.End() && b.Start < a.End()
 }
 
-// Profile is a GPU-instance profile of one GPU model.
+// Profile is a GPU-instance profile of one GPU model, as NVML describes
+// it (nvmlGpuInstanceProfileInfo_t and the profile's possible placements).
 type Profile struct {
 	// ID is the profile ID NVML and nvidia-smi use (19 for 1g.10gb on an
 	// H100): GpuInstanceProfileInfo.Id, and what CreateGpuInstance takes.
-	ID int
+	ID int `json:"id"`
 	// Index is the NVML_GPU_INSTANCE_PROFILE_* constant that
 	// nvmlDeviceGetGpuInstanceProfileInfo takes to describe the profile.
-	Index int
+	Index int `json:"index"`
 	// Name is the profile as `nvidia-smi mig -lgip` prints it, less its
-	// "MIG " prefix: 1g.10gb, 1g.10gb+me.
-	Name string
+	// "MIG " prefix: 1g.10gb, 1g.10gb+me (read.go says how it is made).
+	Name string `json:"name"`
 	// MemorySlices is the size of every placement; ComputeSlices the
 	// compute slices (the "1g" of the name) the instance takes.
-	MemorySlices  int
-	ComputeSlices int
-	MemoryMiB     uint64
-	SMs           int
+	MemorySlices  int    `json:"memorySlices"`
+	ComputeSlices int    `json:"computeSlices"`
+	MemoryMiB     uint64 `json:"memoryMiB"`
+	SMs           int    `json:"sms"`
+	// The engines an instance of the profile holds.
+	CopyEngines int `json:"copyEngines"`
+	Decoders    int `json:"decoders"`
+	Encoders    int `json:"encoders"`
+	JPEGs       int `json:"jpegs"`
+	OFAs        int `json:"ofas"`
 	// MaxInstances is how many instances of the profile a GPU can hold at
 	// once, whatever else is free.
-	MaxInstances int
-	// MediaExtensions: the +me profile, which holds the GPU's media
-	// engines (decoders, JPEG, OFA) for itself.
-	MediaExtensions bool
+	MaxInstances int `json:"maxInstances"`
 	// Placements are where an instance of the profile may start, in
 	// NVML's order.
-	Placements []Placement
+	Placements []Placement `json:"placements"`
 }
 
 // Model is a GPU model's MIG geometry.
 type Model struct {
-	// Name is the model as this package names it: A100-40GB, H100-80GB.
-	Name string
-	// MemorySlices and ComputeSlices are the GPU's whole: 8 and 7 on every
-	// model here.
-	MemorySlices  int
-	ComputeSlices int
-	// Profiles are the GPU-instance profiles, in nvidia-smi's order.
-	Profiles []Profile
+	// Name is the GPU's product as NVML names it: NVIDIA H100 80GB HBM3.
+	Name string `json:"name"`
+	// MemorySlices and ComputeSlices are the GPU's whole: 8 and 7 on an
+	// A100 or an H100, 4 and 4 on an A30.
+	MemorySlices  int `json:"memorySlices"`
+	ComputeSlices int `json:"computeSlices"`
+	// Profiles are the GPU-instance profiles, in nvidia-smi's order: by
+	// compute slices, then memory, then NVML index.
+	Profiles []Profile `json:"profiles"`
 }
 
 // Profile returns the model's profile by name, as nvidia-smi prints it.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
 // fixture is a simulated node whose GPU 0 may hold a partition an
@@ -38,11 +39,7 @@ func newFixture(t *testing.T, preset string) *fixture {
 	if ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
-	name, _ := d.GetName()
-	m, err := mig.ModelForProduct(name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := simnodetest.MIGModel(t, d)
 	arch := "hopper"
 	if strings.Contains(preset, "a100") {
 		arch = "ampere"

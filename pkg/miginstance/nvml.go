@@ -81,8 +81,12 @@ func fullCIProfile(p mig.Profile) (int, error) {
 		return nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, nil
 	case 4:
 		return nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, nil
+	case 6:
+		return nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE, nil
 	case 7:
 		return nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, nil
+	case 8:
+		return nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE, nil
 	}
 	return 0, fmt.Errorf("MIG profile %s: no compute-instance profile of %d compute slices", p.Name, p.ComputeSlices)
 }
@@ -94,7 +98,7 @@ func giProfileInfo(dev nvml.Device, index, id int, name string) (nvml.GpuInstanc
 		return info, callErr(fmt.Sprintf("GetGpuInstanceProfileInfo(%s)", name), ret)
 	}
 	if int(info.Id) != id {
-		return info, fmt.Errorf("GPU-instance profile %s: NVML says its ID is %d, this plugin's table %d", name, info.Id, id)
+		return info, fmt.Errorf("GPU-instance profile %s (index %d): NVML says its ID is %d, not %d", name, index, info.Id, id)
 	}
 	return info, nil
 }

@@ -48,7 +48,7 @@ func New(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig) (*Plan, error) {
 	for pi, prof := range profiles {
 		allowed := allowedGPUs(cfg, paths[pi], n)
 		if prof.MIG != nil {
-			prof.MIG.GPUs = migGPUs(inv, cfg, prof, allowed, paths[pi], &errs)
+			prof.MIG.GPUs = migGPUs(inv, cfg, plan, prof, allowed, paths[pi], &errs)
 			continue
 		}
 		prof.Groups = profileGroups(inv, cfg, prof, allowed, explicits, &errs)

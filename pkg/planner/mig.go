@@ -28,6 +28,18 @@ type MIGSeats struct {
 	Profile string
 	// GPUs are the profile's GPUs, by index.
 	GPUs []*MIGGPU
+	// Unavailable are the GPUs the profile would have if NVML gave their
+	// MIG geometry, by index: they publish no MIG device of it.
+	Unavailable []UnavailableMIGGPU
+}
+
+// UnavailableMIGGPU is a GPU of a MIG profile without MIG geometry.
+type UnavailableMIGGPU struct {
+	GPU int
+	// Capable: the GPU has MIG, but NVML would not give its geometry.
+	Capable bool
+	// Reason says why (inventory.GPU.NoMIG).
+	Reason string
 }
 
 // MIGGPU is one GPU of a MIG profile.
@@ -35,7 +47,8 @@ type MIGGPU struct {
 	// Group is the GPU as a group of one (name G0, NUMA node, PCIe root),
 	// of the MIG profile.
 	Group *Group
-	// Model is the GPU's MIG geometry, Profile the MIG profile in it.
+	// Model is the GPU's MIG geometry as NVML gives it
+	// (inventory.GPU.MIG), Profile the MIG profile in it.
 	Model   mig.Model
 	Profile mig.Profile
 	// Seats is how many instances of Profile the GPU offers at most.
@@ -84,6 +97,37 @@ func (p *Plan) MIGModels() map[int]mig.Model {
 			out[g.Index()] = g.Model
 		}
 	}
+	return out
+}
+
+// MIGUnavailable is a GPU that MIG profiles of the plan would have, had
+// NVML given its MIG geometry.
+type MIGUnavailable struct {
+	UnavailableMIGGPU
+	// Profiles are those profiles' names.
+	Profiles []string
+}
+
+// MIGUnavailable returns the GPUs of MIG profiles that publish no MIG
+// device for want of geometry, by index.
+func (p *Plan) MIGUnavailable() []MIGUnavailable {
+	byGPU := map[int]*MIGUnavailable{}
+	for _, prof := range p.Profiles {
+		if prof.MIG == nil {
+			continue
+		}
+		for _, u := range prof.MIG.Unavailable {
+			if byGPU[u.GPU] == nil {
+				byGPU[u.GPU] = &MIGUnavailable{UnavailableMIGGPU: u}
+			}
+			byGPU[u.GPU].Profiles = append(byGPU[u.GPU].Profiles, prof.Name)
+		}
+	}
+	out := make([]MIGUnavailable, 0, len(byGPU))
+	for _, u := range byGPU {
+		out = append(out, *u)
+	}
+	slices.SortFunc(out, func(a, b MIGUnavailable) int { return a.GPU - b.GPU })
 	return out
 }
 
@@ -143,9 +187,16 @@ func (p *Plan) MIGDevices() []MIGDevice {
 	return out
 }
 
-// migGPUs are a MIG profile's GPUs among allowed, each checked against its
-// model's geometry; problems are errors on the profile's fields at path.
-func migGPUs(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig, prof *Profile, allowed []int, path *field.Path, errs *v1alpha1.FieldErrors) []*MIGGPU {
+// migGPUs are a MIG profile's GPUs among allowed, each checked against the
+// geometry NVML gives for it; problems are errors on the profile's fields
+// at path. A GPU without geometry (no MIG, or NVML would not give it) is
+// no error: one configuration serves every node of a fleet, as with a
+// profile a node cannot form, so it is left out of the profile, in
+// Unavailable, with a warning. A MIG profile the GPU's geometry lacks is
+// an error: the configuration asks this GPU for an instance it cannot
+// make, a misspelt name or another model's profile (1g.10gb on an H200),
+// which a silent node would hide.
+func migGPUs(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig, plan *Plan, prof *Profile, allowed []int, path *field.Path, errs *v1alpha1.FieldErrors) []*MIGGPU {
 	var seatsCfg *int
 	if i := pathIndex(path); i >= 0 && i < len(cfg.Profiles) && cfg.Profiles[i].MIG != nil {
 		seatsCfg = cfg.Profiles[i].MIG.SeatsPerGPU
@@ -161,15 +212,14 @@ func migGPUs(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig, prof *Profile, 
 			errs.Add(p, "%s", msg)
 		}
 	}
-	var noMIG []string
 	var out []*MIGGPU
 	for _, idx := range allowed {
 		gpu := inv.GPUs[idx]
-		model, err := mig.ModelForProduct(gpu.ProductName)
-		if err != nil {
-			noMIG = append(noMIG, fmt.Sprintf("%d (%s)", idx, gpu.ProductName))
+		if gpu.MIG == nil {
+			prof.MIG.Unavailable = append(prof.MIG.Unavailable, UnavailableMIGGPU{GPU: idx, Capable: gpu.MIGCapable, Reason: gpu.NoMIG})
 			continue
 		}
+		model := *gpu.MIG
 		mp, err := model.Profile(prof.MIG.Profile)
 		if err != nil {
 			report(profilePath, "%v", err)
@@ -187,11 +237,30 @@ func migGPUs(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig, prof *Profile, 
 		describeGroup(inv, g)
 		out = append(out, &MIGGPU{Group: g, Model: model, Profile: mp, Seats: seats})
 	}
-	if len(noMIG) > 0 {
-		errs.Add(profilePath, "MIG profile %s on GPUs without MIG: GPU %s; the driver knows the MIG geometry of A100-40GB, A100-80GB and H100-80GB (SXM); restrict the profile with gpus", prof.MIG.Profile, strings.Join(noMIG, ", "))
-	}
+	plan.Warnings = append(plan.Warnings, unavailableWarnings(inv, prof)...)
 	if len(out) > 0 {
 		prof.SeatsPerGroup = out[0].Seats
+	}
+	return out
+}
+
+// unavailableWarnings say, one per product and reason, which GPUs of a
+// MIG profile publish no MIG device of it and why.
+func unavailableWarnings(inv *inventory.Inventory, prof *Profile) []string {
+	type cause struct{ product, reason string }
+	var causes []cause
+	byCause := map[cause][]string{}
+	for _, u := range prof.MIG.Unavailable {
+		c := cause{inv.GPUs[u.GPU].ProductName, u.Reason}
+		if _, ok := byCause[c]; !ok {
+			causes = append(causes, c)
+		}
+		byCause[c] = append(byCause[c], strconv.Itoa(u.GPU))
+	}
+	out := make([]string, 0, len(causes))
+	for _, c := range causes {
+		out = append(out, fmt.Sprintf("profile %s (MIG %s): GPU %s (%s) publish no MIG device, as NVML gives no MIG geometry for them (%s); restrict the profile with gpus to silence this",
+			prof.Name, prof.MIG.Profile, strings.Join(byCause[c], ", "), c.product, c.reason))
 	}
 	return out
 }

@@ -12,14 +12,15 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 )
 
-// A simulated GPU of a model pkg/mig knows (A100-40GB, A100-80GB,
-// H100-80GB) partitions itself as the real one does, through the same
-// NVML calls: MIG mode, GPU instances at placements, compute instances
-// inside them, and the MIG device handles and UUIDs of the compute
-// instances. go-nvml's own mock server does not do this faithfully (it
-// never refuses an overlapping placement, destroys a GPU instance that
-// still has compute instances, gives compute instances the parent's UUID,
-// and lacks several calls), so the simulation keeps its own state.
+// A simulated MIG GPU (one with a MIG table, mig_tables.go, or a MIG
+// geometry in its NodeTopology entry) partitions itself as the real one
+// does, through the same NVML calls: its profiles and placements, MIG
+// mode, GPU instances at placements, compute instances inside them, and
+// the MIG device handles and UUIDs of the compute instances. go-nvml's own
+// mock server does not do this faithfully (it never refuses an
+// overlapping placement, destroys a GPU instance that still has compute
+// instances, gives compute instances the parent's UUID, and lacks several
+// calls), so the simulation keeps its own state.
 //
 // What it models, from nvml.h (go-nvml v0.13.0-1) and the MIG user guide:
 //   - MIG mode: Hopper and later switch at once; Ampere only records the
@@ -29,13 +30,20 @@ import (
 //     (nvmlDeviceSetMigMode: "if device unbind fails because the device
 //     isn't idle, NVML_ERROR_IN_USE would be returned") and only the
 //     pending mode changes.
+//   - Profiles: GetGpuInstanceProfileInfo answers for the indices of the
+//     GPU's profiles, ERROR_NOT_SUPPORTED for the other indices below
+//     NVML_GPU_INSTANCE_PROFILE_COUNT and ERROR_INVALID_ARGUMENT from it
+//     on, with MIG mode on or off (as the real H200 did);
+//     GetGpuInstancePossiblePlacements finds the profile by the info's
+//     Id, as real NVML does.
 //   - GPU instances: with MIG off, ERROR_NOT_SUPPORTED; a placement that
 //     is not the profile's, ERROR_INVALID_ARGUMENT; one that overlaps an
 //     instance, or a profile at its maximum, ERROR_INSUFFICIENT_RESOURCES.
-//     A GPU instance's ID follows its memory range (0 for all eight
-//     slices, 1-2 the halves, 3-6 the quarters, 7-14 single slices), as
-//     real GPUs hand them out (3g at {4}:4 is GI 2, 2g at {0}:2 is GI 3),
-//     so that the capability minors follow as well.
+//     A GPU instance's ID follows its memory range (on eight slices: 0
+//     for all of them, 1-2 the halves, 3-6 the quarters, 7-14 single
+//     slices; on four: 0, 1-2, 3-6), as real GPUs hand them out (3g at
+//     {4}:4 is GI 2, 2g at {0}:2 is GI 3), so that the capability minors
+//     follow as well.
 //   - Compute instances: the profiles a GPU instance of each size offers,
 //     IDs from 0; ERROR_INSUFFICIENT_RESOURCES when the compute slices are
 //     taken. A GPU instance with compute instances refuses Destroy with
@@ -48,11 +56,14 @@ import (
 // What it does not: processes inside a MIG device (so neither Destroy
 // answers ERROR_IN_USE for one), compute-instance placements as NVML
 // chooses them (the lowest free aligned start here), media-engine and
-// copy-engine counts, vGPU, and GPU models without a pkg/mig table (their
-// MIG calls answer ERROR_NOT_SUPPORTED, GetMigMode aside).
+// copy-engine counts of compute instances, vGPU, and the geometry of MIG
+// products without a table or a NodeTopology geometry (an A30 or a B200
+// left as a product name: their MIG calls answer ERROR_NOT_SUPPORTED,
+// GetMigMode aside, which is how a GPU whose geometry NVML will not give
+// looks to the plugin).
 
 // migProducts are the models with MIG, as NVIDIA lists them.
-var migProducts = []string{"A100", "A30", "H100", "H200", "H800", "B200", "GB200"}
+var migProducts = []string{"A100", "A30", "H100", "H200", "H800", "B200", "GB200", "RTX PRO 6000"}
 
 // migGPU is one simulated GPU's MIG state, guarded by Node.migMu.
 type migGPU struct {
@@ -62,9 +73,10 @@ type migGPU struct {
 	parent *mock.Device
 	// product is the GPU's name, which a MIG device's name starts with.
 	product string
-	// capable: the product has MIG, so GetMigMode answers.
+	// capable: the GPU has MIG, so GetMigMode answers.
 	capable bool
-	// model is nil where pkg/mig has no table for a capable product.
+	// model is the GPU's geometry, nil where a capable product has no
+	// table and its NodeTopology entry none either.
 	model *mig.Model
 	// resetless: Hopper and later activate a MIG mode change at once.
 	resetless        bool
@@ -76,12 +88,15 @@ type migGPU struct {
 func (n *Node) describeMIG(d *mock.Device, g v1alpha1.SimulatedGPU) {
 	gpu := &migGPU{
 		n: n, index: g.Index, minor: *g.Minor, parent: d, product: g.ProductName,
-		capable:   slices.ContainsFunc(migProducts, func(p string) bool { return strings.Contains(g.ProductName, p) }),
+		capable:   g.MIG != nil || slices.ContainsFunc(migProducts, func(p string) bool { return strings.Contains(g.ProductName, p) }),
 		resetless: g.Architecture != "ampere",
 		gis:       map[int]*simGI{},
 	}
-	if m, err := mig.ModelForProduct(g.ProductName); err == nil && gpu.capable {
-		gpu.model = &m
+	switch t, ok := tableForProduct(g.ProductName); {
+	case g.MIG != nil:
+		gpu.model = geometry(g.ProductName, uint64(g.MemoryMiB)<<20, *g.MIG)
+	case ok && gpu.capable:
+		gpu.model = geometry(g.ProductName, uint64(g.MemoryMiB)<<20, t.mig)
 	}
 	n.migMu.Lock()
 	n.mig[g.Index] = gpu

@@ -41,58 +41,74 @@ type ciProfile struct {
 
 // ciIndex maps compute slices to NVML_COMPUTE_INSTANCE_PROFILE_*.
 var ciIndex = map[int]int{1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
-	3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE}
+	3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 6: nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE,
+	7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, 8: nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE}
 
 // ciProfiles are the compute-instance profiles of a GPU instance: a 4g
-// splits into 1, 2 or 4 slices, not 3, as nvidia-smi mig -lcip shows.
+// splits into 1, 2 or 4 slices, not 3, as nvidia-smi mig -lcip shows; a
+// GPU instance of a size the tables do not have splits into single
+// slices or not at all.
 func ciProfiles(m mig.Model, gi mig.Profile) []ciProfile {
-	sizes := map[int][]int{1: {1}, 2: {1, 2}, 3: {1, 2, 3}, 4: {1, 2, 4}, 7: {1, 2, 3, 4, 7}}[gi.ComputeSlices]
+	sizes, ok := map[int][]int{1: {1}, 2: {1, 2}, 3: {1, 2, 3}, 4: {1, 2, 4}, 7: {1, 2, 3, 4, 7}}[gi.ComputeSlices]
+	if !ok {
+		sizes = []int{1, gi.ComputeSlices}
+	}
 	var out []ciProfile
 	for _, s := range sizes {
 		sms := gi.SMs
 		if s != gi.ComputeSlices {
 			// A part of a GPU instance has the SMs of the smallest GPU
 			// instance of that many compute slices.
+			sms = 0
 			for _, p := range m.Profiles {
-				if p.ComputeSlices == s && !p.MediaExtensions {
+				if p.ComputeSlices == s && (sms == 0 || p.SMs < sms) {
 					sms = p.SMs
-					break
 				}
 			}
+			if sms == 0 {
+				sms = gi.SMs * s / gi.ComputeSlices
+			}
 		}
-		out = append(out, ciProfile{index: ciIndex[s], slices: s, sms: sms, count: gi.ComputeSlices / s})
+		if _, ok := ciIndex[s]; ok {
+			out = append(out, ciProfile{index: ciIndex[s], slices: s, sms: sms, count: gi.ComputeSlices / s})
+		}
 	}
 	return out
 }
 
-// giID is a GPU instance's ID, which follows its memory range.
-func giID(p mig.Placement) int {
-	switch p.Size {
-	case 8:
-		return 0
-	case 4:
-		return 1 + p.Start/4
-	case 2:
-		return 3 + p.Start/2
+// giID is a GPU instance's ID, which follows its memory range on a GPU
+// of memSlices slices (rounded up to a power of two): the whole first,
+// then the halves, the quarters, down to single slices. NodeTopology
+// keeps placements on that grid (a size of 1, 2, 4 or 8 slices, a start
+// that is a multiple of it), as every MIG GPU has them, so IDs are unique
+// and below the 15 the capability minors are listed for.
+func giID(memSlices int, p mig.Placement) int {
+	whole := 1
+	for whole < memSlices {
+		whole *= 2
 	}
-	return 7 + p.Start
+	return whole/p.Size - 1 + p.Start/p.Size
 }
 
 func (g *migGPU) profileInfo(index int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 	if ret := g.enter(CallGetGpuInstanceProfileInfo); ret != nvml.SUCCESS {
 		return nvml.GpuInstanceProfileInfo{}, ret
 	}
-	if !g.capable || g.model == nil {
-		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
-	}
+	// Past the last index NVML says ERROR_INVALID_ARGUMENT, which ends a
+	// caller's walk over the indices, on any GPU.
 	if index < 0 || index >= nvml.GPU_INSTANCE_PROFILE_COUNT {
 		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
+	}
+	if !g.capable || g.model == nil {
+		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 	}
 	for _, p := range g.model.Profiles {
 		if p.Index == index {
 			return nvml.GpuInstanceProfileInfo{
 				Id: uint32(p.ID), SliceCount: uint32(p.ComputeSlices), InstanceCount: uint32(p.MaxInstances),
 				MultiprocessorCount: uint32(p.SMs), MemorySizeMB: p.MemoryMiB,
+				CopyEngineCount: uint32(p.CopyEngines), DecoderCount: uint32(p.Decoders), EncoderCount: uint32(p.Encoders),
+				JpegCount: uint32(p.JPEGs), OfaCount: uint32(p.OFAs),
 			}, nvml.SUCCESS
 		}
 	}
@@ -180,7 +196,7 @@ func (g *migGPU) createLocked(p mig.Profile, pl mig.Placement) (nvml.GpuInstance
 	if err := g.model.Coexist(instances); err != nil {
 		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
-	gi := &simGI{gpu: g, id: giID(pl), profile: p, placement: pl, cis: map[int]*simCI{}}
+	gi := &simGI{gpu: g, id: giID(g.model.MemorySlices, pl), profile: p, placement: pl, cis: map[int]*simCI{}}
 	gi.handle = gi.newHandle()
 	g.gis[gi.id] = gi
 	return gi.handle, nvml.SUCCESS

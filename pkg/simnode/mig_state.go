@@ -131,7 +131,7 @@ func (n *Node) restoreGPULocked(gs MIGGPUState) error {
 		if err := g.model.Coexist(instances); err != nil {
 			return err
 		}
-		gi := &simGI{gpu: g, id: giID(pl), profile: p, placement: pl, cis: map[int]*simCI{}}
+		gi := &simGI{gpu: g, id: giID(g.model.MemorySlices, pl), profile: p, placement: pl, cis: map[int]*simCI{}}
 		gi.handle = gi.newHandle()
 		if err := gi.restoreLocked(is.ComputeInstances); err != nil {
 			return fmt.Errorf("GPU instance %d: %w", gi.id, err)

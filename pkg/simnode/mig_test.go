@@ -12,23 +12,25 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 )
 
-// gpu0 loads a preset and returns its first GPU and that GPU's MIG model.
+// gpu0 loads a preset and returns its first GPU and that GPU's MIG
+// geometry, read through NVML from another node of the preset, so that
+// the node returned has answered no call yet.
 func gpu0(t *testing.T, preset string) (*Node, nvml.Device, mig.Model) {
 	t.Helper()
-	n, err := Load(preset, "node-1")
-	if err != nil {
-		t.Fatal(err)
+	device := func() (*Node, nvml.Device) {
+		n, err := Load(preset, "node-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, ret := n.NVML().DeviceGetHandleByIndex(0)
+		if ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+		return n, d
 	}
-	d, ret := n.NVML().DeviceGetHandleByIndex(0)
-	if ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	name, _ := d.GetName()
-	m, err := mig.ModelForProduct(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n, d, m
+	_, other := device()
+	n, d := device()
+	return n, d, mustModel(t, other)
 }
 
 func enableMIG(t *testing.T, d nvml.Device) {
@@ -151,10 +153,15 @@ func TestMIGModeChange(t *testing.T) {
 	}
 }
 
+// mustModel reads a GPU's MIG geometry through NVML, as the plugin does.
 func mustModel(t *testing.T, d nvml.Device) mig.Model {
 	t.Helper()
 	name, _ := d.GetName()
-	m, err := mig.ModelForProduct(name)
+	mem, ret := d.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	m, err := mig.Read(d, name, mem.Total)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,10 +45,10 @@ func MIGShape(ctx context.Context, name, preset string) (Shape, error) {
 	if len(inv.GPUs) == 0 {
 		return Shape{}, fmt.Errorf("shape %s: preset %s has no GPU", name, preset)
 	}
-	model, err := mig.ModelForProduct(inv.GPUs[0].ProductName)
-	if err != nil {
-		return Shape{}, fmt.Errorf("shape %s: %w", name, err)
+	if inv.GPUs[0].MIG == nil {
+		return Shape{}, fmt.Errorf("shape %s: GPU 0 of %s has no MIG geometry: %s", name, preset, inv.GPUs[0].NoMIG)
 	}
+	model := *inv.GPUs[0].MIG
 	config := EveryMIGProfileConfig(model)
 	plan, _, _, err := Plan(ctx, preset, "node-0", config)
 	if err != nil {

@@ -49,6 +49,32 @@ func TestPlanTable(t *testing.T) {
 	}
 }
 
+// On a simulated DGX H200 the MIG geometry is the H200's, read through
+// NVML: its smallest profile, 1g.18gb, gives seven seats per GPU.
+func TestPlanMIGOnADGXH200(t *testing.T) {
+	config := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(config, []byte("profiles:\n- {resource: kyb.ai/mig-1g.18gb, mig: {profile: 1g.18gb}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, nil, "plan", "--simulate", "dgx-h200", "--config", config)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"Node node-1: 8x NVIDIA H200, driver 580.159.04, CUDA 13.0 (simulated: dgx-h200)",
+		"143771 MiB  hopper  9.0",
+		"mig-1g-18gb  kyb.ai/mig-1g.18gb  1           7            8       56     no             mig 1g.18gb (GPUs 0,1,2,3,4,5,6,7)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("plan output lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, _ = run(t, nil, "plan", "--simulate", "dgx-h200", "--config", config, "-o", "resourceslices")
+	if n := strings.Count(out, "name: g7-mig-1g-18gb-"); code != 0 || n != 7 {
+		t.Errorf("resourceslices: exit %d, %d MIG devices of GPU 7, want 7", code, n)
+	}
+}
+
 func TestPlanMachineOutputs(t *testing.T) {
 	code, out, _ := run(t, map[string]string{"KYB_SIMULATE": "dgx-h100"}, "plan", "-o", "json")
 	if code != 0 || !strings.Contains(out, `"order": [`) || !strings.Contains(out, `"g0123-4x"`) {

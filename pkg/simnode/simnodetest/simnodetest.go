@@ -8,8 +8,11 @@ import (
 	"context"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
@@ -35,6 +38,25 @@ func Inventory(tb testing.TB, preset, nodeName string) (*simnode.Node, *inventor
 		tb.Fatalf("discover the GPUs of %s: %v", preset, err)
 	}
 	return sim, inv
+}
+
+// MIGModel reads the MIG geometry of a GPU of a simulated node through
+// NVML, as discovery does, failing the test where there is none.
+func MIGModel(tb testing.TB, dev nvml.Device) mig.Model {
+	tb.Helper()
+	name, ret := dev.GetName()
+	if ret != nvml.SUCCESS {
+		tb.Fatalf("GetName: %v", ret)
+	}
+	mem, ret := dev.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		tb.Fatalf("GetMemoryInfo: %v", ret)
+	}
+	m, err := mig.Read(dev, name, mem.Total)
+	if err != nil {
+		tb.Fatalf("read the MIG geometry of %s: %v", name, err)
+	}
+	return m
 }
 
 // Config decodes a node configuration; "" is the defaults (nil).
