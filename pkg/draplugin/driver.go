@@ -221,6 +221,7 @@ func (d *Driver) open(ctx context.Context) error {
 	d.mig.reconcile(ctx, nil)
 	d.specs = &claimSpecs{writer: w, inv: opts.Inventory, edits: opts.Edits, nvidiaCDI: opts.NVIDIACDIDevice, sharing: d.sharing, mig: d.mig}
 	d.events = nodeevents.Start(ctx, opts.BackgroundClient, opts.NodeName, driver.Name)
+	d.mig.reportNoMIGGeometry(ctx, d.events)
 	if err := d.sharing.reportTo(d.events, d.metrics.registry); err != nil {
 		return err
 	}

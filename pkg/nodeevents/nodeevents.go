@@ -54,6 +54,10 @@ const (
 	// ReasonMPSDaemonRestarted (Warning): the MPS control daemon of a
 	// group in use ended; it was started again.
 	ReasonMPSDaemonRestarted = "MPSDaemonRestarted"
+	// ReasonNoMIGGeometry (Warning): a GPU the configuration gives to a
+	// MIG profile has no MIG geometry (no MIG, or NVML would not give
+	// it); it publishes no MIG device.
+	ReasonNoMIGGeometry = "NoMIGGeometry"
 )
 
 // nodeGetTimeout bounds the read of the Node object at start: the events
