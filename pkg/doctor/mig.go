@@ -16,6 +16,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
 // The MIG checks hold each GPU's MIG state against the plan: one check
@@ -76,10 +77,18 @@ func (e *examination) checkMIG(_ context.Context) {
 			}
 		}
 	}
+	unavailable := map[int]bool{}
+	for _, u := range e.node.Plan.MIGUnavailable() {
+		unavailable[u.GPU] = true
+		e.add(migUnavailableCheck(e.inv.GPUs[u.GPU], u))
+	}
 	records, journalErr := readMIGJournal(driver.PluginDir(e.opts.PluginsDir))
 	var minors *mig.Minors
 	var minorsErr error
 	for _, g := range e.inv.GPUs {
+		if unavailable[g.Index] {
+			continue
+		}
 		dev, ret := e.host.NVML.DeviceGetHandleByIndex(g.Index)
 		if ret != nvml.SUCCESS {
 			if planned[g.Index] != nil {
@@ -117,6 +126,22 @@ func (e *examination) checkMIG(_ context.Context) {
 }
 
 func migCheckName(gpu int) string { return fmt.Sprintf("mig-gpu%d", gpu) }
+
+// migUnavailableCheck reports a GPU that MIG profiles are given but that
+// publishes no MIG device, NVML giving no MIG geometry for it: expected
+// of a GPU without MIG where one configuration serves a mixed fleet (a
+// warning), a fault of the driver or the GPU where it has MIG.
+func migUnavailableCheck(g inventory.GPU, u planner.MIGUnavailable) Check {
+	c := Check{Name: migCheckName(g.Index), Status: Warn,
+		Summary: fmt.Sprintf("GPU %d (%s): MIG profile %s, but it publishes no MIG device: NVML gives no MIG geometry for it (%s)", g.Index, g.ProductName, strings.Join(u.Profiles, ", "), u.Reason),
+		Fix:     "the GPU has no MIG: leave it out of the profile's gpus to silence this (its whole-GPU groups are published as usual)",
+	}
+	if u.Capable {
+		c.Status = Fail
+		c.Fix = fmt.Sprintf("the GPU has MIG, but NVML would not describe its profiles: nvidia-smi mig -i %d -lgip and -lgipp ask NVML the same; after fixing the driver, restart the plugin pod, which reads the geometry at start", g.Index)
+	}
+	return c
+}
 
 // worse raises a check's status to s (never lowers it), adding a detail
 // and, where the check had none or a milder one, the fix.

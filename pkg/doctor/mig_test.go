@@ -406,3 +406,39 @@ func TestMIGCheckWarnsWhereARecordedMIGDeviceIsGone(t *testing.T) {
 		}
 	}
 }
+
+// A GPU given to a MIG profile that NVML gives no MIG geometry for is
+// reported: a warning where it has no MIG (a mixed fleet's GPUs), a
+// failure where it has MIG and NVML would not describe its profiles.
+func TestMIGCheckGPUsWithoutGeometry(t *testing.T) {
+	config := `profiles:
+- {resource: kyb.ai/gpu-1x-seat}
+- {resource: kyb.ai/mig-1g.10gb, mig: {profile: 1g.10gb}, gpus: [0, 1]}
+`
+	m := newMIGNode(t, "pcie-8gpu", config)
+	r := m.run(t)
+	c := check(t, r, "mig-gpu1")
+	if c.Status != Warn || c.Summary != "GPU 1 (NVIDIA L40S): MIG profile mig-1g-10gb, but it publishes no MIG device: NVML gives no MIG geometry for it (not MIG-capable: GetMigMode: ERROR_NOT_SUPPORTED)" ||
+		!strings.Contains(c.Fix, "leave it out of the profile's gpus") {
+		t.Errorf("mig-gpu1: %+v", c)
+	}
+	if plan := check(t, r, "plan"); !hasDetail(plan, "warning: profile mig-1g-10gb (MIG 1g.10gb): GPU 0, 1 (NVIDIA L40S) publish no MIG device") {
+		t.Errorf("plan: %+v", plan)
+	}
+
+	topo := filepath.Join(t.TempDir(), "a30.yaml")
+	m.write(topo, `gpus:
+- {index: 0, productName: NVIDIA A30, architecture: ampere, cudaComputeCapability: "8.0", memoryMiB: 24576}
+- {index: 1, productName: NVIDIA A30, architecture: ampere, cudaComputeCapability: "8.0", memoryMiB: 24576}
+`)
+	m = newMIGNode(t, topo, config)
+	r = m.run(t)
+	c = check(t, r, "mig-gpu0")
+	if c.Status != Fail || !strings.Contains(c.Summary, "GPU 0 (NVIDIA A30): MIG profile mig-1g-10gb, but it publishes no MIG device: NVML gives no MIG geometry for it (no GPU-instance profile:") ||
+		!strings.Contains(c.Fix, "nvidia-smi mig -i 0 -lgip and -lgipp ask NVML the same") {
+		t.Errorf("mig-gpu0: %+v", c)
+	}
+	if gpus := check(t, r, "gpus"); gpus.Status != Warn || !hasDetail(gpus, "warning: GPU 1 (NVIDIA A30) has MIG, but NVML gives no MIG geometry for it") {
+		t.Errorf("gpus: %+v", gpus)
+	}
+}
