@@ -35,7 +35,7 @@ type Flags struct {
 func (s *Flags) AddFlags(f *cli.FlagSet, defaultNode string) {
 	f.StringVar(&s.NodeName, "node-name", "NODE_NAME", defaultNode, "name of the Kubernetes node this runs on")
 	f.StringVar(&s.ConfigPath, "config", "KYB_CONFIG", "", "node configuration file (kind NodeConfig, or a ConfigMap carrying it under data.config.yaml); empty: the defaults")
-	f.StringVar(&s.Simulate, "simulate", "KYB_SIMULATE", "", "serve a simulated node instead of the NVIDIA driver: a preset (dgx-h100, dgx-a100, nvlink-2x4, pcie-8gpu, workstation-2gpu, single-gpu) or a NodeTopology file")
+	f.StringVar(&s.Simulate, "simulate", "KYB_SIMULATE", "", "serve a simulated node instead of the NVIDIA driver: a preset (dgx-h100, dgx-h200, dgx-a100, nvlink-2x4, pcie-8gpu, workstation-2gpu, single-gpu) or a NodeTopology file")
 	f.StringVar(&s.DriverRoot, "driver-root", "NVIDIA_DRIVER_ROOT", "/", "where the NVIDIA driver's files are on the host, as the plugin sees them")
 	f.StringVar(&s.DevRoot, "dev-root", "KYB_DEV_ROOT", "/", "where the host's /dev is, as the plugin sees it; a device node not there gets its numbers from /proc/devices")
 	f.StringVar(&s.SysfsRoot, "sysfs-root", "KYB_SYSFS_ROOT", "/sys", "where the host's sysfs is, as the plugin sees it")

@@ -14,16 +14,18 @@ import (
 // allowOverprovision do not apply.
 //
 // Which MIG profiles exist, and how many instances of one a GPU holds,
-// depends on the GPU model; the node checks both against its GPUs when it
-// starts.
+// depends on the GPU; the node checks both against the MIG geometry NVML
+// gives for its GPUs when it starts. A GPU without one (no MIG) publishes
+// no MIG device, which is no error: one configuration serves every node.
 type MIGProfile struct {
 	// Profile is the GPU-instance profile as `nvidia-smi mig -lgip` names
-	// it, such as 1g.10gb, 3g.40gb or 1g.10gb+me.
+	// it, less "MIG ": 1g.10gb, 3g.40gb or 1g.10gb+me on an H100, 1g.18gb
+	// or 1g.35gb on an H200.
 	Profile string `json:"profile"`
 
 	// SeatsPerGPU is how many instances of the profile one GPU offers at
-	// most. Default: as many as the GPU model allows (7 for 1g.10gb on an
-	// H100); fewer keeps memory slices free for other MIG profiles.
+	// most. Default: as many as the GPU allows (7 for 1g.10gb on an H100);
+	// fewer keeps memory slices free for other MIG profiles.
 	SeatsPerGPU *int `json:"seatsPerGPU,omitempty"`
 }
 
@@ -50,8 +52,8 @@ func (p *Profile) defaultName() string {
 // validateMIG checks what a MIG profile can be checked for without the
 // node's GPUs: the fields that do not apply to it are left out, and the
 // seat count is positive. Whether the GPUs have MIG, whether the profile
-// is one of their model's and whether the model allows that many
-// instances is the planner's to check.
+// is one of theirs and whether they allow that many instances is the
+// planner's to check, against the geometry NVML gives.
 func validateMIG(p *Profile, path *field.Path, errs *FieldErrors) {
 	m := p.MIG
 	migPath := path.Child("mig")
