@@ -36,7 +36,7 @@ profiles:
 		t.Errorf("MIG profiles must have no whole-GPU groups: %v %v", small.Groups, big.Groups)
 	}
 	if len(small.MIG.GPUs) != 1 || small.MIG.GPUs[0].Index() != 0 || small.MIG.GPUs[0].Seats != 7 || small.MIG.GPUs[0].Model.Name != "NVIDIA H100 80GB HBM3" || small.MIG.GPUs[0].Profile.ID != 19 {
-		t.Errorf("1g.10gb: %+v, want GPU 0 of an H100-80GB with 7 seats of profile ID 19", small.MIG.GPUs[0])
+		t.Errorf("1g.10gb: %+v, want GPU 0 of an NVIDIA H100 80GB HBM3 with 7 seats of profile ID 19", small.MIG.GPUs[0])
 	}
 	if small.Seats() != 7 || big.Seats() != 2 || big.SeatsPerGroup != 1 {
 		t.Errorf("seats: 1g.10gb %d, 3g.40gb %d (%d per GPU); want 7, 2 (1)", small.Seats(), big.Seats(), big.SeatsPerGroup)

@@ -45,8 +45,8 @@ type ProfileView struct {
 	MIGGPUs []MIGGPU `json:"migGPUs,omitempty"`
 }
 
-// MIGGPU is one GPU of a MIG profile: its index, its model's geometry and
-// how many instances it offers.
+// MIGGPU is one GPU of a MIG profile: its index, its product (whose MIG
+// geometry NVML gave) and how many instances it offers.
 type MIGGPU struct {
 	GPU   int    `json:"gpu"`
 	Model string `json:"model"`

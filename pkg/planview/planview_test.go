@@ -49,7 +49,7 @@ profiles:
 		}
 	}
 	if mig == nil || mig.MIG != "1g.10gb" || mig.Sharing != "mig" || mig.Seats != 14 || len(mig.MIGGPUs) != 2 ||
-		mig.MIGGPUs[1] != (planview.MIGGPU{GPU: 1, Model: "H100-80GB", Seats: 7}) {
+		mig.MIGGPUs[1] != (planview.MIGGPU{GPU: 1, Model: "NVIDIA H100 80GB HBM3", Seats: 7}) {
 		t.Errorf("the MIG profile's view: %+v", mig)
 	}
 }

@@ -134,7 +134,7 @@ func TestCommandLineErrorsSayWhatToFix(t *testing.T) {
 		{"alias bomb", nil, []string{"plan", "--simulate", "dgx-h100", "--config", bomb}, 1, bomb + ": line 2: once its aliases are expanded the document grows beyond 4 MiB"},
 		{"unknown flag", nil, []string{"plan", "--simulat", "x"}, 2, "flag provided but not defined: -simulat"},
 		{"bad output", nil, []string{"plan", "-o", "xml"}, 2, `invalid value "xml" for flag -o: must be one of table, yaml, json, resourceslices, deviceclasses`},
-		{"unknown preset", nil, []string{"plan", "--simulate", "dgx-z"}, 1, `unknown preset "dgx-z"; presets are dgx-a100, dgx-h100, nvlink-2x4, pcie-8gpu, single-gpu, workstation-2gpu`},
+		{"unknown preset", nil, []string{"plan", "--simulate", "dgx-z"}, 1, `unknown preset "dgx-z"; presets are dgx-a100, dgx-h100, dgx-h200, nvlink-2x4, pcie-8gpu, single-gpu, workstation-2gpu`},
 		{"bad config", nil, []string{"plan", "--simulate", "dgx-h100", "--config", bad}, 1, bad + ":3: profiles[0].seatsPerGroup: must be at least 1, not 0"},
 		{"missing config", nil, []string{"plan", "--simulate", "dgx-h100", "--config", filepath.Join(dir, "nope.yaml")}, 1, "read node configuration"},
 		{"bad env", map[string]string{"KYB_DEVICE_LAYOUT": "sideways"}, []string{"--node-name", "n"}, 2, `environment variable KYB_DEVICE_LAYOUT="sideways": must be one of auto, shared, per-seat`},
