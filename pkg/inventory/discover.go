@@ -60,13 +60,17 @@ func Discover(ctx context.Context, lib nvml.Interface, pcie PCIeTopology) (*Inve
 	}
 	inv.Links = links
 	inv.Warnings = append(inv.Warnings, warnings...)
-	for _, g := range inv.GPUs {
-		if g.MIGCapable && g.MIG == nil {
-			inv.Warnings = append(inv.Warnings, fmt.Sprintf("GPU %d (%s) has MIG, but NVML gives no MIG geometry for it, so it takes no MIG profile: %s", g.Index, g.ProductName, g.NoMIG))
-		}
-	}
 	for _, w := range inv.Warnings {
 		logger.Info("GPU inventory", "warning", w)
+	}
+	for _, g := range inv.GPUs {
+		// Said where it matters, when a MIG profile is given the GPU (the
+		// plan's warnings, a Node event, the doctor): a node that uses no
+		// MIG, or a plugin without the permission to read placements, is
+		// no fault.
+		if g.MIGCapable && g.MIG == nil {
+			logger.V(2).Info("NVML gives no MIG geometry for a GPU that has MIG", "gpu", g.Index, "reason", g.NoMIG)
+		}
 	}
 	logger.V(2).Info("Discovered GPUs", "gpus", len(inv.GPUs), "summary", inv.Summary())
 	return inv, nil
