@@ -18,6 +18,7 @@ func TestMIGShapesHoldEveryInstance(t *testing.T) {
 	}{
 		{"dgx-h100", "mig-1g.10gb.kyb.ai", 56},
 		{"dgx-a100", "mig-1g.5gb.kyb.ai", 56},
+		{"dgx-h200", "mig-1g.18gb.kyb.ai", 56},
 	} {
 		t.Run(tc.preset, func(t *testing.T) {
 			_, ctx := ktesting.NewTestContext(t)
