@@ -79,12 +79,15 @@ func instanceOf(d planner.MIGDevice) health.Instance {
 	return health.Instance{GPU: d.GPU.Index(), Placement: d.Placement}
 }
 
-// taintInstances taints the MIG devices of res whose instance is
-// unhealthy: every profile's device at the instance's placement, since
-// whichever is allocated next gets the same memory slices. A device its
-// GPU's fault tainted already keeps that taint alone (one taint per key:
-// a GPU fault is at least as strong). Instance faults are never a loss:
-// NoSchedule.
+// taintInstances taints the MIG devices of res that an unhealthy
+// instance's fault reaches (health.Instance.Reaches): every profile's
+// device at the instance's placement, since whichever is allocated next
+// gets the same memory slices, and for a memory fault every device whose
+// placement shares one of them. A device reached by several faults takes
+// the value of its own placement's, else of the first in placement order.
+// A device its GPU's fault tainted already keeps that taint alone (one
+// taint per key: a GPU fault is at least as strong). Instance faults are
+// never a loss: NoSchedule.
 func (h healthTaints) taintInstances(res resourceslice.DriverResources, plan *planner.Plan) {
 	bad := h.view.InstanceFaults()
 	if len(bad) == 0 {
@@ -92,8 +95,8 @@ func (h healthTaints) taintInstances(res resourceslice.DriverResources, plan *pl
 	}
 	faulty := map[string]health.Fault{}
 	for _, d := range plan.MIGDevices() {
-		if f, ok := bad[instanceOf(d)]; ok {
-			faulty[d.DeviceName()] = f
+		if reaching := health.Reaching(instanceOf(d), bad); len(reaching) > 0 {
+			faulty[d.DeviceName()] = bad[reaching[0]]
 		}
 	}
 	for _, pool := range res.Pools {
@@ -141,24 +144,28 @@ func (p *publisher) instanceHealthEvents(ctx context.Context, before, after map[
 		was, wasBad := before[in]
 		is, isBad := after[in]
 		uuid := p.node.inv.GPUs[in.GPU].UUID
-		devices := strings.Join(p.devicesOf(in), " ")
 		switch {
 		case isBad && (!wasBad || was.Reason != is.Reason):
 			taint := instanceTaint(is)
-			p.events.Warning(ctx, nodeevents.ReasonGPUUnhealthy, fmt.Sprintf("MIG instance at %s of GPU %d (%s) is unhealthy: %s. Its devices %s are tainted %s=%s:%s; the GPU's other instances are not",
-				in.Placement, in.GPU, uuid, is.Message, devices, taint.Key, taint.Value, taint.Effect))
+			others := "the GPU's other instances are not"
+			if is.Memory() {
+				others = "a memory fault reaches every placement that shares a memory slice with the instance; the GPU's other placements are not tainted"
+			}
+			p.events.Warning(ctx, nodeevents.ReasonGPUUnhealthy, fmt.Sprintf("MIG instance at %s of GPU %d (%s) is unhealthy: %s. Its devices %s are tainted %s=%s:%s; %s",
+				in.Placement, in.GPU, uuid, is.Message, strings.Join(p.devicesOf(in, is), " "), taint.Key, taint.Value, taint.Effect, others))
 		case wasBad && !isBad:
 			p.events.Normal(ctx, nodeevents.ReasonGPUHealthy, fmt.Sprintf("MIG instance at %s of GPU %d (%s) is healthy again after %s; the taint is removed from its devices %s",
-				in.Placement, in.GPU, uuid, was.Reason, devices))
+				in.Placement, in.GPU, uuid, was.Reason, strings.Join(p.devicesOf(in, was), " ")))
 		}
 	}
 }
 
-// devicesOf names the MIG devices of the plan at an instance's placement.
-func (p *publisher) devicesOf(in health.Instance) []string {
+// devicesOf names the MIG devices of the plan that a fault of an instance
+// reaches.
+func (p *publisher) devicesOf(in health.Instance, f health.Fault) []string {
 	var out []string
 	for _, d := range p.node.plan.MIGDevices() {
-		if instanceOf(d) == in {
+		if in.Reaches(f, instanceOf(d)) {
 			out = append(out, d.DeviceName())
 		}
 	}

@@ -8,10 +8,15 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
@@ -104,4 +109,74 @@ func TestMIGInstanceFaultTaintsItsDevicesOnlyOverSockets(t *testing.T) {
 		unhealthy = append(unhealthy, strings.Fields(w)[0]+" UNHEALTHY: GPU 0: XID 74 (NVLink error)")
 	}
 	streamUntil(t, stream, unhealthy)
+}
+
+// published is what the plugin published last, as the scheduler's
+// allocator reads it: a cluster of the node's slices and the plan's
+// device classes, nothing allocated.
+func (e *env) published() *schedulertest.Cluster {
+	e.t.Helper()
+	list, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var pool resourceslice.Pool
+	for _, s := range list.Items {
+		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: s.Spec.Devices, SharedCounters: s.Spec.SharedCounters})
+	}
+	c := schedulertest.New(schedulertest.SchedulerFeatures())
+	c.AddNode(nodeName, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: pool}}, driver.Name)
+	c.AddClasses(draresources.DeviceClasses(e.plan.Profiles, draresources.DeviceClassOptions{})...)
+	return c
+}
+
+// An ECC error of the 1g instance at memory slice 4 taints the devices of
+// every placement that shares that slice (the 2g at 4-5 too), keeps them
+// tainted after the instance's claim is released, and the scheduler's
+// allocator places the next 2g claim elsewhere.
+func TestMIGInstanceMemoryFaultTaintsOverlappingPlacementsOverSockets(t *testing.T) {
+	fc := testingclock.NewFakeClock(time.Now())
+	var mon *health.Monitor
+	e := newEnv(t, "dgx-h100", migConfig, withMIG(&crashPoint{}), withMonitor(fc, &mon))
+	stream, err := drahealth.NewDRAResourceHealthClient(e.conn).NodeWatchResources(e.ctx, &drahealth.NodeWatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamUntil(t, stream, nil)
+	claim := e.migClaimOn(classMIG1g, "g0-mig-1g-10gb-4")
+	e.prepareOK(claim)
+	id := e.gpu0InstanceID(4)
+
+	if err := e.sim.Inject(simnode.Event{GPU: 0, Type: nvml.EventTypeDoubleBitEccError, Instance: &simnode.EventInstance{GPUInstance: id, ComputeInstance: 0}}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"g0-mig-1g-10gb-4 gpu.kyb.ai/unhealthy=double-bit-ecc:NoSchedule",
+		"g0-mig-2g-20gb-4 gpu.kyb.ai/unhealthy=double-bit-ecc:NoSchedule",
+	}
+	waitFor(t, "the taints of the placements that share memory slice 4", func() bool { return slices.Equal(taints(t, e), want) })
+	msg := fmt.Sprintf("GPU 0 MIG instance at {4}:1: double-bit (uncorrectable) ECC error (GPU instance %d)", id)
+	streamUntil(t, stream, []string{"g0-mig-1g-10gb-4 UNHEALTHY: " + msg, "g0-mig-2g-20gb-4 UNHEALTHY: " + msg})
+	waitFor(t, "a GPUUnhealthy event", func() bool { return nodeEvent(t, e, "GPUUnhealthy") != "" })
+	if got := nodeEvent(t, e, "GPUUnhealthy"); !strings.Contains(got, "Its devices g0-mig-1g-10gb-4 g0-mig-2g-20gb-4 are tainted gpu.kyb.ai/unhealthy=double-bit-ecc:NoSchedule; a memory fault reaches") {
+		t.Errorf("event %q, want it to name both devices and say why", got)
+	}
+
+	// The claim goes, its instance with it; the memory slice stays bad
+	// until the recovery period passes.
+	if r := e.unprepare(claim)[string(claim.UID)]; r == nil || r.Error != "" {
+		t.Fatalf("unprepare: %+v", r)
+	}
+	if got := taints(t, e); !slices.Equal(got, want) {
+		t.Fatalf("after the unprepare: taints %v, want %v", got, want)
+	}
+	cluster := e.published()
+	next := schedulertest.Claim("next-2g", classMIG2g, 1)
+	alloc, err := cluster.Allocate(e.ctx, next, nodeName)
+	if err != nil || alloc == nil {
+		t.Fatalf("allocate a 2g claim: %v %v", alloc, err)
+	}
+	if got := alloc.Devices.Results[0].Device; got == "g0-mig-2g-20gb-4" {
+		t.Errorf("the allocator gave the next 2g claim %s, whose memory slice 4 had the ECC error", got)
+	}
 }

@@ -38,6 +38,14 @@ type Fault struct {
 // Permanent reports whether the fault never recovers while the plugin runs.
 func (f Fault) Permanent() bool { return f.Kind == KindLost }
 
+// Memory reports whether the fault is in the GPU's memory: a double-bit
+// ECC error event, or an XID that reports one (memoryXIDs). A MIG
+// instance's memory fault reaches every placement that shares one of its
+// memory slices (Instance.Reaches).
+func (f Fault) Memory() bool {
+	return f.Kind == KindECC || f.Kind == KindXID && memoryXIDs[f.XID]
+}
+
 // gpuState is one unhealthy GPU. A healthy GPU has none.
 type gpuState struct {
 	fault Fault

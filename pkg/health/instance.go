@@ -18,6 +18,14 @@ package health
 // event and its handling can no longer be found; its event then counts
 // for the whole GPU, since the slices it held are not known.
 //
+// A memory fault (Fault.Memory: an ECC error, a row remapping) is in the
+// memory slices the instance holds, not in the instance: an instance made
+// next at any placement that shares one of those slices (a 2g at slices
+// 4-5 after a faulty 1g at 4) gets the same memory. It reaches the MIG
+// devices of every such placement (Instance.Reaches). Any other fault
+// (an engine's XID, a GSP error naming the instance) is the instance's
+// own and reaches the devices at its placement only.
+//
 // An unhealthy instance recovers as a GPU does: once its GPU has answered
 // its probes for the recovery period after the instance's last fault.
 
@@ -65,15 +73,48 @@ func (v View) InstanceFaults() map[Instance]Fault {
 	return nil
 }
 
-// OfInstance reports whether a MIG instance is healthy and, if not, why:
-// it is as healthy as itself and its GPU.
+// Reaches reports whether f, a fault of instance in, reaches the MIG
+// devices that stand for instance at: those at in's own placement for any
+// fault, and for a memory fault those at every placement of in's GPU
+// that shares a memory slice with it.
+func (in Instance) Reaches(f Fault, at Instance) bool {
+	if in == at {
+		return true
+	}
+	return f.Memory() && in.GPU == at.GPU && mig.Overlaps(in.Placement, at.Placement)
+}
+
+// Reaching lists the unhealthy instances whose fault reaches the MIG
+// devices of at: at itself first, then the others in placement order.
+func Reaching(at Instance, instances map[Instance]Fault) []Instance {
+	var out []Instance
+	for in, f := range instances {
+		if in.Reaches(f, at) {
+			out = append(out, in)
+		}
+	}
+	slices.SortFunc(out, func(a, b Instance) int {
+		if (a == at) != (b == at) {
+			if a == at {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.Placement.Start, b.Placement.Start), cmp.Compare(a.Placement.Size, b.Placement.Size))
+	})
+	return out
+}
+
+// OfInstance reports whether the MIG devices of an instance are healthy
+// and, if not, why: they are as healthy as their GPU, the instance, and
+// the instances whose memory fault reaches them.
 func OfInstance(in Instance, gpus map[int]Fault, instances map[Instance]Fault) (bool, string) {
 	var msgs []string
 	if f, ok := gpus[in.GPU]; ok {
 		msgs = append(msgs, fmt.Sprintf("GPU %d: %s", in.GPU, f.Message))
 	}
-	if f, ok := instances[in]; ok {
-		msgs = append(msgs, fmt.Sprintf("%s: %s", in, f.Message))
+	for _, bad := range Reaching(in, instances) {
+		msgs = append(msgs, fmt.Sprintf("%s: %s", bad, instances[bad].Message))
 	}
 	if len(msgs) == 0 {
 		return true, ""

@@ -220,3 +220,81 @@ func TestMIGEventOnAMIGDeviceHandleIsItsInstances(t *testing.T) {
 		t.Errorf("unhealthy instances %q, want %q", got, want)
 	}
 }
+
+// A memory fault of an instance reaches the MIG devices of every
+// placement that shares one of its memory slices; any other fault only
+// those at its own placement.
+func TestMIGInstanceMemoryFaultReachesOverlappingPlacements(t *testing.T) {
+	pl := func(start, size int) Instance {
+		return Instance{GPU: 2, Placement: mig.Placement{Start: start, Size: size}}
+	}
+	tests := []struct {
+		name  string
+		event string // %d: the GPU instance ID of the 1g.10gb at slice 4
+		// unhealthy are the placements of GPU 2 whose devices the fault
+		// reaches, among {4}:1, {5}:1, {4}:2, {4}:4, {0}:8, {2}:2, {3}:1.
+		unhealthy []Instance
+	}{
+		{"double-bit ECC event", "ecc 2 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}},
+		{"XID 48, double-bit ECC", "xid 2 48 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}},
+		{"XID 95, uncontained ECC", "xid 2 95 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}},
+		{"XID 64, row remapping failed", "xid 2 64 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}},
+		{"XID 79 is the instance's own", "xid 2 79 %d", []Instance{pl(4, 1)}},
+		{"XID 119 is the instance's own", "xid 2 119 %d", []Instance{pl(4, 1)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, nil)
+			id := r.makeInstance(2, "1g.10gb", 4)
+			r.do(0, fmt.Sprintf(tt.event, id))
+			for _, at := range []Instance{pl(4, 1), pl(5, 1), pl(4, 2), pl(4, 4), pl(0, 8), pl(2, 2), pl(3, 1)} {
+				ok, msg := OfInstance(at, r.m.Faults(), r.m.InstanceFaults())
+				if want := slices.Contains(tt.unhealthy, at); ok == want {
+					t.Errorf("devices at %s: healthy %v (%q), want %v", at.Placement, ok, msg, !want)
+				} else if want && !strings.HasPrefix(msg, "GPU 2 MIG instance at {4}:1: ") {
+					t.Errorf("devices at %s: %q, want the message of the instance at {4}:1", at.Placement, msg)
+				}
+			}
+			if ok, _ := OfInstance(Instance{GPU: 3, Placement: mig.Placement{Start: 4, Size: 1}}, r.m.Faults(), r.m.InstanceFaults()); !ok {
+				t.Error("another GPU's instance at {4}:1 is unhealthy")
+			}
+		})
+	}
+}
+
+// Devices reached by several faults name their own placement's first.
+func TestMIGReachingPutsTheInstanceItselfFirst(t *testing.T) {
+	r := newRig(t, nil)
+	one := r.makeInstance(2, "1g.10gb", 4)
+	r.do(0, fmt.Sprintf("ecc 2 %d", one))
+	// The 1g at 4 is gone; a 2g made at 4 fails too.
+	d, _ := r.sim.NVML().DeviceGetHandleByIndex(2)
+	gi, ret := d.GetGpuInstanceById(int(one))
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	ciInfo, ret := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	cis, ret := gi.GetComputeInstances(&ciInfo)
+	if ret != nvml.SUCCESS || len(cis) != 1 {
+		t.Fatalf("compute instances of the 1g at 4: %d, %v", len(cis), ret)
+	}
+	for _, ci := range cis {
+		if ret := ci.Destroy(); ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+	}
+	if ret := gi.Destroy(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	two := r.makeInstance(2, "2g.20gb", 4)
+	r.do(0, fmt.Sprintf("xid 2 79 %d", two))
+	at := Instance{GPU: 2, Placement: mig.Placement{Start: 4, Size: 2}}
+	got := Reaching(at, r.m.InstanceFaults())
+	want := []Instance{at, {GPU: 2, Placement: mig.Placement{Start: 4, Size: 1}}}
+	if !slices.Equal(got, want) {
+		t.Errorf("Reaching(%s) = %v, want %v", at, got, want)
+	}
+}

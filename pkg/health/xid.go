@@ -49,6 +49,24 @@ import (
 // a harmful one that was ignored would cost a workload.
 func DefaultIgnoredXIDs() []uint64 { return []uint64{13, 31, 43, 45, 68, 94, 109} }
 
+// memoryXIDs are the XIDs that report a fault of the GPU's memory itself:
+// uncorrectable or too many corrected ECC errors, and rows the GPU marked
+// for remapping or could not remap. Reported for a MIG instance, the
+// fault is in the memory slices it holds, which every instance made at a
+// placement that shares one of them gets again; every other XID is the
+// instance's own (its engines, its contexts) and goes with it.
+//
+//	48  double-bit ECC error
+//	63  ECC row remapping (page retirement) recorded
+//	64  ECC row remapping (page retirement) failed
+//	92  high single-bit ECC error rate
+//	94  contained ECC error (ignored by default)
+//	95  uncontained ECC error
+//
+// XID 31, a GPU memory page fault, is not among them: it is an address
+// the application does not own, not a fault of the memory.
+var memoryXIDs = map[uint64]bool{48: true, 63: true, 64: true, 92: true, 94: true, 95: true}
+
 // xidNames are short descriptions of the XIDs that users meet most, for
 // messages; the XID number is always given as well.
 var xidNames = map[uint64]string{

@@ -92,3 +92,29 @@ func TestDescribeXID(t *testing.T) {
 		}
 	}
 }
+
+func TestMemoryFaults(t *testing.T) {
+	for _, tt := range []struct {
+		f    Fault
+		want bool
+	}{
+		{Fault{Kind: KindECC}, true},
+		{Fault{Kind: KindXID, XID: 48}, true},
+		{Fault{Kind: KindXID, XID: 63}, true},
+		{Fault{Kind: KindXID, XID: 64}, true},
+		{Fault{Kind: KindXID, XID: 92}, true},
+		{Fault{Kind: KindXID, XID: 94}, true},
+		{Fault{Kind: KindXID, XID: 95}, true},
+		{Fault{Kind: KindXID, XID: 31}, false}, // an address the application does not own
+		{Fault{Kind: KindXID, XID: 13}, false},
+		{Fault{Kind: KindXID, XID: 74}, false},
+		{Fault{Kind: KindXID, XID: 79}, false},
+		{Fault{Kind: KindXID, XID: 119}, false},
+		{Fault{Kind: KindUnreachable}, false},
+		{Fault{Kind: KindLost}, false},
+	} {
+		if got := tt.f.Memory(); got != tt.want {
+			t.Errorf("%s %d: Memory() = %v, want %v", tt.f.Kind, tt.f.XID, got, tt.want)
+		}
+	}
+}
