@@ -32,6 +32,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
@@ -273,6 +274,12 @@ func (d *Driver) open(ctx context.Context) error {
 	d.publisher.noMIG = append(d.mig.surveyMIGMode(ctx, opts.MIG.NVML, d.events), d.mig.unlisted...)
 	d.statuses = newStatusWriter(opts.BackgroundClient.ResourceV1(), d.ledger, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
 	d.statuses.migUUID = d.mig.instanceUUID
+	d.statuses.migLost = d.mig.lostDevice
+	d.statuses.held = func(uid types.UID) *checkpoint.Claim { return d.ledger.PreparedClaims()[uid] }
+	d.publisher.lost = d.mig.lost.byDevice
+	// Before the kubelet can call: a prepared claim whose instance this
+	// start's reconcile (or an earlier one) found gone.
+	d.lostAtStart(ctx)
 	if opts.Usage.Sampler != nil {
 		d.usage = newPodUsage(ctx, opts.Usage, d.ledger, opts.PodResources, opts.PluginDataDir, d.node.index)
 		if err := d.metrics.registry.Register(usageCollector{d.usage}); err != nil {
@@ -355,9 +362,20 @@ func (d *Driver) runBackground(ctx context.Context) {
 	d.background.Go(func() {
 		d.ledger.ReleaseStale(ctx)
 		d.sharing.settle(ctx, false)
-		// A stale claim's MIG instances go with it.
+		// A stale claim's MIG instances go with it, and so does what was
+		// reported of them.
 		d.mig.reconcile(ctx, d.ledger)
+		if d.mig.instances != nil {
+			d.checkLost(ctx)
+		}
 	})
+	if d.mig.instances != nil {
+		interval := d.opts.MIG.CheckInterval
+		if interval <= 0 {
+			interval = defaultMIGCheckInterval
+		}
+		d.background.Go(func() { d.watchLost(ctx, interval) })
+	}
 	d.background.Go(func() {
 		for {
 			select {

@@ -53,6 +53,7 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 func (p *publisher) healthReports(now time.Time) []kubeletplugin.DeviceHealth {
 	bad := p.health.faults()
 	badInstances := p.health.view.InstanceFaults()
+	lost := p.lostDevices()
 	var out []kubeletplugin.DeviceHealth
 	for _, name := range p.devices() {
 		h := kubeletplugin.DeviceHealth{
@@ -63,6 +64,10 @@ func (p *publisher) healthReports(now time.Time) []kubeletplugin.DeviceHealth {
 			healthy, msg := health.OfGPUs(ref.Group.GPUs, bad)
 			if ref.MIG != nil {
 				healthy, msg = health.OfInstance(instanceOf(*ref.MIG), bad, badInstances)
+				if li, ok := lost[name]; ok {
+					msg = strings.TrimPrefix(msg+"; "+li.note(), "; ")
+					healthy = false
+				}
 			}
 			if !healthy {
 				h.Health = kubeletplugin.HealthStatusUnhealthy
@@ -93,24 +98,13 @@ func (h healthTaints) taintInstances(res resourceslice.DriverResources, plan *pl
 	if len(bad) == 0 {
 		return
 	}
-	faulty := map[string]health.Fault{}
+	taints := map[string]resourceapi.DeviceTaint{}
 	for _, d := range plan.MIGDevices() {
 		if reaching := health.Reaching(instanceOf(d), bad); len(reaching) > 0 {
-			faulty[d.DeviceName()] = bad[reaching[0]]
+			taints[d.DeviceName()] = instanceTaint(bad[reaching[0]])
 		}
 	}
-	for _, pool := range res.Pools {
-		for _, s := range pool.Slices {
-			for i := range s.Devices {
-				dev := &s.Devices[i]
-				f, ok := faulty[dev.Name]
-				if !ok || slices.ContainsFunc(dev.Taints, func(t resourceapi.DeviceTaint) bool { return t.Key == draresources.TaintKey }) {
-					continue
-				}
-				dev.Taints = append(dev.Taints, instanceTaint(f))
-			}
-		}
-	}
+	draresources.TaintDevices(res, taints)
 }
 
 // instanceTaint is the taint of an unhealthy instance's devices: the

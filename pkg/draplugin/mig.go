@@ -3,6 +3,7 @@ package draplugin
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
@@ -31,6 +32,9 @@ type MIG struct {
 	// Step, for tests only, stops an instance's making or destruction at
 	// a step as a crash would (miginstance.Options.Step).
 	Step func(step string) bool
+	// CheckInterval is how often the instances of held claims are checked
+	// against NVML, to report those gone (mig_lost.go); default 30s.
+	CheckInterval time.Duration
 }
 
 // migSeats are the MIG instances of the node's claims.
@@ -52,6 +56,9 @@ type migSeats struct {
 	// partitions counts the instances the plugin did not make, by GPU and
 	// kind (static, foreign).
 	partitions *prometheus.GaugeVec
+	// lost are the held claims' devices whose instance is gone
+	// (mig_lost.go).
+	lost lostInstances
 }
 
 func newMIGSeats(opts MIG, node nodePlan, dir string) (*migSeats, error) {

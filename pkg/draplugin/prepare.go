@@ -131,15 +131,26 @@ func (d *Driver) rewriteWidened(ctx context.Context, r *seatledger.Reservation, 
 func (d *Driver) completedResult(ctx context.Context, r *seatledger.Reservation, uid types.UID, c *checkpoint.Claim) kubeletplugin.PrepareResult {
 	// A combined claim's spec names GPUs as every spec of its containers
 	// does; a missing one is written back. Sharing first: a first prepare
-	// may have failed there.
+	// may have failed there. A MIG instance that went is made again, and
+	// the spec names the new one (mig_lost.go).
 	why := "rewrite CDI spec for a combined claim"
-	if !r.Rewrite[uid] {
-		if d.specs.Exists(uid) {
-			return d.result(uid, c)
-		}
+	exists := d.specs.Exists(uid)
+	lost, done := d.lostOnPrepare(ctx, uid, c, exists)
+	defer done()
+	switch {
+	case len(lost) > 0:
+		why = "rewrite CDI spec for a MIG instance made again"
+	case r.Rewrite[uid]:
+		// why says so.
+	case exists:
+		return d.result(uid, c)
+	default:
 		why = "restore CDI spec"
 	}
 	if err := d.mig.prepare(ctx, uid, c); err != nil {
+		if len(lost) > 0 {
+			err = fmt.Errorf("the MIG instance of %s is gone and cannot be made again (the device stays tainted until the claim is released): %w", strings.Join(lost, ", "), err)
+		}
 		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)}
 	}
 	if err := d.sharing.prepare(ctx, c); err != nil {
@@ -149,6 +160,7 @@ func (d *Driver) completedResult(ctx context.Context, r *seatledger.Reservation,
 		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %s: %w", c.Namespace, c.Name, uid, why, err)}
 	}
 	klog.FromContext(ctx).Info("Wrote the CDI spec of a prepared claim again", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid, "why", why)
+	d.madeAgain(ctx, uid, c, lost)
 	return d.result(uid, c)
 }
 
@@ -281,6 +293,13 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		d.metrics.unprepareError("checkpoint")
 		return nil, err
 	}
+	var gone []types.UID
+	for _, uid := range uids {
+		if released[uid] == nil {
+			gone = append(gone, uid)
+		}
+	}
+	d.releasedLost(gone)
 	d.sharing.settle(ctx, false)
 	results := map[types.UID]error{}
 	for _, claim := range claims {

@@ -70,6 +70,9 @@ type publisher struct {
 	// not in MIG mode where that needs a reset (mig_mode.go), or whose
 	// instances could not be listed at start (mig_static.go).
 	noMIG []int
+	// lost are the MIG devices of held claims whose instance is gone
+	// (mig_lost.go), set before anything publishes; nil: none.
+	lost func() map[string]lostInstance
 
 	// publishMu serialises publishing: start-up, a health change, a layout
 	// fallback and a kubelet's wipe may republish at once.
@@ -106,13 +109,27 @@ func (p *publisher) setUsage(u seatledger.Usage) {
 	p.mu.Unlock()
 	changed := !maps.Equal(old.Fenced, u.Fenced) ||
 		(p.node.plan.HideBlocked && !slices.Equal(old.Held.Devices(), u.Held.Devices()))
-	if !changed {
-		return
+	if changed {
+		p.nudge()
 	}
+}
+
+// nudge has the slices published again soon: what they say of a device
+// changed outside the ledger and the health monitor (a MIG instance went
+// or was made again).
+func (p *publisher) nudge() {
 	select {
 	case p.heldCh <- struct{}{}:
 	default:
 	}
+}
+
+// lostDevices are the MIG devices of held claims whose instance is gone.
+func (p *publisher) lostDevices() map[string]lostInstance {
+	if p.lost == nil {
+		return nil
+	}
+	return p.lost()
 }
 
 // publish publishes the plan in the current layout, with the taints of
@@ -144,6 +161,7 @@ func (p *publisher) resources() resourceslice.DriverResources {
 	p.metrics.hidden.Set(float64(hidden))
 	draresources.Taint(res, node.plan, p.health.taints())
 	p.health.taintInstances(res, node.plan)
+	taintLost(res, p.lostDevices())
 	draresources.Fence(res, node.plan, fenced)
 	var names []string
 	perProfile := map[string]int{}

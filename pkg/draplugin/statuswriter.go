@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	metaapply "k8s.io/client-go/applyconfigurations/meta/v1"
 	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
 	resourceclient "k8s.io/client-go/kubernetes/typed/resource/v1"
 	"k8s.io/client-go/util/workqueue"
@@ -18,6 +20,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 )
 
 // The seats are written into the claims' status behind the prepare calls,
@@ -58,11 +61,23 @@ type statusWriter struct {
 	// migUUID is the UUID of the MIG device made for a claim's device,
 	// "" for another device; nil where the node has no MIG seats.
 	migUUID func(uid types.UID, dev checkpoint.Device) string
+	// migLost says whether the MIG instance of a claim's device is gone
+	// (mig_lost.go); nil where the node has no MIG seats.
+	migLost func(uid types.UID, device string) (lostInstance, bool)
+	// held is the entry of a prepared claim, nil for another: a status
+	// written before is written again (rewrite) only while it is held.
+	held func(uid types.UID) *checkpoint.Claim
+
+	// again counts the rewrites asked for each claim whose status was
+	// written already; a write that saw n clears them only if no other
+	// was asked for meanwhile.
+	mu    sync.Mutex
+	again map[types.UID]int
 }
 
 func newStatusWriter(claims resourceclient.ResourceClaimsGetter, ledger statusLedger, m *metrics, written func()) *statusWriter {
 	return &statusWriter{
-		claims: claims, ledger: ledger, metrics: m, written: written,
+		claims: claims, ledger: ledger, metrics: m, written: written, again: map[types.UID]int{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](100*time.Millisecond, time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "kyb-claim-status"}),
@@ -71,6 +86,41 @@ func newStatusWriter(claims resourceclient.ResourceClaimsGetter, ledger statusLe
 
 // queueAfterPrepare writes the claim's status a little later.
 func (w *statusWriter) queueAfterPrepare(uid types.UID) { w.queue.AddAfter(uid, statusWriteDelay) }
+
+// rewrite writes again the status of a held claim, written before or not:
+// what it says of a device changed (its MIG instance went or was made
+// again).
+func (w *statusWriter) rewrite(uid types.UID) {
+	w.mu.Lock()
+	w.again[uid]++
+	w.mu.Unlock()
+	w.queue.Add(uid)
+}
+
+// owed is the entry whose status to write, and how many rewrites of it
+// were asked for; nil where none is owed.
+func (w *statusWriter) owed(uid types.UID) (*checkpoint.Claim, int) {
+	w.mu.Lock()
+	n := w.again[uid]
+	w.mu.Unlock()
+	if c := w.ledger.StatusOwed(uid); c != nil {
+		return c, n
+	}
+	if n == 0 || w.held == nil {
+		return nil, n
+	}
+	return w.held(uid), n
+}
+
+// rewritten forgets the n rewrites of uid a write saw, or the claim's
+// rewrites altogether where n is 0 (it is gone).
+func (w *statusWriter) rewritten(uid types.UID, n int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if n == 0 || w.again[uid] == n {
+		delete(w.again, uid)
+	}
+}
 
 // queueOwed queues the status of every prepared claim not known to have
 // one now: those prepared just before the plugin last stopped, or waiting
@@ -112,8 +162,9 @@ func (w *statusWriter) writeNext(ctx context.Context) bool {
 		return false
 	}
 	defer w.queue.Done(uid)
-	c := w.ledger.StatusOwed(uid)
+	c, again := w.owed(uid)
 	if c == nil {
+		w.rewritten(uid, 0)
 		w.queue.Forget(uid)
 		return true
 	}
@@ -125,11 +176,13 @@ func (w *statusWriter) writeNext(ctx context.Context) bool {
 		w.queue.Forget(uid)
 		w.metrics.statusesWritten.Inc()
 		w.ledger.MarkStatusWritten(uid, c)
+		w.rewritten(uid, again)
 		if w.written != nil {
 			w.written()
 		}
 	case apierrors.IsNotFound(err):
 		// The claim is gone; its unprepare follows.
+		w.rewritten(uid, 0)
 		w.queue.Forget(uid)
 	case ctx.Err() != nil:
 		// Stopping: the next start writes it (StatusWritten is unset).
@@ -162,11 +215,21 @@ func (s *migSeats) instanceUUID(uid types.UID, dev checkpoint.Device) string {
 	if _, ok := s.want(uid, dev); !ok {
 		return ""
 	}
+	if _, lost := s.lostDevice(uid, dev.Device); lost {
+		return ""
+	}
 	inst, ok, err := s.instances.Lookup(uid, dev.Device)
 	if err != nil || !ok {
 		return ""
 	}
 	return inst.UUID
+}
+
+// condition is the status condition of a device whose MIG instance is
+// gone.
+func (li lostInstance) condition() *metaapply.ConditionApplyConfiguration {
+	return metaapply.Condition().WithType(conditionMIGInstanceGone).WithStatus(metav1.ConditionTrue).
+		WithReason(nodeevents.ReasonMIGInstanceGone).WithMessage(li.note()).WithLastTransitionTime(metav1.NewTime(li.since))
 }
 
 // write records the seats in the claim's status with server-side apply,
@@ -187,6 +250,13 @@ func (w *statusWriter) write(ctx context.Context, uid types.UID, c *checkpoint.C
 		entry := resourceapply.AllocatedDeviceStatus().
 			WithDriver(driver.Name).WithPool(dev.Pool).WithDevice(dev.Device).
 			WithData(runtime.RawExtension{Raw: data})
+		if w.migLost != nil {
+			// Applied without it once the instance is made again, the
+			// condition goes: the plugin owns its entries' conditions.
+			if li, ok := w.migLost(uid, dev.Device); ok {
+				entry = entry.WithConditions(li.condition())
+			}
+		}
 		if dev.ShareID != "" {
 			entry = entry.WithShareID(dev.ShareID)
 		}

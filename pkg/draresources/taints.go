@@ -66,6 +66,29 @@ func eachGroupDevice(res resourceslice.DriverResources, plan *planner.Plan, f fu
 	}
 }
 
+// TaintDevices puts taints on the devices of res they name, by device
+// name. A device that carries a taint of the same key already keeps that
+// one alone: one taint per key, and the one put first (a GPU's fault
+// before a MIG instance's) is the stronger.
+func TaintDevices(res resourceslice.DriverResources, taints map[string]resourceapi.DeviceTaint) {
+	if len(taints) == 0 {
+		return
+	}
+	for _, pool := range res.Pools {
+		for _, s := range pool.Slices {
+			for i := range s.Devices {
+				dev := &s.Devices[i]
+				t, ok := taints[dev.Name]
+				if !ok || slices.ContainsFunc(dev.Taints, func(have resourceapi.DeviceTaint) bool { return have.Key == t.Key }) {
+					continue
+				}
+				t.Value = labelValue(t.Value)
+				dev.Taints = append(dev.Taints, t)
+			}
+		}
+	}
+}
+
 // FencedTaintKey is the key of the taint on every device whose group
 // contains a fenced GPU: one a held claim still uses through a group the
 // configuration no longer defines so, or through seats that could not be

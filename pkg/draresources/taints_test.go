@@ -152,3 +152,35 @@ func TestPerSeatLayoutTaintsKeepTheSchedulerOff(t *testing.T) {
 		t.Errorf("2x seats with GPU 3 unhealthy: %v, want %v", got, want)
 	}
 }
+
+// TaintDevices taints the devices it names, once per key: a device that
+// its GPU's fault tainted keeps that taint alone.
+func TestTaintDevicesKeepsOneTaintPerKey(t *testing.T) {
+	n := newNode(t, "dgx-h100", "seed", draresources.LayoutShared)
+	res := draresources.Resources(n.plan, n.inv, "node-1", draresources.LayoutShared)
+	draresources.Taint(res, n.plan, draresources.Faults{2: xid79})
+	draresources.TaintDevices(res, map[string]resourceapi.DeviceTaint{
+		"g2-1x":   {Key: draresources.TaintKey, Value: "mig-instance-gone", Effect: resourceapi.DeviceTaintEffectNoSchedule},
+		"g3-1x":   {Key: draresources.TaintKey, Value: "gone: made again?", Effect: resourceapi.DeviceTaintEffectNoSchedule},
+		"g01-2x":  {Key: draresources.FencedTaintKey, Value: "seats-unknown", Effect: resourceapi.DeviceTaintEffectNoSchedule},
+		"no-such": {Key: draresources.TaintKey, Value: "x", Effect: resourceapi.DeviceTaintEffectNoSchedule},
+	})
+	var got []string
+	for _, s := range res.Pools["node-1"].Slices {
+		for _, d := range s.Devices {
+			for _, tn := range d.Taints {
+				got = append(got, fmt.Sprintf("%s %s=%s:%s", d.Name, tn.Key, tn.Value, tn.Effect))
+			}
+		}
+	}
+	slices.Sort(got)
+	want := []string{
+		"g01-2x gpu.kyb.ai/fenced=seats-unknown:NoSchedule",
+		"g2-1x gpu.kyb.ai/unhealthy=xid-79:NoSchedule",
+		"g23-2x gpu.kyb.ai/unhealthy=xid-79:NoSchedule",
+		"g3-1x gpu.kyb.ai/unhealthy=gone-made-again:NoSchedule",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("taints:\n got %q\nwant %q", got, want)
+	}
+}

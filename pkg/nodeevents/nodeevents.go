@@ -58,6 +58,15 @@ const (
 	// MIG profile has no MIG geometry (no MIG, or NVML would not give
 	// it); it publishes no MIG device.
 	ReasonNoMIGGeometry = "NoMIGGeometry"
+	// ReasonMIGInstanceGone (Warning, on the Node and the claim): the MIG
+	// instance of a held claim's device is gone (destroyed outside the
+	// plugin, or taken by a GPU reset); the device is tainted until the
+	// claim is released or its next prepare makes the instance again.
+	ReasonMIGInstanceGone = "MIGInstanceGone"
+	// ReasonMIGInstanceMadeAgain (Normal, on the Node and the claim): a
+	// prepare of the claim made its gone MIG instance again; the taint is
+	// removed.
+	ReasonMIGInstanceMadeAgain = "MIGInstanceMadeAgain"
 )
 
 // nodeGetTimeout bounds the read of the Node object at start: the events

@@ -209,6 +209,24 @@ func (l *Ledger) Prepared() []*checkpoint.Claim {
 	return out
 }
 
+// PreparedClaims are the recorded claims whose prepare completed, by
+// UID. Entries' devices never change once recorded, so the caller may
+// read them without the lock.
+func (l *Ledger) PreparedClaims() map[types.UID]*checkpoint.Claim {
+	l.rec.mu.Lock()
+	defer l.rec.mu.Unlock()
+	out := map[types.UID]*checkpoint.Claim{}
+	if l.rec.st == nil {
+		return out
+	}
+	for uid, c := range l.rec.st.Claims {
+		if c.Phase == checkpoint.PrepareCompleted {
+			out[uid] = c
+		}
+	}
+	return out
+}
+
 // PreparedUIDs are the UIDs of the recorded claims, in any phase.
 func (l *Ledger) PreparedUIDs() []types.UID {
 	l.rec.mu.Lock()
