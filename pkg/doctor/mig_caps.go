@@ -3,16 +3,11 @@ package doctor
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
+	"io/fs"
 	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
 // A MIG device is usable in a container only through the capability
@@ -41,65 +36,24 @@ type capsHost struct {
 	major func() (int64, error)
 }
 
-// capsHost is the real host's (stat under the dev root, /proc/devices)
-// or the simulated node's.
+// capsHost is the examined host's: its device nodes (under the dev root,
+// or the simulated node's /dev) and its /proc/devices.
 func (e *examination) capsHost() capsHost {
-	if sim := e.host.Simulated; sim != nil {
-		return capsHost{
-			node: func(p string) (capNode, error) {
-				major, minor, err := sim.DeviceNumbers(p)
-				if err != nil {
-					return capNode{}, nil
-				}
-				return capNode{exists: true, major: major, minor: minor}, nil
-			},
-			major: func() (int64, error) { return simnode.NVIDIACapsMajor, nil },
-		}
-	}
-	devRoot := e.opts.Node.DevRoot
-	if devRoot == "" {
-		devRoot = "/"
-	}
 	return capsHost{
 		node: func(p string) (capNode, error) {
-			full := filepath.Join(devRoot, p)
-			var st unix.Stat_t
-			if err := unix.Stat(full, &st); errors.Is(err, os.ErrNotExist) {
+			n, err := e.host.StatDevice(p)
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
 				return capNode{}, nil
-			} else if err != nil {
-				return capNode{}, fmt.Errorf("stat %s: %w", full, err)
+			case err != nil:
+				return capNode{}, err
+			case !n.CharDevice():
+				return capNode{exists: true, notChar: fmt.Sprintf("not a character device (mode %s)", n.Mode)}, nil
 			}
-			if st.Mode&unix.S_IFMT != unix.S_IFCHR {
-				return capNode{exists: true, notChar: fmt.Sprintf("not a character device (mode %o)", st.Mode&unix.S_IFMT)}, nil
-			}
-			return capNode{exists: true, major: int64(unix.Major(uint64(st.Rdev))), minor: int64(unix.Minor(uint64(st.Rdev)))}, nil
+			return capNode{exists: true, major: n.Major, minor: n.Minor}, nil
 		},
-		major: func() (int64, error) { return capsMajorFrom("/proc/devices") },
+		major: func() (int64, error) { return e.host.CharMajor("nvidia-caps") },
 	}
-}
-
-// capsMajorFrom reads the nvidia-caps character major from a
-// /proc/devices.
-func capsMajorFrom(file string) (int64, error) {
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		return 0, fmt.Errorf("read %s: %w", file, err)
-	}
-	char := false
-	for _, line := range strings.Split(string(raw), "\n") {
-		switch strings.TrimSpace(line) {
-		case "Character devices:":
-			char = true
-			continue
-		case "Block devices:":
-			char = false
-			continue
-		}
-		if f := strings.Fields(line); char && len(f) == 2 && f[1] == "nvidia-caps" {
-			return strconv.ParseInt(f[0], 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("%s lists no nvidia-caps character major: the NVIDIA driver offers no MIG capabilities", file)
 }
 
 // readMinors reads and parses mig-minors once for the MIG checks.

@@ -291,18 +291,6 @@ func TestMIGCapabilityNodes(t *testing.T) {
 	})
 }
 
-func TestCapsMajorFromProcDevices(t *testing.T) {
-	n := newNode(t)
-	f := n.write(filepath.Join(n.root, "devices"), "Character devices:\n  1 mem\n195 nvidia\n238 nvidia-caps\n511 nvidia-uvm\n\nBlock devices:\n  8 sd\n")
-	if got, err := capsMajorFrom(f); err != nil || got != 238 {
-		t.Errorf("got %d, %v; want 238", got, err)
-	}
-	g := n.write(filepath.Join(n.root, "devices-nomig"), "Character devices:\n195 nvidia\n\nBlock devices:\n238 nvidia-caps\n")
-	if _, err := capsMajorFrom(g); err == nil || !strings.Contains(err.Error(), "lists no nvidia-caps character major") {
-		t.Errorf("got %v", err)
-	}
-}
-
 // destroyCI destroys the compute instances of the GPU instance at start
 // (1-slice profile), as an administrator's nvidia-smi mig -dci does, and
 // makes a new one where remake.

@@ -18,15 +18,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdisandbox"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 )
 
-// nvidiaMajor is the character major the NVIDIA driver registers, always
-// the same: minor N is the GPU of /dev/nvidia<N>, and the minors from
-// controlMinors on are its control nodes (254 nvidia-modeset, 255
-// nvidiactl).
+// The NVIDIA driver's fixed major (gpuhost.NVIDIAMajor): minor N is the
+// GPU of /dev/nvidia<N>, and the minors from controlMinors on are its
+// control nodes (254 nvidia-modeset, 255 nvidiactl).
 const (
-	nvidiaMajor   = 195
+	nvidiaMajor   = gpuhost.NVIDIAMajor
 	controlMinors = 254
 )
 

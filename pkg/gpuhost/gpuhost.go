@@ -10,13 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
@@ -102,121 +98,46 @@ func (h *Host) Close() error {
 
 // DeviceNumbers returns the type-c major and minor of a device node such as
 // /dev/nvidia0, so that a container runtime can create the node from a CDI
-// spec even where the file does not exist. On a simulated node the
-// simulated kernel answers. On a real one, the node under the dev root
-// answers where the plugin sees it; else the kernel's list of character
-// devices does (/proc/devices, which is not namespaced): the NVIDIA
-// driver's major for the GPUs and nvidiactl, the nvidia-uvm module's for
-// its two nodes, and the minors the driver gives them. So the plugin needs
-// no mount of the host's /dev.
+// spec even where the file does not exist. On a real node, the node under
+// the dev root answers where the plugin sees it; else the kernel's list of
+// character devices does (/proc/devices, which is not namespaced): the
+// NVIDIA driver's major for the GPUs and nvidiactl, the nvidia-uvm and
+// nvidia-caps modules' for theirs, and the minors the driver gives them.
+// So the plugin needs no mount of the host's /dev. A simulated node's
+// plugin sees none of its /dev, as the chart's pod sees none of the
+// host's: its numbers come from its /proc/devices the same way, and its
+// /dev only says whether it has the device.
 func (h *Host) DeviceNumbers(devPath string) (int64, int64, error) {
 	if h.Simulated != nil {
-		return h.Simulated.DeviceNumbers(devPath)
-	}
-	p := filepath.Join(h.devRoot, devPath)
-	var st unix.Stat_t
-	err := unix.Stat(p, &st)
-	if err == nil {
-		if st.Mode&unix.S_IFMT != unix.S_IFCHR {
-			return 0, 0, fmt.Errorf("%s is not a character device", p)
+		if _, err := h.Simulated.StatDevice(devPath); err != nil {
+			return 0, 0, fmt.Errorf("simulated node has no device %s", devPath)
 		}
-		return int64(unix.Major(uint64(st.Rdev))), int64(unix.Minor(uint64(st.Rdev))), nil
+	} else {
+		node, err := h.StatDevice(devPath)
+		if err == nil {
+			if node.Mode.Type() != charDevice {
+				return 0, 0, fmt.Errorf("%s is not a character device", filepath.Join(h.devRoot, devPath))
+			}
+			return node.Major, node.Minor, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return 0, 0, err
+		}
 	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return 0, 0, fmt.Errorf("stat %s: %w", p, err)
+	raw, err := h.ReadProcFile(ProcDevices)
+	if err != nil {
+		return 0, 0, fmt.Errorf("device node %s is not visible and %s cannot be read: %w", devPath, ProcDevices, err)
 	}
-	return deviceNumbersFromProc(procDevices, devPath)
+	return NVIDIADeviceNumbers(ParseMajors(raw), ProcDevices, devPath)
 }
 
-// migMinorsFile lists the minors of the MIG capability device nodes. Like
-// /proc/devices, /proc/driver is not namespaced: the plugin's container
-// reads the host's.
-const migMinorsFile = "/proc/driver/nvidia-caps/mig-minors"
+// MIGMinorsFile lists the minors of the MIG capability device nodes.
+const MIGMinorsFile = "/proc/driver/nvidia-caps/mig-minors"
 
 // MIGMinors reads the MIG capability minors: the kernel's list, or the
 // simulated node's.
 func (h *Host) MIGMinors() ([]byte, error) {
-	if h.Simulated != nil {
-		return h.Simulated.MIGMinorsFile(), nil
-	}
-	return os.ReadFile(migMinorsFile)
-}
-
-// procDevices lists the kernel's character and block device majors.
-const procDevices = "/proc/devices"
-
-// The NVIDIA driver's character major, registered for it (and for
-// nvidiactl, minor 255), which /proc/devices names nvidia-frontend or
-// nvidia.
-const nvidiaMajor = 195
-
-// deviceNumbersFromProc finds a device node's numbers from the majors the
-// kernel lists in file (a /proc/devices) and the minors the NVIDIA driver
-// gives its nodes.
-func deviceNumbersFromProc(file, devPath string) (int64, int64, error) {
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		return 0, 0, fmt.Errorf("device node %s is not visible and %s cannot be read: %w", devPath, file, err)
-	}
-	majors := map[string]int64{}
-	char := false
-	for _, line := range strings.Split(string(raw), "\n") {
-		switch strings.TrimSpace(line) {
-		case "Character devices:":
-			char = true
-			continue
-		case "Block devices:":
-			char = false
-			continue
-		}
-		fields := strings.Fields(line)
-		if !char || len(fields) != 2 {
-			continue
-		}
-		if n, err := strconv.ParseInt(fields[0], 10, 64); err == nil {
-			majors[fields[1]] = n
-		}
-	}
-	base := path.Base(devPath)
-	switch {
-	case base == "nvidia-uvm" || base == "nvidia-uvm-tools":
-		major, ok := majors["nvidia-uvm"]
-		if !ok {
-			return 0, 0, fmt.Errorf("device node %s: the nvidia-uvm kernel module is not loaded (%s lists no nvidia-uvm)", devPath, file)
-		}
-		if base == "nvidia-uvm" {
-			return major, 0, nil
-		}
-		return major, 1, nil
-	case base == "nvidiactl":
-		return nvidiaMajorIn(majors), 255, nil
-	case strings.HasPrefix(base, "nvidia-cap") && path.Base(path.Dir(devPath)) == "nvidia-caps":
-		// A MIG instance's capability nodes: their minors come from
-		// mig-minors, their major is the nvidia-caps region's.
-		minor, err := strconv.ParseInt(strings.TrimPrefix(base, "nvidia-cap"), 10, 64)
-		major, ok := majors["nvidia-caps"]
-		switch {
-		case err != nil || minor < 0:
-			return 0, 0, fmt.Errorf("device node %s is not nvidia-cap<minor>", devPath)
-		case !ok:
-			return 0, 0, fmt.Errorf("device node %s: %s lists no nvidia-caps major (the NVIDIA driver has no MIG capabilities)", devPath, file)
-		}
-		return major, minor, nil
-	case strings.HasPrefix(base, "nvidia"):
-		if minor, err := strconv.ParseInt(strings.TrimPrefix(base, "nvidia"), 10, 64); err == nil && minor >= 0 && minor < 255 {
-			return nvidiaMajorIn(majors), minor, nil
-		}
-	}
-	return 0, 0, fmt.Errorf("device node %s is not visible, and is not one of the NVIDIA driver's whose numbers are known", devPath)
-}
-
-func nvidiaMajorIn(majors map[string]int64) int64 {
-	for _, name := range []string{"nvidia-frontend", "nvidia"} {
-		if m, ok := majors[name]; ok {
-			return m
-		}
-	}
-	return nvidiaMajor
+	return h.ReadProcFile(MIGMinorsFile)
 }
 
 // libDirs are where distributions and the NVIDIA installer put libnvidia-ml.

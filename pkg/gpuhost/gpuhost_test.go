@@ -1,8 +1,6 @@
 package gpuhost
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -25,11 +23,7 @@ Block devices:
 `
 
 func TestDeviceNumbersWithoutTheHostsDev(t *testing.T) {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "devices")
-	if err := os.WriteFile(file, []byte(procDevicesText), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	const file = "/proc/devices"
 	tests := []struct {
 		path         string
 		major, minor int64
@@ -47,7 +41,7 @@ func TestDeviceNumbersWithoutTheHostsDev(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {
-			major, minor, err := deviceNumbersFromProc(file, tt.path)
+			major, minor, err := NVIDIADeviceNumbers(ParseMajors([]byte(procDevicesText)), file, tt.path)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("%s: %d:%d %v, want an error saying %q", tt.path, major, minor, err, tt.wantErr)
@@ -60,13 +54,11 @@ func TestDeviceNumbersWithoutTheHostsDev(t *testing.T) {
 		})
 	}
 	// Without the nvidia-uvm module, its nodes have no numbers: say so.
-	if err := os.WriteFile(file, []byte("Character devices:\n195 nvidia\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := deviceNumbersFromProc(file, "/dev/nvidia-uvm"); err == nil || !strings.Contains(err.Error(), "the nvidia-uvm kernel module is not loaded") {
+	noUVM := ParseMajors([]byte("Character devices:\n195 nvidia\n"))
+	if _, _, err := NVIDIADeviceNumbers(noUVM, file, "/dev/nvidia-uvm"); err == nil || !strings.Contains(err.Error(), "the nvidia-uvm kernel module is not loaded") {
 		t.Errorf("no nvidia-uvm: %v", err)
 	}
-	if major, minor, err := deviceNumbersFromProc(file, "/dev/nvidia2"); err != nil || major != 195 || minor != 2 {
+	if major, minor, err := NVIDIADeviceNumbers(noUVM, file, "/dev/nvidia2"); err != nil || major != 195 || minor != 2 {
 		t.Errorf("the GPUs' major named nvidia: %d:%d %v", major, minor, err)
 	}
 }

@@ -132,8 +132,15 @@ func (g *migGPU) enter(call Call) nvml.Return {
 	if ret := g.n.calls.answer(call); ret != nvml.SUCCESS {
 		return ret
 	}
+	if slices.Contains(configCalls, call) && !g.n.mayConfigureMIG() {
+		return nvml.ERROR_NO_PERMISSION
+	}
 	return g.n.failure(g.index)
 }
+
+// configCalls are the calls that need the MIG config capability
+// (devnodes.go).
+var configCalls = []Call{CallCreateGpuInstance, CallCreateGpuInstanceWithPlacement, CallCreateComputeInstance, CallGpuInstanceDestroy, CallComputeInstanceDestroy}
 
 // enabledLocked is the answer to a call that needs MIG on.
 func (g *migGPU) enabledLocked() nvml.Return {

@@ -15,11 +15,6 @@ import (
 // eight compute instances each. A real node with GPU instance 2 holding
 // compute instance 0 on GPU 0 has them as nvidia-cap21 and nvidia-cap22.
 
-// NVIDIACapsMajor is the simulated node's nvidia-caps major. A real
-// node's is allocated when the module loads and is read from
-// /proc/devices.
-const NVIDIACapsMajor = 238
-
 // migCapsGIs and migCapsCIs are how many GPU and compute instance IDs
 // mig-minors lists per GPU and per GPU instance.
 const (
@@ -78,14 +73,14 @@ func (n *Node) MIGDeviceNodes(uuid string) ([]DeviceNode, error) {
 	n.migMu.Lock()
 	gpu, gi, id := ci.gi.gpu.minor, ci.gi.id, ci.id
 	n.migMu.Unlock()
-	uvm := int64(*n.topo.UVMMajor)
+	uvm, caps := n.uvmMajor(), n.capsMajor()
 	return []DeviceNode{
 		{Path: fmt.Sprintf("/dev/nvidia%d", gpu), Major: NVIDIADeviceMajor, Minor: int64(gpu)},
 		{Path: "/dev/nvidiactl", Major: NVIDIADeviceMajor, Minor: 255},
 		{Path: "/dev/nvidia-uvm", Major: uvm, Minor: 0},
 		{Path: "/dev/nvidia-uvm-tools", Major: uvm, Minor: 1},
-		{Path: fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", capMinor(gpu, gi, -1)), Major: NVIDIACapsMajor, Minor: int64(capMinor(gpu, gi, -1))},
-		{Path: fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", capMinor(gpu, gi, id)), Major: NVIDIACapsMajor, Minor: int64(capMinor(gpu, gi, id))},
+		{Path: fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", capMinor(gpu, gi, -1)), Major: caps, Minor: int64(capMinor(gpu, gi, -1))},
+		{Path: fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", capMinor(gpu, gi, id)), Major: caps, Minor: int64(capMinor(gpu, gi, id))},
 	}, nil
 }
 

@@ -100,6 +100,9 @@ type Node struct {
 	// calls counts NVML calls and fails those a test asks to (see
 	// callfaults.go).
 	calls callFaults
+	// dev is what a test changed of the node's device nodes (see
+	// devnodes.go), guarded by mu.
+	dev devState
 }
 
 // New builds a simulated node. nodeName seeds the GPU UUIDs the
@@ -140,36 +143,6 @@ func (n *Node) PCIe() inventory.PCIeTopology { return pcie{n.topo} }
 
 // Topology returns the node's description.
 func (n *Node) Topology() *v1alpha1.NodeTopology { return n.topo }
-
-// DeviceNumbers returns the character-device numbers of a /dev/nvidia*
-// node as a real node's kernel would assign them: 195 for the GPUs and
-// nvidiactl, the configured major for nvidia-uvm.
-func (n *Node) DeviceNumbers(devPath string) (major, minor int64, err error) {
-	base := path.Base(devPath)
-	switch {
-	case base == "nvidiactl":
-		return NVIDIADeviceMajor, 255, nil
-	case base == "nvidia-uvm":
-		return *n.topo.UVMMajor, 0, nil
-	case base == "nvidia-uvm-tools":
-		return *n.topo.UVMMajor, 1, nil
-	case strings.HasPrefix(base, "nvidia-cap"):
-		var m int
-		if _, err := fmt.Sscanf(base, "nvidia-cap%d", &m); err == nil && path.Base(path.Dir(devPath)) == "nvidia-caps" && n.isCapMinor(m) {
-			return NVIDIACapsMajor, int64(m), nil
-		}
-	case strings.HasPrefix(base, "nvidia"):
-		var m int64
-		if _, err := fmt.Sscanf(base, "nvidia%d", &m); err == nil {
-			for _, g := range n.topo.GPUs {
-				if int64(*g.Minor) == m {
-					return NVIDIADeviceMajor, m, nil
-				}
-			}
-		}
-	}
-	return 0, 0, fmt.Errorf("simulated node has no device %s", devPath)
-}
 
 // DeriveUUID makes a stable, unique-looking GPU UUID from a node name and
 // an index.

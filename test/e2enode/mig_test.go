@@ -55,8 +55,13 @@ func makeMIGCapabilityNodes(t *testing.T, driverRoot, preset string) {
 		if _, err := fmt.Sscanf(minor, "%d", &m); err != nil {
 			t.Fatalf("mig-minors line %q: %v", s.Text(), err)
 		}
+		// The numbers the simulated node's /dev has, from its majors.
+		major, _, err := sim.DeviceNumbers(fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", m))
+		if err != nil {
+			t.Fatal(err)
+		}
 		node := filepath.Join(dir, fmt.Sprintf("nvidia-cap%d", m))
-		if err := unix.Mknod(node, unix.S_IFCHR|0o444, int(unix.Mkdev(simnode.NVIDIACapsMajor, m))); err != nil {
+		if err := unix.Mknod(node, unix.S_IFCHR|0o444, int(unix.Mkdev(uint32(major), m))); err != nil {
 			t.Fatalf("make %s: %v", node, err)
 		}
 	}

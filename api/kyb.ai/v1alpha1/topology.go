@@ -17,6 +17,10 @@ const NodeTopologyKind = "NodeTopology"
 // NVLINK_MAX_LINKS).
 const MaxNVLinks = 18
 
+// nvidiaMajor is the character major the NVIDIA driver registers for the
+// GPUs and nvidiactl; unlike nvidia-uvm's and nvidia-caps', it is fixed.
+const nvidiaMajor = 195
+
 // NodeTopology describes the GPUs of a simulated node: what NVML would
 // report on a real one. The driver serves it through the same NVML
 // interface as real hardware, so every code path above NVML runs unchanged.
@@ -43,6 +47,11 @@ type NodeTopology struct {
 	// UVMMajor is the character-device major of /dev/nvidia-uvm, which the
 	// kernel assigns at load time on a real node. Default 511.
 	UVMMajor *int64 `json:"uvmMajor,omitempty"`
+	// CapsMajor is the character-device major of the MIG capability nodes
+	// (/dev/nvidia-caps/nvidia-cap<M>), also assigned at load time. Default
+	// 238. The node lists both in its /proc/devices, as a real node's
+	// kernel does (an H200 listed nvidia-uvm 238 and nvidia-caps 241).
+	CapsMajor *int64 `json:"capsMajor,omitempty"`
 	// Defaults fill the properties a GPU entry leaves out.
 	Defaults *GPUProperties `json:"defaults,omitempty"`
 	// GPUs are the node's GPUs, indexed 0..n-1.
@@ -126,6 +135,10 @@ func (t *NodeTopology) SetDefaults() {
 		m := int64(511)
 		t.UVMMajor = &m
 	}
+	if t.CapsMajor == nil {
+		m := int64(238)
+		t.CapsMajor = &m
+	}
 	for i := range t.GPUs {
 		g := &t.GPUs[i]
 		if t.Defaults != nil {
@@ -199,8 +212,21 @@ func (t *NodeTopology) validateNode(errs *FieldErrors) {
 	if t.NVSwitch != nil && (t.NVSwitch.LinksPerGPU < 1 || t.NVSwitch.LinksPerGPU > MaxNVLinks) {
 		errs.Add(field.NewPath("nvswitch", "linksPerGPU"), "must be between 1 and %d, not %d", MaxNVLinks, t.NVSwitch.LinksPerGPU)
 	}
-	if t.UVMMajor != nil && (*t.UVMMajor < 1 || *t.UVMMajor > 4095) {
-		errs.Add(field.NewPath("uvmMajor"), "must be a device major between 1 and 4095, not %d", *t.UVMMajor)
+	majors := map[int64]string{nvidiaMajor: "the NVIDIA driver's own major"}
+	for _, m := range []struct {
+		name  string
+		major *int64
+	}{{"uvmMajor", t.UVMMajor}, {"capsMajor", t.CapsMajor}} {
+		switch {
+		case m.major == nil:
+		case *m.major < 1 || *m.major > 4095:
+			errs.Add(field.NewPath(m.name), "must be a device major between 1 and 4095, not %d", *m.major)
+		case majors[*m.major] != "":
+			// A kernel gives each driver a major of its own.
+			errs.Add(field.NewPath(m.name), "%d is already %s", *m.major, majors[*m.major])
+		default:
+			majors[*m.major] = m.name
+		}
 	}
 	if t.Defaults != nil {
 		validateGPUProperties(t.Defaults, field.NewPath("defaults"), errs)
