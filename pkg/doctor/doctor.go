@@ -143,6 +143,7 @@ func Run(ctx context.Context, opts Options) *Report {
 	}{
 		{[]string{"config", "nvml", "gpus", "topology", "plan"}, (*examination).checkNode},
 		{[]string{"mig"}, (*examination).checkMIG},
+		{[]string{"mig-config"}, (*examination).checkMIGConfig},
 		{[]string{"driver-files"}, (*examination).checkDriverFiles},
 		{[]string{"nvidia-cdi"}, func(e *examination, _ context.Context) { e.checkNVIDIACDI() }},
 		{[]string{"cdi-root"}, func(e *examination, _ context.Context) { e.checkCDIRoot() }},
