@@ -44,6 +44,7 @@ type chartCase struct {
 	extended    bool // DeviceClasses map extended resources
 	privileged  bool
 	mps         bool   // pods as MPS daemons need them
+	mig         bool   // a MIG profile on real GPUs: the MIG config capability
 	mpsControl  string // KYB_MPS_CONTROL; empty: unset
 	mpsShm      string // KYB_MPS_SHM_SIZE_MIB; empty: the default, 256
 	seamless    bool
@@ -62,6 +63,11 @@ var seedProfiles = []wantProfile{
 }
 
 var seedGroups = map[string][]int{"G01": {0, 1}, "G23": {2, 3}}
+
+var migProfiles = []wantProfile{
+	{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 1},
+	{resource: "kyb.ai/mig-1g.10gb", name: "mig-1g-10gb", size: 1, seats: 1},
+}
 
 var hostUsr = map[string]string{"/usr": "/driver-root/usr"}
 
@@ -142,6 +148,38 @@ var cases = []chartCase{
 		deviceMode: true, driverMount: hostUsr,
 		privileged: true, mps: true,
 		profiles: []wantProfile{{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 4, sharing: "mps"}, {resource: "kyb.ai/gpu-2x-seat", name: "2x", size: 2, seats: 2, sharing: "timeSlicing/Long"}},
+	},
+	{
+		name:     "MIG",
+		files:    []string{"testdata/mig-values.yaml"},
+		extended: true, seamless: true, driverMount: hostUsr,
+		privileged: true, mig: true,
+		profiles: migProfiles,
+	},
+	{
+		name:       "MIG with the device-plugin shim",
+		files:      []string{"testdata/mig-values.yaml"},
+		set:        []string{"mode=device-plugin"},
+		deviceMode: true, driverMount: hostUsr,
+		privileged: true, mig: true,
+		profiles: migProfiles,
+	},
+	{
+		// gpuAccess=privileged asks the NVIDIA runtime for nothing
+		// either; the chart says so all the same.
+		name:     "MIG, privileged",
+		files:    []string{"testdata/mig-values.yaml"},
+		set:      []string{"gpuAccess=privileged"},
+		extended: true, seamless: true, driverMount: hostUsr,
+		privileged: true, mig: true,
+		profiles: migProfiles,
+	},
+	{
+		// A simulated node's MIG instances need nothing of the host.
+		name:     "MIG on a simulated node",
+		files:    []string{"../kyb-dra-driver/examples/simulated-values.yaml", "testdata/mig-values.yaml"},
+		extended: true, seamless: true, simulated: true,
+		profiles: migProfiles,
 	},
 	{
 		name: "monitoring: ServiceMonitor, PodMonitor, dashboard",
@@ -485,6 +523,12 @@ func checkNotes(t *testing.T, tc chartCase) {
 	want := []string{"kubectl -n kyb-system rollout status daemonset/kyb-kyb-dra-driver-kubelet-plugin", "kubectl get resourceslices", "kyb-dra-plugin plan --config node-config.yaml", "deviceClassName: gpu-1x-seat.kyb.ai"}
 	if tc.deviceMode {
 		want = []string{"daemonset/kyb-kyb-dra-driver-device-plugin", `resources.limits: {"kyb.ai/gpu-1x-seat": 1}`}
+	}
+	const migNote = "A profile uses MIG: the node agent runs privileged"
+	if tc.mig {
+		want = append(want, migNote)
+	} else if strings.Contains(notes, migNote) {
+		t.Errorf("NOTES speak of MIG without a MIG profile on real GPUs:\n%s", notes)
 	}
 	for _, w := range want {
 		if !strings.Contains(notes, w) {

@@ -60,9 +60,20 @@ func checkPodSecurity(t *testing.T, m *manifest, tc chartCase) {
 	} else if _, set := e["KYB_MPS_CGROUP"]; set {
 		t.Error("KYB_MPS_CGROUP is set without mps.enabled")
 	}
+	if tc.mig {
+		// The NVIDIA runtime, asked for GPUs, covers the driver's
+		// /proc/driver/nvidia, where NVML finds the MIG config
+		// capability, with a copy that lacks it.
+		if v, set := e["NVIDIA_VISIBLE_DEVICES"]; !set || v.Value != "void" {
+			t.Errorf("a MIG profile on real GPUs: NVIDIA_VISIBLE_DEVICES=%q (set %v), want void", v.Value, set)
+		}
+		if _, set := e["NVIDIA_DRIVER_CAPABILITIES"]; set {
+			t.Error("a MIG profile on real GPUs asks the NVIDIA runtime for driver capabilities")
+		}
+	}
 	if tc.privileged {
 		if sc.Privileged == nil || !*sc.Privileged {
-			t.Error("gpuAccess=privileged or mps renders no privileged container")
+			t.Error("gpuAccess=privileged, mps or a MIG profile renders no privileged container")
 		}
 		return
 	}
@@ -104,6 +115,11 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 	for _, v := range pod.Volumes {
 		if v.HostPath == nil {
 			continue
+		}
+		// The MIG capabilities' directory may not exist before the
+		// driver's tools first make a node in it.
+		if v.HostPath.Path == "/dev/nvidia-caps" && (v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate) {
+			t.Errorf("host path /dev/nvidia-caps has type %v, want DirectoryOrCreate", v.HostPath.Type)
 		}
 		vm, ok := mounts[v.Name]
 		if !ok {
@@ -158,6 +174,21 @@ func checkHostPaths(t *testing.T, m *manifest, tc chartCase) {
 		}
 		for host, ctr := range tc.driverMount {
 			want[host] = hostMount{container: ctr, readOnly: true}
+		}
+		// A MIG profile: the MIG capabilities' device nodes, NVML opens
+		// the config capability's (the container is privileged, so
+		// the device cgroup lets it). Nothing of /proc: the container's
+		// own shows the driver's capability files, and runc refuses a
+		// mount inside /proc.
+		if tc.mig {
+			want["/dev/nvidia-caps"] = hostMount{container: "/dev/nvidia-caps", readOnly: true}
+		}
+	}
+	for _, c := range append(pod.InitContainers, pod.Containers...) {
+		for _, vm := range c.VolumeMounts {
+			if vm.MountPath == "/proc" || strings.HasPrefix(vm.MountPath, "/proc/") {
+				t.Errorf("container %s mounts %s at %s: runc refuses a mount inside /proc", c.Name, vm.Name, vm.MountPath)
+			}
 		}
 	}
 	if !reflect.DeepEqual(got, want) {

@@ -102,6 +102,17 @@ Returns a YAML list.
 {{- end }}
 
 {{/*
+"true" where a profile of nodeConfig uses MIG (has mig): the plugin then
+makes and destroys MIG instances, which needs the MIG config capability
+(README "Security context").
+*/}}
+{{- define "kyb.usesMIG" -}}
+{{- $mig := false }}
+{{- range .Values.nodeConfig.profiles }}{{ if .mig }}{{ $mig = true }}{{ end }}{{ end }}
+{{- $mig }}
+{{- end }}
+
+{{/*
 The DeviceClass of a resource, as draresources.DeviceClassName names it:
 kyb.ai/gpu-1x-seat -> gpu-1x-seat.kyb.ai.
 */}}
@@ -190,7 +201,14 @@ realGPUs, kubeletDir, seamless, health, metrics).
   value: {{ $.Values.nvidiaDriver.root | quote }}
 - name: KYB_DRIVER_FILES
   value: {{ $.Values.nvidiaDriver.files | quote }}
-{{- if eq $.Values.gpuAccess "nvidia-runtime" }}
+{{- if $.mig }}
+# A MIG profile: the container is privileged and opens the host's
+# device nodes itself. Asked for GPUs, the NVIDIA runtime would put a
+# copy of /proc/driver/nvidia without the MIG capabilities over the
+# driver's own, where NVML finds the config capability's minor.
+- name: NVIDIA_VISIBLE_DEVICES
+  value: void
+{{- else if eq $.Values.gpuAccess "nvidia-runtime" }}
 # Asks the NVIDIA container runtime for every GPU's device nodes
 # (and the right to open them) for NVML.
 - name: NVIDIA_VISIBLE_DEVICES
@@ -295,6 +313,14 @@ context"). Called with the dict of kyb.containerEnv.
 # tmpfs and moving them to their own cgroup.
 privileged: true
 allowPrivilegeEscalation: true
+{{- else if $.mig }}
+# A MIG profile: NVML makes and destroys MIG instances only through
+# the MIG config capability's node (/dev/nvidia-caps/nvidia-cap1),
+# which the device cgroup lets only a privileged container open (the
+# NVIDIA runtime too gives it to no other), and the driver switches
+# MIG mode only for CAP_SYS_ADMIN.
+privileged: true
+allowPrivilegeEscalation: true
 {{- else if $.privileged }}
 # values gpuAccess=privileged: NVML needs the GPUs' device nodes,
 # which only a privileged container may open without the NVIDIA
@@ -362,6 +388,11 @@ kyb.containerEnv.
 {{- if $.mountNVIDIACDI }}
 - name: nvidia-cdi
   mountPath: /etc/cdi
+  readOnly: true
+{{- end }}
+{{- if $.mig }}
+- name: nvidia-caps
+  mountPath: /dev/nvidia-caps
   readOnly: true
 {{- end }}
 {{- if $.realGPUs }}
