@@ -162,8 +162,13 @@ type shimMPS struct {
 
 func newShimMPS(t *testing.T) *shimMPS {
 	t.Helper()
+	return newShimMPSConfig(t, shimSharingConfig)
+}
+
+func newShimMPSConfig(t *testing.T, config string) *shimMPS {
+	t.Helper()
 	control := mpstest.Build(t)
-	e := newEnv(t, "nvlink-2x4", shimSharingConfig)
+	e := newEnv(t, "nvlink-2x4", config)
 	root := filepath.Join(e.dir, "..", "mps")
 	t.Cleanup(func() { _ = os.RemoveAll(root) }) // stops a daemon a failed test leaves
 	mpstest.UnmountAtEnd(t, root)
@@ -292,6 +297,36 @@ func TestShimMPSSeatsHoldTheirSharesOverRealSockets(t *testing.T) {
 	}
 	if want := []string{"GPU 4 timeSlice 3", "GPU 5 timeSlice 3"}; !slices.Equal(slicesSet, want) {
 		t.Errorf("time slices set %q, want %q", slicesSet, want)
+	}
+}
+
+// An mps profile that keeps the compute mode holds its seats to their
+// shares through the shim too, and the plugin sets no GPU's compute mode.
+func TestShimMPSSeatsThatKeepTheComputeModeOverRealSockets(t *testing.T) {
+	s := newShimMPSConfig(t, strings.Replace(shimSharingConfig, "sharing: {strategy: mps}", "sharing: {strategy: mps, mps: {computeMode: keep}}", 1))
+	e, control, root, pr := s.env, s.control, s.root, s.pr
+	s.start()
+	dir := filepath.Join(root, "g0-1x")
+
+	resp, err := allocate(e, "kyb.ai/gpu-1x-seat", []string{"g0-1x-seat-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env := resp.ContainerResponses[0].Envs; env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "25" || env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != "0=20480M" {
+		t.Errorf("the seat's container: %s, %s", env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
+	}
+	if got := mpstest.Join(t, control, filepath.Join(dir, mps.PipeDir), "100", "0=80G"); got != "thread=25 mem=0=20480M" {
+		t.Errorf("a container that raised its environment got %q, want the seat's share", got)
+	}
+	pr.hold("one/main", "g0-1x-seat-0")
+	e.waitListed(pr)
+	pr.hold("one/main")
+	eventually(t, "the daemon to stop after the group's last seat", func() bool {
+		_, err := os.Stat(dir)
+		return os.IsNotExist(err)
+	})
+	if changes := e.sim.SharingChanges(); len(changes) > 0 {
+		t.Errorf("the shim changed the GPUs' settings: %+v", changes)
 	}
 }
 

@@ -162,6 +162,47 @@ func TestMPSSeatsHoldTheirSharesOverSockets(t *testing.T) {
 	}
 }
 
+// An mps profile that keeps the compute mode: the seat's daemon starts,
+// holds the seat's share and stops, and the GPU's compute mode, set to
+// EXCLUSIVE_PROCESS by the node's operator before, is never set by the
+// plugin.
+func TestMPSSeatsThatKeepTheComputeModeOverSockets(t *testing.T) {
+	control := mpstest.Build(t)
+	root := t.TempDir()
+	e := newEnv(t, "nvlink-2x4", `
+profiles:
+- resource: kyb.ai/gpu-1x-seat
+  seatsPerGroup: 4
+  sharing: {strategy: mps, mps: {computeMode: keep}}
+`, withSharing(root, control))
+	dev, ret := e.sim.NVML().DeviceGetHandleByIndex(0)
+	if ret != nvml.SUCCESS || dev.SetComputeMode(nvml.COMPUTEMODE_EXCLUSIVE_PROCESS) != nvml.SUCCESS {
+		t.Fatal("set GPU 0's compute mode as its operator would")
+	}
+	operators := len(e.sim.SharingChanges())
+	dir := filepath.Join(root, "g0-1x")
+
+	one := e.claim(class1x)
+	env, _ := e.container(e.prepareOK(one)...)
+	if env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "25" || env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != "0=20480M" {
+		t.Errorf("the seat's container: %s, %s", env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
+	}
+	raised := map[string]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}
+	if got := joinMPS(t, control, filepath.Join(dir, mps.PipeDir), raised); got != "thread=25 mem=0=20480M" {
+		t.Errorf("a container that raised its environment got %q, want the seat's share", got)
+	}
+	e.unprepare(one)
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the daemon's directory is left after the group's last seat went: %v", err)
+	}
+	if changes := e.sim.SharingChanges()[operators:]; len(changes) > 0 {
+		t.Errorf("the plugin changed the GPUs' settings: %+v", changes)
+	}
+	if m := e.sim.ComputeMode(0); m != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+		t.Errorf("GPU 0 is %s, want Exclusive_Process as its operator left it", simnode.ComputeModeName(m))
+	}
+}
+
 // A restarted plugin adopts the daemon of a group in use (its containers
 // keep their server) and stops one no claim uses any more.
 func TestAPluginRestartAdoptsTheDaemon(t *testing.T) {

@@ -49,9 +49,10 @@ func UsesMPS(g *planner.Group) bool {
 	return g != nil && g.Profile.Sharing == v1alpha1.SharingMPS
 }
 
-// MPSGroup is g's daemon: named after its device, serving its GPUs.
+// MPSGroup is g's daemon: named after its device, serving its GPUs, and
+// keeping their compute mode where g's profile says so.
 func (h *Hardware) MPSGroup(g *planner.Group) mps.Group {
-	out := mps.Group{Name: g.DeviceName()}
+	out := mps.Group{Name: g.DeviceName(), KeepComputeMode: g.Profile.MPSComputeMode == v1alpha1.MPSComputeModeKeep}
 	for _, x := range g.GPUs {
 		if gpu, ok := h.Inv.GPUByIndex(x); ok {
 			out.UUIDs = append(out.UUIDs, gpu.UUID)

@@ -18,8 +18,11 @@
 // Each daemon serves its group's GPUs (CUDA_VISIBLE_DEVICES, UUIDs), which
 // are put in compute mode EXCLUSIVE_PROCESS while it runs, so that no
 // process bypasses it, and set back to DEFAULT only once it is known to
-// have ended. A GPU takes one daemon: groups that share a GPU never run
-// daemons at once, even while one's stop is pending (overlap.go).
+// have ended; a group that keeps the compute mode (Group.KeepComputeMode)
+// has its daemon started and stopped with the mode left as it is, which
+// MPS works in too, and lets processes that do not join the daemon share
+// the GPUs beside it. A GPU takes one daemon: groups that share a GPU
+// never run daemons at once, even while one's stop is pending (overlap.go).
 //
 // Containers get the daemon's pipe directory (read-only by default) and
 // its shm directory (a tmpfs of the group's own, shm.go). Nothing the plugin reads or runs depends on what a
@@ -64,6 +67,11 @@ const ContainerPipeDir = "/tmp/nvidia-mps"
 type Group struct {
 	Name  string
 	UUIDs []string
+	// KeepComputeMode starts the daemon without putting its GPUs in
+	// compute mode EXCLUSIVE_PROCESS. What a daemon's start did is
+	// recorded in its directory, and its stop undoes that, whatever the
+	// caller of the stop says.
+	KeepComputeMode bool
 }
 
 // Options configure a Manager.

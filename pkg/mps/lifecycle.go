@@ -42,9 +42,13 @@ func (m *Manager) start(ctx context.Context, g Group) (*record, error) {
 		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
 	defer func() { _ = dir.Close() }()
-	// Its GPUs, for a stop by name alone (a later plugin whose plan lacks
-	// the group must still set them back to DEFAULT) and for the groups
-	// that share them; then the record, with no PID yet.
+	// Whether it changes their compute mode, and its GPUs, for a stop by
+	// name alone (a later plugin whose plan lacks the group must still set
+	// them back to DEFAULT) and for the groups that share them; then the
+	// record, with no PID yet.
+	if err := m.markComputeMode(ctx, g, dir); err != nil {
+		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
+	}
 	if err := writeAt(dir, gpusFile, []byte(strings.Join(g.UUIDs, "\n")), 0o644); err != nil {
 		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
@@ -58,6 +62,9 @@ func (m *Manager) start(ctx context.Context, g Group) (*record, error) {
 		return nil, fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
 	for i, uuid := range g.UUIDs {
+		if g.KeepComputeMode {
+			break
+		}
 		if err := m.opts.SetExclusive(ctx, uuid, true); err != nil {
 			m.giveBack(ctx, g.Name, g.UUIDs[:i])
 			return nil, fmt.Errorf("start MPS daemon %s: set GPU %s to EXCLUSIVE_PROCESS: %w", g.Name, uuid, err)

@@ -103,9 +103,13 @@ func (m *Manager) checkFree(ctx context.Context, g Group) error {
 }
 
 // setDefault sets the GPUs of the group's daemon, which has ended, back
-// to compute mode DEFAULT, but for those another group's daemon serves.
-// An error means that is not known, and all stay EXCLUSIVE_PROCESS.
+// to compute mode DEFAULT, but for those another group's daemon serves,
+// and none where the daemon's start kept their mode. An error means that
+// is not known, and all stay EXCLUSIVE_PROCESS.
 func (m *Manager) setDefault(ctx context.Context, self string, uuids []string) error {
+	if m.keptComputeMode(self) {
+		return nil
+	}
 	others, err := m.othersOn(ctx, self, uuids)
 	if err != nil {
 		return fmt.Errorf("tell which of GPUs %v other MPS daemons serve: %w", uuids, err)

@@ -194,6 +194,7 @@ func fromConfig(p v1alpha1.Profile) *Profile {
 		AllowOverprovision: p.AllowOverprovision,
 		Sharing:            p.SharingStrategy(),
 		TimeSlice:          p.TimeSliceInterval(),
+		MPSComputeMode:     p.MPSComputeMode(),
 		MIG:                migSeats(p),
 	}
 }

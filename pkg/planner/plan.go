@@ -54,6 +54,9 @@ type Profile struct {
 	// TimeSlice, for timeSlicing, is the interval applied to a group's
 	// GPUs when it goes into use ("" leaves them as they are).
 	TimeSlice v1alpha1.TimeSliceInterval
+	// MPSComputeMode, for mps, says whether a group's daemon puts its
+	// GPUs in EXCLUSIVE_PROCESS or keeps their compute mode.
+	MPSComputeMode v1alpha1.MPSComputeMode
 	// Groups in canonical order: by their lowest GPU index. A MIG
 	// profile has none: its GPUs are in MIG (mig.go).
 	Groups []*Group

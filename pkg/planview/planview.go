@@ -12,6 +12,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
@@ -30,15 +31,17 @@ type View struct {
 
 // ProfileView is one profile and its groups.
 type ProfileView struct {
-	Name               string      `json:"name"`
-	Resource           string      `json:"resource"`
-	GPUsPerGroup       int         `json:"gpusPerGroup"`
-	SeatsPerGroup      int         `json:"seatsPerGroup"`
-	AllowOverprovision bool        `json:"allowOverprovision"`
-	Sharing            string      `json:"sharing"`
-	TimeSlice          string      `json:"timeSlice,omitempty"`
-	Seats              int         `json:"seats"`
-	Groups             []GroupView `json:"groups"`
+	Name               string `json:"name"`
+	Resource           string `json:"resource"`
+	GPUsPerGroup       int    `json:"gpusPerGroup"`
+	SeatsPerGroup      int    `json:"seatsPerGroup"`
+	AllowOverprovision bool   `json:"allowOverprovision"`
+	Sharing            string `json:"sharing"`
+	TimeSlice          string `json:"timeSlice,omitempty"`
+	// MPSComputeMode, for mps, is exclusiveProcess or keep.
+	MPSComputeMode string      `json:"mpsComputeMode,omitempty"`
+	Seats          int         `json:"seats"`
+	Groups         []GroupView `json:"groups"`
 	// MIG is the MIG profile whose instances are the seats, and MIGGPUs
 	// the GPUs they are made on; such a profile has no whole-GPU groups.
 	MIG     string   `json:"mig,omitempty"`
@@ -78,6 +81,9 @@ func NewView(node, source string, inv *inventory.Inventory, plan *planner.Plan) 
 			SeatsPerGroup: prof.SeatsPerGroup, AllowOverprovision: prof.AllowOverprovision,
 			Sharing: string(prof.Sharing), TimeSlice: string(prof.TimeSlice),
 			Seats: prof.Seats(), Groups: []GroupView{},
+		}
+		if prof.Sharing == v1alpha1.SharingMPS {
+			pv.MPSComputeMode = string(prof.MPSComputeMode)
 		}
 		if prof.MIG != nil {
 			pv.Sharing, pv.MIG = "mig", prof.MIG.Profile
@@ -171,6 +177,9 @@ func WriteTable(w io.Writer, node, source string, inv *inventory.Inventory, plan
 		sharing := string(p.Sharing)
 		if p.TimeSlice != "" {
 			sharing += " (" + string(p.TimeSlice) + ")"
+		}
+		if p.Sharing == v1alpha1.SharingMPS && p.MPSComputeMode == v1alpha1.MPSComputeModeKeep {
+			sharing += " (compute mode kept)"
 		}
 		groups := len(p.Groups)
 		if p.MIG != nil {

@@ -165,6 +165,27 @@ kind: NodeTopology
 			"profiles[0].sharing.strategy: \"mps\" cannot be combined with allowOverprovision",
 			"c.yaml:6: profiles[0].sharing.timeSlicing: applies to strategy \"timeSlicing\" only",
 		}},
+		{"mps options without mps, and an unknown compute mode", `profiles:
+- resource: kyb.ai/gpu-1x-seat
+  seatsPerGroup: 2
+  sharing:
+    mps: {computeMode: keep}
+- resource: kyb.ai/gpu-2x-seat
+  seatsPerGroup: 2
+  sharing:
+    strategy: mps
+    mps:
+      computeMode: Exclusive_Process
+- resource: kyb.ai/gpu-4x-seat
+  seatsPerGroup: 2
+  sharing:
+    strategy: mps
+    mps: {computeMode: keep, exclusive: false}
+`, []string{
+			`c.yaml:5: profiles[0].sharing.mps: applies to strategy "mps" only; strategy is "timeSlicing"`,
+			`c.yaml:11: profiles[1].sharing.mps.computeMode: must be "exclusiveProcess" or "keep", not "Exclusive_Process"`,
+			`c.yaml:16: profiles[2].sharing.mps.exclusive: unknown field`,
+		}},
 		{"bad interval", `profiles:
 - resource: kyb.ai/gpu-1x-seat
   sharing:
@@ -215,9 +236,24 @@ func TestSharingThatHasAMeaningIsAccepted(t *testing.T) {
   gpus: [4, 5, 6, 7]
   sharing: {timeSlicing: {interval: Long}}
 - resource: kyb.ai/gpu-4x-seat
+- resource: kyb.ai/gpu-1x-mps
+  name: 1x-mps
+  seatsPerGroup: 4
+  gpus: [0, 1]
+  sharing: {strategy: mps, mps: {computeMode: keep}}
+- resource: kyb.ai/gpu-2x-mps
+  name: 2x-mps
+  seatsPerGroup: 2
+  gpus: [2, 3]
+  sharing: {strategy: mps, mps: {computeMode: exclusiveProcess}}
 `), "c.yaml")
 	if err != nil {
 		t.Fatal(err)
+	}
+	for i, want := range []MPSComputeMode{MPSComputeModeExclusiveProcess, MPSComputeModeExclusiveProcess, MPSComputeModeExclusiveProcess, MPSComputeModeKeep, MPSComputeModeExclusiveProcess} {
+		if got := cfg.Profiles[i].MPSComputeMode(); got != want {
+			t.Errorf("profiles[%d] MPS compute mode %q, want %q", i, got, want)
+		}
 	}
 	if got := cfg.Profiles[0].SharingStrategy(); got != SharingMPS {
 		t.Errorf("profiles[0] strategy %q, want mps", got)

@@ -15,9 +15,30 @@ const (
 	// default.
 	SharingTimeSlicing SharingStrategy = "timeSlicing"
 	// SharingMPS runs one MPS control daemon per group in use, the group's
-	// GPUs in compute mode EXCLUSIVE_PROCESS: a claim holding k of a
-	// group's S seats gets k/S of its SMs and of each GPU's memory.
+	// GPUs in compute mode EXCLUSIVE_PROCESS unless MPSConfig.ComputeMode
+	// keeps it: a claim holding k of a group's S seats gets k/S of its SMs
+	// and of each GPU's memory.
 	SharingMPS SharingStrategy = "mps"
+)
+
+// MPSComputeMode says what an MPS daemon's start does to the compute mode
+// of its group's GPUs.
+type MPSComputeMode string
+
+const (
+	// MPSComputeModeExclusiveProcess puts the GPUs in compute mode
+	// EXCLUSIVE_PROCESS while the daemon runs, and back to DEFAULT once it
+	// has ended: a process that does not join the daemon cannot open a
+	// GPU the daemon's server holds. The default.
+	MPSComputeModeExclusiveProcess MPSComputeMode = "exclusiveProcess"
+	// MPSComputeModeKeep leaves the GPUs' compute mode as it is. MPS works
+	// in any mode but PROHIBITED; in DEFAULT, a process that does not join
+	// the daemon (a container whose CUDA_MPS_PIPE_DIRECTORY points
+	// elsewhere) shares the GPU beside it, outside every seat's limits.
+	// For nodes whose compute mode the plugin may not or should not
+	// change (no root for NVML's SetComputeMode, a mode set by the
+	// operator).
+	MPSComputeModeKeep MPSComputeMode = "keep"
 )
 
 // TimeSliceInterval is the length of a GPU's time slice, as nvidia-smi
@@ -41,6 +62,14 @@ type Sharing struct {
 	Strategy SharingStrategy `json:"strategy,omitempty"`
 	// TimeSlicing tunes the timeSlicing strategy.
 	TimeSlicing *TimeSlicingConfig `json:"timeSlicing,omitempty"`
+	// MPS tunes the mps strategy.
+	MPS *MPSConfig `json:"mps,omitempty"`
+}
+
+// MPSConfig tunes MPS.
+type MPSConfig struct {
+	// ComputeMode is exclusiveProcess (default) or keep.
+	ComputeMode MPSComputeMode `json:"computeMode,omitempty"`
 }
 
 // TimeSlicingConfig tunes time-slicing.
@@ -67,6 +96,15 @@ func (p *Profile) TimeSliceInterval() TimeSliceInterval {
 	return p.Sharing.TimeSlicing.Interval
 }
 
+// MPSComputeMode is what an mps profile's daemons do to their GPUs'
+// compute mode: exclusiveProcess unless the profile says keep.
+func (p *Profile) MPSComputeMode() MPSComputeMode {
+	if p.Sharing != nil && p.Sharing.MPS != nil && p.Sharing.MPS.ComputeMode == MPSComputeModeKeep {
+		return MPSComputeModeKeep
+	}
+	return MPSComputeModeExclusiveProcess
+}
+
 func validateSharing(p *Profile, path *field.Path, errs *FieldErrors) {
 	s := p.Sharing
 	if s == nil {
@@ -87,6 +125,16 @@ func validateSharing(p *Profile, path *field.Path, errs *FieldErrors) {
 		}
 	default:
 		errs.Add(path.Child("strategy"), "must be %q or %q, not %q", SharingTimeSlicing, SharingMPS, s.Strategy)
+	}
+	if s.MPS != nil {
+		if s.Strategy != SharingMPS {
+			errs.Add(path.Child("mps"), "applies to strategy %q only; strategy is %q", SharingMPS, p.SharingStrategy())
+		}
+		switch s.MPS.ComputeMode {
+		case "", MPSComputeModeExclusiveProcess, MPSComputeModeKeep:
+		default:
+			errs.Add(path.Child("mps", "computeMode"), "must be %q or %q, not %q", MPSComputeModeExclusiveProcess, MPSComputeModeKeep, s.MPS.ComputeMode)
+		}
 	}
 	if s.TimeSlicing != nil && s.TimeSlicing.Interval != "" && !slices.Contains(TimeSliceIntervals, s.TimeSlicing.Interval) {
 		errs.Add(path.Child("timeSlicing", "interval"), "must be Default, Short, Medium or Long, not %q", s.TimeSlicing.Interval)

@@ -1,0 +1,58 @@
+package mps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// A daemon's start puts its GPUs in compute mode EXCLUSIVE_PROCESS unless
+// its group keeps the mode; its stop, its failed start and the watcher
+// that finishes a stop set them back to DEFAULT. Those may run in a later
+// plugin, whose plan may lack the group or give it another profile, so
+// what the start did is recorded in the daemon's directory before any GPU
+// is touched: keptModeFile there says the mode was left as it was. Its
+// absence means EXCLUSIVE_PROCESS, which is what a directory made before
+// the option existed means too.
+
+// keptModeFile, in a daemon's directory, says its start left the compute
+// mode of its GPUs as it was.
+const keptModeFile = "compute-mode-kept"
+
+// keptComputeMode tells whether the group's daemon was started with its
+// GPUs' compute mode left as it was.
+func (m *Manager) keptComputeMode(name string) bool {
+	_, err := m.root.Lstat(filepath.Join(name, keptModeFile))
+	return err == nil
+}
+
+// markComputeMode records what the start of g's daemon does to the
+// compute mode of its GPUs. A group whose last daemon put its GPUs in
+// EXCLUSIVE_PROCESS and that now keeps the mode first sets those GPUs back
+// to DEFAULT (but those another group's daemon serves), as that daemon's
+// stop did or would have: a mode the plugin set is not left behind by a
+// change of profile.
+func (m *Manager) markComputeMode(ctx context.Context, g Group, dir *os.File) error {
+	kept := m.keptComputeMode(g.Name)
+	switch {
+	case g.KeepComputeMode && !kept:
+		if gpus := m.recordedGPUs(g.Name); len(gpus) > 0 {
+			if err := m.setDefault(ctx, g.Name, gpus); err != nil {
+				return err
+			}
+		}
+		if err := writeAt(dir, keptModeFile, nil, 0o644); err != nil {
+			return fmt.Errorf("record that the compute mode is kept: %w", err)
+		}
+	case !g.KeepComputeMode && kept:
+		err := unix.Unlinkat(int(dir.Fd()), keptModeFile, 0)
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("record that the compute mode is changed: remove %s: %w", filepath.Join(dir.Name(), keptModeFile), err)
+		}
+	}
+	return nil
+}
