@@ -18,6 +18,10 @@ const (
 	// a lost GPU needs a reset or a reboot, and NVML handles taken before
 	// do not come back.
 	KindLost Kind = "lost"
+	// KindRecoveryAction is a GPU whose driver asks for a recovery action
+	// (a reset, a reboot, a drain) with no XID seen here: one that came
+	// before the plugin started, or whose event was missed.
+	KindRecoveryAction Kind = "recovery_action"
 )
 
 // Fault is why a GPU is unhealthy.
@@ -51,7 +55,11 @@ type gpuState struct {
 	fault Fault
 	// quietSince is the last time something went wrong with the GPU: the
 	// fault, a later event, a failed probe. Recovery counts from here.
+	// Zero: only the driver's recovery action holds it.
 	quietSince time.Time
+	// held: the driver asks for a recovery action (recovery.go); the GPU
+	// does not recover before it asks for none.
+	held bool
 }
 
 // tracker is the health state machine of a node's GPUs:
@@ -60,6 +68,13 @@ type gpuState struct {
 //	unhealthy --new event / failed probe--> unhealthy, recovery clock restarts
 //	unhealthy --successful probe, quiet for the recovery period--> healthy
 //	any --lost--> lost (terminal until restart)
+//	any --driver asks for a recovery action--> unhealthy, held
+//	held --driver asks for none--> recovers at the next successful probe,
+//	                               if the rules above let it
+//
+// A GPU the driver's recovery action alone made unhealthy has no recovery
+// clock: it recovers at the first successful probe once the driver asks
+// for nothing.
 //
 // It is pure: every input carries its time, and it reports whether the set
 // of unhealthy GPUs changed, so that the monitor around it decides about
@@ -107,11 +122,36 @@ func (t *tracker[K]) fail(gpu K, f Fault, now time.Time) *transition[K] {
 	}
 }
 
+// hold records at now that the driver asks for a recovery action for a
+// GPU: a healthy GPU becomes unhealthy with f, an unhealthy one keeps its
+// first fault; either is held until release.
+func (t *tracker[K]) hold(gpu K, f Fault, now time.Time) *transition[K] {
+	st, bad := t.gpus[gpu]
+	switch {
+	case !bad:
+		f.Since = now
+		t.gpus[gpu] = &gpuState{fault: f, held: true}
+		return &transition[K]{gpu: gpu, fault: &f}
+	case !st.fault.Permanent():
+		st.held = true
+	}
+	return nil
+}
+
+// release records that the driver asks for no recovery action for a GPU
+// any more; succeed decides when it is healthy again.
+func (t *tracker[K]) release(gpu K) {
+	if st, bad := t.gpus[gpu]; bad {
+		st.held = false
+	}
+}
+
 // succeed records a successful probe of a GPU at now: an unhealthy GPU
-// that has been quiet for the recovery period is healthy again.
+// that has been quiet for the recovery period, and that the driver's
+// recovery action does not hold, is healthy again.
 func (t *tracker[K]) succeed(gpu K, now time.Time) *transition[K] {
 	st, bad := t.gpus[gpu]
-	if !bad || st.fault.Permanent() || now.Sub(st.quietSince) < t.recovery {
+	if !bad || st.fault.Permanent() || st.held || (!st.quietSince.IsZero() && now.Sub(st.quietSince) < t.recovery) {
 		return nil
 	}
 	delete(t.gpus, gpu)

@@ -25,12 +25,12 @@ type metrics struct {
 func newMetrics(gpus int) *metrics {
 	m := &metrics{events: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kyb_gpu_health_events_total",
-		Help: "GPU health events by GPU index and kind: xid (critical XID), xid_ignored, ecc (double-bit), unreachable (failed NVML probe), lost, recovered.",
+		Help: "GPU health events by GPU index and kind: xid (critical XID, or one with a recovery action pending), xid_ignored, ecc (double-bit), unreachable (failed NVML probe), lost, recovery_action (the driver asks for one, no XID seen), recovered.",
 	}, []string{"gpu", "kind"})}
 	// Zero series for every GPU, so that rate() and alerts see a series
 	// before the first fault.
 	for i := 0; i < gpus; i++ {
-		for _, k := range []string{string(KindXID), kindIgnoredXID, string(KindECC), string(KindUnreachable), string(KindLost), kindRecovered} {
+		for _, k := range []string{string(KindXID), kindIgnoredXID, string(KindECC), string(KindUnreachable), string(KindLost), string(KindRecoveryAction), kindRecovered} {
 			m.events.WithLabelValues(strconv.Itoa(i), k)
 		}
 	}

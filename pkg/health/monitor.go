@@ -27,6 +27,9 @@
 //   - MIG. An XID or ECC error that NVML gives a GPU instance ID makes
 //     that MIG instance unhealthy, not its GPU, so that the GPU's other
 //     instances keep their seats (instance.go).
+//   - The driver's own word. Where the driver reports a GPU recovery
+//     action, a GPU is unhealthy while it asks for one, whatever the XID
+//     policy says (recovery.go).
 package health
 
 import (
@@ -81,6 +84,10 @@ type Monitor struct {
 	// nil where NVML gave none (retried at each probe).
 	devMu   sync.Mutex
 	devices []nvml.Device
+	// registered are the event types each GPU is registered for; actions
+	// what each last answered for its recovery action (recovery.go).
+	registered []uint64
+	actions    map[int]nvml.Return
 
 	mu    sync.Mutex
 	state *tracker[int]
@@ -122,8 +129,8 @@ func New(opts Options) (*Monitor, error) {
 	return &Monitor{
 		opts: opts, policy: policy, recovery: recovery, clock: opts.Clock,
 		metrics: newMetrics(len(opts.Inventory.GPUs)),
-		devices: make([]nvml.Device, len(opts.Inventory.GPUs)),
-		state:   newTracker[int](recovery), instances: newTracker[Instance](recovery), subs: map[int]chan struct{}{},
+		devices: make([]nvml.Device, len(opts.Inventory.GPUs)), registered: make([]uint64, len(opts.Inventory.GPUs)), actions: map[int]nvml.Return{},
+		state: newTracker[int](recovery), instances: newTracker[Instance](recovery), subs: map[int]chan struct{}{},
 	}, nil
 }
 
@@ -143,8 +150,14 @@ func (m *Monitor) Start(ctx context.Context) {
 		logger.Error(err, "No NVML health events; GPUs are watched by probes only")
 	}
 	m.probeAll(ctx)
+	actions := 0
+	for _, ok := range m.ReportsRecoveryActions() {
+		if ok {
+			actions++
+		}
+	}
 	logger.Info("Watching GPU health", "gpus", len(m.devices), "events", set != nil, "ignoredXIDs", m.policy.String(),
-		"recoveryPeriod", m.recovery, "probeInterval", m.opts.ProbeInterval)
+		"recoveryPeriod", m.recovery, "probeInterval", m.opts.ProbeInterval, "gpusReportingRecoveryActions", actions)
 	if set != nil {
 		m.wg.Go(func() { m.watchEvents(ctx, set) })
 	}

@@ -56,16 +56,37 @@ func newRig(t *testing.T, cfg *v1alpha1.HealthConfig) *rig {
 }
 
 // do runs one step at t0+at: a line of the fault-injection file (xid,
-// ecc, lost, recover), "fail GPU" (NVML calls on the GPU answer
-// ERROR_UNKNOWN), or "probe" (every GPU is probed, as at a tick of the
-// probe loop).
+// ecc, lost, recover, action), "fail GPU" (NVML calls on the GPU answer
+// ERROR_UNKNOWN), "set-action GPU ACTION" (the driver's recovery action
+// changes, without an event yet), "no-action-field GPU" (the GPU's driver
+// does not report recovery actions), or "probe" (every GPU is probed, as
+// at a tick of the probe loop).
 func (r *rig) do(at time.Duration, step string) {
 	r.t.Helper()
 	r.fc.SetTime(t0.Add(at))
 	var gpu int
+	var name string
 	switch {
 	case step == "probe":
 		r.m.probeAll(r.ctx)
+	case strings.HasPrefix(step, "set-action "):
+		if _, err := fmt.Sscanf(step, "set-action %d %s", &gpu, &name); err != nil {
+			r.t.Fatalf("step %q: %v", step, err)
+		}
+		a, err := simnode.ParseRecoveryAction(name)
+		if err == nil {
+			err = r.sim.SetRecoveryAction(gpu, a)
+		}
+		if err != nil {
+			r.t.Fatal(err)
+		}
+	case strings.HasPrefix(step, "no-action-field "):
+		if _, err := fmt.Sscanf(step, "no-action-field %d", &gpu); err != nil {
+			r.t.Fatalf("step %q: %v", step, err)
+		}
+		if err := r.sim.SetRecoveryActionSupported(gpu, false); err != nil {
+			r.t.Fatal(err)
+		}
 	case strings.HasPrefix(step, "fail "):
 		if _, err := fmt.Sscanf(step, "fail %d", &gpu); err != nil {
 			r.t.Fatalf("step %q: %v", step, err)
@@ -317,14 +338,14 @@ func TestHealthEventsAreCounted(t *testing.T) {
 		want      float64
 	}{
 		{"2", "xid", 1}, {"2", "xid_ignored", 2}, {"2", "recovered", 1},
-		{"3", "ecc", 1}, {"3", "recovered", 1}, {"0", "xid", 0}, {"7", "lost", 0},
+		{"3", "ecc", 1}, {"3", "recovered", 1}, {"0", "xid", 0}, {"7", "lost", 0}, {"7", "recovery_action", 0},
 	} {
 		if got := testutil.ToFloat64(r.m.metrics.events.WithLabelValues(c.gpu, c.kind)); got != c.want {
 			t.Errorf("gpu %s kind %s: %v, want %v", c.gpu, c.kind, got, c.want)
 		}
 	}
-	if n := testutil.CollectAndCount(r.m.Collector()); n != 8*6 {
-		t.Errorf("%d series, want 48 (8 GPUs x 6 kinds, zero-initialised)", n)
+	if n := testutil.CollectAndCount(r.m.Collector()); n != 8*7 {
+		t.Errorf("%d series, want 56 (8 GPUs x 7 kinds, zero-initialised)", n)
 	}
 }
 

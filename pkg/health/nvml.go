@@ -10,10 +10,11 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// watchedEvents are the NVML events that can make a GPU unhealthy.
-// Single-bit ECC errors are corrected by the hardware and are not watched;
-// a GPU that has too many raises XID 92.
-const watchedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeGpuUnavailableError
+// WatchedEvents are the NVML events that can make a GPU unhealthy, or
+// healthy again (a recovery action that changed). Single-bit ECC errors
+// are corrected by the hardware and are not watched; a GPU that has too
+// many raises XID 92.
+const WatchedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeGpuUnavailableError | nvml.EventTypeGpuRecoveryAction
 
 // maxWaitBackoff caps the pause after failed event waits.
 const maxWaitBackoff = 30 * time.Second
@@ -59,7 +60,7 @@ func (m *Monitor) openEvents(ctx context.Context) (nvml.EventSet, error) {
 			logger.Info("GPU does not report its supported events; it is watched by probes only", "gpu", gpu, "warning", m.opts.NVML.ErrorString(ret))
 			continue
 		}
-		mask := supported & watchedEvents
+		mask := supported & WatchedEvents
 		if mask == 0 {
 			logger.Info("GPU reports none of the health events; it is watched by probes only", "gpu", gpu)
 			continue
@@ -68,6 +69,9 @@ func (m *Monitor) openEvents(ctx context.Context) (nvml.EventSet, error) {
 			logger.Info("Cannot register for the GPU's health events; it is watched by probes only", "gpu", gpu, "warning", m.opts.NVML.ErrorString(ret))
 			continue
 		}
+		m.devMu.Lock()
+		m.registered[gpu] = mask
+		m.devMu.Unlock()
 		registered++
 	}
 	if registered == 0 {
@@ -116,12 +120,26 @@ func (m *Monitor) handleEvent(ctx context.Context, ev nvml.EventData) {
 	switch {
 	case ev.EventType&nvml.EventTypeXidCriticalError != 0:
 		xid := ev.EventData
-		if !m.policy.Critical(xid) {
+		f := Fault{Kind: KindXID, XID: xid, Reason: fmt.Sprintf("xid-%d", xid), Message: describeXID(xid)}
+		var action nvml.DeviceGpuRecoveryAction
+		if dev := m.device(ctx, gpu); dev != nil {
+			action, _ = m.recoveryAction(ctx, gpu, dev)
+		}
+		critical := m.policy.Critical(xid)
+		if !critical && action == nvml.GPU_RECOVERY_ACTION_NONE {
 			m.metrics.count(gpu, kindIgnoredXID)
 			logger.V(2).Info("Ignoring an XID that is the application's fault", "gpu", gpu, "gpuInstance", int64(gi), "xid", xid, "message", describeXID(xid))
 			return
 		}
-		m.failOn(ctx, gpu, gi, Fault{Kind: KindXID, XID: xid, Reason: fmt.Sprintf("xid-%d", xid), Message: describeXID(xid)})
+		if critical {
+			m.failOn(ctx, gpu, gi, f)
+		}
+		if action != nvml.GPU_RECOVERY_ACTION_NONE {
+			// The whole GPU, whatever instance the XID names: the driver
+			// asks for the GPU's recovery.
+			f.Message += "; " + describeAction(action)
+			m.hold(ctx, gpu, f)
+		}
 		// A GPU that fell off the bus answers "lost" at once: find out now
 		// rather than at the next probe.
 		m.probe(ctx, gpu)
@@ -130,6 +148,9 @@ func (m *Monitor) handleEvent(ctx context.Context, ev nvml.EventData) {
 		m.probe(ctx, gpu)
 	case ev.EventType&nvml.EventTypeGpuUnavailableError != 0:
 		m.fail(ctx, gpu, Fault{Kind: KindLost, Reason: "gpu-lost", Message: "GPU unavailable (NVML event)"})
+	case ev.EventType&nvml.EventTypeGpuRecoveryAction != 0:
+		// The probe reads the action the driver asks for now.
+		m.probe(ctx, gpu)
 	default:
 		logger.V(4).Info("Ignoring an NVML event", "gpu", gpu, "eventType", ev.EventType, "data", ev.EventData)
 	}
@@ -224,6 +245,13 @@ func (m *Monitor) probe(ctx context.Context, gpu int) {
 		m.fail(ctx, gpu, m.probeFault(ret, "GetMemoryInfo"))
 		return
 	}
+	switch action, known := m.recoveryAction(ctx, gpu, dev); {
+	case known && action != nvml.GPU_RECOVERY_ACTION_NONE:
+		m.hold(ctx, gpu, Fault{Kind: KindRecoveryAction, Reason: actionReason(action), Message: describeAction(action) + " (NVML GPU recovery action)"})
+		return
+	case known:
+		m.release(gpu)
+	}
 	m.succeed(ctx, gpu)
 }
 
@@ -242,4 +270,17 @@ func freeEventSet(ctx context.Context, lib nvml.Interface, set nvml.EventSet) {
 	if ret := set.Free(); ret != nvml.SUCCESS {
 		klog.FromContext(ctx).Error(fmt.Errorf("free the NVML event set: %s", lib.ErrorString(ret)), "Cannot free the NVML event set")
 	}
+}
+
+// Registered are the event types each GPU was registered for, by GPU
+// index: those of WatchedEvents it supports (none where it could not be
+// registered).
+func (m *Monitor) Registered() map[int]uint64 {
+	m.devMu.Lock()
+	defer m.devMu.Unlock()
+	out := make(map[int]uint64, len(m.registered))
+	for gpu, mask := range m.registered {
+		out[gpu] = mask
+	}
+	return out
 }

@@ -22,6 +22,7 @@ const FaultsFileFormat = `one command per line; blank lines and lines starting w
   ecc GPU [GI [CI]]      a double-bit ECC error event, of the whole GPU or of a MIG instance
   lost GPU               the GPU falls off the bus: NVML calls on it answer ERROR_GPU_IS_LOST and a GPU-unavailable event is sent
   recover GPU            NVML calls on the GPU answer again (a lost GPU stays unhealthy in the plugin until it restarts)
+  action GPU ACTION      the driver asks for a recovery action: NVML's GPU recovery-action field answers ACTION (none, gpu-reset, node-reboot, drain-p2p, drain-and-reset) and a recovery-action event is sent
 Only lines appended while the plugin runs are applied, each once; lines already in the file when it starts are skipped, so a restarted plugin does not replay old faults.`
 
 // Fault is one command of the fault-injection file.
@@ -34,6 +35,8 @@ type Fault struct {
 	// Instance is the MIG instance of an xid or ecc command; nil: the
 	// whole GPU.
 	Instance *EventInstance
+	// Action is the recovery action of an action command.
+	Action nvml.DeviceGpuRecoveryAction
 }
 
 // ParseFault parses one line of the fault-injection file.
@@ -44,7 +47,7 @@ func ParseFault(line string) (Fault, error) {
 	}
 	f := Fault{Op: fields[0]}
 	args := 1
-	if f.Op == "xid" {
+	if f.Op == "xid" || f.Op == "action" {
 		args = 2
 	}
 	// xid and ecc may name a MIG instance after their arguments.
@@ -52,9 +55,9 @@ func ParseFault(line string) (Fault, error) {
 	switch f.Op {
 	case "xid", "ecc":
 		optional = 2
-	case "lost", "recover":
+	case "lost", "recover", "action":
 	default:
-		return Fault{}, fmt.Errorf("unknown command %q: want xid, ecc, lost or recover", f.Op)
+		return Fault{}, fmt.Errorf("unknown command %q: want xid, ecc, lost, recover or action", f.Op)
 	}
 	if len(fields) < 1+args || len(fields) > 1+args+optional {
 		if optional == 0 {
@@ -70,6 +73,11 @@ func ParseFault(line string) (Fault, error) {
 	if f.Op == "xid" {
 		if f.XID, err = strconv.ParseUint(fields[2], 10, 64); err != nil || f.XID == 0 {
 			return Fault{}, fmt.Errorf("XID %q is not a positive number", fields[2])
+		}
+	}
+	if f.Op == "action" {
+		if f.Action, err = ParseRecoveryAction(fields[2]); err != nil {
+			return Fault{}, err
 		}
 	}
 	if ids := fields[1+args:]; len(ids) > 0 {
@@ -103,6 +111,11 @@ func (n *Node) Apply(f Fault) error {
 		return n.Inject(Event{GPU: f.GPU, Type: nvml.EventTypeGpuUnavailableError})
 	case "recover":
 		return n.SetLost(f.GPU, false)
+	case "action":
+		if err := n.SetRecoveryAction(f.GPU, f.Action); err != nil {
+			return err
+		}
+		return n.Inject(Event{GPU: f.GPU, Type: nvml.EventTypeGpuRecoveryAction, Data: uint64(f.Action)})
 	}
 	return fmt.Errorf("unknown fault %q", f.Op)
 }

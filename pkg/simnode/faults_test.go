@@ -35,6 +35,10 @@ func TestParseFault(t *testing.T) {
 		{line: "xid 0 zero", err: `XID "zero" is not a positive number`},
 		{line: "xid -1 79", err: `GPU "-1" is not an index`},
 		{line: "reset 1", err: `unknown command "reset"`},
+		{line: "action 2 gpu-reset", want: Fault{Op: "action", GPU: 2, Action: nvml.GPU_RECOVERY_ACTION_GPU_RESET}},
+		{line: "action 2 none", want: Fault{Op: "action", GPU: 2, Action: nvml.GPU_RECOVERY_ACTION_NONE}},
+		{line: "action 2 reset", err: `recovery action "reset": want one of none, gpu-reset, node-reboot, drain-p2p, drain-and-reset`},
+		{line: "action 2", err: "action takes 2 argument(s), got 1"},
 	} {
 		t.Run(tt.line, func(t *testing.T) {
 			got, err := ParseFault(tt.line)
@@ -152,4 +156,74 @@ func mustDevice(t *testing.T, n *Node, i int) nvml.Device {
 		t.Fatal(ret)
 	}
 	return d
+}
+
+// recoveryAction reads GPU i's recovery-action field as the plugin does:
+// the action, or the field's own return code.
+func recoveryAction(t *testing.T, n *Node, i int) string {
+	t.Helper()
+	dev, ret := n.NVML().DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	values := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}, {FieldId: nvml.FI_DEV_RESET_STATUS}}
+	if ret := dev.GetFieldValues(values); ret != nvml.SUCCESS {
+		t.Fatalf("GetFieldValues: %v", ret)
+	}
+	if ret := nvml.Return(values[0].NvmlReturn); ret != nvml.SUCCESS {
+		return nvmlErrorString(ret)
+	}
+	if other := nvml.Return(values[1].NvmlReturn); other != nvml.ERROR_NOT_SUPPORTED {
+		t.Errorf("a field the simulated node does not serve answered %v", other)
+	}
+	if values[0].ValueType != uint32(nvml.VALUE_TYPE_UNSIGNED_INT) {
+		t.Errorf("value type %d, want unsigned int", values[0].ValueType)
+	}
+	return RecoveryActions[values[0].Value[0]]
+}
+
+// The recovery-action field answers what the driver was last said to ask
+// for, a change from the fault-injection file comes with its event, and a
+// GPU under an older driver, or a lost one, does not answer it.
+func TestTheRecoveryActionFieldAnswersWhatTheDriverSays(t *testing.T) {
+	n, err := Load("dgx-h100", "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, _ := n.NVML().EventSetCreate()
+	dev, _ := n.NVML().DeviceGetHandleByIndex(2)
+	if ret := dev.RegisterEvents(nvml.EventTypeGpuRecoveryAction, set); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if got := recoveryAction(t, n, 2); got != "none" {
+		t.Errorf("a GPU nothing happened to asks for %q, want none", got)
+	}
+	f, err := ParseFault("action 2 drain-and-reset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Apply(f); err != nil {
+		t.Fatal(err)
+	}
+	if got := received(t, n, set, 1); !reflect.DeepEqual(got, []string{"2:32768:4:-/-"}) {
+		t.Errorf("events %v, want GPU 2's recovery action (4)", got)
+	}
+	if got := recoveryAction(t, n, 2); got != "drain-and-reset" {
+		t.Errorf("GPU 2 asks for %q, want drain-and-reset", got)
+	}
+	if got := recoveryAction(t, n, 3); got != "none" {
+		t.Errorf("GPU 3 asks for %q, want none", got)
+	}
+	if err := n.SetRecoveryActionSupported(2, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := recoveryAction(t, n, 2); got != "Not Supported" {
+		t.Errorf("a GPU whose driver lacks the field answered %q", got)
+	}
+	if err := n.SetLost(3, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := recoveryAction(t, n, 3); got != "GPU is lost" {
+		t.Errorf("a lost GPU answered %q", got)
+	}
 }

@@ -87,6 +87,9 @@ type Node struct {
 	// computeModes and sharing: see sharing.go.
 	computeModes map[int]nvml.ComputeMode
 	sharing      []SharingChange
+	// recovery is what each GPU's driver says of its recovery (see
+	// recovery.go).
+	recovery map[int]recoveryState
 	// The processes file and what was read from it: see processes.go.
 	procFile, procStamp string
 	procs               []Process
@@ -109,7 +112,7 @@ type Node struct {
 // description leaves out, so that nodes of one simulated cluster have
 // distinct GPUs.
 func New(topo *v1alpha1.NodeTopology, nodeName string) *Node {
-	n := &Node{topo: topo, nodeName: nodeName, errs: map[int]nvml.Return{}, computeModes: map[int]nvml.ComputeMode{}, mig: map[int]*migGPU{}}
+	n := &Node{topo: topo, nodeName: nodeName, errs: map[int]nvml.Return{}, computeModes: map[int]nvml.ComputeMode{}, recovery: map[int]recoveryState{}, mig: map[int]*migGPU{}}
 	gpus := slices.Clone(topo.GPUs)
 	slices.SortFunc(gpus, func(a, b v1alpha1.SimulatedGPU) int { return a.Index - b.Index })
 	for _, g := range gpus {
@@ -205,8 +208,10 @@ func (n *Node) newDevice(gpus []v1alpha1.SimulatedGPU, i int) *mock.Device {
 	describeModes(d)
 	n.describeMIG(d, g)
 	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
-		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError | nvml.EventTypeGpuUnavailableError, nvml.SUCCESS
+		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError | nvml.EventTypeGpuUnavailableError |
+			nvml.EventTypeGpuRecoveryAction, nvml.SUCCESS
 	}
+	n.describeFields(d, g.Index)
 	d.RegisterEventsFunc = func(mask uint64, set nvml.EventSet) nvml.Return {
 		es, ok := set.(*eventSet)
 		if !ok {

@@ -1,0 +1,130 @@
+package health
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
+)
+
+// Beside the rules that read XIDs and probes, a driver that reports a GPU
+// recovery action (NVML's field FI_DEV_GET_GPU_RECOVERY_ACTION, r550 and
+// later) says itself what a GPU needs after a fault: nothing, a GPU
+// reset, a node reboot, draining peer-to-peer traffic, or both a drain and
+// a reset. While it asks for anything, the GPU is unhealthy, whatever the
+// XID policy and the recovery period would say: an XID that the policy
+// ignores makes it unhealthy, and one whose recovery period has passed
+// keeps it so. Once the driver asks for nothing again, the GPU recovers
+// at its next successful probe, unless today's rules still hold it (a
+// critical XID within its recovery period). The field is read at every
+// XID, at every recovery-action event and at every probe. A driver that
+// does not report it (NOT_SUPPORTED, or any other answer) leaves the
+// rules as they were.
+
+// actionNames are the reason suffixes of NVML's recovery actions, a
+// valid label value each.
+var actionNames = map[nvml.DeviceGpuRecoveryAction]string{
+	nvml.GPU_RECOVERY_ACTION_GPU_RESET:       "gpu-reset",
+	nvml.GPU_RECOVERY_ACTION_NODE_REBOOT:     "node-reboot",
+	nvml.GPU_RECOVERY_ACTION_DRAIN_P2P:       "drain-p2p",
+	nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET: "drain-and-reset",
+}
+
+// actionWords say what the driver asks for, for messages.
+var actionWords = map[nvml.DeviceGpuRecoveryAction]string{
+	nvml.GPU_RECOVERY_ACTION_GPU_RESET:       "a GPU reset",
+	nvml.GPU_RECOVERY_ACTION_NODE_REBOOT:     "a node reboot",
+	nvml.GPU_RECOVERY_ACTION_DRAIN_P2P:       "its peer-to-peer traffic drained",
+	nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET: "its work drained and a GPU reset",
+}
+
+// actionReason is the reason (taint value) of a GPU held by its recovery
+// action alone: recovery-gpu-reset, …
+func actionReason(a nvml.DeviceGpuRecoveryAction) string {
+	if name, ok := actionNames[a]; ok {
+		return "recovery-" + name
+	}
+	return fmt.Sprintf("recovery-action-%d", a)
+}
+
+// describeAction is "the driver asks for a GPU reset".
+func describeAction(a nvml.DeviceGpuRecoveryAction) string {
+	if w, ok := actionWords[a]; ok {
+		return "the driver asks for " + w
+	}
+	return fmt.Sprintf("the driver asks for recovery action %d", a)
+}
+
+// recoveryAction reads the recovery action the driver reports for a GPU;
+// known is false where it reports none (a driver without the field, or a
+// GPU that does not answer, which the probe finds out).
+func (m *Monitor) recoveryAction(ctx context.Context, gpu int, dev nvml.Device) (action nvml.DeviceGpuRecoveryAction, known bool) {
+	values := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
+	ret := dev.GetFieldValues(values)
+	if ret == nvml.SUCCESS {
+		ret = nvml.Return(values[0].NvmlReturn)
+	}
+	m.devMu.Lock()
+	was, asked := m.actions[gpu]
+	m.actions[gpu] = ret
+	m.devMu.Unlock()
+	if ret != nvml.SUCCESS {
+		if !asked || was == nvml.SUCCESS {
+			klog.FromContext(ctx).V(2).Info("GPU reports no recovery action; its health follows the XID policy and the recovery period alone", "gpu", gpu, "answer", m.opts.NVML.ErrorString(ret))
+		}
+		return 0, false
+	}
+	v, ok := fieldUint(values[0])
+	if !ok {
+		return 0, false
+	}
+	return nvml.DeviceGpuRecoveryAction(v), true
+}
+
+// fieldUint is a field value as an unsigned number, whichever integer
+// type NVML gave it.
+func fieldUint(f nvml.FieldValue) (uint64, bool) {
+	switch nvml.ValueType(f.ValueType) {
+	case nvml.VALUE_TYPE_UNSIGNED_INT, nvml.VALUE_TYPE_SIGNED_INT:
+		return uint64(binary.LittleEndian.Uint32(f.Value[:4])), true
+	case nvml.VALUE_TYPE_UNSIGNED_LONG, nvml.VALUE_TYPE_UNSIGNED_LONG_LONG, nvml.VALUE_TYPE_SIGNED_LONG_LONG:
+		return binary.LittleEndian.Uint64(f.Value[:]), true
+	case nvml.VALUE_TYPE_UNSIGNED_SHORT:
+		return uint64(binary.LittleEndian.Uint16(f.Value[:2])), true
+	}
+	return 0, false
+}
+
+// ReportsRecoveryActions tells which GPUs' drivers reported a recovery
+// action when last asked.
+func (m *Monitor) ReportsRecoveryActions() map[int]bool {
+	m.devMu.Lock()
+	defer m.devMu.Unlock()
+	out := make(map[int]bool, len(m.actions))
+	for gpu, ret := range m.actions {
+		out[gpu] = ret == nvml.SUCCESS
+	}
+	return out
+}
+
+// hold records that the driver asks for a recovery action for a GPU: it
+// is unhealthy (with f, where it was healthy) until the driver asks for
+// nothing again.
+func (m *Monitor) hold(ctx context.Context, gpu int, f Fault) {
+	m.mu.Lock()
+	tr := m.state.hold(gpu, f, m.clock.Now())
+	m.mu.Unlock()
+	if tr != nil {
+		m.metrics.count(gpu, string(f.Kind))
+		m.changed(ctx, tr)
+	}
+}
+
+// release records that the driver asks for nothing for a GPU.
+func (m *Monitor) release(gpu int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.state.release(gpu)
+}
