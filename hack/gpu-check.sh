@@ -3,7 +3,9 @@
 # must meet real hardware (hack/gpucheck): NVML discovery and the plan, the
 # doctor, the doctor's CUDA probe through the real libcuda, a claim
 # prepared over the plugin's sockets and its container probed, a process
-# holding a CUDA context as the per-pod usage sampler sees it. One report:
+# holding a CUDA context as the per-pod usage sampler sees it, an MPS seat
+# (compute mode kept) whose container is refused more than its share and
+# granted less, the health monitor's events. One report:
 # _output/gpu-check/report.md. It changes no setting of the GPUs (see
 # docs/doctor.md, "Checking a real GPU"); run it as root, on the host.
 #

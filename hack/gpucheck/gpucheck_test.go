@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cudaprobe"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
 
@@ -43,7 +44,8 @@ func TestRefusesAPlanThatChangesSettings(t *testing.T) {
 	}{
 		{"defaults", "", ""},
 		{"MPS", "profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 2, sharing: {strategy: mps}}\n",
-			"profile kyb.ai/gpu-1x-seat shares its GPUs with MPS, which changes their compute mode: gpu-check prepares no such profile"},
+			"profile kyb.ai/gpu-1x-seat shares its GPUs with MPS in compute mode EXCLUSIVE_PROCESS, which changes their compute mode: gpu-check prepares no such profile (mps: {computeMode: keep} leaves it)"},
+		{"MPS that keeps the compute mode", "profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 2, sharing: {strategy: mps, mps: {computeMode: keep}}}\n", ""},
 		{"time slice", "profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 2, sharing: {timeSlicing: {interval: Short}}}\n",
 			"profile kyb.ai/gpu-1x-seat sets a time slice (Short): gpu-check changes no GPU's time slice"},
 	}
@@ -127,14 +129,29 @@ func TestEveryStepRunsOnASimulatedNode(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, stdout)
 	}
 	for _, want := range []string{
-		"Result: **pass**: 7 steps",
+		"Result: **pass**: 10 steps",
+		"Seat kinds prepared and probed: whole GPU (steps 4, 5, 6): ok; MPS, the GPU's compute mode kept (steps 7, 8): ok.",
 		"| 1 | NVML discovery and `kyb-dra-plugin plan` | ok |",
 		"| 2 | `kyb-dra-plugin doctor` | ok |",
 		"| 3 | `kyb-dra-plugin doctor --probe`: a seat's container and the real libcuda | ok |",
 		"| 4 | a claim prepared over the plugin's sockets, its container probed | ok |",
 		"| 5 | a CUDA context in the claim's container, as the per-pod usage sampler reads NVML | ok |",
 		"| 6 | the claim unprepared | ok |",
-		"| 7 | the GPUs' settings, before and after | ok |",
+		"| 7 | an MPS seat, the GPU's compute mode kept: its daemon started, its container probed, allocations above and below its share | ok |",
+		"| 8 | the MPS seat unprepared, its daemon stopped | ok |",
+		"| 9 | the health monitor registered for the GPUs' events | ok |",
+		"| 10 | the GPUs' settings, before and after | ok |",
+		// An H100's 81559 MiB: a quarter is 20389 MiB.
+		"its container, an MPS client, is refused 21413 MiB and granted 10194 MiB (its share: 20389 MiB)",
+		"env CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20389M",
+		"CUDA device 0: cuMemAlloc of 21413 MiB: cuMemAlloc: CUDA error 2 (out of memory)",
+		"CUDA device 0: cuMemAlloc of 10194 MiB: ok",
+		"free in its context: 20389 MiB of 81559 MiB",
+		"/kyb-dra-plugin\nGPU 0's compute mode: Default before, Default while the daemon runs",
+		"unprepared; the daemon stopped and its directory removed; compute mode Default as it was; the plugin stopped cleanly",
+		"8 of 8 GPUs registered for their health events; 8 report the driver's recovery action; none unhealthy after 2s",
+		"  registered for 0xc00a (DoubleBitEccError, XidCriticalError, GpuUnavailableError, GpuRecoveryAction)",
+		"Not checked here: no fault was raised",
 		"8x NVIDIA H100 80GB HBM3",
 		"**ok** in ",
 		"the probe check: seat 0 of G0 (kyb.ai/gpu-1x-seat): a container sees exactly its 1 GPU and allocates on each",
@@ -153,8 +170,9 @@ func TestEveryStepRunsOnASimulatedNode(t *testing.T) {
 
 // A step that fails fails the run, and the steps after it run unless they
 // need what it made: with a GPU's device node gone, the probes see no GPU
-// (steps 3 and 4), no context can be held in the claim's container (5 is
-// not run), and the claim is still unprepared and the settings compared.
+// (steps 3, 4 and 7), no context can be held in the claim's container (5
+// is not run), and the claims are still unprepared, the health monitor
+// started and the settings compared.
 func TestAFailedStepFailsTheRunNotTheStepsAfterIt(t *testing.T) {
 	root := fakeDriverRoot(t, "dgx-h100", "node-1")
 	if err := os.Remove(filepath.Join(root, "dev/nvidia0")); err != nil {
@@ -165,13 +183,17 @@ func TestAFailedStepFailsTheRunNotTheStepsAfterIt(t *testing.T) {
 		t.Errorf("exit %d, want %d", code, exitFailed)
 	}
 	for _, want := range []string{
-		"Result: **FAIL**: step 3, 4 failed",
+		"Result: **FAIL**: step 3, 4, 7 failed",
+		"Seat kinds prepared and probed: whole GPU (steps 4, 5, 6): FAIL; MPS, the GPU's compute mode kept (steps 7, 8): FAIL.",
 		"| 2 | `kyb-dra-plugin doctor` | ok |",
 		"| 3 | `kyb-dra-plugin doctor --probe`: a seat's container and the real libcuda | FAIL |",
 		"| 4 | a claim prepared over the plugin's sockets, its container probed | FAIL |",
 		"| 5 | a CUDA context in the claim's container, as the per-pod usage sampler reads NVML | skipped |",
 		"| 6 | the claim unprepared | ok |",
-		"| 7 | the GPUs' settings, before and after | ok |",
+		"| 7 | an MPS seat, the GPU's compute mode kept: its daemon started, its container probed, allocations above and below its share | FAIL |",
+		"| 8 | the MPS seat unprepared, its daemon stopped | ok |",
+		"| 9 | the health monitor registered for the GPUs' events | ok |",
+		"| 10 | the GPUs' settings, before and after | ok |",
 		"**FAIL** in ",
 		"the claim's container sees no GPU: cuInit: CUDA error 100",
 		"**skipped**: step 4 prepared no claim.",
@@ -234,5 +256,42 @@ func TestAChangedSettingIsNamed(t *testing.T) {
 	want := []string{"GPU 1 (" + n.Inv.GPUs[1].UUID + "): compute mode Default before, Exclusive_Process after"}
 	if !slices.Equal(got, want) {
 		t.Errorf("changes %q, want %q", got, want)
+	}
+}
+
+// An MPS seat passes only where the allocation above its share is refused
+// and the one below granted.
+func TestAnMPSSeatMustRefuseAboveItsShareAndGrantBelow(t *testing.T) {
+	const above, below = 21413 << 20, 10194 << 20
+	oom := "cuMemAlloc: CUDA error 2 (out of memory)"
+	tests := []struct {
+		name         string
+		first, other string
+		want         string
+	}{
+		{"as MPS does", oom, "ok", ""},
+		{"no limit", "ok", "ok", "the claim's container was granted 21413 MiB, above its share"},
+		{"no memory at all", oom, oom, "the claim's container was refused 10194 MiB, below its share: " + oom},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := cudaprobe.Device{Tries: []cudaprobe.Try{{Bytes: above, Result: tc.first}, {Bytes: below, Result: tc.other}}}
+			if got := errString(grantedBelowOnly(d, above, below)); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestEventTypesAreNamedAsNVMLNamesThem(t *testing.T) {
+	for mask, want := range map[uint64]string{
+		0:       "0 (none)",
+		0xc00a:  "0xc00a (DoubleBitEccError, XidCriticalError, GpuUnavailableError, GpuRecoveryAction)",
+		0xff9f:  "0xff9f (SingleBitEccError, DoubleBitEccError, PState, XidCriticalError, Clock, PowerSourceChange, MigConfigChange, SingleBitEccErrorStorm, DramRetirementEvent, DramRetirementFailure, NonFatalPoisonError, FatalPoisonError, GpuUnavailableError, GpuRecoveryAction)",
+		0x10020: "0x10020 (0x10020)",
+	} {
+		if got := describeEvents(mask); got != want {
+			t.Errorf("%#x: %q, want %q", mask, got, want)
+		}
 	}
 }

@@ -14,13 +14,24 @@
 //     doctor's sandbox with the CDI devices the kubelet would pass;
 //  5. a process holding a CUDA context in that container, as the per-pod
 //     usage sampler reads it from NVML;
-//  6. the claim unprepared.
+//  6. the claim unprepared;
+//  7. an MPS seat through the plugin's own path, of a profile that keeps
+//     the GPU's compute mode: the plugin started again with it, the
+//     claim prepared, the daemon it started (the driver's
+//     nvidia-cuda-mps-control) found, and the claim's container probed:
+//     an allocation above the seat's memory share refused, one below it
+//     granted;
+//  8. the MPS claim unprepared and its daemon stopped;
+//  9. the plugin's health monitor started on the GPUs for a moment: the
+//     events each GPU supports and those it registered for;
+//  10. the GPUs' settings, before and after.
 //
 // It changes no setting of the GPUs: the plan is the defaults', which it
-// checks has no MPS profile (compute modes) and no time slice, and the
-// plugin has no code that changes MIG modes or resets a GPU. It reads each
-// GPU's compute, MIG and persistence modes before and after, and fails
-// when any changed. A failed step does not stop the next ones unless they
+// checks has no MPS profile that sets compute modes and no time slice;
+// step 7's MPS profile keeps the compute mode; the plugin has no code
+// that changes MIG modes or resets a GPU. It reads each GPU's compute,
+// MIG and persistence modes before and after, and fails when any
+// changed. A failed step does not stop the next ones unless they
 // need what it made; the exit status is 1 when a step failed, 2 when
 // there is no GPU to check (one line says why).
 //

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,9 +43,12 @@ func (r stepResult) status() string {
 
 // report is gpu-check's report.
 type report struct {
-	header []string
-	steps  []stepResult
-	table  []string
+	// simulated: the steps met the simulated node's stand-ins, not the
+	// hardware.
+	simulated bool
+	header    []string
+	steps     []stepResult
+	table     []string
 }
 
 func newReport(o options, node *nodesetup.Node) *report {
@@ -53,11 +57,12 @@ func newReport(o options, node *nodesetup.Node) *report {
 		fmt.Sprintf("%s, on host `%s` as node `%s`", time.Now().UTC().Format(time.RFC3339), host, o.node.NodeName),
 		fmt.Sprintf("%s (%s)", node.Inv.Summary(), node.Host.Description),
 	}}
-	if o.node.Simulate != "" {
+	r.simulated = o.node.Simulate != ""
+	if r.simulated {
 		r.header = append(r.header, "**A simulated node** (`--simulate "+o.node.Simulate+"`, driver root `"+o.node.DriverRoot+"`): this run checked no hardware.")
 	}
 	if os.Geteuid() != 0 {
-		r.header = append(r.header, "Not run as root: steps 3 to 5 need mount and PID namespaces.")
+		r.header = append(r.header, "Not run as root: steps 3 to 5, 7 and 8 need mount and PID namespaces.")
 	}
 	return r
 }
@@ -102,6 +107,37 @@ func (r *report) failed() bool {
 	return false
 }
 
+// seatKinds are the kinds of seats gpu-check prepares, by the steps that
+// check them.
+var seatKinds = []struct {
+	name  string
+	steps []string
+}{
+	{"whole GPU", []string{"4", "5", "6"}},
+	{"MPS, the GPU's compute mode kept", []string{"7", "8"}},
+}
+
+// seatKindsLine says which seat kinds were checked, and how they fared.
+func (r *report) seatKindsLine() string {
+	var parts []string
+	for _, k := range seatKinds {
+		status := "ok"
+		for _, s := range r.steps {
+			if !slices.Contains(k.steps, s.id) {
+				continue
+			}
+			switch {
+			case s.err != nil:
+				status = "FAIL"
+			case s.skipped != "" && status == "ok":
+				status = "not all checked"
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%s (steps %s): %s", k.name, strings.Join(k.steps, ", "), status))
+	}
+	return "Seat kinds prepared and probed: " + strings.Join(parts, "; ") + "."
+}
+
 func (r *report) verdict() string {
 	var failed []string
 	for _, s := range r.steps {
@@ -128,7 +164,7 @@ func (r *report) write(path string) error {
 	for _, h := range r.header {
 		fmt.Fprintf(&b, "%s\n\n", h)
 	}
-	fmt.Fprintf(&b, "Result: %s\n\n", r.verdict())
+	fmt.Fprintf(&b, "Result: %s\n\n%s\n\n", r.verdict(), r.seatKindsLine())
 	fmt.Fprintf(&b, "| # | step | outcome | time |\n|---|---|---|---|\n")
 	for _, s := range r.steps {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", s.id, s.title, s.status(), s.took.Round(time.Millisecond))
@@ -149,6 +185,15 @@ func (r *report) write(path string) error {
 			}
 		default:
 			fmt.Fprintf(&b, "**ok** in %s: %s\n", s.took.Round(time.Millisecond), s.summary)
+		}
+		switch {
+		case s.hardware != "" && r.simulated:
+			fmt.Fprintf(&b, "\nWhat meets the hardware (here the simulated node's stand-ins): %s.\n", s.hardware)
+		case s.hardware != "":
+			fmt.Fprintf(&b, "\nRan on the hardware: %s.\n", s.hardware)
+		}
+		for _, u := range s.unchecked {
+			fmt.Fprintf(&b, "\nNot checked here: %s.\n", u)
 		}
 		if s.command != "" {
 			fmt.Fprintf(&b, "\n`%s`\n", s.command)

@@ -28,6 +28,7 @@ type check struct {
 	report *report
 	before []gpuSettings
 	claim  *claimRun
+	mps    *mpsRun
 }
 
 // pluginDirs are the plugin's directories, all in a temporary directory:
@@ -57,37 +58,50 @@ func newCheck(ctx context.Context, o options) (*check, error) {
 		node.Close(ctx)
 		return nil, err
 	}
-	c := &check{o: o, node: node, work: work, dirs: pluginDirs{
-		cdi: filepath.Join(work, "cdi"), plugins: filepath.Join(work, "plugins"),
-		registry: filepath.Join(work, "registry"), devicePlugins: filepath.Join(work, "device-plugins"),
-	}}
-	for _, d := range []string{c.dirs.cdi, c.dirs.plugins, c.dirs.registry, c.dirs.devicePlugins} {
-		if err := os.Mkdir(d, 0o750); err != nil {
-			c.close(ctx)
-			return nil, err
-		}
+	c := &check{o: o, node: node, work: work}
+	if c.dirs, err = newPluginDirs(work); err != nil {
+		c.close(ctx)
+		return nil, err
 	}
 	c.report = newReport(o, node)
 	c.before = readSettings(node.Host.NVML, node.Inv)
 	return c, nil
 }
 
+// newPluginDirs makes the plugin's directories under base.
+func newPluginDirs(base string) (pluginDirs, error) {
+	d := pluginDirs{
+		cdi: filepath.Join(base, "cdi"), plugins: filepath.Join(base, "plugins"),
+		registry: filepath.Join(base, "registry"), devicePlugins: filepath.Join(base, "device-plugins"),
+	}
+	for _, dir := range []string{d.cdi, d.plugins, d.registry, d.devicePlugins} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
 func (c *check) close(ctx context.Context) {
 	if c.claim != nil {
 		c.claim.stop()
+	}
+	if c.mps != nil && c.mps.claimRun != nil {
+		c.mps.stop()
 	}
 	c.node.Close(ctx)
 	_ = os.RemoveAll(c.work)
 }
 
 // changesNoSetting refuses a plan under which the plugin would change a
-// GPU's settings: an MPS profile puts its GPUs in EXCLUSIVE_PROCESS, a
-// time slice runs nvidia-smi compute-policy. The plugin has no code that
-// changes a MIG mode or resets a GPU.
+// GPU's settings: an MPS profile that does not keep the compute mode puts
+// its GPUs in EXCLUSIVE_PROCESS, a time slice runs nvidia-smi
+// compute-policy. The plugin has no code that changes a MIG mode or
+// resets a GPU.
 func changesNoSetting(plan *planner.Plan) error {
 	for _, p := range plan.Profiles {
-		if p.Sharing == v1alpha1.SharingMPS {
-			return fmt.Errorf("profile %s shares its GPUs with MPS, which changes their compute mode: gpu-check prepares no such profile", p.Resource)
+		if p.Sharing == v1alpha1.SharingMPS && p.MPSComputeMode != v1alpha1.MPSComputeModeKeep {
+			return fmt.Errorf("profile %s shares its GPUs with MPS in compute mode EXCLUSIVE_PROCESS, which changes their compute mode: gpu-check prepares no such profile (mps: {computeMode: keep} leaves it)", p.Resource)
 		}
 		if p.TimeSlice != "" {
 			return fmt.Errorf("profile %s sets a time slice (%s): gpu-check changes no GPU's time slice", p.Resource, p.TimeSlice)
@@ -99,12 +113,17 @@ func changesNoSetting(plan *planner.Plan) error {
 // outcome is what a step found: a line for the table, the command it ran
 // (if one), its output and further lines for the report. The output is
 // quoted in the report unless logOnly, and kept whole in the step's log.
+// hardware says what of the step met the GPU and its driver (on a
+// simulated node, their stand-ins), unchecked what the step could not
+// check there.
 type outcome struct {
-	summary string
-	command string
-	output  string
-	logOnly bool
-	details []string
+	summary   string
+	command   string
+	output    string
+	logOnly   bool
+	details   []string
+	hardware  string
+	unchecked []string
 }
 
 // step runs one step and records its outcome; it returns whether it
@@ -139,7 +158,18 @@ func (c *check) runSteps(ctx context.Context) {
 	if c.claim != nil {
 		c.claim.stop()
 	}
-	c.step(ctx, "7", "the GPUs' settings, before and after", c.settings)
+	c.step(ctx, "7", "an MPS seat, the GPU's compute mode kept: its daemon started, its container probed, allocations above and below its share", c.prepareMPS)
+	const mpsStopTitle = "the MPS seat unprepared, its daemon stopped"
+	if c.mps != nil && c.mps.claimRun != nil && c.mps.kubelet != nil {
+		c.step(ctx, "8", mpsStopTitle, c.unprepareMPS)
+	} else {
+		c.skip("8", mpsStopTitle, "the plugin of step 7 did not register")
+	}
+	if c.mps != nil && c.mps.claimRun != nil {
+		c.mps.stop()
+	}
+	c.step(ctx, "9", "the health monitor registered for the GPUs' events", c.health)
+	c.step(ctx, "10", "the GPUs' settings, before and after", c.settings)
 }
 
 // nodeArgs are the plugin's flags for this node.
@@ -174,7 +204,7 @@ func (c *check) runPlugin(ctx context.Context, args ...string) (string, string, 
 // them.
 func (c *check) plan(ctx context.Context) (outcome, error) {
 	line, out, err := c.runPlugin(ctx, append([]string{"plan"}, c.nodeArgs()...)...)
-	o := outcome{command: line, output: out}
+	o := outcome{command: line, output: out, hardware: "the driver's NVML: the GPUs, their links and PCIe places, read by the plugin's binary"}
 	groups := 0
 	for _, p := range c.node.Plan.Profiles {
 		groups += len(p.Groups)
@@ -194,8 +224,9 @@ func (c *check) doctor(ctx context.Context, probe bool) (outcome, error) {
 		args = append(args, "--probe", "--probe-binary", filepath.Join(c.o.bin, "kyb-cuda-probe"))
 	}
 	line, out, err := c.runPlugin(ctx, args...)
-	o := outcome{command: line, output: out, summary: lastLine(out)}
+	o := outcome{command: line, output: out, summary: lastLine(out), hardware: "the driver's NVML, device nodes and files, read by the plugin's binary"}
 	if probe {
+		o.hardware = "the driver's libcuda.so.1, in a seat's container built from the doctor's CDI spec"
 		o.details, o.logOnly = checkLines(out, "probe"), true
 		if f := strings.Fields(o.details[0]); len(f) > 2 && f[0] == "probe" {
 			o.summary = "the probe check: " + strings.Join(f[2:], " ")
@@ -253,11 +284,12 @@ func commandLine(name string, args []string) string {
 // settings is step 7: every GPU's compute, MIG and persistence modes as
 // they were before the first step.
 func (c *check) settings(context.Context) (outcome, error) {
+	const hw = "NVML's GetComputeMode, GetMigMode and GetPersistenceMode of every GPU, before step 1 and now"
 	after := readSettings(c.node.Host.NVML, c.node.Inv)
 	c.report.settings(c.before, after)
 	changed := changedSettings(c.before, after)
 	if len(changed) > 0 {
-		return outcome{summary: strings.Join(changed, "; "), details: changed}, fmt.Errorf("%d GPU settings changed", len(changed))
+		return outcome{summary: strings.Join(changed, "; "), details: changed, hardware: hw}, fmt.Errorf("%d GPU settings changed", len(changed))
 	}
-	return outcome{summary: fmt.Sprintf("compute, MIG and persistence modes of %d GPUs as they were", len(after))}, nil
+	return outcome{summary: fmt.Sprintf("compute, MIG and persistence modes of %d GPUs as they were", len(after)), hardware: hw}, nil
 }

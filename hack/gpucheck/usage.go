@@ -40,6 +40,7 @@ func (c *check) usage(ctx context.Context) (outcome, error) {
 		o.details = append(o.details, "simulated node: NVML's process list is the simulated node's processes file, in which gpu-check puts the holder once it runs; this shows the sampler's side only")
 	}
 	sampler := flags.Sampler(c.node)
+	o.hardware = "the driver's libcuda.so.1 holding a context in the claim's container; NVML's process list of its GPU, read by the plugin's sampler"
 	hctx, cancel := context.WithTimeout(ctx, c.o.hold+time.Minute)
 	defer cancel()
 	type held struct {

@@ -29,4 +29,19 @@ type Device struct {
 	MemoryBytes uint64 `json:"memoryBytes"`
 	// MemAlloc is "ok", or why allocating on the device failed.
 	MemAlloc string `json:"memAlloc"`
+	// FreeBytes is the memory the device's context may still allocate
+	// (cuMemGetInfo), read before the Tries; under MPS it is bounded by
+	// the client's pinned-memory limit. 0 where none was tried.
+	FreeBytes uint64 `json:"freeBytes,omitempty"`
+	// Tries are the allocations the probe was asked to try, in order,
+	// each freed again before the next.
+	Tries []Try `json:"tries,omitempty"`
+}
+
+// Try is one allocation tried on a device.
+type Try struct {
+	Bytes uint64 `json:"bytes"`
+	// Result is "ok", or why cuMemAlloc refused ("cuMemAlloc: CUDA error
+	// 2 (out of memory)").
+	Result string `json:"result"`
 }

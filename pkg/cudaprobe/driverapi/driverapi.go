@@ -24,6 +24,7 @@ typedef int (*cu_ctx_release_t)(int);
 typedef int (*cu_ctx_set_t)(void *);
 typedef int (*cu_mem_alloc_t)(unsigned long long *, size_t);
 typedef int (*cu_mem_free_t)(unsigned long long);
+typedef int (*cu_mem_get_info_t)(size_t *, size_t *);
 
 static void *lib;
 
@@ -70,6 +71,31 @@ static int call_alloc(void *retain, void *set, void *alloc, void *release, void 
 	((cu_ctx_release_t)release)(dev);
 	return ret;
 }
+
+// try_alloc retains the device's primary context, reads what it may still
+// allocate (get_info, where the library has it), and allocates each of
+// sizes in turn, freeing each allocation that succeeds before the next:
+// rets[i] is cuMemAlloc's answer for sizes[i]. It returns the context's
+// own errors (stage 0: retain, 1: set current).
+static int call_try(void *retain, void *set, void *alloc, void *release, void *free_, void *get_info, int dev,
+		unsigned long long *sizes, int n, int *rets, size_t *free_bytes, int *stage) {
+	void *ctx = NULL;
+	int ret;
+	*stage = 0;
+	if ((ret = ((cu_ctx_retain_t)retain)(&ctx, dev)) != 0) return ret;
+	*stage = 1;
+	if ((ret = ((cu_ctx_set_t)set)(ctx)) != 0) { ((cu_ctx_release_t)release)(dev); return ret; }
+	size_t total = 0;
+	*free_bytes = 0;
+	if (get_info != NULL && ((cu_mem_get_info_t)get_info)(free_bytes, &total) != 0) *free_bytes = 0;
+	for (int i = 0; i < n; i++) {
+		unsigned long long ptr = 0;
+		rets[i] = ((cu_mem_alloc_t)alloc)(&ptr, (size_t)sizes[i]);
+		if (rets[i] == 0) ((cu_mem_free_t)free_)(ptr);
+	}
+	((cu_ctx_release_t)release)(dev);
+	return 0;
+}
 */
 import "C"
 
@@ -91,15 +117,27 @@ const allocBytes = 1 << 20
 // envPrefixes select the environment the result reports.
 var envPrefixes = []string{"CUDA_", "NVIDIA_", "KYB_", "LD_LIBRARY_PATH"}
 
+// Options say what the probe does beside listing the devices.
+type Options struct {
+	// Hold keeps each device's primary context retained and its
+	// allocation held until the process exits: a process that holds a
+	// CUDA context on its GPUs, as NVML then lists it.
+	Hold bool
+	// TryAlloc are sizes in bytes to allocate on each device, one after
+	// the other, each freed before the next: what a seat's limit grants
+	// and refuses.
+	TryAlloc []uint64
+}
+
 // Run probes the CUDA driver of this process's environment.
-func Run() cudaprobe.Result { return run(false) }
+func Run() cudaprobe.Result { return Probe(Options{}) }
 
 // Hold is Run, except that each device's primary context stays retained
-// and its allocation held until the process exits: a process that holds
-// a CUDA context on its GPUs, as NVML then lists it.
-func Hold() cudaprobe.Result { return run(true) }
+// and its allocation held until the process exits.
+func Hold() cudaprobe.Result { return Probe(Options{Hold: true}) }
 
-func run(keep bool) cudaprobe.Result {
+// Probe probes the CUDA driver of this process's environment as opts say.
+func Probe(opts Options) cudaprobe.Result {
 	r := cudaprobe.Result{Env: map[string]string{}, Devices: []cudaprobe.Device{}}
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")
@@ -143,9 +181,55 @@ func run(keep bool) cudaprobe.Result {
 		return r
 	}
 	for i := range int(count) {
-		r.Devices = append(r.Devices, probeDevice(syms, i, keep))
+		d := probeDevice(syms, i, opts.Hold)
+		if len(opts.TryAlloc) > 0 && d.MemAlloc == "ok" {
+			tryAlloc(syms, &d, opts.TryAlloc)
+		}
+		r.Devices = append(r.Devices, d)
 	}
 	return r
+}
+
+// cudaErrors name the CUDA errors an allocation meets.
+var cudaErrors = map[int]string{2: "out of memory", 201: "invalid context", 805: "MPS connection failed", 807: "MPS server not ready"}
+
+func cudaError(call string, ret int) string {
+	if name, ok := cudaErrors[ret]; ok {
+		return fmt.Sprintf("%s: CUDA error %d (%s)", call, ret, name)
+	}
+	return fmt.Sprintf("%s: CUDA error %d", call, ret)
+}
+
+// tryAlloc tries each size on the device d names, in its primary context.
+func tryAlloc(syms map[string]unsafe.Pointer, d *cudaprobe.Device, sizes []uint64) {
+	var dev C.int
+	if ret := C.call_device_get(syms["cuDeviceGet"], &dev, C.int(d.Ordinal)); ret != 0 {
+		return
+	}
+	csizes := make([]C.ulonglong, len(sizes))
+	for i, n := range sizes {
+		csizes[i] = C.ulonglong(n)
+	}
+	rets := make([]C.int, len(sizes))
+	// Optional: the probe lists devices without it.
+	cname := C.CString("cuMemGetInfo_v2")
+	getInfo := C.sym(cname)
+	C.free(unsafe.Pointer(cname))
+	var free C.size_t
+	var stage C.int
+	ret := C.call_try(syms["cuDevicePrimaryCtxRetain"], syms["cuCtxSetCurrent"], syms["cuMemAlloc_v2"], syms["cuDevicePrimaryCtxRelease_v2"], syms["cuMemFree_v2"], getInfo,
+		dev, &csizes[0], C.int(len(sizes)), &rets[0], &free, &stage)
+	d.FreeBytes = uint64(free)
+	for i, n := range sizes {
+		t := cudaprobe.Try{Bytes: n, Result: "ok"}
+		switch {
+		case ret != 0:
+			t.Result = cudaError([]string{"cuDevicePrimaryCtxRetain", "cuCtxSetCurrent"}[int(stage)], int(ret))
+		case rets[i] != 0:
+			t.Result = cudaError("cuMemAlloc", int(rets[i]))
+		}
+		d.Tries = append(d.Tries, t)
+	}
 }
 
 func probeDevice(syms map[string]unsafe.Pointer, ordinal int, keep bool) cudaprobe.Device {

@@ -15,6 +15,18 @@
  * with CUDA_ERROR_OPERATING_SYSTEM (304). Built with -DFAKE_CUINIT_HANGS
  * it stands for a wedged GPU: cuInit forks (as a driver's helper would)
  * and neither process ever returns.
+ *
+ * Like the real one it is an MPS client where an MPS daemon answers in
+ * CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps): cuInit joins the
+ * simulated daemon (package mpssim) on its control socket with the
+ * process's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
+ * CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, and the daemon gives it the lower of
+ * its own limits and those. cuMemAlloc then refuses (out of memory) what
+ * would take a device past its pinned-memory limit, and cuMemGetInfo
+ * counts free memory against it, as the reference H200 showed ("8 GiB
+ * refused: 3.86 GiB free" under a 4096M limit). Without a daemon there
+ * it is no MPS client, and the variables bound nothing, as with the real
+ * driver. Every device refuses what exceeds its memory.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -23,7 +35,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #ifndef FAKE_GPUS
@@ -34,6 +48,9 @@
 #endif
 
 #define CUDA_SUCCESS 0
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_MPS_CONNECTION_FAILED 805
 #define CUDA_ERROR_NOT_INITIALIZED 3
 #define CUDA_ERROR_NO_DEVICE 100
 #define CUDA_ERROR_INVALID_DEVICE 101
@@ -104,6 +121,74 @@ static int os_ready(void) {
 /* A GPU's memory in MiB; volatile, so that the library calls libm. */
 static volatile double memory_mib = 81559;
 
+/* MPS: the pinned-memory limit of each visible device in MiB, as the
+ * daemon gave it (-1: none); what is allocated on each; the allocations,
+ * for cuMemFree; the device of the current context. */
+static long long mps_limit_mib[64];
+static unsigned long long used[64];
+struct allocation { unsigned long long ptr; size_t bytes; int dev; };
+static struct allocation allocs[256];
+static int nallocs, current = -1;
+static unsigned long long next_ptr = 0x100000;
+
+/* parse_limits reads the daemon's answer, "thread=25 mem=0=20389M,1=20389M". */
+static void parse_limits(const char *answer) {
+	const char *mem = strstr(answer, "mem=");
+	if (mem == NULL) return;
+	char buf[1024];
+	snprintf(buf, sizeof buf, "%s", mem + 4);
+	buf[strcspn(buf, " \r\n")] = 0;
+	for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ",")) {
+		char *eq = strchr(tok, '=');
+		if (eq == NULL) continue;
+		int dev = atoi(tok);
+		char *unit;
+		long long v = strtoll(eq + 1, &unit, 10);
+		if (*unit == 'G') v *= 1024;
+		if (dev >= 0 && dev < 64) mps_limit_mib[dev] = v;
+	}
+}
+
+/*
+ * mps_join joins the MPS daemon of the pipe directory, if one answers
+ * there: 0 joined or no daemon, -1 a daemon that refused the client.
+ */
+static int mps_join(void) {
+	for (int i = 0; i < 64; i++) mps_limit_mib[i] = -1;
+	const char *pipe = getenv("CUDA_MPS_PIPE_DIRECTORY");
+	if (pipe == NULL || *pipe == 0) pipe = "/tmp/nvidia-mps";
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	snprintf(addr.sun_path, sizeof addr.sun_path, "%s/control", pipe);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0) return 0;
+	if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) { close(fd); return 0; }
+	const char *thread = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), *mem = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+	char req[1024];
+	int n = snprintf(req, sizeof req, "client %d %s;%s\n", (int)getuid(), thread ? thread : "", mem ? mem : "");
+	if (write(fd, req, (size_t)n) != n) { close(fd); return -1; }
+	char answer[4096];
+	size_t got = 0;
+	ssize_t r;
+	while (got < sizeof answer - 1 && (r = read(fd, answer + got, sizeof answer - 1 - got)) > 0) {
+		got += (size_t)r;
+		answer[got] = 0;
+		if (strstr(answer, "\n.\n") != NULL || strncmp(answer, "ERROR", 5) == 0) break;
+	}
+	close(fd);
+	answer[got] = 0;
+	if (strncmp(answer, "thread=", 7) != 0) return -1;
+	parse_limits(answer);
+	return 0;
+}
+
+/* capacity is what device dev may hold at most, in bytes. */
+static unsigned long long capacity(int dev) {
+	unsigned long long total = (unsigned long long)ldexp(memory_mib, 20);
+	if (mps_limit_mib[dev] >= 0 && ((unsigned long long)mps_limit_mib[dev] << 20) < total)
+		return (unsigned long long)mps_limit_mib[dev] << 20;
+	return total;
+}
+
 int cuInit(unsigned int flags) {
 	(void)flags;
 #ifdef FAKE_CUINIT_HANGS
@@ -147,7 +232,8 @@ int cuInit(unsigned int flags) {
 			visible[nvisible++] = found[hit];
 		}
 	}
-	return nvisible > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+	if (nvisible == 0) return CUDA_ERROR_NO_DEVICE;
+	return mps_join() == 0 ? CUDA_SUCCESS : CUDA_ERROR_MPS_CONNECTION_FAILED;
 }
 
 int cuDriverGetVersion(int *v) { *v = FAKE_DRIVER_API; return CUDA_SUCCESS; }
@@ -196,7 +282,36 @@ int cuDevicePrimaryCtxRetain(void **ctx, int dev) {
 	return CUDA_SUCCESS;
 }
 
-int cuCtxSetCurrent(void *ctx) { return ctx ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN; }
-int cuMemAlloc_v2(unsigned long long *ptr, size_t n) { *ptr = n ? 0x100000 : 0; return CUDA_SUCCESS; }
-int cuMemFree_v2(unsigned long long ptr) { (void)ptr; return CUDA_SUCCESS; }
+int cuCtxSetCurrent(void *ctx) {
+	if (ctx == NULL) return CUDA_ERROR_UNKNOWN;
+	current = (int)(long)ctx - 1;
+	return CUDA_SUCCESS;
+}
+
+int cuMemAlloc_v2(unsigned long long *ptr, size_t n) {
+	if (current < 0 || current >= nvisible) return CUDA_ERROR_INVALID_CONTEXT;
+	if (n > capacity(current) - used[current] || nallocs == 256) return CUDA_ERROR_OUT_OF_MEMORY;
+	*ptr = next_ptr;
+	next_ptr += (n + 0xfffff) & ~0xfffffULL;
+	allocs[nallocs++] = (struct allocation){.ptr = *ptr, .bytes = n, .dev = current};
+	used[current] += n;
+	return CUDA_SUCCESS;
+}
+
+int cuMemFree_v2(unsigned long long ptr) {
+	for (int i = 0; i < nallocs; i++) {
+		if (allocs[i].ptr != ptr) continue;
+		used[allocs[i].dev] -= allocs[i].bytes;
+		allocs[i] = allocs[--nallocs];
+		return CUDA_SUCCESS;
+	}
+	return CUDA_ERROR_UNKNOWN;
+}
+
+int cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+	if (current < 0 || current >= nvisible) return CUDA_ERROR_INVALID_CONTEXT;
+	*total = (size_t)ldexp(memory_mib, 20);
+	*free_bytes = (size_t)(capacity(current) - used[current]);
+	return CUDA_SUCCESS;
+}
 int cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return CUDA_SUCCESS; }
