@@ -21,6 +21,16 @@ func (s *gpuSet) addAll(o gpuSet) {
 	}
 }
 
+// each calls f with every GPU of the set, in ascending order.
+func (s gpuSet) each(f func(int)) {
+	for i, w := range s {
+		for w != 0 {
+			f(64*i + bits.TrailingZeros64(w))
+			w &= w - 1
+		}
+	}
+}
+
 func (s gpuSet) overlaps(o gpuSet) bool {
 	for i := range min(len(s), len(o)) {
 		if s[i]&o[i] != 0 {

@@ -113,7 +113,7 @@ type ordered struct {
 func (p *pool) reorder(inUse []bool, seats []int64, s *scratch) *ordered {
 	o := &ordered{inUse: slices.Clone(inUse), seats: slices.Clone(seats)}
 	s.use.restore(p, o)
-	o.order = p.preferred(&s.use, nil)
+	o.order = p.preferred(&s.use, s)
 	for j, sp := range p.spans {
 		idx := o.order[sp.start:sp.end]
 		if slices.IsSorted(idx) {
@@ -135,36 +135,34 @@ func (p *pool) reorder(inUse []bool, seats []int64, s *scratch) *ordered {
 	return o
 }
 
-// preferred appends to buf the pool's device indices in the order the
-// allocator should try them under use, slice by slice and, within a
-// slice, profile by profile as published: devices with room for a seat
-// first, among them those that join GPUs in use, then those that break
-// the fewest idle larger groups; the published order breaks ties. A
+// preferred returns the pool's device indices in the order the allocator
+// should try them under use, slice by slice and, within a slice, profile
+// by profile as published: devices with room for a seat first, among
+// them those that join GPUs in use, then those that break the fewest
+// idle larger groups (breaks.go); the published order breaks ties. A
 // device never moves ahead of another profile's: the allocator evaluates
 // the request's selectors on every device it tries, and a device of
 // another profile is one more evaluation that cannot match.
-func (p *pool) preferred(use *nodeUse, buf []int) []int {
+func (p *pool) preferred(use *nodeUse, s *scratch) []int {
 	type rank struct {
 		block  int
 		full   bool
 		broken int
 		joined bool
 	}
+	s.broken = s.breaks.count(p, use.busy, s.broken)
 	ranks := make([]rank, len(p.devices))
 	for i, d := range p.devices {
 		ranks[i] = rank{
 			block:  d.block,
 			full:   !use.fits(i, d, 1),
-			broken: p.breaks(i, use.busy),
+			broken: s.broken[i],
 			joined: d.joins(use.inUse[i], use.busy),
 		}
 	}
-	start := len(buf)
-	for i := range p.devices {
-		buf = append(buf, i)
-	}
+	buf := slices.Clone(p.identity)
 	for _, sp := range p.spans {
-		slices.SortStableFunc(buf[start+sp.start:start+sp.end], func(a, b int) int {
+		slices.SortStableFunc(buf[sp.start:sp.end], func(a, b int) int {
 			ra, rb := ranks[a], ranks[b]
 			switch {
 			case ra.block != rb.block:
@@ -194,18 +192,4 @@ func boolOrder(first bool) int {
 // use, or a MIG instance on a GPU already partitioned.
 func (d *device) joins(inUse bool, busy gpuSet) bool {
 	return (d.shared && inUse) || (d.partial && busy.overlaps(d.gpus))
-}
-
-// breaks counts the idle larger groups device i overlaps: exclusive,
-// untainted groups of more GPUs, none of them busy, that taking i would
-// leave short of a whole island.
-func (p *pool) breaks(i int, busy gpuSet) int {
-	d := p.devices[i]
-	n := 0
-	for _, big := range p.devices {
-		if big.exclusive && !big.tainted && big.size > d.size && big.gpus.overlaps(d.gpus) && !busy.overlaps(big.gpus) {
-			n++
-		}
-	}
-	return n
 }

@@ -137,6 +137,10 @@ type scratch struct {
 	before        gpuSet
 	inUseBefore   []bool
 	picked, taken []int
+	// breaks and broken: the device order's count of the groups each
+	// device breaks.
+	breaks breakIndex
+	broken []int
 }
 
 // predict places reqs on the pool as the allocator would, from the
