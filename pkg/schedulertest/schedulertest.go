@@ -100,6 +100,12 @@ func (c *Cluster) SetNode(node string, res resourceslice.DriverResources, driver
 	c.AddNode(node, res, driver)
 }
 
+// AddSlices adds slices as they are: a pool in any state a driver, or a
+// node broken into, can leave it in (generations, counts, sizes).
+func (c *Cluster) AddSlices(ss ...*resourceapi.ResourceSlice) {
+	c.slices = append(c.slices, ss...)
+}
+
 // AddClasses adds DeviceClasses.
 func (c *Cluster) AddClasses(classes ...*resourceapi.DeviceClass) {
 	for _, dc := range classes {

@@ -80,8 +80,11 @@ func TestDecodeArgs(t *testing.T) {
 }
 
 // The score reads what the driver publishes by name: the names must be
-// the driver's.
+// the driver's, and the largest pool it scores the driver's largest.
 func TestPublishedNamesAreTheDriversOwn(t *testing.T) {
+	if maxPoolDevices != draresources.MaxPoolDevices() {
+		t.Errorf("pools of up to %d devices scored, the driver publishes up to %d", maxPoolDevices, draresources.MaxPoolDevices())
+	}
 	if counterSet != draresources.CounterSet {
 		t.Errorf("counter set %q, the driver publishes %q", counterSet, draresources.CounterSet)
 	}

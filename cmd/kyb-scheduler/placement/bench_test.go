@@ -122,7 +122,7 @@ func (f *fixture) stream(b *testing.B) [2]*structured.AllocatedState {
 	listed, gathered := f.snapshot()
 	next := *gathered
 	next.AllocatedDevices = gathered.AllocatedDevices.Clone()
-	p := f.plugin.pools.update(listed).pool(f.nodes[0])
+	p := f.plugin.pools.update(f.ctx, listed).pool(f.nodes[0])
 	for _, d := range p.devices {
 		if d.size == 1 && !next.AllocatedDevices.Has(d.id) {
 			next.AllocatedDevices.Insert(d.id)

@@ -63,7 +63,7 @@ func TestBrokenGroupsAreCountedAsByAScanOfThePool(t *testing.T) {
 func TestDeviceOrderWorkGrowsWithThePool(t *testing.T) {
 	visits := map[int]int{}
 	for _, n := range []int{2048, 32768} {
-		p := parsePool("node-a", repeatedGroups(n, 32))
+		p := parsePool("node-a", repeatedGroups("node-a", n, 32))
 		inUse := make([]bool, len(p.devices))
 		for i, d := range p.devices[:60] {
 			inUse[i] = d.size == 1 && d.gpus.bound() <= 8

@@ -72,7 +72,7 @@ func (o *deviceOrder) OrderDevices(ctx context.Context, state *structured.Alloca
 	if state == nil {
 		return all
 	}
-	o.set = o.pl.pools.update(all)
+	o.set = o.pl.pools.update(ctx, all)
 	o.states = o.pl.poolStates(ctx, o.set, state)
 	if o.policy == Spread {
 		return all

@@ -22,7 +22,7 @@ import (
 func BenchmarkDeviceOrderOfALargePool(b *testing.B) {
 	for _, n := range []int{2048, 8192, 32768} {
 		b.Run(fmt.Sprintf("devices=%d", n), func(b *testing.B) {
-			p := parsePool("node-a", repeatedGroups(n, 32))
+			p := parsePool("node-a", repeatedGroups("node-a", n, 32))
 			inUse := make([]bool, len(p.devices))
 			for i, d := range p.devices[:60] {
 				inUse[i] = d.size == 1 && d.gpus.bound() <= 8
@@ -36,31 +36,31 @@ func BenchmarkDeviceOrderOfALargePool(b *testing.B) {
 	}
 }
 
-// repeatedGroups are the slices of one pool of n devices: the groups of
-// 1, 2, 4 and 8 GPUs of a node of gpus GPUs, each consuming its GPUs'
+// repeatedGroups are the slices of node's pool of n devices: the groups
+// of 1, 2, 4 and 8 GPUs of a node of gpus GPUs, each consuming its GPUs'
 // counters, repeated under new names until there are n, 64 to a slice
 // after the slice of counters.
-func repeatedGroups(n, gpus int) []*resourceapi.ResourceSlice {
+func repeatedGroups(node string, n, gpus int) []*resourceapi.ResourceSlice {
 	one := resourceapi.Counter{Value: resource.MustParse("1")}
 	counters := map[string]resourceapi.Counter{}
 	for g := range gpus {
 		counters[counterPrefix+strconv.Itoa(g)] = one
 	}
-	slice := func(i int) *resourceapi.ResourceSlice {
+	slice := func() *resourceapi.ResourceSlice {
 		return &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{
 			Driver:   driver.Name,
-			NodeName: ptr.To("node-a"),
-			Pool:     resourceapi.ResourcePool{Name: "node-a", Generation: 1},
+			NodeName: ptr.To(node),
+			Pool:     resourceapi.ResourcePool{Name: node, Generation: 1},
 		}}
 	}
-	out := []*resourceapi.ResourceSlice{slice(0)}
+	out := []*resourceapi.ResourceSlice{slice()}
 	out[0].Spec.SharedCounters = []resourceapi.CounterSet{{Name: counterSet, Counters: counters}}
 	var cur *resourceapi.ResourceSlice
 	for i := 0; i < n; {
 		for _, size := range []int{1, 2, 4, 8} {
 			for first := 0; first+size <= gpus && i < n; first += size {
 				if cur == nil || len(cur.Spec.Devices) == 64 {
-					cur = slice(len(out))
+					cur = slice()
 					out = append(out, cur)
 				}
 				consumed := map[string]resourceapi.Counter{}
@@ -80,7 +80,7 @@ func repeatedGroups(n, gpus int) []*resourceapi.ResourceSlice {
 		}
 	}
 	for i, s := range out {
-		s.Name = fmt.Sprintf("node-a-%05d", i)
+		s.Name = fmt.Sprintf("%s-%05d", node, i)
 		s.Spec.Pool.ResourceSliceCount = int64(len(out))
 	}
 	return out

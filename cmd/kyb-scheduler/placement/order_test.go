@@ -178,7 +178,7 @@ func boolInt(b bool) int {
 func (f *fixture) prediction(state fwk.CycleState, pod *v1.Pod, node string) outcome {
 	f.t.Helper()
 	listed, gathered := f.snapshot()
-	set := f.plugin.pools.update(listed)
+	set := f.plugin.pools.update(f.ctx, listed)
 	k, ok := set.slot[node]
 	if !ok {
 		f.t.Fatalf("no pool of ours on %s", node)
@@ -208,7 +208,7 @@ func TestPreScorePredictsFromTheCyclesOrder(t *testing.T) {
 	state.Write(dynamicresources.AllocatedStateKey, &dynamicresources.AllocatedStateData{State: gathered})
 	order := cycleOrder(state)
 	order.OrderDevices(f.ctx, gathered, listed)
-	set := f.plugin.pools.update(listed)
+	set := f.plugin.pools.update(f.ctx, listed)
 	k := set.slot["node-a"]
 	p, ord := set.list[k], order.states[k]
 	if order.set != set || ord == nil {

@@ -216,7 +216,7 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		if err != nil {
 			return fwk.AsStatus(fmt.Errorf("list ResourceSlices: %w", err))
 		}
-		set = pl.pools.update(listed)
+		set = pl.pools.update(ctx, listed)
 		allocated, err := pl.allocatedState(state)
 		if err != nil {
 			return fwk.AsStatus(err)

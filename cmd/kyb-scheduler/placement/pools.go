@@ -33,6 +33,14 @@ const (
 	// (gpu9000000000000000 is a valid counter name) would let one slice
 	// take the scheduler's memory. A larger index is no GPU of ours.
 	gpuIndexLimit = 1024
+	// maxPoolDevices is the most devices the driver publishes in a node's
+	// pool (pkg/draresources MaxPoolDevices: a profile of every group size
+	// at the most seats on the most GPUs, in the per-seat layout). A node
+	// that publishes more is no node of the driver's as it runs: its pool
+	// is left to the allocator in its published order and scored as not
+	// ours, so that the work a node can make the score do per
+	// republication stays what an honest node's costs.
+	maxPoolDevices = 7680
 )
 
 // device is one of our published devices, as the score needs it.
@@ -146,12 +154,18 @@ type poolSet struct {
 	// devices, the devices by the same index.
 	ids     []structured.DeviceID
 	devices []*device
+	// large: the devices of pools of more than scannedPool, by ID.
+	large map[structured.DeviceID]int
 	// spanOf: where each slice the set was made of is, for the device
 	// order's copies.
 	spanOf map[*resourceapi.ResourceSlice]spanRef
 	// unseatedShares: some shared device publishes no seats, so that only
 	// the state's shares tell whether it is in use.
 	unseatedShares bool
+	// skipped are the slices of the nodes whose slices make no pool of
+	// ours (incomplete, or larger than the driver publishes), as listed,
+	// so that they are judged once per version.
+	skipped map[string][]*resourceapi.ResourceSlice
 }
 
 // pool returns the node's pool, nil if it has none of ours.
@@ -162,6 +176,9 @@ func (ps *poolSet) pool(node string) *pool {
 	return nil
 }
 
+// scannedPool is the most devices of a pool index scans for an ID.
+const scannedPool = 64
+
 // spanRef names a slice's span: spans[span] of list[pool].
 type spanRef struct{ pool, span int }
 
@@ -170,14 +187,19 @@ func newPoolSet(pools map[string]*pool) *poolSet {
 		slot:   make(map[string]int, len(pools)),
 		byPool: make(map[draapi.UniqueString]int, len(pools)),
 		spanOf: make(map[*resourceapi.ResourceSlice]spanRef, len(pools)),
+		large:  map[structured.DeviceID]int{},
 	}
 	for _, p := range pools {
 		k := len(ps.list)
 		ps.slot[p.node] = k
 		ps.list = append(ps.list, p)
 		ps.base = append(ps.base, len(ps.ids))
+		large := len(p.devices) > scannedPool
 		for _, d := range p.devices {
 			ps.byPool[d.id.Pool] = k
+			if large {
+				ps.large[d.id] = len(ps.ids)
+			}
 			ps.ids = append(ps.ids, d.id)
 			ps.devices = append(ps.devices, d)
 			ps.unseatedShares = ps.unseatedShares || (d.shared && !d.seatsPublished)
@@ -191,11 +213,19 @@ func newPoolSet(pools map[string]*pool) *poolSet {
 }
 
 // index is the device's index in a view, -1 if the set has none by that
-// ID. A node's pool has a few dozen devices at most: a scan of its IDs,
-// side by side, is quicker than a map of every device of the cluster.
+// ID. A node's pool has a few dozen devices: a scan of its IDs, side by
+// side, is quicker than a map of every device of the cluster. Pools of
+// more (seats of the per-seat layout) are looked up in a map of their
+// own, so that a view's pass stays a look-up per allocation.
 func (ps *poolSet) index(id structured.DeviceID) int {
 	k, ok := ps.byPool[id.Pool]
 	if !ok {
+		return -1
+	}
+	if ps.base[k+1]-ps.base[k] > scannedPool {
+		if i, ok := ps.large[id]; ok {
+			return i
+		}
 		return -1
 	}
 	for i := ps.base[k]; i < ps.base[k+1]; i++ {
@@ -208,7 +238,7 @@ func (ps *poolSet) index(id structured.DeviceID) int {
 
 // update returns the pools of our driver among slices, parsing only the
 // pools whose slices changed since the last call.
-func (c *poolCache) update(all []*resourceapi.ResourceSlice) *poolSet {
+func (c *poolCache) update(ctx context.Context, all []*resourceapi.ResourceSlice) *poolSet {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.unchanged(all) {
@@ -223,18 +253,29 @@ func (c *poolCache) update(all []*resourceapi.ResourceSlice) *poolSet {
 		byNode[*s.Spec.NodeName] = append(byNode[*s.Spec.NodeName], s)
 	}
 	next := make(map[string]*pool, len(byNode))
+	skipped := map[string][]*resourceapi.ResourceSlice{}
 	for node, ss := range byNode {
 		var p *pool
 		if c.set != nil {
-			p = c.set.pool(node)
-		}
-		if p != nil && sameObjects(p.listed, ss) {
-			// Most nodes when one changes: nothing of theirs did.
-			next[node] = p
-			continue
+			if p = c.set.pool(node); p != nil && sameObjects(p.listed, ss) {
+				// Most nodes when one changes: nothing of theirs did.
+				next[node] = p
+				continue
+			}
+			if sameObjects(c.set.skipped[node], ss) {
+				skipped[node] = ss
+				continue
+			}
 		}
 		listed := ss
-		ss = currentGeneration(ss)
+		ss = completePools(ss)
+		if n := deviceCount(ss); len(ss) == 0 || n > maxPoolDevices {
+			if n > maxPoolDevices {
+				klog.FromContext(ctx).V(2).Info("Node publishes more devices than the driver does: its pool is left to the allocator unordered and unscored", "node", node, "devices", n, "limit", maxPoolDevices)
+			}
+			skipped[node] = listed
+			continue
+		}
 		if p == nil || !slices.Equal(p.slices, ss) {
 			p = parsePool(node, ss)
 		}
@@ -242,6 +283,7 @@ func (c *poolCache) update(all []*resourceapi.ResourceSlice) *poolSet {
 		next[node] = p
 	}
 	c.set = newPoolSet(next)
+	c.set.skipped = skipped
 	c.listed = make(map[*resourceapi.ResourceSlice]struct{}, len(all))
 	for _, s := range all {
 		c.listed[s] = struct{}{}
@@ -266,32 +308,72 @@ func (c *poolCache) unchanged(all []*resourceapi.ResourceSlice) bool {
 }
 
 // sameObjects says whether a and b hold the same objects, in any order
-// (a lister's order is its map's); a node has a few slices.
+// (a lister's order is its map's). A node has a few slices, but may
+// publish many.
 func sameObjects(a, b []*resourceapi.ResourceSlice) bool {
-	if len(a) != len(b) {
+	if len(a) != len(b) || a == nil {
 		return false
 	}
+	if len(a) <= 16 {
+		for _, s := range b {
+			if !slices.Contains(a, s) {
+				return false
+			}
+		}
+		return true
+	}
+	in := make(map[*resourceapi.ResourceSlice]struct{}, len(a))
+	for _, s := range a {
+		in[s] = struct{}{}
+	}
 	for _, s := range b {
-		if !slices.Contains(a, s) {
+		if _, ok := in[s]; !ok {
 			return false
 		}
 	}
 	return true
 }
 
-// currentGeneration keeps the slices of each pool's newest generation, as
-// the allocator does while a pool is being republished, sorted by name:
-// the allocator's order between a pool's slices is its listing's, which
-// the score cannot see; our pools hold one slice of devices up to 64
-// groups, so the order within it is what matters.
-func currentGeneration(ss []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
-	newest := map[string]int64{}
+// completePools keeps, of each pool among one node's slices (in the
+// listing's order), the slices of its newest generation where that
+// generation is complete, sorted by name, as the allocator does
+// (GatherPools in k8s.io/dynamic-resource-allocation/structured): a
+// generation is complete once spec.pool.resourceSliceCount of its slices
+// are listed; while a pool is republished neither an incomplete newest
+// generation nor the older one gives a device.
+//
+// The allocator takes the count from the generation's first slice in its
+// listing. Slices of one generation that disagree on it are no pool the
+// driver publishes, and the score, which cannot see the allocator's
+// listing order, takes none of them.
+//
+// The allocator's order between a pool's slices is its listing's, which
+// the score cannot see either; our pools hold one slice of devices up to
+// 64 groups, so the order within it is what matters.
+func completePools(ss []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
+	type generation struct {
+		number int64
+		// count: the slices' resourceSliceCount, -1 where they disagree;
+		// listed, how many are.
+		count, listed int64
+	}
+	newest := map[string]*generation{}
 	for _, s := range ss {
-		newest[s.Spec.Pool.Name] = max(newest[s.Spec.Pool.Name], s.Spec.Pool.Generation)
+		pool := s.Spec.Pool
+		g := newest[pool.Name]
+		switch {
+		case g == nil || pool.Generation > g.number:
+			newest[pool.Name] = &generation{number: pool.Generation, count: pool.ResourceSliceCount, listed: 1}
+		case pool.Generation == g.number:
+			g.listed++
+			if pool.ResourceSliceCount != g.count {
+				g.count = -1
+			}
+		}
 	}
 	out := ss[:0:0]
 	for _, s := range ss {
-		if s.Spec.Pool.Generation == newest[s.Spec.Pool.Name] {
+		if g := newest[s.Spec.Pool.Name]; s.Spec.Pool.Generation == g.number && g.listed == g.count {
 			out = append(out, s)
 		}
 	}
@@ -299,6 +381,15 @@ func currentGeneration(ss []*resourceapi.ResourceSlice) []*resourceapi.ResourceS
 		return cmp.Or(cmp.Compare(a.Spec.Pool.Name, b.Spec.Pool.Name), cmp.Compare(a.Name, b.Name))
 	})
 	return out
+}
+
+// deviceCount is how many devices the slices publish.
+func deviceCount(ss []*resourceapi.ResourceSlice) int {
+	n := 0
+	for _, s := range ss {
+		n += len(s.Spec.Devices)
+	}
+	return n
 }
 
 func parsePool(node string, ss []*resourceapi.ResourceSlice) *pool {
