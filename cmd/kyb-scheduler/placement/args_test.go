@@ -2,12 +2,14 @@ package placement
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 )
 
@@ -82,6 +84,9 @@ func TestDecodeArgs(t *testing.T) {
 // The score reads what the driver publishes by name: the names must be
 // the driver's, and the largest pool it scores the driver's largest.
 func TestPublishedNamesAreTheDriversOwn(t *testing.T) {
+	if !slices.Equal(largerSizes[:], v1alpha1.ValidGroupSizes[1:]) {
+		t.Errorf("larger group sizes %v, the driver's group sizes are %v", largerSizes, v1alpha1.ValidGroupSizes)
+	}
 	if maxPoolDevices != draresources.MaxPoolDevices() {
 		t.Errorf("pools of up to %d devices scored, the driver publishes up to %d", maxPoolDevices, draresources.MaxPoolDevices())
 	}

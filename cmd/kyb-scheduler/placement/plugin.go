@@ -259,6 +259,7 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	loggerV := logger.V(5)
 	for i, o := range outcomes {
 		name := nodes[i].Node().Name
+		o = o.bounded(set.larger)
 		s.keys[name] = o.key(policy)
 		ours = ours || o.ours
 		if loggerV.Enabled() && o.ours {

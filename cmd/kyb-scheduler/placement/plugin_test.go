@@ -80,15 +80,16 @@ func TestSpreadSpreadsOverNodes(t *testing.T) {
 // node-a: taking the fullest node first would break the pair.
 //
 // They part where keeping larger groups whole would take an empty node:
-// node-c publishes one-GPU groups alone, so a seat there breaks nothing,
-// and node-d holds a 2x seat on GPUs 0-1, so its next seat breaks the
-// pair 2-3. Topology takes node-c, pack node-d, keeping node-c whole.
+// node-c has one GPU, so a seat there breaks nothing, and node-d holds a
+// 2x seat on GPUs 0-1, so its next seat breaks the pair 2-3. Topology
+// takes node-c, pack node-d, keeping node-c whole. (A node of eight GPUs
+// that publishes one-GPU groups alone ranks, empty, as an honest empty
+// node of eight: TestANodeWithoutLargerGroupsRanksNoBetterThanAnHonestOne.)
 func TestTopologyKeepsLargerGroupsWhole(t *testing.T) {
-	const onlyOneGPU = "profiles:\n- {resource: kyb.ai/gpu-1x-seat}\n"
 	type seat struct{ node, class, gpus string }
 	among := []nodeSpec{{"node-a", "dgx-h100", threeProfiles}, {"node-b", "dgx-h100", threeProfiles}}
 	amongSeats := []seat{{"node-a", class1x, "0"}, {"node-a", class1x, "2"}, {"node-b", class2x, "0,1"}, {"node-b", class2x, "4,5"}}
-	empty := []nodeSpec{{"node-c", "dgx-h100", onlyOneGPU}, {"node-d", "dgx-h100", threeProfiles}}
+	empty := []nodeSpec{{"node-c", "single-gpu", threeProfiles}, {"node-d", "dgx-h100", threeProfiles}}
 	emptySeats := []seat{{"node-d", class2x, "0,1"}}
 	for _, tc := range []struct {
 		name   string

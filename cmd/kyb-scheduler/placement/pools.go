@@ -162,6 +162,9 @@ type poolSet struct {
 	// unseatedShares: some shared device publishes no seats, so that only
 	// the state's shares tell whether it is in use.
 	unseatedShares bool
+	// larger: the larger group sizes (bits of largerSizes) some pool has
+	// exclusive groups of, for the bound on a node's word (trust.go).
+	larger uint8
 	// skipped are the slices of the nodes whose slices make no pool of
 	// ours (incomplete, or larger than the driver publishes), as listed,
 	// so that they are judged once per version.
@@ -203,6 +206,9 @@ func newPoolSet(pools map[string]*pool) *poolSet {
 			ps.ids = append(ps.ids, d.id)
 			ps.devices = append(ps.devices, d)
 			ps.unseatedShares = ps.unseatedShares || (d.shared && !d.seatsPublished)
+			if d.exclusive {
+				ps.larger |= sizeBits(d.size)
+			}
 		}
 		for j, sp := range p.spans {
 			ps.spanOf[sp.slice] = spanRef{pool: k, span: j}

@@ -34,6 +34,9 @@ type outcome struct {
 	// that the pod's groups overlap: an island the next request of that
 	// size no longer finds whole.
 	broken int
+	// takenBelow[j]: the GPUs the pod's devices of fewer than
+	// largerSizes[j] GPUs take, for the bound on a node's word (trust.go).
+	takenBelow [len(largerSizes)]int
 }
 
 // nodeUse is the allocation state of one pool while a pod is placed on it.
@@ -141,6 +144,9 @@ type scratch struct {
 	// device breaks.
 	breaks breakIndex
 	broken []int
+	// below: the GPUs the pod's devices smaller than each of largerSizes
+	// take.
+	below [len(largerSizes)]gpuSet
 }
 
 // predict places reqs on the pool as the allocator would, from the
@@ -205,10 +211,22 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, reqs []request, 
 		o.ours = o.ours || mine
 	}
 	o.picks = len(s.picked)
+	for j := range s.below {
+		s.below[j] = s.below[j][:0]
+	}
 	for _, i := range s.picked {
-		if p.devices[i].joins(s.inUseBefore[i], s.before) {
+		d := p.devices[i]
+		if d.joins(s.inUseBefore[i], s.before) {
 			o.joined++
 		}
+		for j, size := range largerSizes {
+			if d.size < size {
+				s.below[j].addAll(d.gpus)
+			}
+		}
+	}
+	for j := range s.below {
+		o.takenBelow[j] = s.below[j].count()
 	}
 	for _, big := range p.devices {
 		if !big.exclusive || big.tainted || s.before.overlaps(big.gpus) {
