@@ -12,6 +12,8 @@ import (
 	"github.com/google/cel-go/common/types/ref"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 )
 
 // The admission policies' CEL is evaluated here with cel-go, the way the API
@@ -220,6 +222,39 @@ func TestSlicePolicyKeepsEachPluginOnItsNode(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got := evaluate(t, vap, tc.req)
 			checkVerdict(t, got, tc.wantMatched, tc.wantDenied, tc.wantMessage)
+		})
+	}
+}
+
+// A node's pool declares no more slices than the driver publishes for
+// the largest node: a plugin broken into cannot make the scheduler read a
+// pool of any size (a pool is used only once all the slices it declares
+// are listed). Deleting a slice is never refused for it.
+func TestSlicePolicyBoundsAPoolsSlices(t *testing.T) {
+	vap := policies(t)["resourceslices"]
+	most := draresources.MaxPoolSlices()
+	withCount := func(n int) map[string]any {
+		return obj(t, fmt.Sprintf("spec: {driver: gpu.kyb.ai, nodeName: node-a, pool: {name: node-a, generation: 3, resourceSliceCount: %d}}", n))
+	}
+	for _, tc := range []struct {
+		name        string
+		req         admission
+		wantDenied  bool
+		wantMessage string
+	}{
+		{name: "the largest pool", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: withCount(most)}},
+		{
+			name: "one slice more", req: admission{operation: "CREATE", user: pluginUser, node: "node-a", object: withCount(most + 1)},
+			wantDenied: true, wantMessage: fmt.Sprintf("the kyb DRA plugin on node node-a may publish a pool of at most %d slices, the most the driver publishes, not %d", most, most+1),
+		},
+		{
+			name: "a slice updated into a larger pool", req: admission{operation: "UPDATE", user: pluginUser, node: "node-a", object: withCount(512), oldObject: withCount(2)},
+			wantDenied: true, wantMessage: "not 512",
+		},
+		{name: "a slice of a larger pool deleted", req: admission{operation: "DELETE", user: pluginUser, node: "node-a", oldObject: withCount(512)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkVerdict(t, evaluate(t, vap, tc.req), true, tc.wantDenied, tc.wantMessage)
 		})
 	}
 }
