@@ -11,6 +11,7 @@ import (
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
 func TestDecodeArgs(t *testing.T) {
@@ -86,6 +87,9 @@ func TestDecodeArgs(t *testing.T) {
 func TestPublishedNamesAreTheDriversOwn(t *testing.T) {
 	if !slices.Equal(largerSizes[:], v1alpha1.ValidGroupSizes[1:]) {
 		t.Errorf("larger group sizes %v, the driver's group sizes are %v", largerSizes, v1alpha1.ValidGroupSizes)
+	}
+	if gpuIndexLimit != planner.MaxGPUs {
+		t.Errorf("GPU indices below %d read, the driver publishes up to %d GPUs", gpuIndexLimit, planner.MaxGPUs)
 	}
 	if maxPoolDevices != draresources.MaxPoolDevices() {
 		t.Errorf("pools of up to %d devices scored, the driver publishes up to %d", maxPoolDevices, draresources.MaxPoolDevices())

@@ -1,9 +1,8 @@
 package placement
 
 import (
-	"cmp"
-	"encoding/binary"
-	"slices"
+	"math/bits"
+	"sort"
 )
 
 // The idle larger groups each device of a pool breaks, for the device
@@ -13,37 +12,35 @@ import (
 // GPUs' counters), untainted, idle (none of its GPUs busy) and overlaps
 // it. Asked of every group for every device, that is a pass over the
 // pool per device, quadratic in a pool whose size its node decides: a
-// node publishing 32,768 devices in its own pool cost the order 10 s.
-// Here the idle groups are listed by GPU once, so that a device looks
-// only at the groups over its own GPUs, largest first, and stops at
-// those no larger than itself: a device of one GPU counts its GPU's
-// list without reading it, and devices of one GPU set (a group
-// published again under another name, a GPU's MIG instances, the seats
-// of the per-seat layout) are counted once. A pool of the driver's
-// shapes, however often repeated, costs a pass over its devices' GPUs.
-// Devices of many distinct sets of several GPUs each cost the groups
-// over their GPUs, which the bound on a pool (maxPoolDevices) keeps
-// small.
+// node publishing 32,768 devices in its own pool cost the order seconds
+// each time its slices or allocations changed. Here the idle groups,
+// largest first, are a set of bits per GPU, made once: a device of one
+// GPU counts its GPU's bits, made with them; a device of several GPUs
+// counts the union of its GPUs' sets, a word at a time, over the groups
+// larger than itself; devices of one GPU set (a group published again
+// under another name, a GPU's MIG instances, the seats of the per-seat
+// layout) are counted once. A pool of the driver's shapes, however often
+// repeated, costs a pass over its devices' GPUs; a pool of many distinct
+// sets of several GPUs, a word per 64 idle groups for each GPU of each
+// set, which the bounds on a pool (maxPoolDevices devices, gpuIndexLimit
+// GPUs) keep to milliseconds.
 
 // breakIndex is the idle larger groups of a pool by GPU, and the counts
 // made from them; a scratch's, reused from pool to pool.
 type breakIndex struct {
-	// groups[start[g]:start[g+1]] are the idle groups of two GPUs or more
-	// over GPU g, by device index, largest first.
-	start, groups []int32
-	// idle: the candidates, largest first.
-	idle []int32
-	// stamp and epoch count a group once where it covers several of a
-	// device's GPUs.
-	stamp []uint32
-	epoch uint32
-	// bySet: the counts of the GPU sets of several GPUs counted so far,
-	// by their words (byWord where one word holds them).
-	byWord map[uint64]int
-	bySet  map[string]int
-	key    []byte
-	// visits counts the list entries read, for the test that the work
-	// grows with the pool, not with its square.
+	// idle: the pool's idle groups of two GPUs or more, largest first,
+	// in the pool's order among groups of one size; bySize places them.
+	idle   []int32
+	bySize []int
+	// words: the words of a GPU's set; over[g*words:(g+1)*words] has bit
+	// k set where idle[k] is over GPU g, and groups[g] is how many are.
+	words  int
+	over   []uint64
+	groups []int
+	// counted: the counts of the GPU sets of several GPUs made so far.
+	counted map[uint64]int
+	// visits counts the words read, for the test that the work grows
+	// with the pool, not with its square.
 	visits int
 }
 
@@ -53,93 +50,79 @@ func (x *breakIndex) count(p *pool, busy gpuSet, out []int) []int {
 	out = resize(out, len(p.devices))
 	x.visits = 0
 	x.build(p, busy)
-	if x.byWord == nil {
-		x.byWord, x.bySet = map[uint64]int{}, map[string]int{}
+	if x.counted == nil {
+		x.counted = map[uint64]int{}
 	}
-	clear(x.byWord)
-	clear(x.bySet)
+	clear(x.counted)
 	for i, d := range p.devices {
 		switch {
 		case d.size == 0:
 		case d.size == 1:
-			g := d.gpus.bound() - 1
-			out[i] = int(x.start[g+1] - x.start[g])
+			out[i] = x.groups[d.gpus.bound()-1]
 		case len(d.gpus) == 1:
-			n, ok := x.byWord[d.gpus[0]]
+			// Every set of one word, as gpuIndexLimit keeps them.
+			n, ok := x.counted[d.gpus[0]]
 			if !ok {
 				n = x.overlapping(p, d)
-				x.byWord[d.gpus[0]] = n
+				x.counted[d.gpus[0]] = n
 			}
 			out[i] = n
 		default:
-			// GPU indices past 63: no pool of the driver's.
-			x.key = x.key[:0]
-			for _, w := range d.gpus {
-				x.key = binary.LittleEndian.AppendUint64(x.key, w)
-			}
-			n, ok := x.bySet[string(x.key)]
-			if !ok {
-				n = x.overlapping(p, d)
-				x.bySet[string(x.key)] = n
-			}
-			out[i] = n
+			out[i] = x.overlapping(p, d)
 		}
 	}
 	return out
 }
 
-// build lists the pool's idle groups of two GPUs or more by GPU.
+// build makes the sets of the pool's idle groups of two GPUs or more, by
+// GPU.
 func (x *breakIndex) build(p *pool, busy gpuSet) {
-	x.idle = x.idle[:0]
-	for i, d := range p.devices {
+	// Largest first, by a count of each size: a group has at most the
+	// pool's GPUs.
+	x.bySize = resize(x.bySize, p.gpus+2)
+	n := 0
+	for _, d := range p.devices {
 		if d.exclusive && !d.tainted && d.size > 1 && !busy.overlaps(d.gpus) {
-			x.idle = append(x.idle, int32(i))
+			x.bySize[p.gpus-d.size+1]++
+			n++
 		}
 	}
-	slices.SortStableFunc(x.idle, func(a, b int32) int { return cmp.Compare(p.devices[b].size, p.devices[a].size) })
-	x.start = resize(x.start, p.gpus+2)
-	for _, i := range x.idle {
-		p.devices[i].gpus.each(func(g int) { x.start[g+2]++ })
+	for k := 1; k < len(x.bySize); k++ {
+		x.bySize[k] += x.bySize[k-1]
 	}
-	for g := 2; g < len(x.start); g++ {
-		x.start[g] += x.start[g-1]
+	x.idle = resize(x.idle, n)
+	for i, d := range p.devices {
+		if d.exclusive && !d.tainted && d.size > 1 && !busy.overlaps(d.gpus) {
+			x.idle[x.bySize[p.gpus-d.size]] = int32(i)
+			x.bySize[p.gpus-d.size]++
+		}
 	}
-	// start[g+1] is where GPU g's list is filled up to; once filled, it is
-	// where the list of g+1 begins.
-	x.groups = resize(x.groups, int(x.start[len(x.start)-1]))
-	for _, i := range x.idle {
+	x.words = (len(x.idle) + 63) / 64
+	x.over = resize(x.over, p.gpus*x.words)
+	x.groups = resize(x.groups, p.gpus)
+	for k, i := range x.idle {
 		p.devices[i].gpus.each(func(g int) {
-			x.groups[x.start[g+1]] = i
-			x.start[g+1]++
+			x.over[g*x.words+k/64] |= 1 << (k % 64)
+			x.groups[g]++
 		})
 	}
-	x.visits += len(x.groups)
-	if len(x.stamp) < len(p.devices) {
-		x.stamp = make([]uint32, len(p.devices))
-		x.epoch = 0
-	}
+	x.visits += len(x.over)
 }
 
 // overlapping counts the idle groups larger than d over its GPUs, each
 // once.
 func (x *breakIndex) overlapping(p *pool, d *device) int {
-	x.epoch++
-	if x.epoch == 0 {
-		clear(x.stamp)
-		x.epoch = 1
-	}
+	// The groups larger than d: a prefix of idle.
+	larger := sort.Search(len(x.idle), func(k int) bool { return p.devices[x.idle[k]].size <= d.size })
 	n := 0
-	d.gpus.each(func(g int) {
-		for _, b := range x.groups[x.start[g]:x.start[g+1]] {
-			x.visits++
-			if p.devices[b].size <= d.size {
-				break
-			}
-			if x.stamp[b] != x.epoch {
-				x.stamp[b] = x.epoch
-				n++
-			}
+	for w := 0; w*64 < larger; w++ {
+		var union uint64
+		d.gpus.each(func(g int) { union |= x.over[g*x.words+w] })
+		x.visits += d.size
+		if rest := larger - w*64; rest < 64 {
+			union &= 1<<rest - 1
 		}
-	})
+		n += bits.OnesCount64(union)
+	}
 	return n
 }

@@ -58,8 +58,8 @@ func TestBrokenGroupsAreCountedAsByAScanOfThePool(t *testing.T) {
 
 // The order's work grows with the pool, not with its square: sixteen
 // times the devices of one node (the groups of 32 GPUs published again
-// and again under new names) read at most sixteen times the index's
-// entries.
+// and again under new names) take at most sixteen times the steps (the
+// index's words read).
 func TestDeviceOrderWorkGrowsWithThePool(t *testing.T) {
 	visits := map[int]int{}
 	for _, n := range []int{2048, 32768} {
@@ -75,8 +75,8 @@ func TestDeviceOrderWorkGrowsWithThePool(t *testing.T) {
 		}
 		visits[n] = s.breaks.visits
 	}
-	t.Logf("entries read: %v", visits)
+	t.Logf("steps: %v", visits)
 	if visits[32768] > 16*visits[2048] {
-		t.Errorf("ordering 32,768 devices read %d entries, 2,048 devices %d: %.1f times for 16 times the devices", visits[32768], visits[2048], float64(visits[32768])/float64(visits[2048]))
+		t.Errorf("ordering 32,768 devices took %d steps, 2,048 devices %d: %.1f times for 16 times the devices", visits[32768], visits[2048], float64(visits[32768])/float64(visits[2048]))
 	}
 }

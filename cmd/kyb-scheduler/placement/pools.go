@@ -29,10 +29,11 @@ const (
 	seatsCapacity resourceapi.QualifiedName = "seats"
 	// gpuIndexLimit bounds the GPU indices read from a slice's counter
 	// names and attributes: the driver publishes at most 32 GPUs a node
-	// (pkg/planner MaxGPUs), and a set sized by an index read from the API
-	// (gpu9000000000000000 is a valid counter name) would let one slice
-	// take the scheduler's memory. A larger index is no GPU of ours.
-	gpuIndexLimit = 1024
+	// (pkg/planner MaxGPUs; a test keeps them equal), and a set sized by
+	// an index read from the API (gpu9000000000000000 is a valid counter
+	// name) would let one slice take the scheduler's memory, and the
+	// device order's time (breaks.go). A larger index is no GPU of ours.
+	gpuIndexLimit = 32
 	// maxPoolDevices is the most devices the driver publishes in a node's
 	// pool (pkg/draresources MaxPoolDevices: a profile of every group size
 	// at the most seats on the most GPUs, in the per-seat layout). A node
