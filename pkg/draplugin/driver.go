@@ -228,6 +228,10 @@ func (d *Driver) open(ctx context.Context) error {
 	}
 	d.publisher = newPublisher(d.node, opts.Layout, healthTaints{view: health.View{Source: opts.Health}, lostEffect: opts.GPULostEffect},
 		d.events, d.metrics, opts.BackgroundClient, opts.Clock)
+	layout := d.publisher.currentLayout()
+	if err := draresources.CheckPoolBounds(draresources.Resources(d.node.plan, d.node.inv, d.node.pool, layout), layout); err != nil {
+		return err
+	}
 	if err := d.metrics.registry.Register(seatCollector{d.publisher}); err != nil {
 		return fmt.Errorf("register the seat metrics: %w", err)
 	}

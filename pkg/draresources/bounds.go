@@ -1,8 +1,11 @@
 package draresources
 
 import (
+	"fmt"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
@@ -76,3 +79,21 @@ func counterSlices() int {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// CheckPoolBounds refuses a pool of more slices than MaxPoolSlices: the
+// chart's ResourceSlice admission policy would refuse its slices one by
+// one, leaving the node with part of a pool, which the allocator does not
+// use. Several profiles of one size at many seats in the per-seat layout
+// are the only configurations that get there.
+func CheckPoolBounds(res resourceslice.DriverResources, layout Layout) error {
+	for pool, p := range res.Pools {
+		if n := len(p.Slices); n > MaxPoolSlices() {
+			devices := 0
+			for _, s := range p.Slices {
+				devices += len(s.Devices)
+			}
+			return fmt.Errorf("the %s layout of pool %s takes %d ResourceSlices (%d devices), more than the %d of the largest pool the driver publishes on one node, which the chart's admission policy allows: configure fewer seats (seatsPerGroup) or fewer profiles of one group size", layout, pool, n, devices, MaxPoolSlices())
+		}
+	}
+	return nil
+}

@@ -3,6 +3,7 @@ package app
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -187,5 +188,28 @@ func TestDRAPluginRefusesBesideALiveShimButNotAStaleSocket(t *testing.T) {
 	code, _, out := run(t, map[string]string{"DEVICE_PLUGIN_DIRECTORY_PATH": dir}, "--node-name", "n")
 	if code != 1 || !strings.Contains(out, "the kyb device-plugin shim serves this node ("+live+" answers): a node runs the DRA plugin or the shim, never both") {
 		t.Errorf("live shim socket: exit %d\n%s", code, out)
+	}
+}
+
+// A configuration whose pool takes more slices than the chart's admission
+// policy allows a node is refused where it is planned, not slice by slice
+// by the API server: eight overprovisioned 1x profiles of 128 seats, one
+// device per seat, are 8,192 devices in 128 slices.
+func TestPlanRefusesAPoolLargerThanTheAdmissionPolicyAllows(t *testing.T) {
+	var cfg strings.Builder
+	cfg.WriteString("profiles:\n")
+	for i := range 8 {
+		fmt.Fprintf(&cfg, "- {name: p%d, resource: kyb.ai/gpu-1x-seat-%d, gpusPerGroup: 1, seatsPerGroup: 128, allowOverprovision: true}\n", i, i)
+	}
+	config := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(config, []byte(cfg.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := run(t, nil, "plan", "--simulate", "dgx-h100", "--config", config, "-o", "resourceslices", "--device-layout", "per-seat")
+	if code == 0 || !strings.Contains(errOut, "takes 128 ResourceSlices (8192 devices), more than the 120") {
+		t.Errorf("exit %d, stderr %q; want a refusal naming 128 slices against the bound of 120", code, errOut)
+	}
+	if code, _, errOut := run(t, nil, "plan", "--simulate", "dgx-h100", "--config", config, "-o", "resourceslices"); code != 0 {
+		t.Errorf("shared layout, a device per group: exit %d: %s", code, errOut)
 	}
 }

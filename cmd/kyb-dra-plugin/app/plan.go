@@ -70,6 +70,9 @@ func writeDRAObjects(w io.Writer, kind, nodeName string, layout draresources.Lay
 	switch kind {
 	case "resourceslices":
 		res := draresources.Resources(node.Plan, node.Inv, nodeName, layout)
+		if err := draresources.CheckPoolBounds(res, layout); err != nil {
+			return err
+		}
 		for _, s := range draresources.ResourceSlices(res, nodeName) {
 			objs = append(objs, s)
 		}
