@@ -30,9 +30,10 @@ import (
 // TestTheLargestPoolIsWhatTheDriverPublishes checks these against the
 // publisher's own output.
 //
-// Several profiles of one size are allowed and publish more: a node
-// configured so is refused by the admission policy, with a message
-// naming the bound.
+// Several profiles of one size are allowed and can publish more: the
+// plugin refuses to start with such a configuration (CheckPoolBounds),
+// and `kyb-dra-plugin plan -o resourceslices` says so, rather than have
+// the admission policy refuse its slices one by one.
 
 // MaxPoolDevices is the most devices the driver publishes in one node's
 // pool.
