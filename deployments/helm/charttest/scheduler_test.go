@@ -382,17 +382,32 @@ func TestSchedulerLeaseIsNeverTheDefaultSchedulers(t *testing.T) {
 }
 
 // With the scheduler on, NOTES say how to see it run, how pods use it (all
-// under one scheduler), and where it runs.
+// under one scheduler: by the chart's policies, or by hand where they are
+// off), and where it runs.
 func TestSchedulerNotes(t *testing.T) {
-	out, stderr, err := runHelm(t, "install", releaseName, chartDir, "--namespace", namespace, "--dry-run=client", "--set", "scheduler.enabled=true")
-	if err != nil {
-		t.Fatalf("helm install --dry-run=client: %v\n%s", err, stderr)
-	}
-	_, notes, _ := strings.Cut(out, "NOTES:\n")
-	for _, w := range []string{"rollout status deployment/kyb-kyb-dra-driver-scheduler", "get lease kyb-scheduler", "spec.schedulerName: kyb-scheduler",
-		"Give every pod that claims these GPUs to one scheduler", "Its pod runs on a control-plane node"} {
-		if !strings.Contains(notes, w) {
-			t.Errorf("NOTES lack %q:\n%s", w, notes)
-		}
+	for _, tc := range []struct {
+		name string
+		set  []string
+		want []string
+	}{
+		{"policies on", nil, []string{"It schedules every pod with resourceClaims or an extended resource of the GPUs",
+			"set spec.schedulerName: kyb-scheduler on those that name no", "refuse those that name another (scheduler.gpuPods)"}},
+		{"policies off", []string{"--set", "scheduler.gpuPods.assign=false"}, []string{"spec.schedulerName: kyb-scheduler",
+			"Give every pod that claims these GPUs to one scheduler"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"install", releaseName, chartDir, "--namespace", namespace, "--dry-run=client", "--set", "scheduler.enabled=true"}, tc.set...)
+			out, stderr, err := runHelm(t, args...)
+			if err != nil {
+				t.Fatalf("helm install --dry-run=client: %v\n%s", err, stderr)
+			}
+			_, notes, _ := strings.Cut(out, "NOTES:\n")
+			for _, w := range append([]string{"rollout status deployment/kyb-kyb-dra-driver-scheduler", "get lease kyb-scheduler",
+				"Its pod runs on a control-plane node"}, tc.want...) {
+				if !strings.Contains(notes, w) {
+					t.Errorf("NOTES lack %q:\n%s", w, notes)
+				}
+			}
+		})
 	}
 }
