@@ -69,6 +69,8 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	})
 
 	t.Run("a pod with a claim and a legacy pod get their seats", func(t *testing.T) {
+		// Pods using GPUs wait for kyb-scheduler (scheduler.gpuPods).
+		h.waitForScheduler(t, 3*time.Minute)
 		on(t, c, "gpu0", class1x, "0")
 		createPod(t, c, podSpec{name: "claim", node: n.Name, claims: []v1.PodResourceClaim{fromTemplate("gpu", "gpu0")}})
 		o := waitForOutput(t, c, "claim", "app")
@@ -81,6 +83,13 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 		}
 		createPod(t, c, podSpec{name: "legacy", node: n.Name, limits: v1.ResourceList{"kyb.ai/gpu-1x-seat": resource.MustParse("1")}})
 		l := waitForOutput(t, c, "legacy", "app")
+		// Neither names a scheduler: the chart's policies
+		// (scheduler.gpuPods) gave both to kyb-scheduler.
+		for _, name := range []string{"claim", "legacy"} {
+			if by := scheduledBy(t, c, name); by != "kyb-scheduler" {
+				t.Errorf("pod %s was scheduled by %q, want kyb-scheduler", name, by)
+			}
+		}
 		if !strings.HasPrefix(l.env["CUDA_VISIBLE_DEVICES"], "GPU-") || l.env["KYB_GPU_SEAT"] == "" || l.env["KYB_GPU_GROUP"] == "" {
 			t.Errorf("pod legacy: %v", l.env)
 		}
