@@ -46,7 +46,7 @@ func (h *Host) SetTimeSlice(ctx context.Context, gpus []int, interval v1alpha1.T
 			continue
 		}
 		args := []string{"compute-policy", "-i", strconv.Itoa(x), "--set-timeslice=" + strconv.Itoa(n)}
-		cmd := h.nvidiaSMI(ctx, args...)
+		cmd := h.NVIDIASMI(ctx, args...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("set the time slice of GPU %d (%s): %w: %s", x, strings.Join(cmd.Args, " "), err, strings.TrimSpace(string(out)))
 		}
@@ -54,9 +54,9 @@ func (h *Host) SetTimeSlice(ctx context.Context, gpus []int, interval v1alpha1.T
 	return nil
 }
 
-// nvidiaSMI runs the driver's nvidia-smi with the driver root as its root,
-// where its libraries are.
-func (h *Host) nvidiaSMI(ctx context.Context, args ...string) *exec.Cmd {
+// NVIDIASMI is the driver's nvidia-smi with args, run with the driver
+// root as its root, where its libraries are. A simulated node has none.
+func (h *Host) NVIDIASMI(ctx context.Context, args ...string) *exec.Cmd {
 	if h.driverRoot == "" || h.driverRoot == "/" {
 		return exec.CommandContext(ctx, "nvidia-smi", args...)
 	}
