@@ -5,7 +5,9 @@
 # prepared over the plugin's sockets and its container probed, a process
 # holding a CUDA context as the per-pod usage sampler sees it, an MPS seat
 # (compute mode kept) whose container is refused more than its share and
-# granted less, the health monitor's events. One report:
+# granted less, the health monitor's events, the NVML conformance suite the
+# simulated node's tests run, the MIG geometry beside nvidia-smi's and the
+# plan of a MIG profile. One report:
 # _output/gpu-check/report.md. It changes no setting of the GPUs (see
 # docs/doctor.md, "Checking a real GPU"); run it as root, on the host.
 #

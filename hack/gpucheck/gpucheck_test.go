@@ -129,8 +129,8 @@ func TestEveryStepRunsOnASimulatedNode(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, stdout)
 	}
 	for _, want := range []string{
-		"Result: **pass**: 10 steps",
-		"Seat kinds prepared and probed: whole GPU (steps 4, 5, 6): ok; MPS, the GPU's compute mode kept (steps 7, 8): ok.",
+		"Result: **pass**: 13 steps",
+		"Seat kinds prepared and probed: whole GPU (steps 4, 5, 6): ok; MPS, the GPU's compute mode kept (steps 7, 8): ok; MIG, read and planned only, its mode left as it is (steps 11, 12): not all checked.",
 		"| 1 | NVML discovery and `kyb-dra-plugin plan` | ok |",
 		"| 2 | `kyb-dra-plugin doctor` | ok |",
 		"| 3 | `kyb-dra-plugin doctor --probe`: a seat's container and the real libcuda | ok |",
@@ -140,7 +140,10 @@ func TestEveryStepRunsOnASimulatedNode(t *testing.T) {
 		"| 7 | an MPS seat, the GPU's compute mode kept: its daemon started, its container probed, allocations above and below its share | ok |",
 		"| 8 | the MPS seat unprepared, its daemon stopped | ok |",
 		"| 9 | the health monitor registered for the GPUs' events | ok |",
-		"| 10 | the GPUs' settings, before and after | ok |",
+		"| 10 | NVML conformance: the facts the plugin relies on, as the simulated node's tests assert them | ok |",
+		"| 11 | MIG geometry as the plugin reads it, beside `nvidia-smi mig -lgip` and `-lgipp` | skipped |",
+		"| 12 | the plan of a MIG profile: each MIG GPU's smallest, through `kyb-dra-plugin plan` | ok |",
+		"| 13 | the GPUs' settings, before and after | ok |",
 		// An H100's 81559 MiB: a quarter is 20389 MiB.
 		"its container, an MPS client, is refused 21413 MiB and granted 10194 MiB (its share: 20389 MiB)",
 		"env CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20389M",
@@ -161,6 +164,14 @@ func TestEveryStepRunsOnASimulatedNode(t *testing.T) {
 		"unprepared; its CDI spec removed; the plugin stopped cleanly",
 		"| 0 | ",
 		"| Default → Default | Disabled → Disabled | Enabled → Enabled |",
+		"the checks of every simulated node's unit tests: 45 passed, 8 skipped, 0 failed",
+		"What meets the hardware (here the simulated node's stand-ins): every NVML call of the suite, to the driver of 8 GPUs;",
+		"Not checked here: MIG instances made and a MIG seat's container probed: that needs MIG mode on, which gpu-check does not change.",
+		"pass  mig-geometry    GPU 7   MIG mode off; 8 memory slices, 7 compute slices",
+		"**skipped**: not run: no nvidia-smi (a simulated node, which no nvidia-smi describes).",
+		": GPU 0, 1, 2, 3, 4, 5, 6, 7 (NVIDIA H100 80GB HBM3): 7 seats of 1g.10gb each\n",
+		"GPU 7 (NVIDIA H100 80GB HBM3): 7 seats of 1g.10gb\n",
+		"config: profiles: - {resource: kyb.ai/mig-1g.10gb, mig: {profile: 1g.10gb}, gpus: [0, 1, 2, 3, 4, 5, 6, 7]}",
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the report lacks %q", want)
@@ -184,7 +195,7 @@ func TestAFailedStepFailsTheRunNotTheStepsAfterIt(t *testing.T) {
 	}
 	for _, want := range []string{
 		"Result: **FAIL**: step 3, 4, 7 failed",
-		"Seat kinds prepared and probed: whole GPU (steps 4, 5, 6): FAIL; MPS, the GPU's compute mode kept (steps 7, 8): FAIL.",
+		"Seat kinds prepared and probed: whole GPU (steps 4, 5, 6): FAIL; MPS, the GPU's compute mode kept (steps 7, 8): FAIL; MIG, read and planned only, its mode left as it is (steps 11, 12): not all checked.",
 		"| 2 | `kyb-dra-plugin doctor` | ok |",
 		"| 3 | `kyb-dra-plugin doctor --probe`: a seat's container and the real libcuda | FAIL |",
 		"| 4 | a claim prepared over the plugin's sockets, its container probed | FAIL |",
@@ -193,7 +204,8 @@ func TestAFailedStepFailsTheRunNotTheStepsAfterIt(t *testing.T) {
 		"| 7 | an MPS seat, the GPU's compute mode kept: its daemon started, its container probed, allocations above and below its share | FAIL |",
 		"| 8 | the MPS seat unprepared, its daemon stopped | ok |",
 		"| 9 | the health monitor registered for the GPUs' events | ok |",
-		"| 10 | the GPUs' settings, before and after | ok |",
+		"| 10 | NVML conformance: the facts the plugin relies on, as the simulated node's tests assert them | ok |",
+		"| 13 | the GPUs' settings, before and after | ok |",
 		"**FAIL** in ",
 		"the claim's container sees no GPU: cuInit: CUDA error 100",
 		"**skipped**: step 4 prepared no claim.",

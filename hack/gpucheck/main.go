@@ -24,16 +24,23 @@
 //  8. the MPS claim unprepared and its daemon stopped;
 //  9. the plugin's health monitor started on the GPUs for a moment: the
 //     events each GPU supports and those it registered for;
-//  10. the GPUs' settings, before and after.
+//  10. the NVML conformance suite (pkg/nvmlconformance), which the unit
+//     tests run on every simulated node, on this node's NVML;
+//  11. the MIG geometry the plugin read beside `nvidia-smi mig -lgip` and
+//     `-lgipp` (not run without nvidia-smi, nor on a simulated node);
+//  12. `kyb-dra-plugin plan` with each MIG GPU's smallest MIG profile, and
+//     the seats per GPU (MIG mode is not changed: nothing is prepared);
+//  13. the GPUs' settings, before and after.
 //
 // It changes no setting of the GPUs: the plan is the defaults', which it
 // checks has no MPS profile that sets compute modes and no time slice;
 // step 7's MPS profile keeps the compute mode; the plugin has no code
-// that changes MIG modes or resets a GPU. It reads each GPU's compute,
-// MIG and persistence modes before and after, and fails when any
-// changed. A failed step does not stop the next ones unless they
-// need what it made; the exit status is 1 when a step failed, 2 when
-// there is no GPU to check (one line says why).
+// that changes MIG modes or resets a GPU, and the MIG steps read and
+// plan, and make no instance. It reads each GPU's compute, MIG and
+// persistence modes before and after, and fails when any changed. A
+// failed step does not stop the next ones unless they need what it made;
+// the exit status is 1 when a step failed, 2 when there is no GPU to
+// check (one line says why).
 //
 // --simulate runs the same steps on a simulated node (its test does, with
 // the doctor's stand-in libcuda); it is not for checking hardware.

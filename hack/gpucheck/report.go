@@ -115,6 +115,7 @@ var seatKinds = []struct {
 }{
 	{"whole GPU", []string{"4", "5", "6"}},
 	{"MPS, the GPU's compute mode kept", []string{"7", "8"}},
+	{"MIG, read and planned only, its mode left as it is", []string{"11", "12"}},
 }
 
 // seatKindsLine says which seat kinds were checked, and how they fared.

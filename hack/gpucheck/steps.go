@@ -169,7 +169,10 @@ func (c *check) runSteps(ctx context.Context) {
 		c.mps.stop()
 	}
 	c.step(ctx, "9", "the health monitor registered for the GPUs' events", c.health)
-	c.step(ctx, "10", "the GPUs' settings, before and after", c.settings)
+	c.step(ctx, "10", "NVML conformance: the facts the plugin relies on, as the simulated node's tests assert them", c.conformance)
+	c.migGeometry(ctx, "11")
+	c.migPlan(ctx, "12")
+	c.step(ctx, "13", "the GPUs' settings, before and after", c.settings)
 }
 
 // nodeArgs are the plugin's flags for this node.
@@ -281,8 +284,8 @@ func commandLine(name string, args []string) string {
 	return strings.Join(out, " ")
 }
 
-// settings is step 7: every GPU's compute, MIG and persistence modes as
-// they were before the first step.
+// settings is the last step: every GPU's compute, MIG and persistence
+// modes as they were before the first step.
 func (c *check) settings(context.Context) (outcome, error) {
 	const hw = "NVML's GetComputeMode, GetMigMode and GetPersistenceMode of every GPU, before step 1 and now"
 	after := readSettings(c.node.Host.NVML, c.node.Inv)
