@@ -111,7 +111,7 @@ e2e-node: build node-tools image-oci helm ## real pods on real nodes: kubelet + 
 
 .PHONY: gpu-check
 GPU_CHECK_ARGS ?=
-gpu-check: ## on a machine with an NVIDIA GPU (root): plan, doctor, CUDA probe, a claim prepared and probed, a CUDA process sampled, an MPS seat held to its share, the health events; changes no GPU setting; report in _output/gpu-check/report.md
+gpu-check: ## on a machine with an NVIDIA GPU (root): plan, doctor, CUDA probe, a claim prepared and probed, a CUDA process sampled, an MPS seat held to its share, the health events, NVML conformance, MIG geometry beside nvidia-smi, a MIG plan; changes no GPU setting; report in _output/gpu-check/report.md
 	@GO=$(GO) TAGS='$(TAGS)' LDFLAGS='$(LDFLAGS)' hack/gpu-check.sh $(GPU_CHECK_ARGS)
 
 unit: scheduler-patch ## unit tests of the product module and kyb-scheduler's, with the race detector
