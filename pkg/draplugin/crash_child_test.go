@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/bootid"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
@@ -112,10 +113,15 @@ func runCrashChild(specFile string) int {
 			select {} // never returns
 		}
 	}
+	boot, err := bootid.Read(spec.BootIDFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
 	opts := draplugin.Options{
 		NodeName: nodeName, Client: newFakeClient(objs...), Inventory: inv, Plan: plan,
 		Edits:   containeredits.Options{DeviceNumbers: sim.DeviceNumbers},
-		CDIRoot: spec.CDIDir, PluginDataDir: spec.PluginDir, RegistrarDir: spec.RegDir, BootIDFile: spec.BootIDFile,
+		CDIRoot: spec.CDIDir, PluginDataDir: spec.PluginDir, RegistrarDir: spec.RegDir, BootID: boot,
 		Hooks: hook,
 	}
 	if spec.MIGState != "" {

@@ -84,9 +84,10 @@ type Options struct {
 	// PodUID enables rolling updates: two plugin pods serve the node at
 	// once during an update, with their own sockets and a shared lock.
 	PodUID types.UID
-	// BootIDFile is read to tell a reboot (default
-	// /proc/sys/kernel/random/boot_id).
-	BootIDFile string
+	// BootID is the node's boot (package bootid), read once at start and
+	// handed to the seat ledger and the MIG journal: state recorded in
+	// another boot tells a reboot. Required.
+	BootID string
 	// Layout chooses the ResourceSlice layout (default auto).
 	Layout LayoutMode
 	// DeviceMetadata gives every prepared device's attributes, seats,
@@ -242,7 +243,7 @@ func (d *Driver) open(ctx context.Context) error {
 	}
 	d.ledger, err = seatledger.Open(ctx, seatledger.Options{
 		Pool: d.node.pool, Plan: opts.Plan, Inventory: opts.Inventory, Dir: opts.PluginDataDir,
-		SharedWithPeer: opts.PodUID != "", BootIDFile: opts.BootIDFile, Specs: specs, Claims: opts.Client.ResourceV1(),
+		SharedWithPeer: opts.PodUID != "", BootID: opts.BootID, Specs: specs, Claims: opts.Client.ResourceV1(),
 		Events: d.events, Clock: opts.Clock, UsageChanged: d.usageChanged,
 		Hooks: seatledger.Hooks{
 			BeforeSave:       func() { d.hooks.run(HookBeforeSave) },
@@ -403,6 +404,8 @@ func (o *Options) setDefaults() error {
 		return errors.New("the inventory and the plan are required")
 	case o.Edits.DeviceNumbers == nil:
 		return errors.New("a device-number lookup is required")
+	case o.BootID == "":
+		return errors.New("the node's boot ID is required")
 	}
 	if o.BackgroundClient == nil {
 		o.BackgroundClient = o.Client
@@ -415,9 +418,6 @@ func (o *Options) setDefaults() error {
 	}
 	if o.RegistrarDir == "" {
 		o.RegistrarDir = kubeletplugin.KubeletRegistryDir
-	}
-	if o.BootIDFile == "" {
-		o.BootIDFile = "/proc/sys/kernel/random/boot_id"
 	}
 	if o.Layout == "" {
 		o.Layout = LayoutAuto

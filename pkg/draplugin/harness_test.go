@@ -27,6 +27,7 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/bootid"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
@@ -127,6 +128,15 @@ func (e *env) setBootID(id string) {
 	}
 }
 
+// bootID reads the node's boot ID as the plugin's command does at start.
+func (e *env) bootID() string {
+	id, err := bootid.Read(e.dirs.bootID)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return id
+}
+
 func (e *env) options() draplugin.Options {
 	o := draplugin.Options{
 		NodeName:             nodeName,
@@ -137,7 +147,7 @@ func (e *env) options() draplugin.Options {
 		CDIRoot:              e.dirs.cdi,
 		PluginDataDir:        e.dirs.plugin,
 		RegistrarDir:         e.dirs.reg,
-		BootIDFile:           e.dirs.bootID,
+		BootID:               e.bootID(),
 		HealthReportInterval: 100 * time.Millisecond,
 	}
 	if e.opts != nil {

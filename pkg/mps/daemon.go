@@ -114,6 +114,10 @@ type Options struct {
 	// StopTimeout bounds each wait for a daemon to end: after quit, and
 	// after SIGTERM (default 5s each).
 	StopTimeout time.Duration
+	// BootID is the node's boot (package bootid), recorded with each
+	// daemon's PID: a record of another boot names no live process. Empty:
+	// a record is judged by its PID and start time alone.
+	BootID string
 }
 
 // Manager starts, adopts, limits and stops the daemons.
@@ -219,7 +223,7 @@ func (m *Manager) Settle(ctx context.Context, g Group, want Want) error {
 	case !inUse:
 		return m.stop(ctx, g, true)
 	}
-	if rec, err := m.readRecord(g.Name); err == nil && rec.alive() && rec.limited(limits) {
+	if rec, err := m.readRecord(g.Name); err == nil && rec.alive(m.opts.BootID) && rec.limited(limits) {
 		return nil
 	}
 	return m.ensure(ctx, g, limits)
@@ -248,9 +252,9 @@ func (m *Manager) Revive(ctx context.Context, g Group, want Want) (restarted boo
 	switch {
 	case err != nil || rec == nil:
 		return false, err
-	case rec.alive() && rec.limited(limits):
+	case rec.alive(m.opts.BootID) && rec.limited(limits):
 		return false, nil
-	case rec.alive():
+	case rec.alive(m.opts.BootID):
 		// A change of share the watcher saw first.
 		return false, m.ensure(ctx, g, limits)
 	case rec.PID == 0:
@@ -283,7 +287,7 @@ func (m *Manager) Retire(ctx context.Context, g Group, held func() (bool, error)
 	case !h:
 		return m.stop(ctx, g, true)
 	}
-	if rec, err := m.readRecord(g.Name); err != nil || rec == nil || rec.alive() {
+	if rec, err := m.readRecord(g.Name); err != nil || rec == nil || rec.alive(m.opts.BootID) {
 		return err
 	}
 	return m.stop(ctx, g, false)
@@ -313,7 +317,7 @@ func (m *Manager) ensure(ctx context.Context, g Group, limits Limits) error {
 	if err != nil {
 		return err
 	}
-	if rec.alive() {
+	if rec.alive(m.opts.BootID) {
 		servers, err := m.servers(ctx, g.Name, rec)
 		if err == nil {
 			return m.limit(ctx, g, rec, limits, servers)

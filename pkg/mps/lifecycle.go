@@ -88,7 +88,7 @@ func (m *Manager) start(ctx context.Context, g Group) (*record, error) {
 	// The process is this one's child until it is waited for: its PID
 	// cannot be reused before it is killed here, and its start time can
 	// be read even if it has exited already.
-	rec, err := newRecord(cmd.Process.Pid)
+	rec, err := newRecord(cmd.Process.Pid, m.opts.BootID)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	abort := func(err error) error {
@@ -197,7 +197,7 @@ func (m *Manager) stop(ctx context.Context, g Group, removeDirs bool) error {
 	switch {
 	case err != nil:
 		return fmt.Errorf("stop MPS daemon %s: %w", g.Name, err)
-	case rec.alive():
+	case rec.alive(m.opts.BootID):
 		if err := m.terminate(ctx, g.Name, rec, true); err != nil {
 			return fmt.Errorf("stop MPS daemon %s: %w", g.Name, err)
 		}
@@ -236,18 +236,18 @@ func (m *Manager) terminate(ctx context.Context, name string, rec *record, tryQu
 	if tryQuit {
 		if _, err := m.control(ctx, name, rec, "quit"); err != nil {
 			logger.V(2).Info("MPS control daemon did not take quit; signalling it", "mpsDaemon", name, "pid", rec.PID, "reason", err.Error())
-		} else if rec.waitGone(m.opts.StopTimeout) {
+		} else if rec.waitGone(m.opts.StopTimeout, m.opts.BootID) {
 			return nil
 		}
 	}
-	err := rec.signal(unix.SIGTERM)
+	err := rec.signal(unix.SIGTERM, m.opts.BootID)
 	switch {
 	case errors.Is(err, errGone):
 		return nil
 	case err != nil:
 		return fmt.Errorf("signal the MPS control daemon (PID %d): %w", rec.PID, err)
 	}
-	if rec.waitGone(m.opts.StopTimeout) {
+	if rec.waitGone(m.opts.StopTimeout, m.opts.BootID) {
 		return nil
 	}
 	return fmt.Errorf("the MPS control daemon (PID %d) still runs %s after SIGTERM: it is left as it is, its GPUs in EXCLUSIVE_PROCESS, and stopped once it ends", rec.PID, m.opts.StopTimeout)

@@ -71,7 +71,7 @@ func (m *Manager) othersOn(ctx context.Context, self string, gpus []string) (map
 		}
 		var what string
 		switch {
-		case rec.alive():
+		case rec.alive(m.opts.BootID):
 			what = fmt.Sprintf("the MPS daemon of group %s (PID %d), which still runs", name, rec.PID)
 		case m.listener(ctx, name) != absent:
 			what = fmt.Sprintf("an MPS daemon no record names, which listens on %s", filepath.Join(m.Dir(name), PipeDir, ControlSocket))

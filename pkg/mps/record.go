@@ -19,10 +19,6 @@ import (
 // the directory itself, so nothing a tenant writes can change a record.
 const recordFile = "daemon.json"
 
-// bootIDFile tells one boot from the next: a record of an earlier boot
-// names no live process, whatever runs under its PID now.
-const bootIDFile = "/proc/sys/kernel/random/boot_id"
-
 // record is what the plugin knows of a daemon it started: enough to find
 // the very process again (a PID alone may have been reused by the time a
 // restarted plugin reads it) and its control socket (a path alone may
@@ -39,7 +35,8 @@ type record struct {
 	PID int `json:"pid"`
 	// StartTime is field 22 of /proc/<pid>/stat: when the process
 	// started, in clock ticks after boot. With BootID it names one
-	// process for as long as the machine runs.
+	// process for as long as the machine runs: a record of an earlier
+	// boot names no live process, whatever runs under its PID now.
 	StartTime uint64 `json:"startTime"`
 	BootID    string `json:"bootID,omitempty"`
 	// Socket is the control socket the daemon answered on first.
@@ -65,14 +62,6 @@ type socketID struct {
 
 func socketIDOf(st *unix.Stat_t) *socketID {
 	return &socketID{Dev: st.Dev, Ino: st.Ino, Ctime: st.Ctim.Nano()}
-}
-
-func bootID() string {
-	data, err := os.ReadFile(bootIDFile)
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(data))
 }
 
 // procStat reads a process's state and start time from /proc/<pid>/stat.
@@ -109,23 +98,24 @@ func parseStat(data []byte) (state byte, start uint64, err error) {
 	return f[0][0], start, nil
 }
 
-// newRecord records a process just started.
-func newRecord(pid int) (*record, error) {
+// newRecord records a process just started in boot.
+func newRecord(pid int, boot string) (*record, error) {
 	_, start, err := procStat(pid)
 	if err != nil {
 		return nil, fmt.Errorf("read the start time of PID %d: %w", pid, err)
 	}
-	return &record{PID: pid, StartTime: start, BootID: bootID()}, nil
+	return &record{PID: pid, StartTime: start, BootID: boot}, nil
 }
 
-// alive reports whether the recorded process still runs: same boot, same
-// PID, same start time, and not ended (a zombie has closed its sockets
-// and freed its GPU contexts; only its parent's wait is missing).
-func (r *record) alive() bool {
+// alive reports whether the recorded process still runs in boot (the
+// node's, Options.BootID): same boot, same PID, same start time, and not
+// ended (a zombie has closed its sockets and freed its GPU contexts; only
+// its parent's wait is missing).
+func (r *record) alive(boot string) bool {
 	if r == nil || r.PID <= 0 {
 		return false
 	}
-	if r.BootID != "" && r.BootID != bootID() {
+	if r.BootID != "" && boot != "" && r.BootID != boot {
 		return false
 	}
 	state, start, err := procStat(r.PID)
@@ -135,11 +125,11 @@ func (r *record) alive() bool {
 // errGone is a signal not sent: the recorded process ended.
 var errGone = errors.New("the process has ended")
 
-// signal sends sig to the recorded process, and to no other. A pidfd pins
+// signal sends sig to the recorded process of boot, and to no other. A pidfd pins
 // the process while its start time is checked, so a PID reused between
 // the check and the signal cannot receive it; kernels without pidfds
 // (before 5.3) get the check and kill(2), with the race that remains.
-func (r *record) signal(sig unix.Signal) error {
+func (r *record) signal(sig unix.Signal, boot string) error {
 	fd, err := unix.PidfdOpen(r.PID, 0)
 	switch {
 	case err == nil:
@@ -151,7 +141,7 @@ func (r *record) signal(sig unix.Signal) error {
 	default:
 		return fmt.Errorf("open PID %d: %w", r.PID, err)
 	}
-	if !r.alive() {
+	if !r.alive(boot) {
 		return errGone
 	}
 	if fd >= 0 {
@@ -165,10 +155,10 @@ func (r *record) signal(sig unix.Signal) error {
 	return err
 }
 
-// waitGone waits until the recorded process has ended, at most d.
-func (r *record) waitGone(d time.Duration) bool {
+// waitGone waits until the recorded process of boot has ended, at most d.
+func (r *record) waitGone(d time.Duration, boot string) bool {
 	deadline := time.Now().Add(d)
-	for r.alive() {
+	for r.alive(boot) {
 		if time.Now().After(deadline) {
 			return false
 		}

@@ -17,32 +17,32 @@ func TestARecordSignalsOnlyTheProcessItNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	rec, err := newRecord(cmd.Process.Pid)
+	rec, err := newRecord(cmd.Process.Pid, "boot-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rec.alive() {
+	if !rec.alive("boot-1") {
 		t.Fatalf("a running process's own record %+v is not alive", rec)
 	}
 	for name, other := range map[string]record{
 		"another start time": {PID: rec.PID, StartTime: rec.StartTime + 1, BootID: rec.BootID},
 		"an earlier boot":    {PID: rec.PID, StartTime: rec.StartTime, BootID: "an-earlier-boot"},
 	} {
-		if other.alive() {
+		if other.alive("boot-1") {
 			t.Errorf("%s: the record is alive", name)
 		}
-		if err := other.signal(unix.SIGTERM); !errors.Is(err, errGone) {
+		if err := other.signal(unix.SIGTERM, "boot-1"); !errors.Is(err, errGone) {
 			t.Errorf("%s: signal = %v, want errGone", name, err)
 		}
 	}
 	if err := unix.Kill(cmd.Process.Pid, 0); err != nil {
 		t.Fatalf("the process was signalled through a record that is not its own: %v", err)
 	}
-	if err := rec.signal(unix.SIGTERM); err != nil {
+	if err := rec.signal(unix.SIGTERM, "boot-1"); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	if rec.alive() {
+	if rec.alive("boot-1") {
 		t.Error("the record of an ended process is alive")
 	}
 }

@@ -44,8 +44,8 @@ func (s *SharingFlags) AddFlags(f *cli.FlagSet) {
 // MPSManager returns the manager of the MPS daemons, or nil where no
 // profile of the plan uses MPS. A control command that cannot be found is
 // a warning, not a refusal to start: the other profiles serve, and each
-// MPS claim fails with the reason.
-func (s *SharingFlags) MPSManager(ctx context.Context, node *Node, pluginDir, driverRoot string) (*mps.Manager, error) {
+// MPS claim fails with the reason. bootID is the node's (BootIDFlag).
+func (s *SharingFlags) MPSManager(ctx context.Context, node *Node, pluginDir, driverRoot, bootID string) (*mps.Manager, error) {
 	if !slices.ContainsFunc(node.Plan.Profiles, func(p *planner.Profile) bool { return p.Sharing == v1alpha1.SharingMPS }) {
 		return nil, nil
 	}
@@ -70,6 +70,7 @@ func (s *SharingFlags) MPSManager(ctx context.Context, node *Node, pluginDir, dr
 	m, err := mps.NewManager(mps.Options{
 		Root: root, Control: control, Env: env, SetExclusive: node.Host.SetExclusive,
 		ShmTmpfsMiB: s.MPSShm.MiB, ShmUnbounded: s.MPSShm.Unbounded, Cgroup: s.MPSCgroup, ClientPipeWritable: !s.MPSPipeReadOnly,
+		BootID: bootID,
 	})
 	if err != nil {
 		return nil, err

@@ -47,7 +47,7 @@ func TestMPSControlFromTheDriverRoot(t *testing.T) {
 	t.Setenv("PATH", "/usr/bin:/bin") // no nvidia-cuda-mps-control on it
 	s := SharingFlags{MPSRoot: t.TempDir(), MPSControl: "nvidia-cuda-mps-control", MPSShm: ShmSize{MiB: mps.DefaultShmTmpfsMiB}}
 	pluginDir := t.TempDir()
-	m, err := s.MPSManager(ctx, node, pluginDir, root)
+	m, err := s.MPSManager(ctx, node, pluginDir, root, "boot-1")
 	if err != nil {
 		t.Fatal(err)
 	}

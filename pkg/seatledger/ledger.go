@@ -91,9 +91,10 @@ type Options struct {
 	// SharedWithPeer says another plugin instance may change the
 	// checkpoint (rolling updates): every change takes the file lock.
 	SharedWithPeer bool
-	// BootIDFile is read to tell a reboot.
-	BootIDFile string
-	Specs      Specs
+	// BootID is the node's boot (package bootid): a checkpoint written in
+	// another boot tells a reboot.
+	BootID string
+	Specs  Specs
 	// Claims reads ResourceClaims: to rebuild a lost checkpoint and to find
 	// held claims the API server no longer allocates here.
 	Claims resourceclient.ResourceClaimsGetter

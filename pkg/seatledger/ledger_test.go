@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -138,7 +137,7 @@ func newRig(t *testing.T, preset, config string) *rig {
 	node := simnodetest.New(t, preset, config)
 	r := &rig{t: t, ctx: ctx, logger: logger, dir: t.TempDir(), specs: newMemSpecs(), client: fake.NewClientset()}
 	r.opts = Options{
-		Pool: pool, Plan: node.Plan, Inventory: node.Inv, Dir: r.dir, BootIDFile: filepath.Join(r.dir, "boot_id"),
+		Pool: pool, Plan: node.Plan, Inventory: node.Inv, Dir: r.dir,
 		Specs: r.specs, Claims: r.client.ResourceV1(), Clock: testingclock.NewFakeClock(time.Unix(1_800_000_000, 0)),
 		UsageChanged: func(u Usage) {
 			r.heldMu.Lock()
@@ -150,11 +149,7 @@ func newRig(t *testing.T, preset, config string) *rig {
 	return r
 }
 
-func (r *rig) setBootID(id string) {
-	if err := os.WriteFile(r.opts.BootIDFile, []byte(id+"\n"), 0o600); err != nil {
-		r.t.Fatal(err)
-	}
-}
+func (r *rig) setBootID(id string) { r.opts.BootID = id }
 
 func (r *rig) open() *Ledger {
 	r.t.Helper()

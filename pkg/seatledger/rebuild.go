@@ -146,7 +146,7 @@ func (p *repairer) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.
 	if err := st.Validate(); err != nil {
 		return "", fmt.Errorf("the rebuilt checkpoint does not validate (a bug): %w", err)
 	}
-	st.BootID = readBootID(p.opts.BootIDFile)
+	st.BootID = p.opts.BootID
 	fromSpecs := 0
 	for uid, c := range st.Claims {
 		if c.Fenced() {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -66,7 +64,7 @@ func (p *repairer) atOpen(ctx context.Context) error {
 			return err
 		}
 	}
-	bootID := readBootID(p.opts.BootIDFile)
+	bootID := p.opts.BootID
 	if st.BootID != "" && bootID != "" && st.BootID != bootID {
 		// Saves are flushed to disk right behind the calls that made
 		// them; a power loss may still have taken the last few. A
@@ -195,14 +193,6 @@ func (p *repairer) adoptPeer(ctx context.Context) bool {
 	p.rec.lost.Store(false)
 	klog.FromContext(ctx).Info("Adopted the checkpoint the other plugin pod of a rolling update wrote while this one had lost it", "claims", len(st.Claims))
 	return true
-}
-
-func readBootID(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
 }
 
 // removeOrphanSpecs removes the specs of claims that keep returns false

@@ -23,6 +23,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	kubeletdra "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/bootid"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
@@ -140,13 +141,17 @@ func newPrepareEnv(ctx context.Context, c *harness.Cluster, name string, l Limit
 	}
 	cdiRoot, onTmpfs := cdiDir(node.CDIDir)
 	e := &prepareEnv{c: c, node: node, cdiRoot: cdiRoot, cdiOnTmpfs: onTmpfs, requests: counts, limits: l, steps: &stepClock{times: map[draplugin.HookPoint]time.Time{}}, conns: map[string]drapb.DRAPluginClient{}}
+	boot, err := bootid.Read(node.BootIDFile)
+	if err != nil {
+		return nil, err
+	}
 	e.ours, err = draplugin.Start(ctx, draplugin.Options{
 		NodeName: node.Name, Client: client, BackgroundClient: background, Inventory: inv, Plan: plan,
 		Edits:         containeredits.Options{DeviceNumbers: sim.DeviceNumbers},
 		CDIRoot:       cdiRoot,
 		PluginDataDir: filepath.Join(node.PluginsDir, driver.Name),
 		RegistrarDir:  node.RegistryDir,
-		BootIDFile:    node.BootIDFile,
+		BootID:        boot,
 		Hooks:         e.steps.record,
 	})
 	if err != nil {

@@ -53,6 +53,7 @@ type options struct {
 	health      nodesetup.HealthFlags
 	driverFiles nodesetup.DriverFilesFlags
 	sharing     nodesetup.SharingFlags
+	bootID      nodesetup.BootIDFlag
 
 	devicePluginDir  string
 	pluginsDir       string
@@ -75,6 +76,7 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	f.StringVar(&o.podNamespace, "pod-namespace", "POD_NAMESPACE", "", "the shim's own pod's namespace, with --pod-name: a PodResources listing without that pod is not believed (a kubelet that has just started does not know all its pods yet)")
 	f.StringVar(&o.podName, "pod-name", "POD_NAME", "", "the shim's own pod's name; see --pod-namespace")
 	o.sharing.AddFlags(f)
+	o.bootID.AddFlags(f)
 	f.StringVar(&o.cdiRoot, "cdi-root", "CDI_ROOT", "/var/run/cdi", "directory the container runtime reads CDI specs from (with --injection=cdi)")
 	o.injection = cli.NewOneOf(string(deviceplugin.InjectionEnvVar), string(deviceplugin.InjectionEnvVar), string(deviceplugin.InjectionCDI))
 	f.Var(o.injection, "injection", "KYB_INJECTION", "how containers get their seats: envvar (environment, device nodes and driver mounts in the Allocate response; any runtime) or cdi (a CDI spec per container, named in the response; runtimes with CDI)")
@@ -142,6 +144,10 @@ func (o *options) run(ctx context.Context) error {
 		return err
 	}
 	defer stopHealth()
+	bootID, err := o.bootID.Read()
+	if err != nil {
+		return err
+	}
 	// The kubelet's PodResources API is dialled lazily, so a kubelet that
 	// restarts later is found when it comes.
 	var pr *podresources.Client
@@ -151,7 +157,7 @@ func (o *options) run(ctx context.Context) error {
 		}
 		defer pr.Close()
 	}
-	sharing, err := o.shimSharing(ctx, node, pr)
+	sharing, err := o.shimSharing(ctx, node, pr, bootID)
 	if err != nil {
 		return err
 	}
@@ -188,10 +194,10 @@ func (o *options) run(ctx context.Context) error {
 // shimSharing is how the shim applies the profiles' sharing strategies.
 // MPS daemons need the kubelet's PodResources API (pr), where the shim
 // learns that a group's last seat was released (the device-plugin API
-// never says).
-func (o *options) shimSharing(ctx context.Context, node *nodesetup.Node, pr *podresources.Client) (deviceplugin.Sharing, error) {
+// never says); bootID is the node's.
+func (o *options) shimSharing(ctx context.Context, node *nodesetup.Node, pr *podresources.Client, bootID string) (deviceplugin.Sharing, error) {
 	s := deviceplugin.Sharing{SetTimeSlice: node.Host.SetTimeSlice}
-	m, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.pluginsDir), o.node.DriverRoot)
+	m, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.pluginsDir), o.node.DriverRoot, bootID)
 	if err != nil || m == nil {
 		return s, err
 	}

@@ -77,7 +77,7 @@ type options struct {
 	metricsAddress  string
 	podUID          string
 	layout          *cli.OneOf
-	bootIDFile      string
+	bootID          nodesetup.BootIDFlag
 	deviceMetadata  bool
 	// Node-local sources of which containers hold which claims.
 	podResourcesSocket string
@@ -137,7 +137,7 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	o.layout = cli.NewOneOf(string(draplugin.LayoutAuto), string(draplugin.LayoutAuto), string(draplugin.LayoutShared), string(draplugin.LayoutPerSeat))
 	f.Var(o.layout, "device-layout", "KYB_DEVICE_LAYOUT", "ResourceSlice layout: auto (shared groups, one device per seat where the API server lacks consumable capacity), shared or per-seat")
 	f.BoolVar(&o.deviceMetadata, "device-metadata", "KYB_DEVICE_METADATA", true, "give containers each prepared device's attributes, seats, seat generations and GPU UUIDs in a metadata file (KEP-5304) under /var/run/kubernetes.io/dra-device-attributes/")
-	f.StringVar(&o.bootIDFile, "boot-id-file", "KYB_BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id", "file holding the node's boot ID")
+	o.bootID.AddFlags(f)
 	f.StringVar(&o.podResourcesSocket, "pod-resources-socket", "POD_RESOURCES_SOCKET", podresources.DefaultSocket,
 		"the kubelet's PodResources API: at start, that no pod holds GPUs of the device-plugin shim; which claims each container of a pod references, so that a claim alone in its containers names its own GPUs (and, for the per-pod GPU metrics, a container's claims where it has no device metadata); empty: not asked, the node is known to be drained of the shim's pods, and claims that may share a container name GPUs by index")
 	f.StringVar(&o.runtimeSocket, "container-runtime-socket", "KYB_CONTAINER_RUNTIME_SOCKET", "/run/containerd/containerd.sock",
@@ -256,7 +256,11 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	mpsManager, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.dirs.pluginsDir), o.node.DriverRoot)
+	bootID, err := o.bootID.Read()
+	if err != nil {
+		return err
+	}
+	mpsManager, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.dirs.pluginsDir), o.node.DriverRoot, bootID)
 	if err != nil {
 		return err
 	}
@@ -274,7 +278,7 @@ func (o *options) run(ctx context.Context) error {
 		PluginDataDir:    driver.PluginDir(o.dirs.pluginsDir),
 		RegistrarDir:     o.dirs.registrarDir,
 		PodUID:           types.UID(o.podUID),
-		BootIDFile:       o.bootIDFile,
+		BootID:           bootID,
 		Layout:           draplugin.LayoutMode(o.layout.Value()),
 		DeviceMetadata:   o.deviceMetadata,
 		Health:           mon,

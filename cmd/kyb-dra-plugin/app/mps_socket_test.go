@@ -72,9 +72,15 @@ func TestSimulatedNodeRunsItsOwnMPSDaemonOverSockets(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The node's boot as --boot-id-file names it, not as /proc does.
+	bootID := filepath.Join(base, "boot_id")
+	if err := os.WriteFile(bootID, []byte("boot-of-the-flag\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	args := []string{"--simulate", "dgx-h100", "--node-name", "node-1", "--config", cfg,
 		"--cdi-root", dirs["cdi"], "--kubelet-plugins-directory-path", dirs["plugins"], "--kubelet-registrar-directory-path", dirs["registry"],
-		"--device-plugin-directory-path", dirs["device-plugins"], "--pod-resources-socket", "", "--container-runtime-socket", ""}
+		"--device-plugin-directory-path", dirs["device-plugins"], "--pod-resources-socket", "", "--container-runtime-socket", "",
+		"--boot-id-file", bootID}
 	var stdout, stderr bytes.Buffer
 	exited := make(chan int, 1)
 	go func() {
@@ -121,13 +127,15 @@ func TestSimulatedNodeRunsItsOwnMPSDaemonOverSockets(t *testing.T) {
 		if want := self + "\x00" + mpssim.Command + "\x00-f\x00"; err != nil || string(cmdline) != want {
 			t.Errorf("the daemon runs as %q, want %q", cmdline, want)
 		}
-		// The plugin recorded it, as it records a real daemon.
+		// The plugin recorded it, as it records a real daemon, in the boot
+		// --boot-id-file names.
 		var rec struct {
-			PID int `json:"pid"`
+			PID    int    `json:"pid"`
+			BootID string `json:"bootID"`
 		}
 		data, err := os.ReadFile(filepath.Join(dir, "daemon.json"))
-		if err != nil || json.Unmarshal(data, &rec) != nil || rec.PID != pid {
-			t.Errorf("the daemon's record %s (%v) does not name PID %d", data, err, pid)
+		if err != nil || json.Unmarshal(data, &rec) != nil || rec.PID != pid || rec.BootID != "boot-of-the-flag" {
+			t.Errorf("the daemon's record %s (%v) does not name PID %d in boot boot-of-the-flag", data, err, pid)
 		}
 	}
 
