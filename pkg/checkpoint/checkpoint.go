@@ -3,29 +3,25 @@
 // It is the source of truth for prepared claims; CDI specs are derived from
 // it and re-created from it after a reboot empties the CDI directory.
 //
-// On disk it is one JSON file under the plugin's data directory:
+// On disk it is one JSON file under the plugin's data directory, in the
+// envelope of package durablefile:
 //
 //	{"version": "v1", "checksum": "sha256:<hex of data>",
 //	 "sum": "sha256:<hex of version and data>", "data": {...}}
 //
-// checksum covers the bytes of data as stored (in compact form), not a
-// re-encoding of the decoded struct, so a newer plugin whose types grew a
-// field still verifies an older file; sum covers the version as well, so
-// that a flipped bit in the version is a corrupt file (and the previous
-// copy is used), not a "newer" file that stops the plugin. Plugins before
-// sum wrote only checksum, and only version v1; they ignore sum.
+// Plugins before sum wrote only checksum, and only version v1; they ignore
+// sum.
 //
 // Decoding verifies the content too: a file whose checksums match but
 // whose content contradicts itself (a seat held twice, lists of different
 // lengths, a negative seat) was written by a bug or by hand and is corrupt
 // as well (Validate).
 //
-// Writes are atomic (temp file, rename), and the previous good file is kept
-// beside it as a fallback against corruption. A save is safe against the
-// plugin crashing the moment it returns (the page cache outlives the
-// process); Sync makes it durable against the node losing power, which
-// callers do behind the save, off the path of the call that needed it (see
-// the plugin's design notes).
+// Writes are atomic, and the previous good file is kept beside it as a
+// fallback against corruption (durablefile.File). Sync makes a save
+// durable against the node losing power, which callers do behind the
+// save, off the path of the call that needed it (see the plugin's design
+// notes).
 //
 // Compatibility rule: a plugin reads its own versions and every older one
 // (converting on read), and writes the oldest version that holds the
@@ -36,12 +32,12 @@
 package checkpoint
 
 import (
-	"errors"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/durablefile"
 )
 
 // The versions of the format. A file is written in the oldest that holds
@@ -159,8 +155,9 @@ func New() *State {
 	return &State{Claims: map[types.UID]*Claim{}, Generations: map[string]int64{}}
 }
 
-// ErrCorrupt says a checkpoint file failed its checksum or did not parse.
-var ErrCorrupt = errors.New("checkpoint is corrupt")
+// ErrCorrupt says a checkpoint file failed its checksum, did not parse or
+// could not be read.
+var ErrCorrupt = durablefile.ErrCorrupt
 
 // ErrNewerVersion says a checkpoint was written by a newer plugin.
-var ErrNewerVersion = errors.New("checkpoint was written by a newer plugin")
+var ErrNewerVersion = durablefile.ErrNewerVersion

@@ -1,84 +1,32 @@
 package checkpoint
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/durablefile"
 )
 
-type envelope struct {
-	Version string `json:"version"`
-	// Checksum covers the data alone: what plugins before Sum verify.
-	Checksum string `json:"checksum"`
-	// Sum covers the version and the data.
-	Sum  string          `json:"sum,omitempty"`
-	Data json.RawMessage `json:"data"`
-}
-
-func checksum(data []byte) string {
-	h := sha256.Sum256(data)
-	return "sha256:" + hex.EncodeToString(h[:])
-}
-
-// sum is the checksum over a version and its data.
-func sum(version string, data []byte) string {
-	h := sha256.New()
-	h.Write([]byte("kyb.ai checkpoint " + version + "\n"))
-	h.Write(data)
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
-}
+// format is the checkpoint's envelope (package durablefile): v1 files
+// were written before sum.
+var format = durablefile.Format{Kind: "checkpoint", Latest: Version, Unsummed: V1}
 
 // Decode parses and verifies checkpoint bytes; name is used in errors.
 // Every error wraps ErrCorrupt, except ErrNewerVersion for a file that a
 // newer plugin verifiably wrote.
 func Decode(raw []byte, name string) (*State, error) {
-	env, data, err := open(raw)
+	version, data, err := format.Open(raw, name)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, name, err)
+		return nil, err
 	}
-	st, err := convert(env.Version, data)
+	st, err := convert(version, data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return st, nil
-}
-
-// open verifies an envelope: both checksums, where the file has them, over
-// the data in compact form (the file may be indented for people).
-func open(raw []byte) (*envelope, []byte, error) {
-	var env envelope
-	if err := json.Unmarshal(raw, &env); err != nil {
-		return nil, nil, err
-	}
-	if env.Version == "" || len(env.Data) == 0 {
-		return nil, nil, fmt.Errorf("no version or no data")
-	}
-	var compact bytes.Buffer
-	if err := json.Compact(&compact, env.Data); err != nil {
-		return nil, nil, err
-	}
-	data := compact.Bytes()
-	if got := checksum(data); got != env.Checksum {
-		return nil, nil, fmt.Errorf("checksum %s does not match its data (%s)", env.Checksum, got)
-	}
-	switch {
-	case env.Sum != "":
-		if got := sum(env.Version, data); got != env.Sum {
-			return nil, nil, fmt.Errorf("sum %s does not match its version %q and data (%s)", env.Sum, env.Version, got)
-		}
-	case env.Version != V1:
-		// Plugins before sum wrote v1 only: another version without a sum
-		// is a damaged one.
-		return nil, nil, fmt.Errorf("version %q has no sum; only %s files may lack one", env.Version, V1)
-	}
-	return &env, data, nil
 }
 
 // convert reads data written in version into the current State, and
@@ -107,23 +55,7 @@ func convert(version string, data []byte) (*State, error) {
 		}
 		return st, nil
 	}
-	if n, ok := versionNumber(version); ok && n > latest {
-		return nil, fmt.Errorf("%w: version %q (this plugin reads up to %s); refusing to touch it", ErrNewerVersion, version, Version)
-	}
 	return nil, fmt.Errorf("%w: unknown version %q", ErrCorrupt, version)
-}
-
-// latest is Version's number.
-var latest, _ = versionNumber(Version)
-
-// versionNumber parses "v<n>".
-func versionNumber(v string) (int, bool) {
-	s, ok := strings.CutPrefix(v, "v")
-	if !ok {
-		return 0, false
-	}
-	n, err := strconv.Atoi(s)
-	return n, err == nil && n > 0
 }
 
 // fenced reports whether any device is fenced.
@@ -160,19 +92,9 @@ func Encode(st *State) ([]byte, error) {
 	case st.fenced():
 		version = V2
 	}
-	head, err := json.Marshal(struct {
-		Version  string `json:"version"`
-		Checksum string `json:"checksum"`
-		Sum      string `json:"sum"`
-	}{version, checksum(data), sum(version, data)})
+	out, err := format.Seal(version, data)
 	if err != nil {
 		return nil, fmt.Errorf("encode checkpoint: %w", err)
 	}
-	// {"version":…,"checksum":…,"sum":…,"data":<data>}
-	out := make([]byte, 0, len(head)+len(data)+10)
-	out = append(out, head[:len(head)-1]...)
-	out = append(out, `,"data":`...)
-	out = append(out, data...)
-	out = append(out, "}\n"...)
 	return out, nil
 }
