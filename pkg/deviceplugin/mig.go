@@ -52,6 +52,8 @@ type MIG struct {
 	Minors func() ([]byte, error)
 	// Dir holds the journal of the instances made (mig-instances.json).
 	Dir string
+	// BootID is the node's boot, which the journal's records carry.
+	BootID string
 }
 
 // migClaim is the journal's claim of a seat's instance.
@@ -192,5 +194,7 @@ func startMIG(opts Options) (*miginstance.Manager, error) {
 	if err := os.MkdirAll(opts.MIG.Dir, 0o750); err != nil {
 		return nil, fmt.Errorf("create the MIG journal's directory: %w", err)
 	}
-	return miginstance.New(miginstance.Options{Dir: opts.MIG.Dir, NVML: opts.MIG.NVML, Minors: opts.MIG.Minors})
+	// The shim keeps no seat checkpoint: a journal damaged in both copies
+	// is rebuilt empty, every instance left as one it did not make.
+	return miginstance.New(miginstance.Options{Dir: opts.MIG.Dir, NVML: opts.MIG.NVML, Minors: opts.MIG.Minors, BootID: opts.MIG.BootID})
 }

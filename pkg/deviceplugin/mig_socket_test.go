@@ -24,7 +24,7 @@ profiles:
 `
 
 func (e *env) withMIG(o *Options) {
-	o.MIG = MIG{NVML: e.sim.NVML(), Minors: func() ([]byte, error) { return e.sim.MIGMinorsFile(), nil }, Dir: driver.PluginDir(e.pluginsDir)}
+	o.MIG = MIG{NVML: e.sim.NVML(), Minors: func() ([]byte, error) { return e.sim.MIGMinorsFile(), nil }, Dir: driver.PluginDir(e.pluginsDir), BootID: "boot-1"}
 }
 
 // gpuInstances lists GPU i's GPU instances as "profileID@{start}:size",

@@ -149,7 +149,7 @@ func TestMIGShimDestroysInstancesOfAnEarlierConfigurationOverRealSockets(t *test
 	e.plugin.Stop()
 	// The DRA plugin served the node once: a released claim's instance is
 	// left at {2}:2 (a crash before its unprepare).
-	m, err := miginstance.New(miginstance.Options{Dir: driver.PluginDir(e.pluginsDir), NVML: e.sim.NVML(), Minors: func() ([]byte, error) { return e.sim.MIGMinorsFile(), nil }})
+	m, err := miginstance.New(miginstance.Options{Dir: driver.PluginDir(e.pluginsDir), NVML: e.sim.NVML(), Minors: func() ([]byte, error) { return e.sim.MIGMinorsFile(), nil }, BootID: "boot-1"})
 	if err != nil {
 		t.Fatal(err)
 	}

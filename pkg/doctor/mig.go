@@ -2,17 +2,15 @@ package doctor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/durablefile"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
@@ -82,7 +80,7 @@ func (e *examination) checkMIG(_ context.Context) {
 		unavailable[u.GPU] = true
 		e.add(migUnavailableCheck(e.inv.GPUs[u.GPU], u))
 	}
-	records, journalErr := readMIGJournal(driver.PluginDir(e.opts.PluginsDir))
+	records, journalDamage, journalErr := miginstance.ReadJournal(driver.PluginDir(e.opts.PluginsDir))
 	var minors *mig.Minors
 	var minorsErr error
 	for _, g := range e.inv.GPUs {
@@ -118,7 +116,7 @@ func (e *examination) checkMIG(_ context.Context) {
 			if err != nil {
 				c = worse(c, Fail, "GPU "+fmt.Sprint(g.Index)+": list its MIG instances: "+err.Error(), "nvidia-smi mig -lgi -i "+fmt.Sprint(g.Index)+" lists them as NVML does")
 			}
-			c = e.migPartitions(c, g, planned[g.Index], instances, records, journalErr)
+			c = e.migPartitions(c, g, planned[g.Index], instances, records, journalDamage, journalErr)
 			c = e.migCapabilities(c, g, instances, minors, minorsErr)
 		}
 		e.add(c)
@@ -280,9 +278,14 @@ func firstFailure(rets ...nvml.Return) nvml.Return {
 // the claim allocated it); any other is reported, and the plugin
 // publishes neither the MIG devices it overlaps nor its GPU's whole-GPU
 // groups.
-func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, instances []migInstance, records []miginstance.Record, journalErr error) Check {
-	if journalErr != nil {
-		c = worse(c, Fail, journalErr.Error(), "the plugin fails every MIG prepare while its journal cannot be read: restore or remove "+miginstance.JournalFile+" (a removed journal makes every instance foreign, left as it is)")
+func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, instances []migInstance, records []miginstance.Record, journalDamage, journalErr error) Check {
+	switch {
+	case errors.Is(journalErr, durablefile.ErrNewerVersion):
+		c = worse(c, Fail, journalErr.Error(), "a newer plugin wrote the MIG journal: this one fails every MIG prepare rather than touch it; run the newer plugin")
+	case journalErr != nil:
+		c = worse(c, Warn, journalErr.Error(), "the MIG journal and its previous copy are damaged: the plugin sets them aside and rebuilds the journal from the GPUs and the seat checkpoint at its next start; an instance no held claim names is then left as one it did not make")
+	case journalDamage != nil:
+		c = worse(c, Warn, journalDamage.Error(), "the MIG journal is damaged: the plugin uses its previous copy at its next start and sets the damaged file aside")
 	}
 	c.Summary += fmt.Sprintf("; %s", count(len(instances), "GPU instance"))
 	for _, in := range instances {
@@ -301,7 +304,7 @@ func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, 
 		// given; an administrator's nvidia-smi mig -dci (and -cci) under
 		// a held claim leaves the GPU instance with no such device.
 		lost := ""
-		if i >= 0 && records[i].Phase != miginstance.Creating && !slices.ContainsFunc(in.cis, func(ci migComputeInstance) bool { return ci.uuid == records[i].UUID }) {
+		if i >= 0 && records[i].Phase.Made() && !slices.ContainsFunc(in.cis, func(ci migComputeInstance) bool { return ci.uuid == records[i].UUID }) {
 			lost = fmt.Sprintf(", whose MIG device %s is gone", records[i].UUID)
 			c = worse(c, Warn, "", "a claim's containers were given a MIG device that no longer exists: delete the claim's pods; the plugin settles its journal at its next start and the claim's next prepare finds or makes the instance again")
 		}
@@ -326,7 +329,7 @@ func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, 
 		}
 	}
 	for _, r := range records {
-		if r.GPU != g.Index || r.Phase == miginstance.Creating || slices.ContainsFunc(instances, func(in migInstance) bool {
+		if r.GPU != g.Index || !r.Phase.Made() || slices.ContainsFunc(instances, func(in migInstance) bool {
 			return in.placement == r.Placement() && in.profile == r.Profile
 		}) {
 			continue
@@ -335,34 +338,4 @@ func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, 
 			"a claim's containers were given a MIG device that no longer exists: delete the claim's pods; the plugin settles its journal at its next start and the claim's next prepare finds or makes the instance again")
 	}
 	return c
-}
-
-// readMIGJournal reads the plugin's journal of the instances it made, as
-// the plugin writes it, without the lock the plugin takes: the file is
-// replaced by a rename, so a read sees one whole version. No file: no
-// record.
-func readMIGJournal(dir string) ([]miginstance.Record, error) {
-	path := filepath.Join(dir, miginstance.JournalFile)
-	raw, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read MIG journal %s: %w", path, err)
-	}
-	// Adopted instances are under "adopted" or, with phase Adopted,
-	// among the records.
-	var f struct {
-		Version string               `json:"version"`
-		Records []miginstance.Record `json:"records"`
-		Adopted []miginstance.Record `json:"adopted"`
-	}
-	if err := json.Unmarshal(raw, &f); err != nil {
-		return nil, fmt.Errorf("read MIG journal %s: %w", path, err)
-	}
-	// v2 is v1 holding an adopted instance.
-	if f.Version != "v1" && f.Version != "v2" {
-		return nil, fmt.Errorf("read MIG journal %s: version %q, this doctor reads \"v1\" and \"v2\"", path, f.Version)
-	}
-	return append(f.Records, f.Adopted...), nil
 }

@@ -64,7 +64,7 @@ func (m *migNode) setMode(t *testing.T, gpu, mode int) {
 func (m *migNode) pluginInstance(ctx context.Context, t *testing.T, claim string, gpu int, profile string, start int, adopt bool) miginstance.Instance {
 	t.Helper()
 	m.mkdir(driver.PluginDir(m.opts.PluginsDir))
-	mgr, err := miginstance.New(miginstance.Options{Dir: driver.PluginDir(m.opts.PluginsDir), NVML: m.host.NVML, Minors: m.host.MIGMinors})
+	mgr, err := miginstance.New(miginstance.Options{Dir: driver.PluginDir(m.opts.PluginsDir), NVML: m.host.NVML, Minors: m.host.MIGMinors, BootID: "boot-1"})
 	if err != nil {
 		t.Fatal(err)
 	}

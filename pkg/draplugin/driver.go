@@ -214,7 +214,9 @@ func (d *Driver) open(ctx context.Context) error {
 		return err
 	}
 	d.sharing = newSharing(opts.Sharing, d.node)
-	if d.mig, err = newMIGSeats(opts.MIG, d.node, opts.PluginDataDir); err != nil {
+	// Before the MIG journal is first read: a damaged one is reported.
+	d.events = nodeevents.Start(ctx, opts.BackgroundClient, opts.NodeName, driver.Name)
+	if d.mig, err = newMIGSeats(opts.MIG, d.node, opts.PluginDataDir, migJournal{bootID: opts.BootID, events: d.events}); err != nil {
 		return err
 	}
 	// Before the ledger writes the specs a start owes: half-made
@@ -222,7 +224,6 @@ func (d *Driver) open(ctx context.Context) error {
 	// so that no spec names an instance that is not there.
 	d.mig.reconcile(ctx, nil)
 	d.specs = &claimSpecs{writer: w, inv: opts.Inventory, edits: opts.Edits, nvidiaCDI: opts.NVIDIACDIDevice, sharing: d.sharing, mig: d.mig}
-	d.events = nodeevents.Start(ctx, opts.BackgroundClient, opts.NodeName, driver.Name)
 	d.mig.reportNoMIGGeometry(ctx, d.events)
 	if err := d.sharing.reportTo(d.events, d.metrics.registry); err != nil {
 		return err

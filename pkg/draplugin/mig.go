@@ -61,12 +61,13 @@ type migSeats struct {
 	lost lostInstances
 }
 
-func newMIGSeats(opts MIG, node nodePlan, dir string) (*migSeats, error) {
+func newMIGSeats(opts MIG, node nodePlan, dir string, journal migJournal) (*migSeats, error) {
 	s := &migSeats{node: node, partitions: newPartitionsGauge()}
 	if opts.NVML == nil || !node.plan.HasMIG() {
 		return s, nil
 	}
-	m, err := miginstance.New(miginstance.Options{Dir: dir, NVML: opts.NVML, Minors: opts.Minors, Step: opts.Step})
+	m, err := miginstance.New(miginstance.Options{Dir: dir, NVML: opts.NVML, Minors: opts.Minors, Step: opts.Step,
+		BootID: journal.bootID, Held: s.heldInCheckpoint(dir), Warn: journal.events.Warning})
 	if err != nil {
 		return nil, err
 	}

@@ -308,7 +308,7 @@ func TestMIGInstancesOfTwoProfilesShareAGPU(t *testing.T) {
 // the administrator's partition stays.
 func TestMIGRestartAtEveryStep(t *testing.T) {
 	prepareSteps := []string{"SetMigMode", "record creating", "CreateGpuInstanceWithPlacement", "GpuInstance.GetInfo", "record GPU instance",
-		"GetComputeInstanceProfileInfo", "CreateComputeInstance", "ComputeInstance.GetInfo", "read MIG UUID", "record created"}
+		"GetComputeInstanceProfileInfo", "record compute instance", "CreateComputeInstance", "ComputeInstance.GetInfo", "read MIG UUID", "record created"}
 	unprepareSteps := []string{"find GPU instance", "ComputeInstance.Destroy", "GpuInstance.Destroy", "forget destroyed"}
 	for _, step := range append(prepareSteps, unprepareSteps...) {
 		t.Run(step, func(t *testing.T) {

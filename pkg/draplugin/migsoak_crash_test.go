@@ -55,7 +55,7 @@ func migStep(step string) draplugin.HookPoint { return draplugin.HookPoint("mig:
 // The steps of making an instance, in order, and of destroying one.
 var (
 	migPrepareSteps = []string{"SetMigMode", "record creating", "CreateGpuInstanceWithPlacement", "GpuInstance.GetInfo", "record GPU instance",
-		"GetComputeInstanceProfileInfo", "CreateComputeInstance", "ComputeInstance.GetInfo", "read MIG UUID", "record created"}
+		"GetComputeInstanceProfileInfo", "record compute instance", "CreateComputeInstance", "ComputeInstance.GetInfo", "read MIG UUID", "record created"}
 	migUnprepareSteps = []string{"find GPU instance", "ComputeInstance.Destroy", "GpuInstance.Destroy", "forget destroyed"}
 )
 

@@ -51,8 +51,8 @@ func (p Partition) String() string {
 
 // Partitions lists the GPU instances on gpus that the plugin did not make:
 // those no record names, and those adopted by a claim.
-func (m *Manager) Partitions(_ context.Context, gpus []int) ([]Partition, error) {
-	records, unlock, err := m.lock()
+func (m *Manager) Partitions(ctx context.Context, gpus []int) ([]Partition, error) {
+	records, unlock, err := m.lock(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +177,7 @@ func (m *Manager) adopt(ctx context.Context, dev nvml.Device, w Want, records []
 	r := Record{
 		Claim: w.Claim, Device: w.Device, GPU: w.GPU, GPUUUID: w.GPUUUID, GPUMinor: w.GPUMinor,
 		Profile: w.Profile.Name, ProfileID: w.Profile.ID, ProfileIndex: w.Profile.Index, Start: w.Placement.Start, Size: w.Placement.Size,
-		Phase: Adopted, GI: int(gInfo.Id), CI: int(cis[0].Id), UUID: uuid,
+		Phase: Adopted, Boot: m.opts.BootID, GI: int(gInfo.Id), CI: int(cis[0].Id), UUID: uuid,
 	}
 	if err := m.save("record adopted", append(records, r)); err != nil {
 		return Instance{}, true, err

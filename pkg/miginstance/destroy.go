@@ -83,8 +83,8 @@ func (m *Manager) check(dev nvml.Device, r Record) (state, nvml.GpuInstance, err
 	return whole, gi, nil
 }
 
-// recordedGI finds the GPU instance a Created record names, if it is
-// still the record's: the same profile at the same placement.
+// recordedGI finds the GPU instance a record names by ID, if it is still
+// of the record's profile at its placement.
 func recordedGI(dev nvml.Device, r Record) (nvml.GpuInstance, bool, error) {
 	gi, ret := dev.GetGpuInstanceById(r.GI)
 	if gone(ret) || ret == nvml.ERROR_NOT_SUPPORTED {
@@ -107,97 +107,65 @@ func recordedGI(dev nvml.Device, r Record) (nvml.GpuInstance, bool, error) {
 	return gi, true, nil
 }
 
-// destroy destroys the instance r records, or what a crash left of it:
-// its compute instance, then its GPU instance. A GPU instance that is not
-// the record's (another profile or placement), or that holds compute
-// instances the plugin did not make, is left as it is.
+// destroy destroys the instance r records, or what a crash left of it,
+// by the rules at the top of journal.go; an Adopted record's instance is
+// never destroyed.
 func (m *Manager) destroy(ctx context.Context, dev nvml.Device, r Record) error {
-	logger := klog.FromContext(ctx)
-	if r.Phase == Adopted {
+	switch r.Phase {
+	case Adopted:
 		return nil // not the plugin's to destroy
+	case Created:
+		return m.destroyMade(ctx, dev, r)
 	}
+	return m.rollBack(ctx, dev, r)
+}
+
+// destroyMade destroys a Created record's instance: its compute instance,
+// then its GPU instance, unless the GPU instance holds a compute instance
+// the record does not name (someone else's, made in it since), or is not
+// the record's any more.
+func (m *Manager) destroyMade(ctx context.Context, dev nvml.Device, r Record) error {
 	if m.step("find GPU instance") {
 		return errCrashed
 	}
-	var gi nvml.GpuInstance
-	var sliceCount int
-	ownCI := r.Phase == Created
-	switch {
-	case r.Phase == Created:
-		st, g, err := m.check(dev, r)
-		if err != nil || st == vanished {
-			return err
-		}
-		gi, ownCI = g, st == whole
-	case r.GIMade:
-		// Every compute instance in the recorded GPU instance is the
-		// plugin's: a crash came before the record said Created.
-		g, ok, err := recordedGI(dev, r)
-		if err != nil || !ok {
-			return err
-		}
-		gi = g
+	st, gi, err := m.check(dev, r)
+	if err != nil || st == vanished {
+		return err
 	}
-	info, err := giProfileInfo(dev, r.ProfileIndex, r.ProfileID, r.Profile)
+	if st == whole {
+		ci, ret := gi.GetComputeInstanceById(r.CI)
+		if ret != nvml.SUCCESS && !gone(ret) {
+			return callErr("GpuInstance.GetComputeInstanceById", ret)
+		}
+		if ret == nvml.SUCCESS {
+			if m.step("ComputeInstance.Destroy") {
+				return errCrashed
+			}
+			if ret := ci.Destroy(); ret != nvml.SUCCESS && !gone(ret) {
+				return callErr("ComputeInstance.Destroy", ret)
+			}
+		}
+	}
+	return m.destroyBareGI(ctx, gi, r)
+}
+
+// destroyBareGI destroys a GPU instance of r's that holds no compute
+// instance; one that holds any is left as it is.
+func (m *Manager) destroyBareGI(ctx context.Context, gi nvml.GpuInstance, r Record) error {
+	cis, err := computeInstances(gi)
 	if err != nil {
 		return err
 	}
-	sliceCount = int(info.SliceCount)
-	if gi == nil {
-		g, _, found, err := instanceAt(dev, &info, r.Placement())
-		if IsReturn(err, nvml.ERROR_NOT_SUPPORTED) || err == nil && !found {
-			return nil // MIG mode off, or nothing was made
-		}
-		if err != nil {
-			return err
-		}
-		if cis, err := computeInstances(g); err != nil {
-			return err
-		} else if len(cis) > 0 {
-			// The plugin made no compute instance before the record said
-			// GIMade: this GPU instance is someone else's, made at the
-			// placement after a crash before the plugin's was made.
-			logger.Info("Leaving a GPU instance at a half-made record's placement: it holds compute instances the plugin did not make", "instance", r.String())
-			return nil
-		}
-		gi = g
-	}
-	ciIndex, err := fullCIProfile(mig.Profile{Name: r.Profile, ComputeSlices: sliceCount})
-	if err != nil {
-		return err
-	}
-	ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciIndex, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-	if ret != nvml.SUCCESS {
-		return callErr("GpuInstance.GetComputeInstanceProfileInfo", ret)
-	}
-	cis, ret := gi.GetComputeInstances(&ciInfo)
-	if ret != nvml.SUCCESS && !gone(ret) {
-		return callErr("GpuInstance.GetComputeInstances", ret)
-	}
-	for _, ci := range cis {
-		cInfo, ret := ci.GetInfo()
-		if gone(ret) {
-			continue
-		}
-		if ret != nvml.SUCCESS {
-			return callErr("ComputeInstance.GetInfo", ret)
-		}
-		if r.Phase == Created && (!ownCI || int(cInfo.Id) != r.CI) {
-			continue // not ours: the GPU instance's Destroy says so below
-		}
-		if m.step("ComputeInstance.Destroy") {
-			return errCrashed
-		}
-		if ret := ci.Destroy(); ret != nvml.SUCCESS && !gone(ret) {
-			return callErr("ComputeInstance.Destroy", ret)
-		}
+	if len(cis) > 0 {
+		klog.FromContext(ctx).Info("Leaving a GPU instance at a MIG record's placement: it holds compute instances the plugin did not make", "instance", r.String(), "computeInstances", len(cis))
+		return nil
 	}
 	if m.step("GpuInstance.Destroy") {
 		return errCrashed
 	}
 	switch ret := gi.Destroy(); {
 	case ret == nvml.SUCCESS || gone(ret):
-		logger.V(2).Info("Destroyed MIG instance", "instance", r.String())
+		klog.FromContext(ctx).V(2).Info("Destroyed MIG instance", "instance", r.String())
 		return nil
 	case ret == nvml.ERROR_IN_USE:
 		return fmt.Errorf("GPU %d: the GPU instance at %s holds compute instances the plugin did not make; it is left as it is: %w", r.GPU, r.Placement(), callErr("GpuInstance.Destroy", ret))
@@ -206,11 +174,102 @@ func (m *Manager) destroy(ctx context.Context, dev nvml.Device, r Record) error 
 	}
 }
 
+// halfMadeGI finds the GPU instance a half-made record's step may have
+// made: the recorded one once the record names it, else the one of its
+// profile at its placement.
+func (m *Manager) halfMadeGI(dev nvml.Device, r Record) (nvml.GpuInstance, bool, error) {
+	if r.Phase != GIIntended {
+		return recordedGI(dev, r)
+	}
+	info, err := giProfileInfo(dev, r.ProfileIndex, r.ProfileID, r.Profile)
+	if err != nil {
+		return nil, false, err
+	}
+	gi, _, found, err := instanceAt(dev, &info, r.Placement())
+	if IsReturn(err, nvml.ERROR_NOT_SUPPORTED) {
+		return nil, false, nil // MIG mode off: nothing was made
+	}
+	return gi, found, err
+}
+
+// wholeCI is the compute instance of gi that spans it, where it holds
+// that one alone: the one instance a CIIntended record's step makes.
+func wholeCI(dev nvml.Device, gi nvml.GpuInstance, r Record) (nvml.ComputeInstanceInfo, bool, error) {
+	cis, err := computeInstances(gi)
+	if err != nil || len(cis) != 1 {
+		return nvml.ComputeInstanceInfo{}, false, err
+	}
+	info, err := giProfileInfo(dev, r.ProfileIndex, r.ProfileID, r.Profile)
+	if err != nil {
+		return nvml.ComputeInstanceInfo{}, false, err
+	}
+	return cis[0], cis[0].Placement.Size == info.SliceCount, nil
+}
+
+// rollBack destroys what a half-made record's interrupted step left: a
+// GPU instance with no compute instance, or, after CIIntended, one with
+// the one compute instance that spans it. A GPU instance holding anything
+// else is left as it is: the step cannot have made it.
+func (m *Manager) rollBack(ctx context.Context, dev nvml.Device, r Record) error {
+	if m.step("find GPU instance") {
+		return errCrashed
+	}
+	gi, found, err := m.halfMadeGI(dev, r)
+	if err != nil || !found {
+		return err
+	}
+	if r.Phase == CIIntended {
+		ci, ok, err := wholeCI(dev, gi, r)
+		if err != nil {
+			return err
+		}
+		if ok {
+			handle, ret := gi.GetComputeInstanceById(int(ci.Id))
+			if ret != nvml.SUCCESS && !gone(ret) {
+				return callErr("GpuInstance.GetComputeInstanceById", ret)
+			}
+			if ret == nvml.SUCCESS {
+				if m.step("ComputeInstance.Destroy") {
+					return errCrashed
+				}
+				if ret := handle.Destroy(); ret != nvml.SUCCESS && !gone(ret) {
+					return callErr("ComputeInstance.Destroy", ret)
+				}
+			}
+		}
+	}
+	return m.destroyBareGI(ctx, gi, r)
+}
+
+// complete reads, for a CIIntended or GIMade record, the instance its
+// step made whole (the GPU instance holding the one compute instance
+// that spans it) and returns the record Created; false where there is
+// none.
+func (m *Manager) complete(dev nvml.Device, r Record) (Record, bool, error) {
+	if r.Phase != CIIntended && r.Phase != GIMade {
+		return r, false, nil
+	}
+	gi, found, err := recordedGI(dev, r)
+	if err != nil || !found {
+		return r, false, err
+	}
+	ci, ok, err := wholeCI(dev, gi, r)
+	if err != nil || !ok {
+		return r, false, err
+	}
+	uuid, err := migDeviceUUID(dev, r.GI, int(ci.Id))
+	if err != nil {
+		return r, false, err
+	}
+	r.Phase, r.CI, r.UUID = Created, int(ci.Id), uuid
+	return r, true, nil
+}
+
 // Destroy destroys the instances made for a claim and forgets them, and
 // forgets those it adopted, which stay. An instance already gone is no
 // error: a second call does nothing.
 func (m *Manager) Destroy(ctx context.Context, claim types.UID) error {
-	records, unlock, err := m.lock()
+	records, unlock, err := m.lock(ctx)
 	if err != nil {
 		return err
 	}
@@ -226,7 +285,9 @@ func (m *Manager) Destroy(ctx context.Context, claim types.UID) error {
 			klog.FromContext(ctx).V(2).Info("Released adopted MIG instance; it stays", "instance", r.String())
 			continue
 		}
-		if err := m.destroyRecord(ctx, r); err != nil {
+		if err := m.destroyRecord(ctx, r); errors.Is(err, errCrashed) {
+			return err
+		} else if err != nil {
 			errs = append(errs, fmt.Errorf("destroy MIG instance %s: %w", r, err))
 			keep = append(keep, r)
 		}
@@ -253,15 +314,15 @@ func (m *Manager) destroyRecord(ctx context.Context, r Record) error {
 type Prepared func() (claims map[types.UID]bool, known bool)
 
 // Reconcile settles what a crash or a lost unprepare left. Half-made
-// instances (Creating records) are rolled back; made instances whose
-// claim is not prepared any more are destroyed; records whose instance is
-// gone (a reboot) are forgotten, to be made again at the claim's next
-// prepare. Adopted instances are never destroyed: their records are
+// instances are rolled back (journal.go says what of them); made
+// instances whose claim is not prepared any more are destroyed; records
+// whose instance is gone are forgotten, to be made again at the claim's
+// next prepare. Adopted instances are never destroyed: their records are
 // forgotten once their claim is released or the instance is gone. No
 // instance that no record names is touched (see Partitions).
 func (m *Manager) Reconcile(ctx context.Context, prepared Prepared) error {
 	logger := klog.FromContext(ctx)
-	records, unlock, err := m.lock()
+	records, unlock, err := m.lock(ctx)
 	if err != nil {
 		return err
 	}
@@ -277,7 +338,7 @@ func (m *Manager) Reconcile(ctx context.Context, prepared Prepared) error {
 			if drop, err = m.settleAdopted(ctx, r, known && !held[r.Claim]); err != nil {
 				errs = append(errs, err)
 			}
-		case r.Phase == Creating, known && !held[r.Claim]:
+		case !r.Phase.Made(), known && !held[r.Claim]:
 			err := m.destroyRecord(ctx, r)
 			if errors.Is(err, errCrashed) {
 				return err
@@ -286,10 +347,10 @@ func (m *Manager) Reconcile(ctx context.Context, prepared Prepared) error {
 				errs = append(errs, fmt.Errorf("destroy MIG instance %s: %w", r, err))
 				break
 			}
-			if r.Phase == Creating {
-				logger.Info("Rolled back a half-made MIG instance", "instance", r.String())
-			} else {
+			if r.Phase.Made() {
 				logger.Info("Destroyed a MIG instance no prepared claim holds", "instance", r.String())
+			} else {
+				logger.Info("Rolled back a half-made MIG instance", "instance", r.String())
 			}
 			drop = true
 		default:

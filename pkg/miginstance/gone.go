@@ -18,8 +18,8 @@ import (
 // (which makes the instance again, Ensure), its unprepare (Destroy) or
 // the next start (Reconcile). A record that cannot be checked is left
 // out, its error joined to the one returned.
-func (m *Manager) Gone(_ context.Context, claims ...types.UID) ([]Record, error) {
-	records, unlock, err := m.lock()
+func (m *Manager) Gone(ctx context.Context, claims ...types.UID) ([]Record, error) {
+	records, unlock, err := m.lock(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -27,7 +27,7 @@ func (m *Manager) Gone(_ context.Context, claims ...types.UID) ([]Record, error)
 	var out []Record
 	var errs []error
 	for _, r := range records {
-		if r.Phase != Created && r.Phase != Adopted || len(claims) > 0 && !slices.Contains(claims, r.Claim) {
+		if !r.Phase.Made() || len(claims) > 0 && !slices.Contains(claims, r.Claim) {
 			continue
 		}
 		dev, ret := m.opts.NVML.DeviceGetHandleByIndex(r.GPU)

@@ -1,28 +1,22 @@
 // Package miginstance makes and destroys the MIG instances that MIG seats
 // stand for, at prepare and unprepare, through NVML, and keeps a journal
-// of them so that no crash leaves an instance nobody owns:
-//
-//	(none) --journal "Creating" (GPU, profile, placement)-->
-//	       --CreateGpuInstanceWithPlacement, CreateComputeInstance (full size),
-//	         read the MIG device's UUID-->
-//	       --journal "Created" (GI, CI, UUID)--> made
-//	made --destroy the CI, then the GI; drop the record--> (none)
+// of them so that no crash leaves an instance nobody owns, and no record
+// destroys an instance the plugin did not make (the journal's states and
+// what each lets a restart destroy are at the top of journal.go).
 //
 // Reconcile, at start and behind a release of stale claims, settles what
-// a crash left: a Creating record with no instance is forgotten; one whose
-// GPU instance exists (a crash between the calls) has that instance
-// destroyed, if its profile and placement are the record's and it holds
-// no compute instance but the full-size one the plugin makes; a Created
-// record whose claim is no longer prepared has its instance destroyed.
-// Instances no record names (partitions an administrator made, or another
-// tool) are never destroyed: the plugin publishes those that are seats of
-// its configured profiles as static seats, which a claim adopts (an
-// Adopted record, adopt.go), and withdraws what the others make
-// impossible.
+// a crash left: a half-made record has what its interrupted step left
+// rolled back; a Created record whose claim is no longer prepared has its
+// instance destroyed; a record of an earlier boot is forgotten. Instances
+// no record names (partitions an administrator made, or another tool) are
+// never destroyed: the plugin publishes those that are seats of its
+// configured profiles as static seats, which a claim adopts (an Adopted
+// record, adopt.go), and withdraws what the others make impossible.
 //
 // A claim's seat is recorded in the seat checkpoint (package seatledger)
 // before its instance is made, as for any seat; this package knows
-// nothing of seats or claims beyond their UIDs.
+// nothing of seats or claims beyond their UIDs, and the MIG devices the
+// checkpoint's claims hold where the journal is lost (recover.go).
 package miginstance
 
 import (
@@ -47,6 +41,17 @@ type Options struct {
 	NVML Library
 	// Minors reads /proc/driver/nvidia-caps/mig-minors.
 	Minors func() ([]byte, error)
+	// BootID is the node's boot (package bootid), recorded in every
+	// record: a record of another boot is forgotten. Required.
+	BootID string
+	// Held, where both copies of the journal are damaged, says which MIG
+	// devices the claims of the seat checkpoint hold: their instances are
+	// recorded for them again (recover.go). nil: no instance can be shown
+	// to be a claim's.
+	Held Held
+	// Warn tells the node's operators what a recovery of the journal did
+	// (a Node event); nil: it is logged.
+	Warn func(ctx context.Context, reason, message string)
 	// Step, for tests only, is called before each NVML call and each
 	// journal write that changes something, named; true stops the
 	// operation there at once, as a crash of the plugin would (nothing
@@ -107,16 +112,19 @@ func New(opts Options) (*Manager, error) {
 		return nil, errors.New("MIG instances: NVML is required")
 	case opts.Minors == nil:
 		return nil, errors.New("MIG instances: a mig-minors reader is required")
+	case opts.BootID == "":
+		return nil, errors.New("MIG instances: the node's boot ID is required")
 	}
-	return &Manager{opts: opts, journal: journal{dir: opts.Dir}}, nil
+	return &Manager{opts: opts, journal: newJournal(opts.Dir)}, nil
 }
 
 // step is the test's crash point; true: stop.
 func (m *Manager) step(name string) bool { return m.opts.Step != nil && m.opts.Step(name) }
 
 // lock serialises the manager's operations, within the plugin and with
-// the other pod of a rolling update, and loads the records.
-func (m *Manager) lock() (records []Record, unlock func(), err error) {
+// the other pod of a rolling update, and loads the records, recovered
+// and of this boot (recover.go).
+func (m *Manager) lock(ctx context.Context) (records []Record, unlock func(), err error) {
 	m.mu.Lock()
 	unlockFile, err := m.journal.lock()
 	if err != nil {
@@ -124,7 +132,7 @@ func (m *Manager) lock() (records []Record, unlock func(), err error) {
 		return nil, nil, err
 	}
 	unlock = func() { unlockFile(); m.mu.Unlock() }
-	records, err = m.journal.load()
+	records, err = m.load(ctx)
 	if err != nil {
 		unlock()
 		return nil, nil, err
@@ -145,16 +153,17 @@ func find(records []Record, claim types.UID, device string) int {
 }
 
 // Lookup returns the instance made for a device of a claim, from the
-// journal (no NVML call). It takes no lock: the journal is replaced by a
-// rename, so a read sees one whole version, and the seat ledger calls it
-// with its own lock held, which Reconcile takes under the manager's.
+// journal (no NVML call). It takes no lock: the journal is replaced by
+// renames, so a read sees one whole version (the previous one between
+// them), and the seat ledger calls it with its own lock held, which
+// Reconcile takes under the manager's.
 func (m *Manager) Lookup(claim types.UID, device string) (Instance, bool, error) {
-	records, err := m.journal.load()
+	records, _, err := m.journal.load()
 	if err != nil {
 		return Instance{}, false, err
 	}
 	i := find(records, claim, device)
-	if i < 0 || records[i].Phase == Creating {
+	if i < 0 || !records[i].Phase.Made() || records[i].Boot != m.opts.BootID {
 		return Instance{}, false, nil
 	}
 	inst, err := m.instance(records[i])
@@ -205,11 +214,11 @@ func (m *Manager) loadMinors() error {
 }
 
 // Ensure makes the instance w stands for, or returns it if it was made.
-// A half-made one (a Creating record left by an earlier try) is destroyed
-// first and made anew. On failure nothing is left made, unless the
-// rollback failed too, in which case its record stays for Reconcile.
+// A half-made one (a record an earlier try left) is rolled back first
+// and made anew. On failure nothing is left made, unless the rollback
+// failed too, in which case its record stays for Reconcile.
 func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
-	records, unlock, err := m.lock()
+	records, unlock, err := m.lock(ctx)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -221,7 +230,7 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 	}
 	if i := find(records, w.Claim, w.Device); i >= 0 {
 		r := records[i]
-		if r.Phase != Creating && r.GPU == w.GPU && r.ProfileID == w.Profile.ID && r.Placement() == w.Placement {
+		if r.Phase.Made() && r.GPU == w.GPU && r.ProfileID == w.Profile.ID && r.Placement() == w.Placement {
 			st, _, err := m.check(dev, r)
 			if err != nil {
 				return Instance{}, fmt.Errorf("check MIG instance %s: %w", r, err)
@@ -255,37 +264,47 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 	if err := m.loadMinors(); err != nil {
 		return Instance{}, err
 	}
-	r := Record{
-		Claim: w.Claim, Device: w.Device, GPU: w.GPU, GPUUUID: w.GPUUUID, GPUMinor: w.GPUMinor,
-		Profile: w.Profile.Name, ProfileID: w.Profile.ID, ProfileIndex: w.Profile.Index, Start: w.Placement.Start, Size: w.Placement.Size, Phase: Creating,
-	}
 	info, err := giProfileInfo(dev, w.Profile.Index, w.Profile.ID, w.Profile.Name)
 	if err != nil {
 		return Instance{}, fmt.Errorf("GPU %d: %w", w.GPU, err)
 	}
 	// An instance at exactly this placement is not this claim's (an
-	// administrator's, or one a released claim still holds): refuse before the journal says Creating, so that Reconcile
-	// never takes it for one a crash left half made.
+	// administrator's, or one a released claim still holds): refuse
+	// before the journal says GIIntended, so that Reconcile never takes
+	// it for one a crash left half made.
 	if _, gInfo, found, err := instanceAt(dev, &info, w.Placement); err != nil {
 		return Instance{}, fmt.Errorf("GPU %d: %w", w.GPU, err)
 	} else if found {
 		return Instance{}, fmt.Errorf("GPU %d: a MIG %s instance (GPU instance %d) that is not this claim's is at %s already: %w",
 			w.GPU, w.Profile.Name, gInfo.Id, w.Placement, callErr("CreateGpuInstanceWithPlacement", nvml.ERROR_INSUFFICIENT_RESOURCES))
 	}
+	r := Record{
+		Claim: w.Claim, Device: w.Device, GPU: w.GPU, GPUUUID: w.GPUUUID, GPUMinor: w.GPUMinor,
+		Profile: w.Profile.Name, ProfileID: w.Profile.ID, ProfileIndex: w.Profile.Index, Start: w.Placement.Start, Size: w.Placement.Size,
+		Phase: GIIntended, Boot: m.opts.BootID,
+	}
 	records = append(records, r)
 	if err := m.save("record creating", records); err != nil {
 		return Instance{}, err
 	}
-	made, err := m.create(ctx, dev, &info, r, func(r Record) error {
-		records[len(records)-1] = r
-		return m.save("record GPU instance", records)
-	})
+	// record writes the making's next phase; records holds what the
+	// journal says.
+	record := func(step string, r Record) error {
+		next := slices.Clone(records)
+		next[len(next)-1] = r
+		if err := m.save(step, next); err != nil {
+			return err
+		}
+		records = next
+		return nil
+	}
+	undone, err := m.create(ctx, dev, &info, r, record)
 	if errors.Is(err, errCrashed) {
 		return Instance{}, err
 	}
 	if err != nil {
-		if rbErr := m.destroy(ctx, dev, made); rbErr != nil {
-			logger.Error(rbErr, "Cannot roll back a half-made MIG instance; its record stays for the next reconcile", "instance", r.String())
+		if !undone {
+			logger.Error(err, "Cannot roll back a half-made MIG instance; its record stays for the next reconcile", "instance", records[len(records)-1].String())
 			return Instance{}, fmt.Errorf("GPU %d: make MIG %s at %s: %w", w.GPU, w.Profile.Name, w.Placement, err)
 		}
 		if saveErr := m.save("forget failed", records[:len(records)-1]); saveErr != nil {
@@ -293,70 +312,7 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 		}
 		return Instance{}, fmt.Errorf("GPU %d: make MIG %s at %s: %w", w.GPU, w.Profile.Name, w.Placement, err)
 	}
-	records[len(records)-1] = made
-	if err := m.save("record created", records); err != nil {
-		// The journal says Creating: the next try or Reconcile destroys
-		// what was made.
-		return Instance{}, err
-	}
-	logger.V(2).Info("Made MIG instance", "instance", made.String())
-	return m.instance(made)
-}
-
-// create makes the GPU instance, records it (recordGI), makes its compute
-// instance and reads the MIG device's UUID: r Created. On an error r is
-// what was made so far, for the rollback.
-func (m *Manager) create(_ context.Context, dev nvml.Device, info *nvml.GpuInstanceProfileInfo, r Record, recordGI func(Record) error) (Record, error) {
-	if m.step("CreateGpuInstanceWithPlacement") {
-		return r, errCrashed
-	}
-	gi, ret := dev.CreateGpuInstanceWithPlacement(info, &nvml.GpuInstancePlacement{Start: uint32(r.Start), Size: uint32(r.Size)})
-	if ret != nvml.SUCCESS {
-		return r, callErr("CreateGpuInstanceWithPlacement", ret)
-	}
-	if m.step("GpuInstance.GetInfo") {
-		return r, errCrashed
-	}
-	gInfo, ret := gi.GetInfo()
-	if ret != nvml.SUCCESS {
-		return r, callErr("GpuInstance.GetInfo", ret)
-	}
-	r.GIMade, r.GI = true, int(gInfo.Id)
-	if err := recordGI(r); err != nil {
-		return r, err
-	}
-	ciIndex, err := fullCIProfile(mig.Profile{Name: r.Profile, ComputeSlices: int(info.SliceCount)})
-	if err != nil {
-		return r, err
-	}
-	if m.step("GetComputeInstanceProfileInfo") {
-		return r, errCrashed
-	}
-	ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciIndex, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-	if ret != nvml.SUCCESS {
-		return r, callErr("GpuInstance.GetComputeInstanceProfileInfo", ret)
-	}
-	if m.step("CreateComputeInstance") {
-		return r, errCrashed
-	}
-	ci, ret := gi.CreateComputeInstance(&ciInfo)
-	if ret != nvml.SUCCESS {
-		return r, callErr("GpuInstance.CreateComputeInstance", ret)
-	}
-	if m.step("ComputeInstance.GetInfo") {
-		return r, errCrashed
-	}
-	cInfo, ret := ci.GetInfo()
-	if ret != nvml.SUCCESS {
-		return r, callErr("ComputeInstance.GetInfo", ret)
-	}
-	if m.step("read MIG UUID") {
-		return r, errCrashed
-	}
-	uuid, err := migDeviceUUID(dev, int(gInfo.Id), int(cInfo.Id))
-	if err != nil {
-		return r, err
-	}
-	r.Phase, r.GIMade, r.GI, r.CI, r.UUID = Created, false, int(gInfo.Id), int(cInfo.Id), uuid
-	return r, nil
+	created := records[len(records)-1]
+	logger.V(2).Info("Made MIG instance", "instance", created.String())
+	return m.instance(created)
 }

@@ -27,6 +27,9 @@ type fixture struct {
 	model mig.Model
 	dir   string
 	arch  string
+	// boot is the node's boot ID the managers are given; a test's reboot
+	// changes it.
+	boot string
 }
 
 func newFixture(t *testing.T, preset string) *fixture {
@@ -44,12 +47,12 @@ func newFixture(t *testing.T, preset string) *fixture {
 	if strings.Contains(preset, "a100") {
 		arch = "ampere"
 	}
-	return &fixture{t: t, sim: n, dev: d, model: m, dir: t.TempDir(), arch: arch}
+	return &fixture{t: t, sim: n, dev: d, model: m, dir: t.TempDir(), arch: arch, boot: "boot-1"}
 }
 
 func (f *fixture) manager(step func(string) bool) *Manager {
 	f.t.Helper()
-	m, err := New(Options{Dir: f.dir, NVML: f.sim.NVML(), Minors: func() ([]byte, error) { return f.sim.MIGMinorsFile(), nil }, Step: step})
+	m, err := New(Options{Dir: f.dir, NVML: f.sim.NVML(), Minors: func() ([]byte, error) { return f.sim.MIGMinorsFile(), nil }, BootID: f.boot, Step: step})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -157,9 +160,9 @@ func (f *fixture) layout() []string {
 
 func (f *fixture) records() []Record {
 	f.t.Helper()
-	r, err := journal{dir: f.dir}.load()
-	if err != nil {
-		f.t.Fatal(err)
+	r, res, err := newJournal(f.dir).load()
+	if err != nil || res.RecoveredFrom != nil {
+		f.t.Fatalf("read the journal: %v (recovered from %v)", err, res.RecoveredFrom)
 	}
 	return r
 }

@@ -22,7 +22,7 @@ import (
 // its architecture ("hopper", ...). It runs under the journal's lock, so
 // that no instance is made on the GPU meanwhile.
 func (m *Manager) WholeGPU(ctx context.Context, gpu int, arch string) error {
-	_, unlock, err := m.lock()
+	_, unlock, err := m.lock(ctx)
 	if err != nil {
 		return err
 	}

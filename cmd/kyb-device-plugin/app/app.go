@@ -176,7 +176,7 @@ func (o *options) run(ctx context.Context) error {
 		// The journal of the MIG instances lives where the DRA plugin
 		// keeps its own: a node moved to the DRA plugin destroys the
 		// shim's instances, whose seats no claim holds.
-		MIG: deviceplugin.MIG{NVML: node.Host.NVML, Minors: node.Host.MIGMinors, Dir: driver.PluginDir(o.pluginsDir)},
+		MIG: deviceplugin.MIG{NVML: node.Host.NVML, Minors: node.Host.MIGMinors, Dir: driver.PluginDir(o.pluginsDir), BootID: bootID},
 	}
 	if pr != nil {
 		opts.PodResources = pr.List
