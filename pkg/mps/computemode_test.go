@@ -2,7 +2,6 @@ package mps_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -183,7 +182,7 @@ func waitNoDaemon(t *testing.T, control, root, group string) {
 	deadline := time.Now().Add(5 * time.Second)
 	for len(daemonsOf(t, control, root, group)) > 0 {
 		if time.Now().After(deadline) {
-			t.Fatal(fmt.Sprintf("the daemons of %s still run: %v", group, daemonsOf(t, control, root, group)))
+			t.Fatalf("the daemons of %s still run: %v", group, daemonsOf(t, control, root, group))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
