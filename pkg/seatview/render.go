@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"unicode/utf8"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/fragmentation"
 )
 
 // WriteJSON prints the view as its JSON contract.
@@ -18,7 +20,8 @@ func WriteJSON(w io.Writer, v *View) error {
 }
 
 // WriteTable prints the view for a person: per node a line per group, its
-// holders beside it, then the free seats per profile. wide adds the
+// holders beside it, then the free seats per profile, then each node's
+// fragmentation and the nodes' together. wide adds the
 // interconnect, the taints and the seats' generations. Where a node
 // publishes MIG devices, a MIG column gives each one's MIG profile and
 // placement, and a held seat its MIG device's UUID ("-" until the plugin
@@ -82,7 +85,25 @@ func WriteTable(w io.Writer, v *View, wide bool) error {
 	for _, p := range v.Free {
 		row(tw, p.Profile, strconv.Itoa(p.Free), strconv.Itoa(p.Total))
 	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "FRAGMENTATION\tFREE GPUS\tLARGEST GROUP\tIN FREE LARGEST GROUPS\tFRAGMENTED")
+	for _, n := range v.Nodes {
+		m := n.Fragmentation
+		row(tw, n.Name, strconv.Itoa(m.Free), strconv.Itoa(m.Largest), strconv.Itoa(m.Inside), fragmented(m))
+	}
+	// Each node's figures are against its own largest group.
+	m := v.Fragmentation
+	row(tw, "all nodes", strconv.Itoa(m.Free), "-", strconv.Itoa(m.Inside), fragmented(m))
 	return tw.Flush()
+}
+
+// fragmented renders the fragmented GPUs and their share of the free
+// ones: 6 (75 %).
+func fragmented(m fragmentation.Measure) string {
+	if m.Free == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%d (%.0f %%)", m.Fragmented, 100*m.Share())
 }
 
 // row prints one line of cells, each escaped.

@@ -21,6 +21,7 @@ import (
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/fragmentation"
 )
 
 // seatsCapacity is the capacity a seat of a shared group consumes, as the
@@ -43,6 +44,10 @@ type View struct {
 	// Free is the free seats per profile across the nodes shown. Profiles
 	// share GPUs: taking a free seat of one may block groups of another.
 	Free []ProfileSeats `json:"free"`
+	// Fragmentation is the nodes' fragmentation added up: free GPUs, and
+	// of them those outside every free group of their node's largest
+	// size. Its largestGroup is the largest of the nodes'.
+	Fragmentation fragmentation.Measure `json:"fragmentation"`
 }
 
 // Node is one node's groups, in the order the node publishes them (the
@@ -55,6 +60,10 @@ type Node struct {
 	// none of their devices until every slice is there, so their groups
 	// are not shown and their seats not counted.
 	IncompletePools []IncompletePool `json:"incompletePools,omitempty"`
+	// Fragmentation is the node's free GPUs, the size of its largest
+	// group, and how many free GPUs are inside and outside its free
+	// groups of that size (package fragmentation).
+	Fragmentation fragmentation.Measure `json:"fragmentation"`
 }
 
 // Group is one group of a node.
@@ -275,6 +284,8 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 			free[profile].Total += fitMore(caps[name], nil, all)
 			free[profile].Free += fitMore(caps[name], used[name], migFree[profile])
 		}
+		n.Fragmentation = measure(name, devices[name], groups, needs, caps[name])
+		v.Fragmentation.Add(n.Fragmentation)
 		v.Nodes = append(v.Nodes, n)
 	}
 	slices.SortFunc(profiles, compareProfiles)

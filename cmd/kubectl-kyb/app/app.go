@@ -27,9 +27,12 @@ const usage = `Usage: kubectl kyb seats [flags]
 Shows every GPU group of the kyb driver (gpu.kyb.ai) on each node: its
 profile, GPUs, seats and how many are held, its state (free, in use, full,
 blocked by which group, unhealthy) and, per held seat, the claim and its
-pods; then the free seats per profile across the nodes shown. It reads
-ResourceSlices and ResourceClaims from the API server and needs no access
-to the nodes. Install: put kubectl-kyb on your PATH.
+pods; then the free seats per profile across the nodes shown, and each
+node's fragmentation: its free GPUs, and how many of them are outside
+every free group of its largest size (which a request of that size cannot
+use), with the nodes' total. It reads ResourceSlices and ResourceClaims
+from the API server and needs no access to the nodes. Install: put
+kubectl-kyb on your PATH.
 
   kubectl kyb seats -A
   kubectl kyb seats --node gpu-node-7 -o wide

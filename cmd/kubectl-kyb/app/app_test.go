@@ -17,6 +17,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/fragmentation"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatview"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
@@ -59,6 +60,10 @@ func TestSeatsFromTheAPI(t *testing.T) {
 	want := []seatview.ProfileSeats{{Profile: "1x", Free: 1, Total: 8}, {Profile: "2x", Free: 0, Total: 4}, {Profile: "4x", Free: 0, Total: 2}}
 	if fmt.Sprint(v.Free) != fmt.Sprint(want) || warn.Len() != 0 {
 		t.Errorf("free %v, want %v; warnings %q", v.Free, want, warn.String())
+	}
+	// GPU 7 alone is free, in no free 4x group.
+	if frag := (fragmentation.Measure{Free: 1, Largest: 4, Inside: 0, Fragmented: 1}); v.Nodes[0].Fragmentation != frag || v.Fragmentation != frag {
+		t.Errorf("fragmentation of node-001 %+v and of the nodes shown %+v, want %+v", v.Nodes[0].Fragmentation, v.Fragmentation, frag)
 	}
 
 	// Not allowed to list claims cluster-wide: the namespace's alone, and
