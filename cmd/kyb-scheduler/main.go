@@ -25,6 +25,7 @@ func main() {
 	// kube-scheduler serves the legacy registry on /metrics.
 	m := placement.NewMetrics()
 	legacyregistry.MustRegister(m.Collectors()...)
+	legacyregistry.CustomMustRegister(m.StableCollectors()...)
 	cmd, err := app.NewCommand(m)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kyb-scheduler: %v\n", err)

@@ -21,14 +21,19 @@ const (
 // second) is full, which Filter and Score, one per node, fill on a
 // cluster of a few hundred nodes: it cannot tell what the score costs
 // there. Score itself (a map look-up per node) is not timed.
+//
+// Beside it, the cluster's fragmentation (fragmentation.go), measured
+// when scraped.
 type Metrics struct {
-	duration *metrics.HistogramVec
+	duration      *metrics.HistogramVec
+	fragmentation *fragmentationCollector
 }
 
 // NewMetrics returns the score's metrics, to register with the
-// scheduler's registry (Collectors) before the scheduler starts.
+// scheduler's registry (Collectors and StableCollectors) before the
+// scheduler starts.
 func NewMetrics() *Metrics {
-	return &Metrics{duration: metrics.NewHistogramVec(&metrics.HistogramOpts{
+	return &Metrics{fragmentation: newFragmentationCollector(), duration: metrics.NewHistogramVec(&metrics.HistogramOpts{
 		Subsystem:      "kyb_placement",
 		Name:           "duration_seconds",
 		Help:           "Time the KybPlacement score spends per scheduling cycle in each step: PreFilter, DeviceOrder (within the DynamicResources plugin's PreFilter), PreScore.",
@@ -40,6 +45,12 @@ func NewMetrics() *Metrics {
 // Collectors are the metrics to register.
 func (m *Metrics) Collectors() []metrics.Registerable {
 	return []metrics.Registerable{m.duration}
+}
+
+// StableCollectors are the collectors to register (CustomMustRegister):
+// the fragmentation, measured when scraped.
+func (m *Metrics) StableCollectors() []metrics.StableCollector {
+	return []metrics.StableCollector{m.fragmentation}
 }
 
 // since records the time since start under step; a nil Metrics records

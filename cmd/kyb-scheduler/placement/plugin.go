@@ -82,9 +82,11 @@ var (
 )
 
 // Factory returns the plugin's factory, for app.WithPlugin: every
-// profile's plugin records its cost in m.
+// profile's plugin records its cost in m, and m's fragmentation is
+// measured through the last one made (every profile's reads the
+// scheduler's one DRA manager).
 func Factory(m *Metrics) frameworkruntime.PluginFactory {
-	return func(_ context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
+	return func(ctx context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
 		args, err := DecodeArgs(obj)
 		if err != nil {
 			return nil, err
@@ -96,6 +98,7 @@ func Factory(m *Metrics) frameworkruntime.PluginFactory {
 		pl := NewWithManager(args, dra)
 		pl.parallel = fh.Parallelizer()
 		pl.metrics = m
+		m.measureFrom(klog.FromContext(ctx), pl)
 		return pl, nil
 	}
 }
@@ -285,6 +288,11 @@ func (pl *Plugin) allocatedState(cycle fwk.CycleState) (*structured.AllocatedSta
 			return s.State, nil
 		}
 	}
+	return pl.gatherAllocatedState()
+}
+
+// gatherAllocatedState gathers the scheduler's allocated state afresh.
+func (pl *Plugin) gatherAllocatedState() (*structured.AllocatedState, error) {
 	var err error
 	for range gatherAttempts {
 		var s *structured.AllocatedState
