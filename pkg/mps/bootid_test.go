@@ -22,10 +22,10 @@ import (
 func TestDaemonRecordsFollowTheBootIDGiven(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	control := mpstest.Build(t)
-	root := t.TempDir()
+	root := mpstest.Root(t)
 	md := &modes{exclusive: map[string]bool{}}
 	manager := func(boot string) *mps.Manager {
-		m, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set, BootID: boot})
+		m, err := mps.NewManager(mps.Options{Root: root, Control: []string{control}, SetExclusive: md.set, BootID: boot, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB})
 		if err != nil {
 			t.Fatal(err)
 		}
