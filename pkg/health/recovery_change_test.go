@@ -1,0 +1,28 @@
+package health
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// A GPU held by its driver's recovery action alone is tainted with what
+// the driver asks for (recovery-gpu-reset), which is what an operator
+// acts on. When the driver then asks for more (a node reboot: the reset
+// did not help, or the fault spread), the taint and its message must say
+// so: a GPU still tainted "recovery-gpu-reset" sends the operator to
+// reset it again, which cannot clear it.
+func TestARecoveryActionThatChangesChangesTheTaint(t *testing.T) {
+	r := newRig(t, nil)
+	r.do(0, "action 4 gpu-reset")
+	if got := r.faults(); got != "4:recovery-gpu-reset" {
+		t.Fatalf("after the driver asked for a GPU reset: %q", got)
+	}
+	r.do(time.Minute, "action 4 node-reboot")
+	if got := r.faults(); got != "4:recovery-node-reboot" {
+		t.Errorf("after the driver asked for a node reboot instead: unhealthy %q, want 4:recovery-node-reboot", got)
+	}
+	if msg := r.m.Faults()[4].Message; !strings.Contains(msg, "node reboot") {
+		t.Errorf("GPU 4's fault says %q, not that the driver asks for a node reboot", msg)
+	}
+}
