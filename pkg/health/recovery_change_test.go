@@ -26,3 +26,22 @@ func TestARecoveryActionThatChangesChangesTheTaint(t *testing.T) {
 		t.Errorf("GPU 4's fault says %q, not that the driver asks for a node reboot", msg)
 	}
 }
+
+// A driver that stops reporting the recovery action (the field answers
+// NOT_SUPPORTED from then on) "leaves the rules as they were"
+// (recovery.go): an XID the policy ignores then holds no GPU, as it would
+// not have from the start and does not in a plugin restarted now. A GPU
+// held before stays held for as long as the plugin runs instead.
+func TestAGPUWhoseDriverStopsReportingRecoveryActionsIsNotHeldForEver(t *testing.T) {
+	r := newRig(t, nil)
+	r.do(0, "set-action 2 gpu-reset")
+	r.do(0, "xid 2 13")
+	if got := r.faults(); got != "2:xid-13" {
+		t.Fatalf("an ignored XID with a reset pending: unhealthy %q, want 2:xid-13", got)
+	}
+	r.do(time.Minute, "no-action-field 2")
+	r.do(24*time.Hour, "probe")
+	if got := r.faults(); got != "" {
+		t.Errorf("a day after the driver stopped reporting recovery actions, with nothing wrong since: unhealthy %q, want none", got)
+	}
+}
