@@ -1,7 +1,9 @@
 package nvmlconformance
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"strings"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
@@ -15,7 +17,8 @@ import (
 // capability files give, and mig-minors lists too). The last
 // two are allocated when their modules load (238 and 241 on one H200,
 // the other way round on another host), which is why the plugin reads
-// them and never assumes them.
+// them and never assumes them. The nodes in /dev, where this process sees
+// them, must have the same numbers.
 func (s *suite) deviceNumbers() Result {
 	var p problems
 	raw, err := s.t.Kernel.ReadProcFile(gpuhost.ProcDevices)
@@ -72,10 +75,35 @@ func (s *suite) deviceNumbers() Result {
 		case major != w.major || minor != w.minor:
 			p.add("%s: the plugin gives it %d:%d, /proc/devices makes it %d:%d", w.path, major, minor, w.major, w.minor)
 		default:
+			if problem := s.staleNode(w); problem != "" {
+				p.add("%s", problem)
+				continue
+			}
 			got = append(got, fmt.Sprintf("%s %d:%d", w.path, major, minor))
 		}
 	}
 	return p.result(CheckDeviceNumbers, NodeWide, strings.Join(got, ", "))
+}
+
+// staleNode says what is wrong with the node at w.path in /dev, if this
+// process sees one that is not w's numbers. The plugin takes a node's
+// numbers from /proc/devices where it sees no /dev (the chart's pod, a
+// simulated node), so its numbers agreeing says nothing of /dev: a
+// /dev/nvidia-uvm left from an earlier load of the module, under the
+// major it had then, is no UVM device for whoever opens it on the host.
+func (s *suite) staleNode(w node) string {
+	n, err := s.t.Kernel.StatDevice(w.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return ""
+	case err != nil:
+		return fmt.Sprintf("%s: %v", w.path, err)
+	case !n.CharDevice():
+		return fmt.Sprintf("%s is not a character device (%s)", w.path, n.Mode.Type())
+	case n.Major != w.major || n.Minor != w.minor:
+		return fmt.Sprintf("%s: the node is %d:%d, /proc/devices makes it %d:%d", w.path, n.Major, n.Minor, w.major, w.minor)
+	}
+	return ""
 }
 
 // node is a device node with the numbers it must have.

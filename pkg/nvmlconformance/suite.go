@@ -13,9 +13,10 @@
 //     the health monitor's probes (index, UUID, name, memory, PCI address,
 //     minor number, all consistent; UUIDs GPU-prefixed and unique);
 //   - device-numbers: the majors of /proc/devices (nvidia, nvidia-uvm,
-//     nvidia-caps, which the kernel allocates at module load) and the
+//     nvidia-caps, which the kernel allocates at module load), the
 //     numbers pkg/gpuhost gives /dev/nvidia<minor>, nvidiactl, the UVM
-//     nodes and the MIG capability nodes;
+//     nodes and the MIG capability nodes, and those of the nodes in /dev
+//     where this process sees them;
 //   - links: NVLink and PCIe queries answer, or fail as discovery expects;
 //   - mig-geometry, mig-instances, mig-devices: pkg/mig's reading of the
 //     geometry (profiles until ERROR_INVALID_ARGUMENT, placements asked
@@ -55,6 +56,9 @@ type Kernel interface {
 	ReadCapability(name string) (gpuhost.Capability, error)
 	// DeviceNumbers are the numbers the plugin gives a device node.
 	DeviceNumbers(devPath string) (major, minor int64, err error)
+	// StatDevice is the device node as the node's /dev has it; an error
+	// that is fs.ErrNotExist where this process sees no such node.
+	StatDevice(devPath string) (gpuhost.DeviceNode, error)
 }
 
 // Target is the node the suite examines.
