@@ -96,8 +96,12 @@ func (c *check) close(ctx context.Context) {
 // changesNoSetting refuses a plan under which the plugin would change a
 // GPU's settings: an MPS profile that does not keep the compute mode puts
 // its GPUs in EXCLUSIVE_PROCESS, a time slice runs nvidia-smi
-// compute-policy. The plugin has no code that changes a MIG mode or
-// resets a GPU.
+// compute-policy, and a group on a GPU a MIG profile shares is readied by
+// turning the GPU's MIG mode off (miginstance.Manager.WholeGPU, at once
+// on Hopper and later). The last is refused whatever the GPU's MIG mode
+// is now, as the others are whatever claim a step prepares: the promise
+// is of the plan, not of the GPUs' state when a step runs. The plugin
+// resets no GPU.
 func changesNoSetting(plan *planner.Plan) error {
 	for _, p := range plan.Profiles {
 		if p.Sharing == v1alpha1.SharingMPS && p.MPSComputeMode != v1alpha1.MPSComputeModeKeep {
@@ -105,6 +109,26 @@ func changesNoSetting(plan *planner.Plan) error {
 		}
 		if p.TimeSlice != "" {
 			return fmt.Errorf("profile %s sets a time slice (%s): gpu-check changes no GPU's time slice", p.Resource, p.TimeSlice)
+		}
+	}
+	migProfiles := map[int]string{}
+	for _, p := range plan.Profiles {
+		if p.MIG == nil {
+			continue
+		}
+		for _, g := range p.MIG.GPUs {
+			if _, ok := migProfiles[g.Index()]; !ok {
+				migProfiles[g.Index()] = p.Resource
+			}
+		}
+	}
+	// A MIG profile has no groups: these are the whole-GPU, MPS and
+	// time-sliced ones.
+	for _, g := range plan.Groups() {
+		for _, x := range g.GPUs {
+			if shared, ok := migProfiles[x]; ok {
+				return fmt.Errorf("profile %s's group %s has GPU %d, which MIG profile %s shares: the plugin readies the group by turning the GPU's MIG mode off where it is on, and gpu-check changes no GPU's MIG mode", g.Profile.Resource, g.DeviceName(), x, shared)
+			}
 		}
 	}
 	return nil
