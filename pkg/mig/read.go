@@ -56,6 +56,40 @@ const MaxMemorySlices = 8
 // this code too; a driver that never says so must not keep it walking.
 const maxProfileIndex = 256
 
+// ProfileInfoer is the part of an NVML device handle that describes its
+// GPU-instance profiles.
+type ProfileInfoer interface {
+	GetGpuInstanceProfileInfo(profile int) (nvml.GpuInstanceProfileInfo, nvml.Return)
+}
+
+// WalkProfiles calls f with each GPU-instance profile dev has, by NVML
+// index, as nvml.h asks the indices to be walked: until
+// ERROR_INVALID_ARGUMENT, skipping those the GPU answers
+// ERROR_NOT_SUPPORTED for. Whatever reads profiles walks them this way,
+// so that a profile Read publishes is one whose instances a listing
+// finds; go-nvml's GPU_INSTANCE_PROFILE_COUNT is only the count of the
+// release it was generated from. An error of f ends the walk.
+func WalkProfiles(dev ProfileInfoer, f func(index int, info nvml.GpuInstanceProfileInfo) error) error {
+	for index := 0; ; index++ {
+		if index == maxProfileIndex {
+			return fmt.Errorf("GetGpuInstanceProfileInfo answered for %d profile indices without ERROR_INVALID_ARGUMENT", maxProfileIndex)
+		}
+		info, ret := dev.GetGpuInstanceProfileInfo(index)
+		if ret == nvml.ERROR_INVALID_ARGUMENT {
+			return nil // past the last profile
+		}
+		if ret == nvml.ERROR_NOT_SUPPORTED {
+			continue // a profile this GPU does not have
+		}
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("GetGpuInstanceProfileInfo(%d): %s", index, nvml.ErrorString(ret))
+		}
+		if err := f(index, info); err != nil {
+			return err
+		}
+	}
+}
+
 // Read reads the MIG geometry of a GPU from NVML: product names it
 // (nvmlDeviceGetName), memoryBytes is its total memory
 // (nvmlDeviceGetMemoryInfo), which the profiles' names are made from.
@@ -69,31 +103,22 @@ func Read(dev Device, product string, memoryBytes uint64) (Model, error) {
 		return Model{}, fmt.Errorf("GetMigMode: %s", nvml.ErrorString(ret))
 	}
 	m := Model{Name: product}
-	for index := 0; ; index++ {
-		if index == maxProfileIndex {
-			return Model{}, fmt.Errorf("GetGpuInstanceProfileInfo answered for %d profile indices without ERROR_INVALID_ARGUMENT", maxProfileIndex)
-		}
-		info, ret := dev.GetGpuInstanceProfileInfo(index)
-		if ret == nvml.ERROR_INVALID_ARGUMENT {
-			break // past the last profile
-		}
-		if ret == nvml.ERROR_NOT_SUPPORTED {
-			continue // a profile this GPU does not have
-		}
-		if ret != nvml.SUCCESS {
-			return Model{}, fmt.Errorf("GetGpuInstanceProfileInfo(%d): %s", index, nvml.ErrorString(ret))
-		}
+	err := WalkProfiles(dev, func(index int, info nvml.GpuInstanceProfileInfo) error {
 		// Real NVML finds the profile by info.Id: the info is passed on
 		// as NVML gave it.
 		pls, ret := dev.GetGpuInstancePossiblePlacements(&info)
 		if ret != nvml.SUCCESS {
-			return Model{}, fmt.Errorf("GetGpuInstancePossiblePlacements(profile ID %d): %s", info.Id, nvml.ErrorString(ret))
+			return fmt.Errorf("GetGpuInstancePossiblePlacements(profile ID %d): %s", info.Id, nvml.ErrorString(ret))
 		}
 		p, err := profile(index, info, pls, memoryBytes)
 		if err != nil {
-			return Model{}, err
+			return err
 		}
 		m.Profiles = append(m.Profiles, p)
+		return nil
+	})
+	if err != nil {
+		return Model{}, err
 	}
 	if len(m.Profiles) == 0 {
 		return Model{}, errors.New("no GPU-instance profile: GetGpuInstanceProfileInfo answered ERROR_NOT_SUPPORTED for every one")

@@ -199,20 +199,18 @@ func ListGPUInstances(dev nvml.Device) ([]GPUInstance, error) {
 }
 
 // gpuInstances lists the GPU instances of every profile on dev; none
-// where MIG mode is off.
+// where MIG mode is off. The profiles are walked as pkg/mig's Read walks
+// them, so that every profile the plugin publishes is listed: an instance
+// of one the listing missed would look gone, and its slices free.
 func gpuInstances(dev nvml.Device) ([]gpuInstance, error) {
 	var out []gpuInstance
-	for index := range nvml.GPU_INSTANCE_PROFILE_COUNT {
-		profile, ret := dev.GetGpuInstanceProfileInfo(index)
-		if ret != nvml.SUCCESS {
-			continue // a profile this GPU does not have
-		}
+	err := mig.WalkProfiles(dev, func(_ int, profile nvml.GpuInstanceProfileInfo) error {
 		gis, ret := dev.GetGpuInstances(&profile)
 		if ret == nvml.ERROR_NOT_SUPPORTED {
-			return nil, nil // MIG mode off: no instance
+			return errMIGModeOff
 		}
 		if ret != nvml.SUCCESS {
-			return nil, callErr("GetGpuInstances", ret)
+			return callErr("GetGpuInstances", ret)
 		}
 		for _, gi := range gis {
 			info, ret := gi.GetInfo()
@@ -220,10 +218,21 @@ func gpuInstances(dev nvml.Device) ([]gpuInstance, error) {
 				continue
 			}
 			if ret != nvml.SUCCESS {
-				return nil, callErr("GpuInstance.GetInfo", ret)
+				return callErr("GpuInstance.GetInfo", ret)
 			}
 			out = append(out, gpuInstance{gi: gi, info: info, profile: profile})
 		}
+		return nil
+	})
+	if errors.Is(err, errMIGModeOff) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
+
+// errMIGModeOff ends gpuInstances' walk: GetGpuInstances answers
+// ERROR_NOT_SUPPORTED while MIG mode is off, and there is no instance.
+var errMIGModeOff = errors.New("MIG mode off")
