@@ -20,8 +20,8 @@
 // slices those of its largest profile. Profile names are made as
 // nvidia-smi prints them (read.go says how and why). A GPU whose geometry
 // NVML will not give has none, and the error says why: the call that
-// failed and its answer, ErrNotCapable, or a geometry the publisher's
-// counters could not keep exact.
+// failed and its answer, ErrNotCapable, a geometry the publisher's
+// counters could not keep exact, or two profiles of one name.
 //
 // # Rules
 //

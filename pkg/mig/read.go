@@ -203,20 +203,25 @@ func memoryGB(memoryMiB, memoryBytes uint64) uint64 {
 }
 
 // complete derives the GPU's slices from its profiles and checks what the
-// plugin relies on: distinct profile IDs,
-// placements within MaxMemorySlices, and instances on disjoint memory
+// plugin relies on: distinct profile IDs, distinct names (a
+// configuration reaches a profile by its name, and Profile returns the
+// first of a name), placements within MaxMemorySlices, and instances on disjoint memory
 // slices never taking more compute slices than the GPU has, the rule
 // that lets counters of memory slices alone keep MIG devices apart.
 func (m *Model) complete() error {
 	slices.SortStableFunc(m.Profiles, func(a, b Profile) int {
 		return cmp.Or(cmp.Compare(a.ComputeSlices, b.ComputeSlices), cmp.Compare(a.MemoryMiB, b.MemoryMiB), cmp.Compare(a.Index, b.Index))
 	})
-	ids := map[int]int{}
+	ids, names := map[int]int{}, map[string]int{}
 	for _, p := range m.Profiles {
 		if other, dup := ids[p.ID]; dup {
 			return fmt.Errorf("profile indices %d and %d both have profile ID %d", other, p.Index, p.ID)
 		}
 		ids[p.ID] = p.Index
+		if other, dup := names[p.Name]; dup {
+			return fmt.Errorf("profile indices %d and %d are both named %s", other, p.Index, p.Name)
+		}
+		names[p.Name] = p.Index
 		m.ComputeSlices = max(m.ComputeSlices, p.ComputeSlices)
 		for _, pl := range p.Placements {
 			if pl.Start < 0 {
