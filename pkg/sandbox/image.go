@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 )
 
 // BaseLibraries are the libraries of a glibc base image: every glibc
@@ -39,6 +40,10 @@ const imageFrom = "the sandbox's image"
 // has it. Nothing else of the host is in it, so that whatever driver file
 // the program finds came from a CDI spec.
 func Image(program string) ([]Bind, error) {
+	// Its libraries are looked for by this process's machine.
+	if err := ownMachine(program); err != nil {
+		return nil, fmt.Errorf("the sandbox's program: %w", err)
+	}
 	binds := []Bind{{Source: program, Target: ProgramPath, ReadOnly: true, From: imageFrom}}
 	seen := map[string]bool{}
 	queue := []string{program}
@@ -52,7 +57,7 @@ func Image(program string) ([]Bind, error) {
 	for _, lib := range BaseLibraries {
 		found := findLibrary(lib)
 		if found == "" {
-			return nil, fmt.Errorf("the glibc base image: %s is in none of %v", lib, libraryDirs)
+			return nil, fmt.Errorf("the glibc base image: %s for %s is in none of %v", lib, runtime.GOARCH, libraryDirs)
 		}
 		add(found)
 	}
@@ -83,7 +88,7 @@ func Image(program string) ([]Bind, error) {
 		for _, lib := range needed {
 			found := findLibrary(lib)
 			if found == "" {
-				return nil, fmt.Errorf("%s needs %s, which is in none of %v", path, lib, libraryDirs)
+				return nil, fmt.Errorf("%s needs %s, which for %s is in none of %v", path, lib, runtime.GOARCH, libraryDirs)
 			}
 			add(found)
 		}
@@ -103,12 +108,43 @@ func interpreter(f *elf.File) string {
 	return ""
 }
 
+// findLibrary is the first library called name in libraryDirs that the
+// loader would map into the program: one of the program's machine and
+// class. A multiarch host (dpkg --add-architecture amd64 on an arm64
+// GH200) has another machine's libm.so.6 in a directory looked in first,
+// which the loader refuses and no image of this node holds.
 func findLibrary(name string) string {
 	for _, d := range libraryDirs {
 		p := filepath.Join(d, name)
-		if _, err := os.Stat(p); err == nil {
+		if _, err := os.Stat(p); err == nil && ownMachine(p) == nil {
 			return p
 		}
 	}
 	return ""
+}
+
+// ownMachine says why the ELF file at path is no program or library of
+// this process's machine and class, nil where it is one. The program the
+// sandbox runs is built for the node with the plugin (Image checks it),
+// so this process's are the program's.
+func ownMachine(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return err
+	}
+	machine, class := f.Machine, f.Class
+	_ = f.Close() // read only
+	var want elf.Machine
+	switch runtime.GOARCH {
+	case "amd64":
+		want = elf.EM_X86_64
+	case "arm64":
+		want = elf.EM_AARCH64
+	default:
+		return nil // an architecture the plugin is not built for: any ELF file
+	}
+	if machine != want || class != elf.ELFCLASS64 {
+		return fmt.Errorf("%s is %s %s, not %s %s", path, machine, class, want, elf.ELFCLASS64)
+	}
+	return nil
 }
