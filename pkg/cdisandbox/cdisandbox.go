@@ -215,6 +215,9 @@ func Plan(opts Options) (*sandbox.Config, error) {
 			if err := checkPaths(m.ContainerPath, m.HostPath); err != nil {
 				return nil, fmt.Errorf("%s: mount of %q at %q: %w", e.From, m.HostPath, m.ContainerPath, err)
 			}
+			if err := checkProcMount(m.ContainerPath, hostPath(m.HostPath)); err != nil {
+				return nil, fmt.Errorf("%s: mount of %q at %q: %w", e.From, m.HostPath, m.ContainerPath, err)
+			}
 			cfg.Binds = append(cfg.Binds, sandbox.Bind{Source: hostPath(m.HostPath), Target: m.ContainerPath, ReadOnly: slices.Contains(m.Options, "ro"), From: e.From})
 		}
 		for _, h := range e.Hooks {
@@ -243,6 +246,35 @@ func checkPaths(target, source string) error {
 		return fmt.Errorf("%w: host path %q is not absolute", sandbox.ErrRefused, source)
 	}
 	return nil
+}
+
+// lxcfsProcFiles are the files inside /proc that runc lets a mount cover:
+// those lxcfs emulates (libcontainer's checkProcMount).
+var lxcfsProcFiles = []string{
+	"/proc/cpuinfo", "/proc/diskstats", "/proc/meminfo", "/proc/stat", "/proc/swaps", "/proc/uptime",
+	"/proc/loadavg", "/proc/slabinfo", "/proc/net/dev", "/proc/sys/kernel/ns_last_pid",
+}
+
+// checkProcMount refuses a mount runc refuses to start a container with:
+// one inside /proc, where a bind could cover a sysctl or a process's
+// files, but over lxcfs's files, and one at /proc itself whose source is
+// no procfs. The sandbox would make either, and the probe would pass for
+// a container that never starts. target is clean and absolute.
+func checkProcMount(target, source string) error {
+	rest, under := strings.CutPrefix(target, "/proc")
+	switch {
+	case !under || rest != "" && !strings.HasPrefix(rest, "/"):
+		return nil
+	case rest == "":
+		var st unix.Statfs_t
+		if err := unix.Statfs(source, &st); err == nil && st.Type == unix.PROC_SUPER_MAGIC {
+			return nil
+		}
+		return fmt.Errorf("%w: %s is not a procfs, and runc mounts nothing else at /proc", sandbox.ErrRefused, source)
+	case slices.Contains(lxcfsProcFiles, target):
+		return nil
+	}
+	return fmt.Errorf("%w: %s is inside /proc, where runc mounts nothing but the files lxcfs emulates (%s)", sandbox.ErrRefused, target, strings.Join(lxcfsProcFiles, ", "))
 }
 
 // Edits are a device's or its spec's container edits, with where they
