@@ -111,6 +111,13 @@ type NVLink struct {
 	Links int `json:"links"`
 }
 
+// The majors a simulated node's nvidia-uvm and nvidia-caps get where its
+// description leaves them out.
+const (
+	defaultUVMMajor  = 511
+	defaultCapsMajor = 238
+)
+
 // KnownArchitectures are the architecture names NVML distinguishes.
 var KnownArchitectures = []string{"kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell"}
 
@@ -132,11 +139,11 @@ func (t *NodeTopology) SetDefaults() {
 		t.CUDADriverVersion = "13.0"
 	}
 	if t.UVMMajor == nil {
-		m := int64(511)
+		m := int64(defaultUVMMajor)
 		t.UVMMajor = &m
 	}
 	if t.CapsMajor == nil {
-		m := int64(238)
+		m := int64(defaultCapsMajor)
 		t.CapsMajor = &m
 	}
 	for i := range t.GPUs {
@@ -212,17 +219,24 @@ func (t *NodeTopology) validateNode(errs *FieldErrors) {
 	if t.NVSwitch != nil && (t.NVSwitch.LinksPerGPU < 1 || t.NVSwitch.LinksPerGPU > MaxNVLinks) {
 		errs.Add(field.NewPath("nvswitch", "linksPerGPU"), "must be between 1 and %d, not %d", MaxNVLinks, t.NVSwitch.LinksPerGPU)
 	}
+	// A kernel gives each driver a major of its own. The majors are
+	// checked as SetDefaults will leave them: one left out gets its
+	// default, which the other may have been set to (uvmMajor 238, the
+	// real H200's, is capsMajor's default).
 	majors := map[int64]string{nvidiaMajor: "the NVIDIA driver's own major"}
 	for _, m := range []struct {
 		name  string
 		major *int64
-	}{{"uvmMajor", t.UVMMajor}, {"capsMajor", t.CapsMajor}} {
+		def   int64
+	}{{"uvmMajor", t.UVMMajor, defaultUVMMajor}, {"capsMajor", t.CapsMajor, defaultCapsMajor}} {
 		switch {
+		case m.major == nil && majors[m.def] != "":
+			errs.Add(field.NewPath(m.name), "left out, it defaults to %d, which is already %s: set it to a major of its own", m.def, majors[m.def])
 		case m.major == nil:
+			majors[m.def] = m.name + " (its default)"
 		case *m.major < 1 || *m.major > 4095:
 			errs.Add(field.NewPath(m.name), "must be a device major between 1 and 4095, not %d", *m.major)
 		case majors[*m.major] != "":
-			// A kernel gives each driver a major of its own.
 			errs.Add(field.NewPath(m.name), "%d is already %s", *m.major, majors[*m.major])
 		default:
 			majors[*m.major] = m.name
