@@ -69,8 +69,9 @@ type gpuState struct {
 //	unhealthy --successful probe, quiet for the recovery period--> healthy
 //	any --lost--> lost (terminal until restart)
 //	any --driver asks for a recovery action--> unhealthy, held
-//	held --driver asks for none--> recovers at the next successful probe,
-//	                               if the rules above let it
+//	held --driver asks for none, or stops reporting actions--> recovers at
+//	                               the next successful probe, if the rules
+//	                               above let it
 //
 // A GPU the driver's recovery action alone made unhealthy has no recovery
 // clock: it recovers at the first successful probe once the driver asks
@@ -124,7 +125,11 @@ func (t *tracker[K]) fail(gpu K, f Fault, now time.Time) *transition[K] {
 
 // hold records at now that the driver asks for a recovery action for a
 // GPU: a healthy GPU becomes unhealthy with f, an unhealthy one keeps its
-// first fault; either is held until release.
+// first fault; either is held until release. A fault that is the
+// driver's recovery action alone is not a cause but what the driver asks
+// for, so it follows the action: a GPU whose driver asked for a reset and
+// now asks for a node reboot says so (since its first request), or its
+// operator resets it again, which cannot clear it.
 func (t *tracker[K]) hold(gpu K, f Fault, now time.Time) *transition[K] {
 	st, bad := t.gpus[gpu]
 	switch {
@@ -132,10 +137,17 @@ func (t *tracker[K]) hold(gpu K, f Fault, now time.Time) *transition[K] {
 		f.Since = now
 		t.gpus[gpu] = &gpuState{fault: f, held: true}
 		return &transition[K]{gpu: gpu, fault: &f}
-	case !st.fault.Permanent():
+	case st.fault.Permanent():
+		return nil
+	case st.fault.Kind == KindRecoveryAction && f.Kind == KindRecoveryAction && st.fault.Reason != f.Reason:
+		prev := st.fault
+		f.Since = prev.Since
+		st.fault, st.held = f, true
+		return &transition[K]{gpu: gpu, fault: &f, previous: &prev}
+	default:
 		st.held = true
+		return nil
 	}
-	return nil
 }
 
 // release records that the driver asks for no recovery action for a GPU
