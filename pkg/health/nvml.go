@@ -123,7 +123,7 @@ func (m *Monitor) handleEvent(ctx context.Context, ev nvml.EventData) {
 		f := Fault{Kind: KindXID, XID: xid, Reason: fmt.Sprintf("xid-%d", xid), Message: describeXID(xid)}
 		var action nvml.DeviceGpuRecoveryAction
 		if dev := m.device(ctx, gpu); dev != nil {
-			action, _ = m.recoveryAction(ctx, gpu, dev)
+			action, _, _ = m.recoveryAction(ctx, gpu, dev)
 		}
 		critical := m.policy.Critical(xid)
 		if !critical && action == nvml.GPU_RECOVERY_ACTION_NONE {
@@ -245,11 +245,11 @@ func (m *Monitor) probe(ctx context.Context, gpu int) {
 		m.fail(ctx, gpu, m.probeFault(ret, "GetMemoryInfo"))
 		return
 	}
-	switch action, known := m.recoveryAction(ctx, gpu, dev); {
+	switch action, known, unreported := m.recoveryAction(ctx, gpu, dev); {
 	case known && action != nvml.GPU_RECOVERY_ACTION_NONE:
 		m.hold(ctx, gpu, Fault{Kind: KindRecoveryAction, Reason: actionReason(action), Message: describeAction(action) + " (NVML GPU recovery action)"})
 		return
-	case known:
+	case known || unreported:
 		m.release(gpu)
 	}
 	m.succeed(ctx, gpu)

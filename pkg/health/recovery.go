@@ -21,7 +21,13 @@ import (
 // critical XID within its recovery period). The field is read at every
 // XID, at every recovery-action event and at every probe. A driver that
 // does not report it (NOT_SUPPORTED, or any other answer) leaves the
-// rules as they were.
+// rules as they were. One that stops reporting it (NOT_SUPPORTED where it
+// answered before) releases the GPUs it held, at their next probe: they
+// follow the rules as they would in a plugin started now, which reads
+// NOT_SUPPORTED and holds nothing; a hold that nothing could release
+// would keep a GPU unhealthy for as long as the plugin runs. Any other
+// failed read keeps the hold: the driver may answer at the next probe,
+// and until then it has not said the GPU needs nothing.
 
 // actionNames are the reason suffixes of NVML's recovery actions, a
 // valid label value each.
@@ -58,9 +64,11 @@ func describeAction(a nvml.DeviceGpuRecoveryAction) string {
 }
 
 // recoveryAction reads the recovery action the driver reports for a GPU;
-// known is false where it reports none (a driver without the field, or a
-// GPU that does not answer, which the probe finds out).
-func (m *Monitor) recoveryAction(ctx context.Context, gpu int, dev nvml.Device) (action nvml.DeviceGpuRecoveryAction, known bool) {
+// known is false where it reports none: unreported where the driver does
+// not report the field (NOT_SUPPORTED), else a read that failed (a GPU
+// that does not answer, which the probe finds out), which may succeed at
+// the next.
+func (m *Monitor) recoveryAction(ctx context.Context, gpu int, dev nvml.Device) (action nvml.DeviceGpuRecoveryAction, known, unreported bool) {
 	values := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
 	ret := dev.GetFieldValues(values)
 	if ret == nvml.SUCCESS {
@@ -74,13 +82,13 @@ func (m *Monitor) recoveryAction(ctx context.Context, gpu int, dev nvml.Device) 
 		if !asked || was == nvml.SUCCESS {
 			klog.FromContext(ctx).V(2).Info("GPU reports no recovery action; its health follows the XID policy and the recovery period alone", "gpu", gpu, "answer", m.opts.NVML.ErrorString(ret))
 		}
-		return 0, false
+		return 0, false, ret == nvml.ERROR_NOT_SUPPORTED
 	}
 	v, ok := fieldUint(values[0])
 	if !ok {
-		return 0, false
+		return 0, false, false
 	}
-	return nvml.DeviceGpuRecoveryAction(v), true
+	return nvml.DeviceGpuRecoveryAction(v), true, false
 }
 
 // fieldUint is a field value as an unsigned number, whichever integer
@@ -122,7 +130,8 @@ func (m *Monitor) hold(ctx context.Context, gpu int, f Fault) {
 	}
 }
 
-// release records that the driver asks for nothing for a GPU.
+// release records that the driver asks for nothing for a GPU, or no
+// longer reports what it asks for.
 func (m *Monitor) release(gpu int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
