@@ -229,3 +229,29 @@ func (e *env) restartWith(plan *planner.Plan, mutate ...func(*Options)) {
 	e.kubelet = newFakeKubelet(e.t, e.dir)
 	e.start(mutate...)
 }
+
+// A GPU given to a MIG profile on an architecture whose MIG mode changes
+// need a GPU reset (Ampere), and not in MIG mode, can make none of its
+// seats until an administrator resets it: every Allocate fails naming the
+// reset. Such seats are not served Healthy, as the DRA plugin publishes no
+// MIG device of such a GPU, or the kubelet hands them out and each pod
+// fails admission over and over.
+func TestMIGSeatsOnAmpereWithMIGOffAreNotServedHealthy(t *testing.T) {
+	e := newEnv(t, "dgx-a100", `
+profiles:
+- {resource: kyb.ai/mig-1g.5gb, mig: {profile: 1g.5gb}, gpus: [0]}
+`)
+	e.start(e.withMIG)
+	health := e.lastHealth("kyb.ai/mig-1g.5gb")
+	if len(health) == 0 {
+		t.Fatal("no seat served")
+	}
+	for id, h := range health {
+		if h != pluginapi.Unhealthy {
+			t.Errorf("seat %s is served %s on an Ampere GPU with MIG mode off, whose instances cannot be made without a GPU reset", id, h)
+		}
+	}
+	if _, err := allocate(e, "kyb.ai/mig-1g.5gb", []string{"g0-mig-1g-5gb-6"}); err == nil || !strings.Contains(err.Error(), "-mig 1") {
+		t.Fatalf("Allocate: %v, want the reset it needs", err)
+	}
+}
