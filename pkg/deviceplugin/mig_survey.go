@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
@@ -31,6 +32,13 @@ import (
 //     an earlier configuration, and the DRA plugin's, since the shim
 //     starts only on a node no pod of the DRA plugin holds (pkg/driver).
 //     Without that answer no made instance is destroyed.
+//   - A GPU not in MIG mode whose mode changes wait for a GPU reset
+//     (Ampere) can make none of its seats until an administrator resets
+//     it, which no plugin does on a node running workloads: every seat of
+//     it is served Unhealthy, and a log line says what to do (the DRA
+//     plugin publishes no MIG device of such a GPU). Where a mode change
+//     takes effect at once (Hopper and later), a seat's first Allocate
+//     turns MIG mode on.
 //   - Every instance left on a seat's GPU that is not the seat's own (made
 //     for it, or a whole instance of its profile at its placement that no
 //     other claim adopted, which its Allocate adopts) blocks the seats it
@@ -53,7 +61,7 @@ type foundInstance struct {
 // surveyMIG settles the journal and says why each seat that cannot be
 // made cannot, by seat ID. listing is what the kubelet said at start, nil
 // where it was not asked.
-func surveyMIG(ctx context.Context, instances *miginstance.Manager, lib miginstance.Library, layout map[string][]planner.MIGDevice, listing *podresources.Listing) map[string]string {
+func surveyMIG(ctx context.Context, instances *miginstance.Manager, lib miginstance.Library, inv *inventory.Inventory, layout map[string][]planner.MIGDevice, listing *podresources.Listing) map[string]string {
 	if instances == nil {
 		return nil
 	}
@@ -84,6 +92,12 @@ func surveyMIG(ctx context.Context, instances *miginstance.Manager, lib miginsta
 	blocked := map[string]string{}
 	for _, gpu := range slices.Sorted(maps.Keys(byGPU)) {
 		seats := byGPU[gpu]
+		if why := migModeBlocks(ctx, lib, inv, gpu); why != "" {
+			for _, d := range seats {
+				blocked[d.DeviceName()] = why
+			}
+			continue
+		}
 		found, err := listInstances(ctx, instances, lib, gpu)
 		if err != nil {
 			for _, d := range seats {
@@ -107,6 +121,30 @@ func surveyMIG(ctx context.Context, instances *miginstance.Manager, lib miginsta
 		logger.Info("A MIG seat cannot be made: it is served Unhealthy until what blocks it is removed and the shim restarted", "seat", id, "warning", blocked[id])
 	}
 	return blocked
+}
+
+// migModeBlocks says why gpu's MIG mode keeps its seats from being made,
+// "" where it does not.
+func migModeBlocks(ctx context.Context, lib miginstance.Library, inv *inventory.Inventory, gpu int) string {
+	g, ok := inv.GPUByIndex(gpu)
+	if !ok {
+		return fmt.Sprintf("GPU %d is not in the inventory", gpu)
+	}
+	dev, ret := lib.DeviceGetHandleByIndex(gpu)
+	var current, pending int
+	if ret == nvml.SUCCESS {
+		current, pending, ret = dev.GetMigMode()
+	}
+	if ret != nvml.SUCCESS {
+		return fmt.Sprintf("the MIG mode of GPU %d cannot be read: %s", gpu, nvml.ErrorString(ret))
+	}
+	if fix := mig.ModeFix(gpu, g.Architecture, current, pending); fix != "" {
+		return fmt.Sprintf("GPU %d (%s, %s) is not in MIG mode, and turning it on needs a GPU reset the shim does not do. %s", gpu, g.Architecture, g.UUID, fix)
+	}
+	if current != nvml.DEVICE_MIG_ENABLE {
+		klog.FromContext(ctx).Info("GPU given to a MIG profile is not in MIG mode; the first Allocate of one of its seats turns it on", "gpu", gpu, "architecture", g.Architecture)
+	}
+	return ""
 }
 
 // listInstances lists every GPU instance on gpu, with those the driver

@@ -288,7 +288,7 @@ func (p *Plugin) makeEndpoints(ctx context.Context, instances *miginstance.Manag
 	for _, w := range warnings {
 		logger.Info("MIG seats", "warning", w)
 	}
-	blocked := surveyMIG(ctx, instances, p.opts.MIG.NVML, migSeats, listing)
+	blocked := surveyMIG(ctx, instances, p.opts.MIG.NVML, p.opts.Inventory, migSeats, listing)
 	for _, prof := range p.layout.Profiles {
 		var res *resource
 		switch {

@@ -67,20 +67,11 @@ func (s *migSeats) surveyMIGMode(ctx context.Context, lib miginstance.Library, e
 			logger.Info("GPU given to a MIG profile is not in MIG mode; the first MIG claim's prepare turns it on", "gpu", gpu, "architecture", g.Architecture)
 			continue
 		}
-		fix := migModeFix(gpu, g.Architecture, pending == nvml.DEVICE_MIG_ENABLE)
+		fix := mig.ModeFix(gpu, g.Architecture, current, pending)
 		logger.Error(nil, "GPU given to a MIG profile is not in MIG mode, and turning it on needs a GPU reset the plugin does not do; its MIG devices are not published",
 			"gpu", gpu, "uuid", g.UUID, "architecture", g.Architecture, "migPending", pending == nvml.DEVICE_MIG_ENABLE, "fix", fix)
 		events.Warning(ctx, ReasonMIGModeNeedsReset, fmt.Sprintf("GPU %d (%s, %s) is given to a MIG profile and is not in MIG mode; its MIG devices are not published, its whole-GPU groups are. %s", gpu, g.Architecture, g.UUID, fix))
 		off = append(off, gpu)
 	}
 	return off
-}
-
-// migModeFix says what an administrator does to put GPU i in MIG mode on
-// an architecture whose mode changes wait for a reset.
-func migModeFix(i int, arch string, pending bool) string {
-	if pending {
-		return fmt.Sprintf("MIG mode is pending: reset the GPU: drain it, then run `nvidia-smi -i %d --gpu-reset` (or reboot the node), then restart the plugin pod", i)
-	}
-	return fmt.Sprintf("On %s GPUs turning MIG mode on needs a GPU reset with no process on the GPU: drain the GPU, then run `nvidia-smi -i %d -mig 1` and `nvidia-smi -i %d --gpu-reset` (or reboot the node; the mode persists), then restart the plugin pod", arch, i, i)
 }
