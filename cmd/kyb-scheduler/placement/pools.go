@@ -167,7 +167,8 @@ type poolSet struct {
 	// exclusive groups of, for the bound on a node's word (trust.go).
 	larger uint8
 	// skipped are the slices of the nodes whose slices make no pool of
-	// ours (incomplete, or larger than the driver publishes), as listed,
+	// ours (incomplete, larger than the driver publishes, or with a device
+	// that names no GPU: trust.go), as listed,
 	// so that they are judged once per version.
 	skipped map[string][]*resourceapi.ResourceSlice
 }
@@ -285,6 +286,11 @@ func (c *poolCache) update(ctx context.Context, all []*resourceapi.ResourceSlice
 		}
 		if p == nil || !slices.Equal(p.slices, ss) {
 			p = parsePool(node, ss)
+		}
+		if d := p.unplaced(); d != nil {
+			klog.FromContext(ctx).V(2).Info("Node publishes a device that names no GPU: its pool is left to the allocator unordered and unscored", "node", node, "device", d.name)
+			skipped[node] = listed
+			continue
 		}
 		p.listed = listed
 		next[node] = p

@@ -25,6 +25,19 @@ package placement
 // lie so that the pod breaks none (beside the busy GPU), so nothing is
 // added there: such a node then ranks as an honest node whose free GPUs
 // all sit beside GPUs in use. docs/security.md says what that leaves.
+//
+// The bound counts the GPUs the pod's devices take as the node names
+// them: by the counters a device consumes, else by its gpuIndices. A
+// device that names no GPU below the driver's 32 takes none, and the
+// bound adds nothing: a node of such devices would rank, empty, above
+// honest empty nodes. Every device the driver publishes names its GPUs
+// (by gpuIndices alone where it consumes no counter: the per-seat layout,
+// an overprovisioning profile), so a pool with one that names none is no
+// pool of the driver's as it runs: like a pool larger than the driver
+// publishes, it is left to the allocator in its published order and
+// scored as not ours, below every node of ours. Taking such a device as
+// one GPU instead would still trust the node's GPU count, which the same
+// node can drop with its counters.
 
 // largerSizes are the group sizes a device can break (the driver's group
 // sizes but one GPU), as a bit each in poolSet.larger.
@@ -57,4 +70,15 @@ func (o outcome) bounded(larger uint8) outcome {
 	}
 	o.broken = max(o.broken, least)
 	return o
+}
+
+// unplaced is a device of the pool that names no GPU of ours, nil where
+// every one names some.
+func (p *pool) unplaced() *device {
+	for _, d := range p.devices {
+		if d.size == 0 {
+			return d
+		}
+	}
+	return nil
 }
