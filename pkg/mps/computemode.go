@@ -25,30 +25,30 @@ const keptModeFile = "compute-mode-kept"
 
 // keptComputeMode tells whether the group's daemon was started with its
 // GPUs' compute mode left as it was.
-func (m *Manager) keptComputeMode(name string) bool {
-	_, err := m.root.Lstat(filepath.Join(name, keptModeFile))
+func (g groupDir) keptComputeMode() bool {
+	_, err := g.root.Lstat(filepath.Join(g.name, keptModeFile))
 	return err == nil
 }
 
-// markComputeMode records what the start of g's daemon does to the
+// markComputeMode records what the start of the group's daemon does to the
 // compute mode of its GPUs. A group whose last daemon put its GPUs in
 // EXCLUSIVE_PROCESS and that now keeps the mode first sets those GPUs back
 // to DEFAULT (but those another group's daemon serves), as that daemon's
 // stop did or would have: a mode the plugin set is not left behind by a
 // change of profile.
-func (m *Manager) markComputeMode(ctx context.Context, g Group, dir *os.File) error {
-	kept := m.keptComputeMode(g.Name)
+func (d *daemon) markComputeMode(ctx context.Context, dir *os.File) error {
+	kept := d.dir.keptComputeMode()
 	switch {
-	case g.KeepComputeMode && !kept:
-		if gpus := m.recordedGPUs(g.Name); len(gpus) > 0 {
-			if err := m.setDefault(ctx, g.Name, gpus); err != nil {
+	case d.g.KeepComputeMode && !kept:
+		if gpus := d.dir.gpus(); len(gpus) > 0 {
+			if err := d.setDefault(ctx, gpus); err != nil {
 				return err
 			}
 		}
 		if err := writeAt(dir, keptModeFile, nil, 0o644); err != nil {
 			return fmt.Errorf("record that the compute mode is kept: %w", err)
 		}
-	case !g.KeepComputeMode && kept:
+	case !d.g.KeepComputeMode && kept:
 		err := unix.Unlinkat(int(dir.Fd()), keptModeFile, 0)
 		if err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("record that the compute mode is changed: remove %s: %w", filepath.Join(dir.Name(), keptModeFile), err)

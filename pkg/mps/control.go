@@ -18,6 +18,14 @@ import (
 // where nvidia-cuda-mps-control, as a client, finds the daemon.
 const ControlSocket = "control"
 
+// controlClient runs nvidia-cuda-mps-control, as a client, against one
+// group's daemon: on the control socket of the group's pipe directory,
+// checked before each run.
+type controlClient struct {
+	dir  groupDir
+	opts *Options
+}
+
 // checkSocket checks, right before the control client runs, that the pipe
 // directory is the daemon's and its control socket the one the daemon
 // bound: a directory of the plugin's user, not a link, holding a socket of
@@ -27,8 +35,8 @@ const ControlSocket = "control"
 // until then is that containers cannot change the pipe directory (it is
 // mounted read-only by default, see Options.ClientPipeWritable) and cannot
 // reach the daemon's directory that holds it.
-func (m *Manager) checkSocket(name string, rec *record) (*unix.Stat_t, error) {
-	dir, err := m.openGroup(name)
+func (c controlClient) checkSocket(rec *record) (*unix.Stat_t, error) {
+	dir, err := c.dir.open()
 	if err != nil {
 		return nil, err
 	}
@@ -62,8 +70,8 @@ var errNoAnswer = errors.New("no answer")
 
 // servers asks the daemon for its servers' PIDs; an error means the
 // daemon does not answer on its own socket.
-func (m *Manager) servers(ctx context.Context, name string, rec *record) ([]int, error) {
-	out, err := m.control(ctx, name, rec, "get_server_list")
+func (c controlClient) servers(ctx context.Context, rec *record) ([]int, error) {
+	out, err := c.run(ctx, rec, "get_server_list")
 	if err != nil {
 		return nil, err
 	}
@@ -78,24 +86,88 @@ func (m *Manager) servers(ctx context.Context, name string, rec *record) ([]int,
 	return pids, nil
 }
 
-// control runs the control client with the commands on its stdin, once
-// the socket it will reach is checked.
-func (m *Manager) control(ctx context.Context, name string, rec *record, cmds ...string) (string, error) {
-	if _, err := m.checkSocket(name, rec); err != nil {
+// run runs the control client with the commands on its stdin, once the
+// socket it will reach is checked.
+func (c controlClient) run(ctx context.Context, rec *record, cmds ...string) (string, error) {
+	if _, err := c.checkSocket(rec); err != nil {
 		return "", err
 	}
-	ctx, cancel := context.WithTimeout(ctx, m.opts.ControlTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.opts.ControlTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, m.opts.Control[0], m.opts.Control[1:]...) //nolint:gosec // the command is the operator's flag
-	cmd.Env = m.env(name, nil)
+	cmd := exec.CommandContext(ctx, c.opts.Control[0], c.opts.Control[1:]...) //nolint:gosec // the command is the operator's flag
+	cmd.Env = c.env(nil)
 	cmd.Stdin = strings.NewReader(strings.Join(cmds, "\n") + "\n")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		if ctx.Err() != nil {
-			err = fmt.Errorf("%w within %s", errNoAnswer, m.opts.ControlTimeout)
+			err = fmt.Errorf("%w within %s", errNoAnswer, c.opts.ControlTimeout)
 		}
 		return "", fmt.Errorf("%s: %w: %s", strings.Join(cmds, "; "), err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.String(), nil
+}
+
+// answers asks a daemon just started whether it answers, and returns the
+// socket it answered on: the same socket before and after the answer.
+func (c controlClient) answers(ctx context.Context) (*socketID, bool) {
+	before, err := c.checkSocket(nil)
+	if err != nil {
+		return nil, false
+	}
+	if _, err := c.servers(ctx, nil); err != nil {
+		return nil, false
+	}
+	after, err := c.checkSocket(nil)
+	if err != nil || *socketIDOf(after) != *socketIDOf(before) {
+		return nil, false
+	}
+	return socketIDOf(after), true
+}
+
+// listener tells what listens on the group's control socket, checked as
+// for any command but whoever bound it.
+func (c controlClient) listener(ctx context.Context) presence {
+	_, err := c.servers(ctx, nil)
+	switch {
+	case err == nil:
+		return answering
+	case errors.Is(err, errNoAnswer):
+		return silent
+	}
+	return absent
+}
+
+// setLimits makes the daemon's defaults, and the limits of every server
+// it runs, the given limits. A client's environment can only lower them.
+func (c controlClient) setLimits(ctx context.Context, rec *record, l Limits, servers []int) error {
+	cmds := []string{fmt.Sprintf("set_default_active_thread_percentage %d", l.ActiveThreadPercentage)}
+	for i, mib := range l.PinnedMemMiB {
+		cmds = append(cmds, fmt.Sprintf("set_default_device_pinned_mem_limit %d %dM", i, mib))
+	}
+	for _, pid := range servers {
+		cmds = append(cmds, fmt.Sprintf("set_active_thread_percentage %d %d", pid, l.ActiveThreadPercentage))
+		for i, mib := range l.PinnedMemMiB {
+			cmds = append(cmds, fmt.Sprintf("set_device_pinned_mem_limit %d %d %dM", pid, i, mib))
+		}
+	}
+	if _, err := c.run(ctx, rec, cmds...); err != nil {
+		return fmt.Errorf("set the limits of MPS daemon %s: %w", c.dir.name, err)
+	}
+	return nil
+}
+
+// env is the environment of the daemon (with its GPUs, uuids) and of its
+// control client (uuids nil).
+func (c controlClient) env(uuids []string) []string {
+	env := []string{
+		"PATH=" + os.Getenv("PATH"),
+		"CUDA_MPS_PIPE_DIRECTORY=" + filepath.Join(c.dir.path, PipeDir),
+		"CUDA_MPS_LOG_DIRECTORY=" + filepath.Join(c.dir.path, LogDir),
+	}
+	if uuids != nil {
+		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(uuids, ","))
+	}
+	// exec keeps the last value of a key given twice.
+	return append(env, c.opts.Env...)
 }

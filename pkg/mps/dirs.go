@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -97,10 +98,29 @@ func fileType(parent *os.File, name string) string {
 	return fmt.Sprintf("a file of type %o", st.Mode&unix.S_IFMT)
 }
 
-// groupDir makes (or finds) a daemon's directory and its pipe and log
+// groupDir is a daemon's directory, Options.Root/<name>: its record, its
+// GPUs (gpusFile), what its start did to their compute mode
+// (computemode.go), and its pipe, log and shm directories. It is reached
+// through the root as it was opened, never through its path, which only
+// the daemon, its control client and the containers' mounts are given.
+type groupDir struct {
+	// root and parent are the MPS root, opened (Manager.root, Manager.dir).
+	root   *os.Root
+	parent *os.File
+	name   string
+	// path is the directory's host path.
+	path string
+}
+
+// dirOf is the directory of the group's daemon.
+func (m *Manager) dirOf(name string) groupDir {
+	return groupDir{root: m.root, parent: m.dir, name: name, path: filepath.Join(m.opts.Root, name)}
+}
+
+// make makes (or finds) the daemon's directory and its pipe and log
 // directories, and returns the daemon's directory open.
-func (m *Manager) groupDir(name string) (*os.File, error) {
-	dir, err := makeDir(m.dir, name, 0o755)
+func (g groupDir) make() (*os.File, error) {
+	dir, err := makeDir(g.parent, g.name, 0o755)
 	if err != nil {
 		return nil, err
 	}
@@ -115,13 +135,13 @@ func (m *Manager) groupDir(name string) (*os.File, error) {
 	return dir, nil
 }
 
-// openGroup opens a daemon's directory in the root (see openDir).
-func (m *Manager) openGroup(name string) (*os.File, error) { return openDir(m.dir, name) }
+// open opens the daemon's directory in the root (see openDir).
+func (g groupDir) open() (*os.File, error) { return openDir(g.parent, g.name) }
 
-// clearPipeDir removes what a daemon that ended left in its pipe
-// directory (its sockets), so that the next one can bind there. Links are
-// removed, not followed.
-func (m *Manager) clearPipeDir(name string, dir *os.File) error {
+// clearPipe removes what a daemon that ended left in its pipe directory
+// (its sockets), so that the next one can bind there. Links are removed,
+// not followed. dir is the daemon's directory, open.
+func (g groupDir) clearPipe(dir *os.File) error {
 	pipe, err := openDir(dir, PipeDir)
 	if err != nil {
 		return err
@@ -132,18 +152,78 @@ func (m *Manager) clearPipeDir(name string, dir *os.File) error {
 		return fmt.Errorf("read %s: %w", pipe.Name(), err)
 	}
 	for _, n := range names {
-		if err := m.root.RemoveAll(filepath.Join(name, PipeDir, n)); err != nil {
+		if err := g.root.RemoveAll(filepath.Join(g.name, PipeDir, n)); err != nil {
 			return fmt.Errorf("clear %s: %w", pipe.Name(), err)
 		}
 	}
 	return nil
 }
 
-// dirExists tells whether the daemon's directory is there (a link or file
+// exists tells whether the daemon's directory is there (a link or file
 // in its place counts, so that it is reported when used).
-func (m *Manager) dirExists(name string) bool {
-	_, err := m.root.Lstat(name)
+func (g groupDir) exists() bool {
+	_, err := g.root.Lstat(g.name)
 	return err == nil
+}
+
+// remove removes the daemon's directory and all below it.
+func (g groupDir) remove() error { return g.root.RemoveAll(g.name) }
+
+// readFile reads a file of the daemon's directory (gpusFile, or one of
+// its log directory).
+func (g groupDir) readFile(path ...string) ([]byte, error) {
+	dir, err := g.open()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = dir.Close() }()
+	for _, sub := range path[:len(path)-1] {
+		next, err := openDir(dir, sub)
+		if err != nil {
+			return nil, err
+		}
+		_ = dir.Close()
+		dir = next
+	}
+	return readAt(dir, path[len(path)-1])
+}
+
+// gpus are the GPUs the directory records (none if there is no
+// directory).
+func (g groupDir) gpus() []string {
+	data, err := g.readFile(gpusFile)
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(data))
+}
+
+// openLog opens the daemon's output file, in its log directory; dir is
+// the daemon's directory, open.
+func openLog(dir *os.File) (*os.File, error) {
+	logDir, err := openDir(dir, LogDir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = logDir.Close() }()
+	return openAt(logDir, "daemon.out", unix.O_CREAT|unix.O_WRONLY|unix.O_APPEND, 0o644)
+}
+
+// logTail is the end of the daemon's output and control log, for errors.
+func (g groupDir) logTail() string {
+	var tail []string
+	for _, f := range []string{"daemon.out", "control.log"} {
+		data, err := g.readFile(LogDir, f)
+		if err != nil || len(bytes.TrimSpace(data)) == 0 {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		tail = append(tail, f+": "+strings.Join(lines[max(0, len(lines)-3):], " | "))
+	}
+	if len(tail) == 0 {
+		return "the daemon logged nothing"
+	}
+	return strings.Join(tail, "; ")
 }
 
 // readAt reads the regular file name in dir; a link there is refused.

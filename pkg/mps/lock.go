@@ -35,7 +35,7 @@ func (m *Manager) lock(g Group) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	gpus := slices.Concat(g.UUIDs, m.recordedGPUs(g.Name))
+	gpus := slices.Concat(g.UUIDs, m.dirOf(g.Name).gpus())
 	slices.Sort(gpus)
 	unlocks := []func(){unlockGroup}
 	unlock := func() {
@@ -65,16 +65,6 @@ func checkName(what, name string) error {
 		return fmt.Errorf("mps: %q is not a %s", name, what)
 	}
 	return nil
-}
-
-// recordedGPUs are the GPUs the group's directory records (none if it
-// has no directory).
-func (m *Manager) recordedGPUs(name string) []string {
-	data, err := m.readGroupFile(name, gpusFile)
-	if err != nil {
-		return nil
-	}
-	return strings.Fields(string(data))
 }
 
 // lockFile takes the mutex of file and an exclusive flock on the file in

@@ -2,7 +2,6 @@ package mps
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"path/filepath"
@@ -36,19 +35,6 @@ const (
 	silent                    // something that takes the connection and does not answer: a daemon stopped or hung
 )
 
-// listener tells what listens on the group's control socket, checked as
-// for any command but whoever bound it.
-func (m *Manager) listener(ctx context.Context, name string) presence {
-	_, err := m.servers(ctx, name, nil)
-	switch {
-	case err == nil:
-		return answering
-	case errors.Is(err, errNoAnswer):
-		return silent
-	}
-	return absent
-}
-
 // othersOn are the daemons of groups other than self that serve any of
 // gpus, by GPU: what serves it, in words.
 func (m *Manager) othersOn(ctx context.Context, self string, gpus []string) (map[string]string, error) {
@@ -61,11 +47,12 @@ func (m *Manager) othersOn(ctx context.Context, self string, gpus []string) (map
 		if name == self {
 			continue
 		}
-		shared := slices.DeleteFunc(m.recordedGPUs(name), func(uuid string) bool { return !slices.Contains(gpus, uuid) })
+		other := m.daemon(Group{Name: name})
+		shared := slices.DeleteFunc(other.dir.gpus(), func(uuid string) bool { return !slices.Contains(gpus, uuid) })
 		if len(shared) == 0 {
 			continue
 		}
-		rec, err := m.readRecord(name)
+		rec, err := other.dir.readRecord()
 		if err != nil {
 			return nil, err
 		}
@@ -73,8 +60,8 @@ func (m *Manager) othersOn(ctx context.Context, self string, gpus []string) (map
 		switch {
 		case rec.alive(m.opts.BootID):
 			what = fmt.Sprintf("the MPS daemon of group %s (PID %d), which still runs", name, rec.PID)
-		case m.listener(ctx, name) != absent:
-			what = fmt.Sprintf("an MPS daemon no record names, which listens on %s", filepath.Join(m.Dir(name), PipeDir, ControlSocket))
+		case other.ctl.listener(ctx) != absent:
+			what = fmt.Sprintf("an MPS daemon no record names, which listens on %s", filepath.Join(other.dir.path, PipeDir, ControlSocket))
 		default:
 			continue
 		}
@@ -87,8 +74,9 @@ func (m *Manager) othersOn(ctx context.Context, self string, gpus []string) (map
 
 // checkFree refuses to start the group's daemon while another group's
 // daemon serves one of its GPUs.
-func (m *Manager) checkFree(ctx context.Context, g Group) error {
-	others, err := m.othersOn(ctx, g.Name, g.UUIDs)
+func (d *daemon) checkFree(ctx context.Context) error {
+	g := d.g
+	others, err := d.m.othersOn(ctx, g.Name, g.UUIDs)
 	if err != nil {
 		return fmt.Errorf("start MPS daemon %s: %w", g.Name, err)
 	}
@@ -106,11 +94,12 @@ func (m *Manager) checkFree(ctx context.Context, g Group) error {
 // to compute mode DEFAULT, but for those another group's daemon serves,
 // and none where the daemon's start kept their mode. An error means that
 // is not known, and all stay EXCLUSIVE_PROCESS.
-func (m *Manager) setDefault(ctx context.Context, self string, uuids []string) error {
-	if m.keptComputeMode(self) {
+func (d *daemon) setDefault(ctx context.Context, uuids []string) error {
+	self := d.g.Name
+	if d.dir.keptComputeMode() {
 		return nil
 	}
-	others, err := m.othersOn(ctx, self, uuids)
+	others, err := d.m.othersOn(ctx, self, uuids)
 	if err != nil {
 		return fmt.Errorf("tell which of GPUs %v other MPS daemons serve: %w", uuids, err)
 	}
@@ -120,7 +109,7 @@ func (m *Manager) setDefault(ctx context.Context, self string, uuids []string) e
 			logger.Info("GPU stays in compute mode EXCLUSIVE_PROCESS: another group's MPS daemon serves it", "mpsDaemon", self, "gpu", uuid, "servedBy", what)
 			continue
 		}
-		if err := m.opts.SetExclusive(ctx, uuid, false); err != nil {
+		if err := d.m.opts.SetExclusive(ctx, uuid, false); err != nil {
 			logger.Error(err, "Cannot set GPU back to compute mode DEFAULT", "gpu", uuid)
 		}
 	}

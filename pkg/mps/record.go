@@ -167,13 +167,14 @@ func (r *record) waitGone(d time.Duration, boot string) bool {
 	return true
 }
 
-func (m *Manager) readRecord(name string) (*record, error) {
-	dir, err := m.openGroup(name)
+// readRecord reads the daemon's record: nil where there is none.
+func (g groupDir) readRecord() (*record, error) {
+	dir, err := g.open()
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read the record of MPS daemon %s: %w", name, err)
+		return nil, fmt.Errorf("read the record of MPS daemon %s: %w", g.name, err)
 	}
 	defer func() { _ = dir.Close() }()
 	data, err := readAt(dir, recordFile)
@@ -181,60 +182,41 @@ func (m *Manager) readRecord(name string) (*record, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read the record of MPS daemon %s: %w", name, err)
+		return nil, fmt.Errorf("read the record of MPS daemon %s: %w", g.name, err)
 	}
 	var r record
 	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, fmt.Errorf("read the record of MPS daemon %s: %w", name, err)
+		return nil, fmt.Errorf("read the record of MPS daemon %s: %w", g.name, err)
 	}
 	return &r, nil
 }
 
 // writeRecord replaces the record atomically: a plugin that dies halfway
 // leaves the old record or the new one, never half of one.
-func (m *Manager) writeRecord(name string, r *record) error {
+func (g groupDir) writeRecord(r *record) error {
 	data, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
-	dir, err := m.openGroup(name)
+	dir, err := g.open()
 	if err != nil {
-		return fmt.Errorf("write the record of MPS daemon %s: %w", name, err)
+		return fmt.Errorf("write the record of MPS daemon %s: %w", g.name, err)
 	}
 	defer func() { _ = dir.Close() }()
 	tmp := recordFile + ".tmp"
 	if err := writeAt(dir, tmp, data, 0o600); err != nil {
-		return fmt.Errorf("write the record of MPS daemon %s: %w", name, err)
+		return fmt.Errorf("write the record of MPS daemon %s: %w", g.name, err)
 	}
 	if err := unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), recordFile); err != nil {
-		return fmt.Errorf("write the record of MPS daemon %s: rename %s: %w", name, filepath.Join(dir.Name(), tmp), err)
+		return fmt.Errorf("write the record of MPS daemon %s: rename %s: %w", g.name, filepath.Join(dir.Name(), tmp), err)
 	}
 	return nil
 }
 
-func (m *Manager) removeRecord(name string) error {
-	err := m.root.Remove(filepath.Join(name, recordFile))
+func (g groupDir) removeRecord() error {
+	err := g.root.Remove(filepath.Join(g.name, recordFile))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove the record of MPS daemon %s: %w", name, err)
+		return fmt.Errorf("remove the record of MPS daemon %s: %w", g.name, err)
 	}
 	return nil
-}
-
-// readGroupFile reads a file of the daemon's directory (gpusFile, or one
-// of its log directory).
-func (m *Manager) readGroupFile(name string, path ...string) ([]byte, error) {
-	dir, err := m.openGroup(name)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = dir.Close() }()
-	for _, sub := range path[:len(path)-1] {
-		next, err := openDir(dir, sub)
-		if err != nil {
-			return nil, err
-		}
-		_ = dir.Close()
-		dir = next
-	}
-	return readAt(dir, path[len(path)-1])
 }

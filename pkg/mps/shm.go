@@ -80,7 +80,8 @@ func (m *Manager) CheckShm() error {
 // makeShm makes a daemon's shm directory and mounts its tmpfs. The mode
 // and the mount go through the directory's descriptor, so a link planted
 // in its place is refused, not followed.
-func (m *Manager) makeShm(ctx context.Context, dir *os.File) error {
+func (d *daemon) makeShm(ctx context.Context, dir *os.File) error {
+	m := d.m
 	// Any user ID in a container may need it, as in /dev/shm.
 	shm, err := makeDir(dir, ShmDir, 0o777|os.ModeSticky)
 	if err != nil {
@@ -126,8 +127,8 @@ const maxShmMounts = 8
 // could lead elsewhere). A mount still in use (a file open there on the
 // host) is detached: it goes from the host's view now, and from memory
 // once the last user is gone.
-func (m *Manager) removeShm(name string) error {
-	dir, err := m.openGroup(name)
+func (g groupDir) removeShm() error {
+	dir, err := g.open()
 	if err != nil {
 		// Not a directory of the plugin's: the plugin mounted nothing
 		// in it, and its removal says what it is.
