@@ -8,7 +8,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 )
 
 // The simulated node's kernel side of its device nodes: the majors it
@@ -64,9 +67,12 @@ const (
 	procMIGMinors    = "/proc/driver/nvidia-caps/mig-minors"
 )
 
-// devState is what a test changed of the node's /dev and of the
-// simulated process, guarded by Node.mu.
-type devState struct {
+// devNodes are the node's kernel files and device nodes, and what a test
+// changed of its /dev and of the simulated process.
+type devNodes struct {
+	topo *v1alpha1.NodeTopology
+
+	mu sync.Mutex
 	// files replace (or, nil, remove) the node's own device nodes.
 	files map[string]*DeviceFile
 	// denied are nodes the process's device cgroup refuses.
@@ -75,19 +81,19 @@ type devState struct {
 	uid int
 }
 
-func (n *Node) capsMajor() int64 { return *n.topo.CapsMajor }
+func (v *devNodes) capsMajor() int64 { return *v.topo.CapsMajor }
 
-func (n *Node) uvmMajor() int64 { return *n.topo.UVMMajor }
+func (v *devNodes) uvmMajor() int64 { return *v.topo.UVMMajor }
 
 // ProcFile returns a kernel file of the node: /proc/devices,
 // /proc/driver/nvidia-caps/mig-minors, or a capability file under
 // /proc/driver/nvidia/capabilities.
-func (n *Node) ProcFile(name string) ([]byte, error) {
+func (v *devNodes) ProcFile(name string) ([]byte, error) {
 	switch {
 	case name == procDevices:
-		return n.ProcDevicesFile(), nil
+		return v.ProcDevicesFile(), nil
 	case name == procMIGMinors:
-		return n.MIGMinorsFile(), nil
+		return v.MIGMinorsFile(), nil
 	case strings.HasPrefix(name, procCapabilities):
 		rest := strings.TrimPrefix(name, procCapabilities)
 		if i := slices.IndexFunc(capabilities, func(c capability) bool { return c.name == rest }); i >= 0 {
@@ -102,13 +108,13 @@ func (n *Node) ProcFile(name string) ([]byte, error) {
 // device majors by driver, as the kernel lists them, among them those of
 // other NVIDIA modules, which a reader must not take for the ones it
 // wants.
-func (n *Node) ProcDevicesFile() []byte {
+func (v *devNodes) ProcDevicesFile() []byte {
 	type entry struct {
 		major int64
 		name  string
 	}
 	chars := []entry{{1, "mem"}, {4, "/dev/vc/0"}, {4, "tty"}, {5, "/dev/tty"}, {5, "/dev/console"}, {5, "/dev/ptmx"},
-		{10, "misc"}, {136, "pts"}, {NVIDIADeviceMajor, "nvidia-frontend"}, {n.uvmMajor(), "nvidia-uvm"}, {n.capsMajor(), "nvidia-caps"}}
+		{10, "misc"}, {136, "pts"}, {NVIDIADeviceMajor, "nvidia-frontend"}, {v.uvmMajor(), "nvidia-uvm"}, {v.capsMajor(), "nvidia-caps"}}
 	used := map[int64]bool{}
 	for _, e := range chars {
 		used[e.major] = true
@@ -135,18 +141,18 @@ func (n *Node) ProcDevicesFile() []byte {
 
 // StatDevice returns the node at path in the node's /dev, or an error
 // that is fs.ErrNotExist where there is none.
-func (n *Node) StatDevice(p string) (DeviceFile, error) {
+func (v *devNodes) StatDevice(p string) (DeviceFile, error) {
 	p = path.Clean(p)
-	n.mu.Lock()
-	f, changed := n.dev.files[p]
-	n.mu.Unlock()
+	v.mu.Lock()
+	f, changed := v.files[p]
+	v.mu.Unlock()
 	if changed {
 		if f == nil {
 			return DeviceFile{}, &fs.PathError{Op: "stat", Path: p, Err: fs.ErrNotExist}
 		}
 		return *f, nil
 	}
-	if f, ok := n.ownDevice(p); ok {
+	if f, ok := v.ownDevice(p); ok {
 		return f, nil
 	}
 	return DeviceFile{}, &fs.PathError{Op: "stat", Path: p, Err: fs.ErrNotExist}
@@ -155,16 +161,16 @@ func (n *Node) StatDevice(p string) (DeviceFile, error) {
 // ownDevice is the node's own device node at p: the GPUs', nvidiactl,
 // the UVM nodes, and a capability node for every minor the capabilities
 // and mig-minors name.
-func (n *Node) ownDevice(p string) (DeviceFile, bool) {
+func (v *devNodes) ownDevice(p string) (DeviceFile, bool) {
 	base := path.Base(p)
 	dir := path.Dir(p)
 	switch {
 	case dir == "/dev" && base == "nvidiactl":
 		return DeviceFile{Major: NVIDIADeviceMajor, Minor: 255, Mode: charDevice | 0o666}, true
 	case dir == "/dev" && base == "nvidia-uvm":
-		return DeviceFile{Major: n.uvmMajor(), Minor: 0, Mode: charDevice | 0o666}, true
+		return DeviceFile{Major: v.uvmMajor(), Minor: 0, Mode: charDevice | 0o666}, true
 	case dir == "/dev" && base == "nvidia-uvm-tools":
-		return DeviceFile{Major: n.uvmMajor(), Minor: 1, Mode: charDevice | 0o666}, true
+		return DeviceFile{Major: v.uvmMajor(), Minor: 1, Mode: charDevice | 0o666}, true
 	case dir == "/dev/nvidia-caps" && strings.HasPrefix(base, "nvidia-cap"):
 		m, err := strconv.Atoi(strings.TrimPrefix(base, "nvidia-cap"))
 		if err != nil || strconv.Itoa(m) != strings.TrimPrefix(base, "nvidia-cap") {
@@ -172,18 +178,18 @@ func (n *Node) ownDevice(p string) (DeviceFile, bool) {
 		}
 		for _, c := range capabilities {
 			if c.minor == int64(m) {
-				return DeviceFile{Major: n.capsMajor(), Minor: c.minor, Mode: charDevice | c.mode}, true
+				return DeviceFile{Major: v.capsMajor(), Minor: c.minor, Mode: charDevice | c.mode}, true
 			}
 		}
-		if n.isCapMinor(m) {
-			return DeviceFile{Major: n.capsMajor(), Minor: int64(m), Mode: charDevice | 0o444}, true
+		if v.isCapMinor(m) {
+			return DeviceFile{Major: v.capsMajor(), Minor: int64(m), Mode: charDevice | 0o444}, true
 		}
 	case dir == "/dev" && strings.HasPrefix(base, "nvidia"):
 		m, err := strconv.Atoi(strings.TrimPrefix(base, "nvidia"))
 		if err != nil || strconv.Itoa(m) != strings.TrimPrefix(base, "nvidia") {
 			return DeviceFile{}, false
 		}
-		if slices.Contains(n.gpuMinors(), m) {
+		if slices.Contains(v.gpuMinors(), m) {
 			return DeviceFile{Major: NVIDIADeviceMajor, Minor: int64(m), Mode: charDevice | 0o666}, true
 		}
 	}
@@ -191,8 +197,8 @@ func (n *Node) ownDevice(p string) (DeviceFile, bool) {
 }
 
 // DeviceNumbers returns the numbers of a device node of the node's /dev.
-func (n *Node) DeviceNumbers(devPath string) (major, minor int64, err error) {
-	f, err := n.StatDevice(devPath)
+func (v *devNodes) DeviceNumbers(devPath string) (major, minor int64, err error) {
+	f, err := v.StatDevice(devPath)
 	if err != nil {
 		return 0, 0, fmt.Errorf("simulated node has no device %s", devPath)
 	}
@@ -207,15 +213,15 @@ func (n *Node) DeviceNumbers(devPath string) (major, minor int64, err error) {
 // no node, fs.ErrPermission where the node's mode does not let the
 // process's user read it (syscall.EACCES) or its device cgroup refuses
 // the node (syscall.EPERM).
-func (n *Node) OpenDevice(p string) error {
+func (v *devNodes) OpenDevice(p string) error {
 	p = path.Clean(p)
-	f, err := n.StatDevice(p)
+	f, err := v.StatDevice(p)
 	if err != nil {
 		return &fs.PathError{Op: "open", Path: p, Err: syscall.ENOENT}
 	}
-	n.mu.Lock()
-	denied, uid := n.dev.denied[p], n.dev.uid
-	n.mu.Unlock()
+	v.mu.Lock()
+	denied, uid := v.denied[p], v.uid
+	v.mu.Unlock()
 	// Root without capabilities, as the chart runs the plugin, reads a
 	// node as its owner: by the owner's bits.
 	bit := fs.FileMode(0o004)
@@ -233,42 +239,42 @@ func (n *Node) OpenDevice(p string) error {
 
 // SetDevice makes the node at p what f says (as an administrator's mknod
 // or chmod does), or removes it where f is nil (rm).
-func (n *Node) SetDevice(p string, f *DeviceFile) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.dev.files == nil {
-		n.dev.files = map[string]*DeviceFile{}
+func (v *devNodes) SetDevice(p string, f *DeviceFile) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.files == nil {
+		v.files = map[string]*DeviceFile{}
 	}
 	if f != nil {
 		c := *f
 		f = &c
 	}
-	n.dev.files[path.Clean(p)] = f
+	v.files[path.Clean(p)] = f
 }
 
 // DenyDevice makes the simulated process's device cgroup refuse the node
 // at p, as it refuses a container that is not privileged every device its
 // runtime did not give it.
-func (n *Node) DenyDevice(p string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.dev.denied == nil {
-		n.dev.denied = map[string]bool{}
+func (v *devNodes) DenyDevice(p string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.denied == nil {
+		v.denied = map[string]bool{}
 	}
-	n.dev.denied[path.Clean(p)] = true
+	v.denied[path.Clean(p)] = true
 }
 
 // SetProcessUID makes the simulated process run as uid (root, 0, unless
 // set).
-func (n *Node) SetProcessUID(uid int) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.dev.uid = uid
+func (v *devNodes) SetProcessUID(uid int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.uid = uid
 }
 
 // mayConfigureMIG says whether the simulated process holds the MIG config
 // capability: NVML reads its minor from the capability file and opens
 // that node.
-func (n *Node) mayConfigureMIG() bool {
-	return n.OpenDevice(fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", capabilities[0].minor)) == nil
+func (v *devNodes) mayConfigureMIG() bool {
+	return v.OpenDevice(fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", capabilities[0].minor)) == nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -65,9 +66,28 @@ import (
 // migProducts are the models with MIG, as NVIDIA lists them.
 var migProducts = []string{"A100", "A30", "H100", "H200", "H800", "B200", "GB200", "RTX PRO 6000"}
 
-// migGPU is one simulated GPU's MIG state, guarded by Node.migMu.
+// migNode is the MIG state of the node's GPUs (their modes and
+// instances, and the count of compute instances made, which MIG UUIDs
+// derive from) and what it asks of the rest of the node: the faults a
+// test set on calls, each GPU's failure, the processes that keep a GPU
+// busy, and whether the process may configure MIG. One lock guards it
+// all: a call on a GPU or compute instance reads its GPU's state.
+type migNode struct {
+	// uuids are the GPUs' UUIDs by index.
+	uuids  []string
+	calls  *callFaults
+	states *gpuStates
+	procs  *processes
+	dev    *devNodes
+
+	mu     sync.Mutex
+	gpus   map[int]*migGPU
+	serial int
+}
+
+// migGPU is one simulated GPU's MIG state, guarded by migNode.mu.
 type migGPU struct {
-	n      *Node
+	m      *migNode
 	index  int
 	minor  int
 	parent *mock.Device
@@ -84,10 +104,10 @@ type migGPU struct {
 	gis              map[int]*simGI
 }
 
-// describeMIG answers the MIG calls of GPU g, served by device d.
-func (n *Node) describeMIG(d *mock.Device, g v1alpha1.SimulatedGPU) {
+// attach answers the MIG calls of GPU g, served by device d.
+func (m *migNode) attach(d *mock.Device, g v1alpha1.SimulatedGPU) {
 	gpu := &migGPU{
-		n: n, index: g.Index, minor: *g.Minor, parent: d, product: g.ProductName,
+		m: m, index: g.Index, minor: *g.Minor, parent: d, product: g.ProductName,
 		capable:   g.MIG != nil || slices.ContainsFunc(migProducts, func(p string) bool { return strings.Contains(g.ProductName, p) }),
 		resetless: g.Architecture != "ampere",
 		gis:       map[int]*simGI{},
@@ -98,9 +118,9 @@ func (n *Node) describeMIG(d *mock.Device, g v1alpha1.SimulatedGPU) {
 	case ok && gpu.capable:
 		gpu.model = geometry(g.ProductName, uint64(g.MemoryMiB)<<20, t.mig)
 	}
-	n.migMu.Lock()
-	n.mig[g.Index] = gpu
-	n.migMu.Unlock()
+	m.mu.Lock()
+	m.gpus[g.Index] = gpu
+	m.mu.Unlock()
 
 	d.GetMigModeFunc = gpu.getMigMode
 	d.SetMigModeFunc = gpu.setMigMode
@@ -113,29 +133,54 @@ func (n *Node) describeMIG(d *mock.Device, g v1alpha1.SimulatedGPU) {
 	d.GetMaxMigDeviceCountFunc = gpu.maxMigDeviceCount
 	d.GetMigDeviceHandleByIndexFunc = gpu.migDeviceByIndex
 	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) {
-		if ret := n.calls.answer(CallIsMigDeviceHandle); ret != nvml.SUCCESS {
+		if ret := m.calls.answer(CallIsMigDeviceHandle); ret != nvml.SUCCESS {
 			return false, ret
 		}
 		return false, nvml.SUCCESS
 	}
 	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) {
-		if ret := n.calls.answer(CallGetDeviceHandleFromMigDeviceHandle); ret != nvml.SUCCESS {
+		if ret := m.calls.answer(CallGetDeviceHandleFromMigDeviceHandle); ret != nvml.SUCCESS {
 			return nil, ret
 		}
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 }
 
+// answer is the prologue of every MIG call on a GPU, on one of its GPU
+// or compute instances, or on a MIG device: the call's injected fault,
+// the permission a call that configures MIG needs, and the GPU's own
+// failure come first; then fn answers under the MIG lock, unless the
+// instance the handle is of is gone (destroyed since), which answers
+// ERROR_INVALID_ARGUMENT. gone is nil for a call on the GPU itself.
+func answer[T any](g *migGPU, call Call, gone *bool, fn func() (T, nvml.Return)) (T, nvml.Return) {
+	var none T
+	if ret := g.enter(call); ret != nvml.SUCCESS {
+		return none, ret
+	}
+	g.m.mu.Lock()
+	defer g.m.mu.Unlock()
+	if gone != nil && *gone {
+		return none, nvml.ERROR_INVALID_ARGUMENT
+	}
+	return fn()
+}
+
+// answerCode is answer for a call whose only answer is its code.
+func answerCode(g *migGPU, call Call, gone *bool, fn func() nvml.Return) nvml.Return {
+	_, ret := answer(g, call, gone, func() (struct{}, nvml.Return) { return struct{}{}, fn() })
+	return ret
+}
+
 // enter answers a MIG call's injected fault or the GPU's own failure,
 // nvml.SUCCESS when there is neither.
 func (g *migGPU) enter(call Call) nvml.Return {
-	if ret := g.n.calls.answer(call); ret != nvml.SUCCESS {
+	if ret := g.m.calls.answer(call); ret != nvml.SUCCESS {
 		return ret
 	}
-	if slices.Contains(configCalls, call) && !g.n.mayConfigureMIG() {
+	if slices.Contains(configCalls, call) && !g.m.dev.mayConfigureMIG() {
 		return nvml.ERROR_NO_PERMISSION
 	}
-	return g.n.failure(g.index)
+	return g.m.states.failure(g.index)
 }
 
 // configCalls are the calls that need the MIG config capability
@@ -151,63 +196,62 @@ func (g *migGPU) enabledLocked() nvml.Return {
 }
 
 func (g *migGPU) getMigMode() (int, int, nvml.Return) {
-	if ret := g.enter(CallGetMigMode); ret != nvml.SUCCESS {
-		return 0, 0, ret
-	}
-	if !g.capable {
-		return 0, 0, nvml.ERROR_NOT_SUPPORTED
-	}
-	g.n.migMu.Lock()
-	defer g.n.migMu.Unlock()
-	return g.current, g.pending, nvml.SUCCESS
+	modes, ret := answer(g, CallGetMigMode, nil, func() ([2]int, nvml.Return) {
+		if !g.capable {
+			return [2]int{}, nvml.ERROR_NOT_SUPPORTED
+		}
+		return [2]int{g.current, g.pending}, nvml.SUCCESS
+	})
+	return modes[0], modes[1], ret
 }
 
 // setMigMode answers activationStatus first, then the call's own return,
 // as go-nvml's Device.SetMigMode does.
 func (g *migGPU) setMigMode(mode int) (nvml.Return, nvml.Return) {
-	if ret := g.enter(CallSetMigMode); ret != nvml.SUCCESS {
+	activation, ret := answer(g, CallSetMigMode, nil, func() (nvml.Return, nvml.Return) {
+		if !g.capable || g.model == nil {
+			return nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_NOT_SUPPORTED
+		}
+		if mode != nvml.DEVICE_MIG_DISABLE && mode != nvml.DEVICE_MIG_ENABLE {
+			return nvml.ERROR_INVALID_ARGUMENT, nvml.ERROR_INVALID_ARGUMENT
+		}
+		busy := len(g.m.procs.processesOn(g.index)) > 0
+		g.pending = mode
+		switch {
+		case mode == g.current:
+			return nvml.SUCCESS, nvml.SUCCESS
+		case busy, mode == nvml.DEVICE_MIG_DISABLE && len(g.gis) > 0:
+			return nvml.ERROR_IN_USE, nvml.SUCCESS
+		case !g.resetless:
+			return nvml.ERROR_RESET_REQUIRED, nvml.SUCCESS
+		}
+		g.current = mode
+		return nvml.SUCCESS, nvml.SUCCESS
+	})
+	if ret != nvml.SUCCESS {
 		return ret, ret
 	}
-	if !g.capable || g.model == nil {
-		return nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_NOT_SUPPORTED
-	}
-	if mode != nvml.DEVICE_MIG_DISABLE && mode != nvml.DEVICE_MIG_ENABLE {
-		return nvml.ERROR_INVALID_ARGUMENT, nvml.ERROR_INVALID_ARGUMENT
-	}
-	busy := len(g.n.processesOn(g.index)) > 0
-	g.n.migMu.Lock()
-	defer g.n.migMu.Unlock()
-	g.pending = mode
-	switch {
-	case mode == g.current:
-		return nvml.SUCCESS, nvml.SUCCESS
-	case busy, mode == nvml.DEVICE_MIG_DISABLE && len(g.gis) > 0:
-		return nvml.ERROR_IN_USE, nvml.SUCCESS
-	case !g.resetless:
-		return nvml.ERROR_RESET_REQUIRED, nvml.SUCCESS
-	}
-	g.current = mode
-	return nvml.SUCCESS, nvml.SUCCESS
+	return activation, ret
 }
 
 // ResetGPU resets GPU i as nvidia-smi --gpu-reset does: a pending MIG
 // mode takes effect and every GPU and compute instance is gone. A GPU
 // with processes on it refuses.
-func (n *Node) ResetGPU(i int) error {
-	n.migMu.Lock()
-	g, ok := n.mig[i]
-	n.migMu.Unlock()
+func (m *migNode) ResetGPU(i int) error {
+	m.mu.Lock()
+	g, ok := m.gpus[i]
+	m.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("simulated node has no GPU %d (%d GPUs)", i, len(n.devices))
+		return fmt.Errorf("simulated node has no GPU %d (%d GPUs)", i, len(m.uuids))
 	}
-	if procs := n.processesOn(i); len(procs) > 0 {
+	if procs := m.procs.processesOn(i); len(procs) > 0 {
 		return fmt.Errorf("reset GPU %d: in use by %d process(es)", i, len(procs))
 	}
-	if ret := n.failure(i); ret != nvml.SUCCESS {
+	if ret := m.states.failure(i); ret != nvml.SUCCESS {
 		return fmt.Errorf("reset GPU %d: %s", i, nvmlErrorString(ret))
 	}
-	n.migMu.Lock()
-	defer n.migMu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for id, gi := range g.gis {
 		gi.dropLocked()
 		delete(g.gis, id)

@@ -33,10 +33,10 @@ func capMinor(gpuMinor, gi, ci int) int {
 }
 
 // MIGMinorsFile is the node's /proc/driver/nvidia-caps/mig-minors.
-func (n *Node) MIGMinorsFile() []byte {
+func (v *devNodes) MIGMinorsFile() []byte {
 	var b bytes.Buffer
 	b.WriteString("config 1\nmonitor 2\n")
-	for _, gpu := range n.gpuMinors() {
+	for _, gpu := range v.gpuMinors() {
 		for gi := range migCapsGIs {
 			fmt.Fprintf(&b, "gpu%d/gi%d/access %d\n", gpu, gi, capMinor(gpu, gi, -1))
 			for ci := range migCapsCIs {
@@ -47,9 +47,9 @@ func (n *Node) MIGMinorsFile() []byte {
 	return b.Bytes()
 }
 
-func (n *Node) gpuMinors() []int {
+func (v *devNodes) gpuMinors() []int {
 	var minors []int
-	for _, g := range n.topo.GPUs {
+	for _, g := range v.topo.GPUs {
 		minors = append(minors, *g.Minor)
 	}
 	slices.Sort(minors)
@@ -65,15 +65,15 @@ type DeviceNode struct {
 // MIGDeviceNodes are the device nodes a container needs to use the MIG
 // device with the given UUID: its GPU's /dev/nvidiaN, nvidiactl, the UVM
 // nodes, and the capability nodes of its GPU and compute instance.
-func (n *Node) MIGDeviceNodes(uuid string) ([]DeviceNode, error) {
-	ci, ok := n.migDeviceByUUID(uuid)
+func (m *migNode) MIGDeviceNodes(uuid string) ([]DeviceNode, error) {
+	ci, ok := m.deviceByUUID(uuid)
 	if !ok {
 		return nil, fmt.Errorf("simulated node has no MIG device %s", uuid)
 	}
-	n.migMu.Lock()
+	m.mu.Lock()
 	gpu, gi, id := ci.gi.gpu.minor, ci.gi.id, ci.id
-	n.migMu.Unlock()
-	uvm, caps := n.uvmMajor(), n.capsMajor()
+	m.mu.Unlock()
+	uvm, caps := m.dev.uvmMajor(), m.dev.capsMajor()
 	return []DeviceNode{
 		{Path: fmt.Sprintf("/dev/nvidia%d", gpu), Major: NVIDIADeviceMajor, Minor: int64(gpu)},
 		{Path: "/dev/nvidiactl", Major: NVIDIADeviceMajor, Minor: 255},
@@ -85,11 +85,11 @@ func (n *Node) MIGDeviceNodes(uuid string) ([]DeviceNode, error) {
 }
 
 // isCapMinor says whether nvidia-cap<minor> exists on the node.
-func (n *Node) isCapMinor(minor int) bool {
+func (v *devNodes) isCapMinor(minor int) bool {
 	if minor == 1 || minor == 2 {
 		return true
 	}
-	for _, gpu := range n.gpuMinors() {
+	for _, gpu := range v.gpuMinors() {
 		if minor >= capMinor(gpu, 0, -1) && minor <= capMinor(gpu, migCapsGIs-1, migCapsCIs-1) {
 			return true
 		}

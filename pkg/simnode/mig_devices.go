@@ -13,50 +13,46 @@ import (
 // with a MIG-<uuid> UUID, that answers for its share of the GPU and
 // leads back to its parent.
 
-// nextMIGUUID makes a MIG device's UUID. It counts every compute
-// instance the node has made, so that an instance destroyed and made
-// again at the same IDs has a new UUID: code must read a MIG device's UUID
-// after making it, never work it out.
-func (n *Node) nextMIGUUID(gpu, gi, ci int) string {
-	n.migSerial++
-	sum := sha256.Sum256(fmt.Appendf(nil, "kyb-simulated-mig/%s/%d/%d/%d", n.uuids[gpu], gi, ci, n.migSerial))
+// nextUUID makes a MIG device's UUID. It counts every compute instance
+// the node has made, so that an instance destroyed and made again at the
+// same IDs has a new UUID: code must read a MIG device's UUID after making
+// it, never work it out. It is called under the MIG lock.
+func (m *migNode) nextUUID(gpu, gi, ci int) string {
+	m.serial++
+	sum := sha256.Sum256(fmt.Appendf(nil, "kyb-simulated-mig/%s/%d/%d/%d", m.uuids[gpu], gi, ci, m.serial))
 	return fmt.Sprintf("MIG-%x-%x-%x-%x-%x", sum[0:4], sum[4:6], sum[6:8], sum[8:10], sum[10:16])
 }
 
 // newDevice is the compute instance's MIG device handle.
 func (ci *simCI) newDevice() *mock.Device {
 	gi := ci.gi
+	g, gone := gi.gpu, &ci.gone
+	d := &mock.Device{
+		IsMigDeviceHandleFunc: func() (bool, nvml.Return) {
+			return answer(g, CallIsMigDeviceHandle, gone, func() (bool, nvml.Return) { return true, nvml.SUCCESS })
+		},
+		GetDeviceHandleFromMigDeviceHandleFunc: func() (nvml.Device, nvml.Return) {
+			return answer(g, CallGetDeviceHandleFromMigDeviceHandle, gone, func() (nvml.Device, nvml.Return) { return g.parent, nvml.SUCCESS })
+		},
+		GetUUIDFunc: func() (string, nvml.Return) {
+			return answer(g, CallMigDeviceGetUUID, gone, func() (string, nvml.Return) { return ci.uuid, nvml.SUCCESS })
+		},
+	}
+	ci.describe(d)
+	return d
+}
+
+// describe answers the calls of the compute instance's MIG device that
+// only describe it, which are not in the fault list.
+func (ci *simCI) describe(d *mock.Device) {
+	gi := ci.gi
 	g := gi.gpu
-	mu := &g.n.migMu
-	d := &mock.Device{}
-	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) {
-		if ret := ci.enter(CallIsMigDeviceHandle); ret != nvml.SUCCESS {
-			return false, ret
-		}
-		defer mu.Unlock()
-		return true, nvml.SUCCESS
-	}
-	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) {
-		if ret := ci.enter(CallGetDeviceHandleFromMigDeviceHandle); ret != nvml.SUCCESS {
-			return nil, ret
-		}
-		defer mu.Unlock()
-		return g.parent, nvml.SUCCESS
-	}
-	d.GetUUIDFunc = func() (string, nvml.Return) {
-		if ret := ci.enter(CallMigDeviceGetUUID); ret != nvml.SUCCESS {
-			return "", ret
-		}
-		defer mu.Unlock()
-		return ci.uuid, nvml.SUCCESS
-	}
-	// The calls below are not in the fault list: they only describe.
 	alive := func() nvml.Return {
-		if ret := g.n.failure(g.index); ret != nvml.SUCCESS {
+		if ret := g.m.states.failure(g.index); ret != nvml.SUCCESS {
 			return ret
 		}
-		mu.Lock()
-		defer mu.Unlock()
+		g.m.mu.Lock()
+		defer g.m.mu.Unlock()
 		if ci.gone {
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
@@ -71,7 +67,7 @@ func (ci *simCI) newDevice() *mock.Device {
 		}
 		total := gi.profile.MemoryMiB << 20
 		var used uint64
-		for _, p := range g.n.instanceProcesses(g.index, gi.id, ci.id) {
+		for _, p := range g.m.procs.instanceProcesses(g.index, gi.id, ci.id) {
 			used += p.UsedGpuMemory
 		}
 		used = min(used, total)
@@ -83,7 +79,7 @@ func (ci *simCI) newDevice() *mock.Device {
 		if ret := alive(); ret != nvml.SUCCESS {
 			return nil, ret
 		}
-		return g.n.instanceProcesses(g.index, gi.id, ci.id), nvml.SUCCESS
+		return g.m.procs.instanceProcesses(g.index, gi.id, ci.id), nvml.SUCCESS
 	}
 	d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{}, nvml.ERROR_NOT_SUPPORTED }
 	d.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
@@ -97,51 +93,44 @@ func (ci *simCI) newDevice() *mock.Device {
 			MemorySizeMB:              gi.profile.MemoryMiB,
 		}, alive()
 	}
-	return d
 }
 
 // maxMigDeviceCount is 0 with MIG off, as nvml.h says, else one MIG
 // device per compute slice.
 func (g *migGPU) maxMigDeviceCount() (int, nvml.Return) {
-	if ret := g.enter(CallGetMaxMigDeviceCount); ret != nvml.SUCCESS {
-		return 0, ret
-	}
-	g.n.migMu.Lock()
-	defer g.n.migMu.Unlock()
-	if g.enabledLocked() != nvml.SUCCESS {
-		return 0, nvml.SUCCESS
-	}
-	return g.model.ComputeSlices, nvml.SUCCESS
+	return answer(g, CallGetMaxMigDeviceCount, nil, func() (int, nvml.Return) {
+		if g.enabledLocked() != nvml.SUCCESS {
+			return 0, nvml.SUCCESS
+		}
+		return g.model.ComputeSlices, nvml.SUCCESS
+	})
 }
 
 func (g *migGPU) migDeviceByIndex(i int) (nvml.Device, nvml.Return) {
-	if ret := g.enter(CallGetMigDeviceHandleByIndex); ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	g.n.migMu.Lock()
-	defer g.n.migMu.Unlock()
-	if ret := g.enabledLocked(); ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	if i < 0 || i >= g.model.ComputeSlices {
-		return nil, nvml.ERROR_INVALID_ARGUMENT
-	}
-	cis := g.liveCIsLocked()
-	if i >= len(cis) {
-		return nil, nvml.ERROR_NOT_FOUND
-	}
-	return cis[i].device, nvml.SUCCESS
+	return answer(g, CallGetMigDeviceHandleByIndex, nil, func() (nvml.Device, nvml.Return) {
+		if ret := g.enabledLocked(); ret != nvml.SUCCESS {
+			return nil, ret
+		}
+		if i < 0 || i >= g.model.ComputeSlices {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		cis := g.liveCIsLocked()
+		if i >= len(cis) {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return cis[i].device, nvml.SUCCESS
+	})
 }
 
-// migDeviceByUUID finds a live MIG device, as nvmlDeviceGetHandleByUUID
-// does for a MIG- UUID.
-func (n *Node) migDeviceByUUID(uuid string) (*simCI, bool) {
+// deviceByUUID finds a live MIG device, as nvmlDeviceGetHandleByUUID does
+// for a MIG- UUID.
+func (m *migNode) deviceByUUID(uuid string) (*simCI, bool) {
 	if !strings.HasPrefix(uuid, "MIG-") {
 		return nil, false
 	}
-	n.migMu.Lock()
-	defer n.migMu.Unlock()
-	for _, g := range sortedByID(n.mig) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, g := range sortedByID(m.gpus) {
 		for _, ci := range g.liveCIsLocked() {
 			if strings.EqualFold(ci.uuid, uuid) {
 				return ci, true

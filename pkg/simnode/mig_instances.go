@@ -91,28 +91,27 @@ func giID(memSlices int, p mig.Placement) int {
 }
 
 func (g *migGPU) profileInfo(index int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
-	if ret := g.enter(CallGetGpuInstanceProfileInfo); ret != nvml.SUCCESS {
-		return nvml.GpuInstanceProfileInfo{}, ret
-	}
-	// Past the last index NVML says ERROR_INVALID_ARGUMENT, which ends a
-	// caller's walk over the indices, on any GPU.
-	if index < 0 || index >= nvml.GPU_INSTANCE_PROFILE_COUNT {
-		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
-	}
-	if !g.capable || g.model == nil {
-		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
-	}
-	for _, p := range g.model.Profiles {
-		if p.Index == index {
-			return nvml.GpuInstanceProfileInfo{
-				Id: uint32(p.ID), SliceCount: uint32(p.ComputeSlices), InstanceCount: uint32(p.MaxInstances),
-				MultiprocessorCount: uint32(p.SMs), MemorySizeMB: p.MemoryMiB,
-				CopyEngineCount: uint32(p.CopyEngines), DecoderCount: uint32(p.Decoders), EncoderCount: uint32(p.Encoders),
-				JpegCount: uint32(p.JPEGs), OfaCount: uint32(p.OFAs),
-			}, nvml.SUCCESS
+	return answer(g, CallGetGpuInstanceProfileInfo, nil, func() (nvml.GpuInstanceProfileInfo, nvml.Return) {
+		// Past the last index NVML says ERROR_INVALID_ARGUMENT, which ends
+		// a caller's walk over the indices, on any GPU.
+		if index < 0 || index >= nvml.GPU_INSTANCE_PROFILE_COUNT {
+			return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 		}
-	}
-	return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+		if !g.capable || g.model == nil {
+			return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+		}
+		for _, p := range g.model.Profiles {
+			if p.Index == index {
+				return nvml.GpuInstanceProfileInfo{
+					Id: uint32(p.ID), SliceCount: uint32(p.ComputeSlices), InstanceCount: uint32(p.MaxInstances),
+					MultiprocessorCount: uint32(p.SMs), MemorySizeMB: p.MemoryMiB,
+					CopyEngineCount: uint32(p.CopyEngines), DecoderCount: uint32(p.Decoders), EncoderCount: uint32(p.Encoders),
+					JpegCount: uint32(p.JPEGs), OfaCount: uint32(p.OFAs),
+				}, nvml.SUCCESS
+			}
+		}
+		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+	})
 }
 
 // profileByInfo is the profile an info names, or the answer to give.
@@ -129,62 +128,55 @@ func (g *migGPU) profileByInfo(info *nvml.GpuInstanceProfileInfo) (mig.Profile, 
 
 // possiblePlacements answers whatever the MIG mode, as nvml.h says.
 func (g *migGPU) possiblePlacements(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
-	if ret := g.enter(CallGetGpuInstancePossiblePlacements); ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	if !g.capable || g.model == nil {
-		return nil, nvml.ERROR_NOT_SUPPORTED
-	}
-	p, ret := g.profileByInfo(info)
-	if ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	var out []nvml.GpuInstancePlacement
-	for _, pl := range p.Placements {
-		out = append(out, nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
-	}
-	return out, nvml.SUCCESS
+	return answer(g, CallGetGpuInstancePossiblePlacements, nil, func() ([]nvml.GpuInstancePlacement, nvml.Return) {
+		if !g.capable || g.model == nil {
+			return nil, nvml.ERROR_NOT_SUPPORTED
+		}
+		p, ret := g.profileByInfo(info)
+		if ret != nvml.SUCCESS {
+			return nil, ret
+		}
+		var out []nvml.GpuInstancePlacement
+		for _, pl := range p.Placements {
+			out = append(out, nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
+		}
+		return out, nvml.SUCCESS
+	})
 }
 
 func (g *migGPU) createGPUInstance(info *nvml.GpuInstanceProfileInfo) (nvml.GpuInstance, nvml.Return) {
-	if ret := g.enter(CallCreateGpuInstance); ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	g.n.migMu.Lock()
-	defer g.n.migMu.Unlock()
-	if ret := g.enabledLocked(); ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	p, ret := g.profileByInfo(info)
-	if ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	for _, pl := range p.Placements {
-		if gi, ret := g.createLocked(p, pl); ret == nvml.SUCCESS {
-			return gi, ret
+	return answer(g, CallCreateGpuInstance, nil, func() (nvml.GpuInstance, nvml.Return) {
+		if ret := g.enabledLocked(); ret != nvml.SUCCESS {
+			return nil, ret
 		}
-	}
-	return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+		p, ret := g.profileByInfo(info)
+		if ret != nvml.SUCCESS {
+			return nil, ret
+		}
+		for _, pl := range p.Placements {
+			if gi, ret := g.createLocked(p, pl); ret == nvml.SUCCESS {
+				return gi, ret
+			}
+		}
+		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+	})
 }
 
 func (g *migGPU) createGPUInstanceAt(info *nvml.GpuInstanceProfileInfo, at *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
-	if ret := g.enter(CallCreateGpuInstanceWithPlacement); ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	g.n.migMu.Lock()
-	defer g.n.migMu.Unlock()
-	if ret := g.enabledLocked(); ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	p, ret := g.profileByInfo(info)
-	if ret != nvml.SUCCESS || at == nil {
-		return nil, nvml.ERROR_INVALID_ARGUMENT
-	}
-	pl := mig.Placement{Start: int(at.Start), Size: int(at.Size)}
-	if !slices.Contains(p.Placements, pl) {
-		return nil, nvml.ERROR_INVALID_ARGUMENT
-	}
-	return g.createLocked(p, pl)
+	return answer(g, CallCreateGpuInstanceWithPlacement, nil, func() (nvml.GpuInstance, nvml.Return) {
+		if ret := g.enabledLocked(); ret != nvml.SUCCESS {
+			return nil, ret
+		}
+		p, ret := g.profileByInfo(info)
+		if ret != nvml.SUCCESS || at == nil {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		pl := mig.Placement{Start: int(at.Start), Size: int(at.Size)}
+		if !slices.Contains(p.Placements, pl) {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		return g.createLocked(p, pl)
+	})
 }
 
 // createLocked makes a GPU instance if it fits beside the others.
@@ -203,41 +195,35 @@ func (g *migGPU) createLocked(p mig.Profile, pl mig.Placement) (nvml.GpuInstance
 }
 
 func (g *migGPU) gpuInstances(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
-	if ret := g.enter(CallGetGpuInstances); ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	g.n.migMu.Lock()
-	defer g.n.migMu.Unlock()
-	if ret := g.enabledLocked(); ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	p, ret := g.profileByInfo(info)
-	if ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	var out []nvml.GpuInstance
-	for _, gi := range sortedByID(g.gis) {
-		if gi.profile.ID == p.ID {
-			out = append(out, gi.handle)
+	return answer(g, CallGetGpuInstances, nil, func() ([]nvml.GpuInstance, nvml.Return) {
+		if ret := g.enabledLocked(); ret != nvml.SUCCESS {
+			return nil, ret
 		}
-	}
-	return out, nvml.SUCCESS
+		p, ret := g.profileByInfo(info)
+		if ret != nvml.SUCCESS {
+			return nil, ret
+		}
+		var out []nvml.GpuInstance
+		for _, gi := range sortedByID(g.gis) {
+			if gi.profile.ID == p.ID {
+				out = append(out, gi.handle)
+			}
+		}
+		return out, nvml.SUCCESS
+	})
 }
 
 func (g *migGPU) gpuInstanceByID(id int) (nvml.GpuInstance, nvml.Return) {
-	if ret := g.enter(CallGetGpuInstanceByID); ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	g.n.migMu.Lock()
-	defer g.n.migMu.Unlock()
-	if ret := g.enabledLocked(); ret != nvml.SUCCESS {
-		return nil, ret
-	}
-	gi, ok := g.gis[id]
-	if !ok {
-		return nil, nvml.ERROR_NOT_FOUND
-	}
-	return gi.handle, nvml.SUCCESS
+	return answer(g, CallGetGpuInstanceByID, nil, func() (nvml.GpuInstance, nvml.Return) {
+		if ret := g.enabledLocked(); ret != nvml.SUCCESS {
+			return nil, ret
+		}
+		gi, ok := g.gis[id]
+		if !ok {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return gi.handle, nvml.SUCCESS
+	})
 }
 
 // sortedByID returns a map's values by key, so that lists do not follow
@@ -255,107 +241,93 @@ func sortedByID[T any](m map[int]T) []T {
 	return out
 }
 
-// enter starts a call on a GPU instance handle: its fault, the GPU's
-// failure, or ERROR_INVALID_ARGUMENT for a destroyed instance. It holds
-// Node.migMu when it answers SUCCESS.
-func (gi *simGI) enter(call Call) nvml.Return {
-	if ret := gi.gpu.enter(call); ret != nvml.SUCCESS {
-		return ret
+// newHandle is the GPU instance's NVML handle.
+func (gi *simGI) newHandle() *mock.GpuInstance {
+	g, gone := gi.gpu, &gi.gone
+	return &mock.GpuInstance{
+		GetInfoFunc: func() (nvml.GpuInstanceInfo, nvml.Return) {
+			return answer(g, CallGpuInstanceGetInfo, gone, gi.infoLocked)
+		},
+		GetComputeInstanceProfileInfoFunc: func(profile, engProfile int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
+			return answer(g, CallGetComputeInstanceProfileInfo, gone, func() (nvml.ComputeInstanceProfileInfo, nvml.Return) {
+				return gi.ciProfileInfoLocked(profile, engProfile)
+			})
+		},
+		CreateComputeInstanceFunc: func(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
+			return answer(g, CallCreateComputeInstance, gone, func() (nvml.ComputeInstance, nvml.Return) {
+				if info == nil {
+					return nil, nvml.ERROR_INVALID_ARGUMENT
+				}
+				cp, ok := gi.ciProfile(int(info.Id))
+				if !ok {
+					return nil, nvml.ERROR_NOT_SUPPORTED
+				}
+				return gi.createLocked(cp)
+			})
+		},
+		GetComputeInstancesFunc: func(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
+			return answer(g, CallGetComputeInstances, gone, func() ([]nvml.ComputeInstance, nvml.Return) {
+				return gi.computeInstancesLocked(info)
+			})
+		},
+		GetComputeInstanceByIdFunc: func(id int) (nvml.ComputeInstance, nvml.Return) {
+			return answer(g, CallGetComputeInstanceByID, gone, func() (nvml.ComputeInstance, nvml.Return) {
+				ci, ok := gi.cis[id]
+				if !ok {
+					return nil, nvml.ERROR_NOT_FOUND
+				}
+				return ci.handle, nvml.SUCCESS
+			})
+		},
+		DestroyFunc: func() nvml.Return { return answerCode(g, CallGpuInstanceDestroy, gone, gi.destroyLocked) },
 	}
-	gi.gpu.n.migMu.Lock()
-	if gi.gone {
-		gi.gpu.n.migMu.Unlock()
-		return nvml.ERROR_INVALID_ARGUMENT
-	}
-	return nvml.SUCCESS
 }
 
-func (gi *simGI) newHandle() *mock.GpuInstance {
-	mu := &gi.gpu.n.migMu
-	h := &mock.GpuInstance{}
-	h.GetInfoFunc = func() (nvml.GpuInstanceInfo, nvml.Return) {
-		if ret := gi.enter(CallGpuInstanceGetInfo); ret != nvml.SUCCESS {
-			return nvml.GpuInstanceInfo{}, ret
-		}
-		defer mu.Unlock()
-		return nvml.GpuInstanceInfo{
-			Device: gi.gpu.parent, Id: uint32(gi.id), ProfileId: uint32(gi.profile.ID),
-			Placement: nvml.GpuInstancePlacement{Start: uint32(gi.placement.Start), Size: uint32(gi.placement.Size)},
-		}, nvml.SUCCESS
+func (gi *simGI) infoLocked() (nvml.GpuInstanceInfo, nvml.Return) {
+	return nvml.GpuInstanceInfo{
+		Device: gi.gpu.parent, Id: uint32(gi.id), ProfileId: uint32(gi.profile.ID),
+		Placement: nvml.GpuInstancePlacement{Start: uint32(gi.placement.Start), Size: uint32(gi.placement.Size)},
+	}, nvml.SUCCESS
+}
+
+func (gi *simGI) ciProfileInfoLocked(profile, engProfile int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
+	if profile < 0 || profile >= nvml.COMPUTE_INSTANCE_PROFILE_COUNT || engProfile != nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
+		return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 	}
-	h.GetComputeInstanceProfileInfoFunc = func(profile, engProfile int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
-		if ret := gi.enter(CallGetComputeInstanceProfileInfo); ret != nvml.SUCCESS {
-			return nvml.ComputeInstanceProfileInfo{}, ret
-		}
-		defer mu.Unlock()
-		if profile < 0 || profile >= nvml.COMPUTE_INSTANCE_PROFILE_COUNT || engProfile != nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
-			return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
-		}
-		cp, ok := gi.ciProfile(profile)
-		if !ok {
-			return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
-		}
-		return nvml.ComputeInstanceProfileInfo{
-			Id: uint32(cp.index), SliceCount: uint32(cp.slices), InstanceCount: uint32(cp.count), MultiprocessorCount: uint32(cp.sms),
-		}, nvml.SUCCESS
+	cp, ok := gi.ciProfile(profile)
+	if !ok {
+		return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 	}
-	h.CreateComputeInstanceFunc = func(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
-		if ret := gi.enter(CallCreateComputeInstance); ret != nvml.SUCCESS {
-			return nil, ret
-		}
-		defer mu.Unlock()
-		if info == nil {
-			return nil, nvml.ERROR_INVALID_ARGUMENT
-		}
-		cp, ok := gi.ciProfile(int(info.Id))
-		if !ok {
-			return nil, nvml.ERROR_NOT_SUPPORTED
-		}
-		return gi.createLocked(cp)
+	return nvml.ComputeInstanceProfileInfo{
+		Id: uint32(cp.index), SliceCount: uint32(cp.slices), InstanceCount: uint32(cp.count), MultiprocessorCount: uint32(cp.sms),
+	}, nvml.SUCCESS
+}
+
+func (gi *simGI) computeInstancesLocked(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
+	if info == nil {
+		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
-	h.GetComputeInstancesFunc = func(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
-		if ret := gi.enter(CallGetComputeInstances); ret != nvml.SUCCESS {
-			return nil, ret
-		}
-		defer mu.Unlock()
-		if info == nil {
-			return nil, nvml.ERROR_INVALID_ARGUMENT
-		}
-		if _, ok := gi.ciProfile(int(info.Id)); !ok {
-			return nil, nvml.ERROR_NOT_SUPPORTED
-		}
-		var out []nvml.ComputeInstance
-		for _, ci := range sortedByID(gi.cis) {
-			if ci.profile.index == int(info.Id) {
-				out = append(out, ci.handle)
-			}
-		}
-		return out, nvml.SUCCESS
+	if _, ok := gi.ciProfile(int(info.Id)); !ok {
+		return nil, nvml.ERROR_NOT_SUPPORTED
 	}
-	h.GetComputeInstanceByIdFunc = func(id int) (nvml.ComputeInstance, nvml.Return) {
-		if ret := gi.enter(CallGetComputeInstanceByID); ret != nvml.SUCCESS {
-			return nil, ret
+	var out []nvml.ComputeInstance
+	for _, ci := range sortedByID(gi.cis) {
+		if ci.profile.index == int(info.Id) {
+			out = append(out, ci.handle)
 		}
-		defer mu.Unlock()
-		ci, ok := gi.cis[id]
-		if !ok {
-			return nil, nvml.ERROR_NOT_FOUND
-		}
-		return ci.handle, nvml.SUCCESS
 	}
-	h.DestroyFunc = func() nvml.Return {
-		if ret := gi.enter(CallGpuInstanceDestroy); ret != nvml.SUCCESS {
-			return ret
-		}
-		defer mu.Unlock()
-		if len(gi.cis) > 0 {
-			return nvml.ERROR_IN_USE
-		}
-		gi.dropLocked()
-		delete(gi.gpu.gis, gi.id)
-		return nvml.SUCCESS
+	return out, nvml.SUCCESS
+}
+
+// destroyLocked destroys the GPU instance, which NVML refuses while it
+// has compute instances.
+func (gi *simGI) destroyLocked() nvml.Return {
+	if len(gi.cis) > 0 {
+		return nvml.ERROR_IN_USE
 	}
-	return h
+	gi.dropLocked()
+	delete(gi.gpu.gis, gi.id)
+	return nvml.SUCCESS
 }
 
 func (gi *simGI) ciProfile(index int) (ciProfile, bool) {
@@ -397,7 +369,7 @@ func (gi *simGI) createLocked(cp ciProfile) (nvml.ComputeInstance, nvml.Return) 
 		id++
 	}
 	ci := &simCI{gi: gi, id: id, profile: cp, start: start}
-	ci.uuid = gi.gpu.n.nextMIGUUID(gi.gpu.index, gi.id, id)
+	ci.uuid = gi.gpu.m.nextUUID(gi.gpu.index, gi.id, id)
 	ci.handle = ci.newHandle()
 	ci.device = ci.newDevice()
 	gi.cis[id] = ci
@@ -414,43 +386,27 @@ func (gi *simGI) dropLocked() {
 	}
 }
 
+// newHandle is the compute instance's NVML handle.
 func (ci *simCI) newHandle() *mock.ComputeInstance {
 	gi := ci.gi
-	mu := &gi.gpu.n.migMu
-	h := &mock.ComputeInstance{}
-	h.GetInfoFunc = func() (nvml.ComputeInstanceInfo, nvml.Return) {
-		if ret := ci.enter(CallComputeInstanceGetInfo); ret != nvml.SUCCESS {
-			return nvml.ComputeInstanceInfo{}, ret
-		}
-		defer mu.Unlock()
-		return nvml.ComputeInstanceInfo{
-			Device: gi.gpu.parent, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: uint32(ci.profile.index),
-			Placement: nvml.ComputeInstancePlacement{Start: uint32(ci.start), Size: uint32(ci.profile.slices)},
-		}, nvml.SUCCESS
+	g, gone := gi.gpu, &ci.gone
+	return &mock.ComputeInstance{
+		GetInfoFunc: func() (nvml.ComputeInstanceInfo, nvml.Return) {
+			return answer(g, CallComputeInstanceGetInfo, gone, func() (nvml.ComputeInstanceInfo, nvml.Return) {
+				return nvml.ComputeInstanceInfo{
+					Device: g.parent, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: uint32(ci.profile.index),
+					Placement: nvml.ComputeInstancePlacement{Start: uint32(ci.start), Size: uint32(ci.profile.slices)},
+				}, nvml.SUCCESS
+			})
+		},
+		DestroyFunc: func() nvml.Return {
+			return answerCode(g, CallComputeInstanceDestroy, gone, func() nvml.Return {
+				ci.gone = true
+				delete(gi.cis, ci.id)
+				return nvml.SUCCESS
+			})
+		},
 	}
-	h.DestroyFunc = func() nvml.Return {
-		if ret := ci.enter(CallComputeInstanceDestroy); ret != nvml.SUCCESS {
-			return ret
-		}
-		defer mu.Unlock()
-		ci.gone = true
-		delete(gi.cis, ci.id)
-		return nvml.SUCCESS
-	}
-	return h
-}
-
-// enter is simGI.enter for a compute instance or its MIG device.
-func (ci *simCI) enter(call Call) nvml.Return {
-	if ret := ci.gi.gpu.enter(call); ret != nvml.SUCCESS {
-		return ret
-	}
-	ci.gi.gpu.n.migMu.Lock()
-	if ci.gone {
-		ci.gi.gpu.n.migMu.Unlock()
-		return nvml.ERROR_INVALID_ARGUMENT
-	}
-	return nvml.SUCCESS
 }
 
 // liveCIsLocked are the GPU's compute instances in GPU-instance then

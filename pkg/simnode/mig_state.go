@@ -50,11 +50,11 @@ type ComputeInstanceState struct {
 }
 
 // MIGState returns the node's MIG state, GPUs and instances by ID.
-func (n *Node) MIGState() MIGState {
-	n.migMu.Lock()
-	defer n.migMu.Unlock()
-	s := MIGState{Serial: n.migSerial}
-	for _, g := range sortedByID(n.mig) {
+func (m *migNode) MIGState() MIGState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := MIGState{Serial: m.serial}
+	for _, g := range sortedByID(m.gpus) {
 		gs := MIGGPUState{Index: g.index, Current: g.current, Pending: g.pending}
 		for _, gi := range sortedByID(g.gis) {
 			is := GPUInstanceState{ProfileID: gi.profile.ID, Start: gi.placement.Start, Size: gi.placement.Size}
@@ -72,22 +72,22 @@ func (n *Node) MIGState() MIGState {
 // another node of the same description returned. It refuses a state its
 // GPUs could not be in: an unknown GPU or profile, a placement not the
 // profile's, instances that overlap, compute instances that do not fit.
-func (n *Node) RestoreMIG(s MIGState) error {
-	n.migMu.Lock()
-	defer n.migMu.Unlock()
-	for _, g := range n.mig {
+func (m *migNode) RestoreMIG(s MIGState) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, g := range m.gpus {
 		if len(g.gis) > 0 {
 			return fmt.Errorf("restore MIG state: GPU %d has instances already", g.index)
 		}
 	}
 	modes := map[int][2]int{}
-	for i, g := range n.mig {
+	for i, g := range m.gpus {
 		modes[i] = [2]int{g.current, g.pending}
 	}
 	for _, gs := range s.GPUs {
-		if err := n.restoreGPULocked(gs); err != nil {
+		if err := m.restoreGPULocked(gs); err != nil {
 			// Leave no half-restored node behind.
-			for i, g := range n.mig {
+			for i, g := range m.gpus {
 				for id, gi := range g.gis {
 					gi.dropLocked()
 					delete(g.gis, id)
@@ -97,14 +97,14 @@ func (n *Node) RestoreMIG(s MIGState) error {
 			return fmt.Errorf("restore MIG state: GPU %d: %w", gs.Index, err)
 		}
 	}
-	n.migSerial = s.Serial
+	m.serial = s.Serial
 	return nil
 }
 
-func (n *Node) restoreGPULocked(gs MIGGPUState) error {
-	g, ok := n.mig[gs.Index]
+func (m *migNode) restoreGPULocked(gs MIGGPUState) error {
+	g, ok := m.gpus[gs.Index]
 	if !ok {
-		return fmt.Errorf("the node has no such GPU (%d GPUs)", len(n.devices))
+		return fmt.Errorf("the node has no such GPU (%d GPUs)", len(m.uuids))
 	}
 	modes := []int{nvml.DEVICE_MIG_DISABLE, nvml.DEVICE_MIG_ENABLE}
 	if !slices.Contains(modes, gs.Current) || !slices.Contains(modes, gs.Pending) {

@@ -82,9 +82,9 @@ func fullCI(t *testing.T, gi nvml.GpuInstance) (nvml.ComputeInstance, nvml.Retur
 
 // layout writes GPU i's MIG state as the simulation holds it.
 func layout(n *Node, i int) string {
-	n.migMu.Lock()
-	defer n.migMu.Unlock()
-	g := n.mig[i]
+	n.migNode.mu.Lock()
+	defer n.migNode.mu.Unlock()
+	g := n.gpus[i]
 	s := fmt.Sprintf("mode %d/%d", g.current, g.pending)
 	for _, gi := range sortedByID(g.gis) {
 		s += fmt.Sprintf("; GI %d %s@%s", gi.id, gi.profile.Name, gi.placement)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -111,37 +112,49 @@ func FormatProcesses(procs []Process) []byte {
 	return b.Bytes()
 }
 
+// processes are the processes the node runs: those of its processes
+// file, read again whenever the file changes.
+type processes struct {
+	states *gpuStates
+
+	mu sync.Mutex
+	// file is the processes file; stamp tells its version last read.
+	file, stamp string
+	list        []Process
+	err         error
+}
+
 // SetProcessesFile makes the node run the processes the file describes.
 // A missing file is a node with no processes; a file that does not parse
 // keeps the processes read before, and the error is the node's next answer
 // to ProcessesError.
-func (n *Node) SetProcessesFile(path string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.procFile = path
-	n.procStamp = ""
+func (p *processes) SetProcessesFile(path string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.file = path
+	p.stamp = ""
 }
 
 // ProcessesError is the last error reading the processes file, if any.
-func (n *Node) ProcessesError() error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.readProcessesLocked()
-	return n.procErr
+func (p *processes) ProcessesError() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.readLocked()
+	return p.err
 }
 
-// readProcessesLocked reads the processes file again when it changed.
-func (n *Node) readProcessesLocked() {
-	if n.procFile == "" {
+// readLocked reads the processes file again when it changed.
+func (p *processes) readLocked() {
+	if p.file == "" {
 		return
 	}
-	st, err := os.Stat(n.procFile)
+	st, err := os.Stat(p.file)
 	if errors.Is(err, os.ErrNotExist) {
-		n.procs, n.procErr, n.procStamp = nil, nil, ""
+		p.list, p.err, p.stamp = nil, nil, ""
 		return
 	}
 	if err != nil {
-		n.procErr = fmt.Errorf("simulated processes: %w", err)
+		p.err = fmt.Errorf("simulated processes: %w", err)
 		return
 	}
 	// The inode too: a file replaced by rename within one clock tick
@@ -151,30 +164,30 @@ func (n *Node) readProcessesLocked() {
 		ino = sys.Ino
 	}
 	stamp := fmt.Sprint(st.ModTime().UnixNano(), st.Size(), ino)
-	if stamp == n.procStamp {
+	if stamp == p.stamp {
 		return
 	}
-	data, err := os.ReadFile(n.procFile)
+	data, err := os.ReadFile(p.file)
 	if err != nil {
-		n.procErr = fmt.Errorf("simulated processes: %w", err)
+		p.err = fmt.Errorf("simulated processes: %w", err)
 		return
 	}
-	procs, err := ParseProcesses(data, n.procFile)
+	procs, err := ParseProcesses(data, p.file)
 	if err != nil {
-		n.procErr = err
+		p.err = err
 		return
 	}
-	n.procs, n.procErr, n.procStamp = procs, nil, stamp
+	p.list, p.err, p.stamp = procs, nil, stamp
 }
 
-func (n *Node) processesOn(gpu int) []Process {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.readProcessesLocked()
+func (p *processes) processesOn(gpu int) []Process {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.readLocked()
 	var out []Process
-	for _, p := range n.procs {
-		if p.GPU == gpu {
-			out = append(out, p)
+	for _, proc := range p.list {
+		if proc.GPU == gpu {
+			out = append(out, proc)
 		}
 	}
 	return out
@@ -183,46 +196,46 @@ func (n *Node) processesOn(gpu int) []Process {
 // Cgroups reads processes' cgroups on the simulated node: a process the
 // file gives a cgroup for has that one; any other is read by real (a test
 // that runs real processes on simulated GPUs).
-func (n *Node) Cgroups(real gpuusage.CgroupReader) gpuusage.CgroupReader {
-	return simulatedCgroups{n: n, real: real}
+func (p *processes) Cgroups(real gpuusage.CgroupReader) gpuusage.CgroupReader {
+	return simulatedCgroups{procs: p, real: real}
 }
 
 type simulatedCgroups struct {
-	n    *Node
-	real gpuusage.CgroupReader
+	procs *processes
+	real  gpuusage.CgroupReader
 }
 
 func (s simulatedCgroups) Cgroup(pid uint32) (string, error) {
-	if cg, ok := s.n.processCgroup(pid); ok {
+	if cg, ok := s.procs.cgroup(pid); ok {
 		return cg, nil
 	}
 	return s.real.Cgroup(pid)
 }
 
-// processCgroup is the simulated /proc/PID/cgroup of a process the file
-// gives one for; ok is false for any other PID.
-func (n *Node) processCgroup(pid uint32) (string, bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.readProcessesLocked()
-	for _, p := range n.procs {
-		if p.PID == pid && p.Cgroup != "" {
-			return p.Cgroup, true
+// cgroup is the simulated /proc/PID/cgroup of a process the file gives
+// one for; ok is false for any other PID.
+func (p *processes) cgroup(pid uint32) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.readLocked()
+	for _, proc := range p.list {
+		if proc.PID == pid && proc.Cgroup != "" {
+			return proc.Cgroup, true
 		}
 	}
 	return "", false
 }
 
 // runningProcesses answers nvmlDeviceGetComputeRunningProcesses.
-func (n *Node) runningProcesses(gpu int) ([]nvml.ProcessInfo, nvml.Return) {
-	if ret := n.failure(gpu); ret != nvml.SUCCESS {
+func (p *processes) runningProcesses(gpu int) ([]nvml.ProcessInfo, nvml.Return) {
+	if ret := p.states.failure(gpu); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	var out []nvml.ProcessInfo
-	for _, p := range n.processesOn(gpu) {
-		info := nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: p.MemoryMiB << 20, GpuInstanceId: NoInstanceID, ComputeInstanceId: NoInstanceID}
-		if p.GPUInstance != nil {
-			info.GpuInstanceId = *p.GPUInstance
+	for _, proc := range p.processesOn(gpu) {
+		info := nvml.ProcessInfo{Pid: proc.PID, UsedGpuMemory: proc.MemoryMiB << 20, GpuInstanceId: NoInstanceID, ComputeInstanceId: NoInstanceID}
+		if proc.GPUInstance != nil {
+			info.GpuInstanceId = *proc.GPUInstance
 		}
 		out = append(out, info)
 	}
@@ -232,11 +245,11 @@ func (n *Node) runningProcesses(gpu int) ([]nvml.ProcessInfo, nvml.Return) {
 // instanceProcesses are the processes of a MIG GPU instance, as its MIG
 // device's nvmlDeviceGetComputeRunningProcesses lists them: those the
 // file puts in the GPU instance, every one in the compute instance ci.
-func (n *Node) instanceProcesses(gpu, gi, ci int) []nvml.ProcessInfo {
+func (p *processes) instanceProcesses(gpu, gi, ci int) []nvml.ProcessInfo {
 	var out []nvml.ProcessInfo
-	for _, p := range n.processesOn(gpu) {
-		if p.GPUInstance != nil && int(*p.GPUInstance) == gi {
-			out = append(out, nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: p.MemoryMiB << 20, GpuInstanceId: uint32(gi), ComputeInstanceId: uint32(ci)})
+	for _, proc := range p.processesOn(gpu) {
+		if proc.GPUInstance != nil && int(*proc.GPUInstance) == gi {
+			out = append(out, nvml.ProcessInfo{Pid: proc.PID, UsedGpuMemory: proc.MemoryMiB << 20, GpuInstanceId: uint32(gi), ComputeInstanceId: uint32(ci)})
 		}
 	}
 	return out
@@ -245,15 +258,15 @@ func (n *Node) instanceProcesses(gpu, gi, ci int) []nvml.ProcessInfo {
 // processUtilization answers nvmlDeviceGetProcessUtilization as the driver
 // does: one sample per running process newer than lastSeen (timestamps in
 // microseconds), and ERROR_NOT_FOUND when there is none.
-func (n *Node) processUtilization(gpu int, lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
-	if ret := n.failure(gpu); ret != nvml.SUCCESS {
+func (p *processes) processUtilization(gpu int, lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+	if ret := p.states.failure(gpu); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	now := uint64(time.Now().UnixMicro())
 	var out []nvml.ProcessUtilizationSample
-	for _, p := range n.processesOn(gpu) {
+	for _, proc := range p.processesOn(gpu) {
 		if now > lastSeen {
-			out = append(out, nvml.ProcessUtilizationSample{Pid: p.PID, TimeStamp: now, SmUtil: p.SMPercent})
+			out = append(out, nvml.ProcessUtilizationSample{Pid: proc.PID, TimeStamp: now, SmUtil: proc.SMPercent})
 		}
 	}
 	if len(out) == 0 {
@@ -264,22 +277,22 @@ func (n *Node) processUtilization(gpu int, lastSeen uint64) ([]nvml.ProcessUtili
 
 // utilization answers nvmlDeviceGetUtilizationRates: the processes' SM
 // shares added up, at most 100.
-func (n *Node) utilization(gpu int) (nvml.Utilization, nvml.Return) {
-	if ret := n.failure(gpu); ret != nvml.SUCCESS {
+func (p *processes) utilization(gpu int) (nvml.Utilization, nvml.Return) {
+	if ret := p.states.failure(gpu); ret != nvml.SUCCESS {
 		return nvml.Utilization{}, ret
 	}
 	var sum uint32
-	for _, p := range n.processesOn(gpu) {
-		sum += p.SMPercent
+	for _, proc := range p.processesOn(gpu) {
+		sum += proc.SMPercent
 	}
 	return nvml.Utilization{Gpu: min(sum, 100)}, nvml.SUCCESS
 }
 
 // memoryUsedMiB is the memory the GPU's processes use.
-func (n *Node) memoryUsedMiB(gpu int) uint64 {
+func (p *processes) memoryUsedMiB(gpu int) uint64 {
 	var sum uint64
-	for _, p := range n.processesOn(gpu) {
-		sum += p.MemoryMiB
+	for _, proc := range p.processesOn(gpu) {
+		sum += proc.MemoryMiB
 	}
 	return sum
 }

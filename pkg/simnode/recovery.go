@@ -41,46 +41,46 @@ type recoveryState struct {
 // SetRecoveryAction sets the recovery action GPU i's driver reports, as
 // the driver does after an XID (and back to NONE once the GPU has been
 // recovered). It sends no event: Apply's "action" does.
-func (n *Node) SetRecoveryAction(i int, a nvml.DeviceGpuRecoveryAction) error {
-	if i < 0 || i >= len(n.devices) {
-		return fmt.Errorf("simulated node has no GPU %d (%d GPUs)", i, len(n.devices))
+func (s *gpuStates) SetRecoveryAction(i int, a nvml.DeviceGpuRecoveryAction) error {
+	if err := s.check(i); err != nil {
+		return err
 	}
 	if int(a) < 0 || int(a) >= len(RecoveryActions) {
 		return fmt.Errorf("recovery action %d is not NVML's", a)
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	st := n.recovery[i]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.recovery[i]
 	st.action = a
-	n.recovery[i] = st
+	s.recovery[i] = st
 	return nil
 }
 
 // SetRecoveryActionSupported makes GPU i answer its recovery-action field
 // (true, the default) or NOT_SUPPORTED, as under a driver too old for it.
-func (n *Node) SetRecoveryActionSupported(i int, supported bool) error {
-	if i < 0 || i >= len(n.devices) {
-		return fmt.Errorf("simulated node has no GPU %d (%d GPUs)", i, len(n.devices))
+func (s *gpuStates) SetRecoveryActionSupported(i int, supported bool) error {
+	if err := s.check(i); err != nil {
+		return err
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	st := n.recovery[i]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.recovery[i]
 	st.unsupported = !supported
-	n.recovery[i] = st
+	s.recovery[i] = st
 	return nil
 }
 
 // describeFields answers GetFieldValues: each value's own return code
 // says whether it was read, as NVML's does.
-func (n *Node) describeFields(d *mock.Device, gpu int) {
+func (s *gpuStates) describeFields(d *mock.Device, gpu int) {
 	d.GetFieldValuesFunc = func(values []nvml.FieldValue) nvml.Return {
 		if len(values) == 0 {
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
-		fail := n.failure(gpu)
-		n.mu.Lock()
-		st := n.recovery[gpu]
-		n.mu.Unlock()
+		fail := s.failure(gpu)
+		s.mu.Lock()
+		st := s.recovery[gpu]
+		s.mu.Unlock()
 		for i := range values {
 			v := &values[i]
 			switch {

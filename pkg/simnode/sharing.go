@@ -3,6 +3,7 @@ package simnode
 import (
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -28,59 +29,73 @@ type SharingChange struct {
 	Value string
 }
 
-func (n *Node) setComputeMode(i int, mode nvml.ComputeMode) nvml.Return {
-	if ret := n.failure(i); ret != nvml.SUCCESS {
+// sharing is the GPUs' compute modes and the changes made to their
+// sharing settings, in order.
+type sharing struct {
+	states *gpuStates
+
+	mu      sync.Mutex
+	modes   map[int]nvml.ComputeMode
+	changes []SharingChange
+}
+
+func newSharing(states *gpuStates) *sharing {
+	return &sharing{states: states, modes: map[int]nvml.ComputeMode{}}
+}
+
+func (s *sharing) setComputeMode(i int, mode nvml.ComputeMode) nvml.Return {
+	if ret := s.states.failure(i); ret != nvml.SUCCESS {
 		return ret
 	}
 	if mode != nvml.COMPUTEMODE_DEFAULT && mode != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS && mode != nvml.COMPUTEMODE_PROHIBITED {
 		return nvml.ERROR_INVALID_ARGUMENT
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.computeModes[i] = mode
-	n.sharing = append(n.sharing, SharingChange{GPU: i, What: "computeMode", Value: ComputeModeName(mode)})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.modes[i] = mode
+	s.changes = append(s.changes, SharingChange{GPU: i, What: "computeMode", Value: ComputeModeName(mode)})
 	return nvml.SUCCESS
 }
 
-func (n *Node) computeMode(i int) (nvml.ComputeMode, nvml.Return) {
-	if ret := n.failure(i); ret != nvml.SUCCESS {
+func (s *sharing) computeMode(i int) (nvml.ComputeMode, nvml.Return) {
+	if ret := s.states.failure(i); ret != nvml.SUCCESS {
 		return 0, ret
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.computeModes[i], nvml.SUCCESS
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.modes[i], nvml.SUCCESS
 }
 
 // SetTimeSlice sets GPU i's time slice, as nvidia-smi compute-policy
 // --set-timeslice does on a real GPU (interval 0 Default … 3 Long).
-func (n *Node) SetTimeSlice(i, interval int) error {
-	if i < 0 || i >= len(n.devices) {
+func (s *sharing) SetTimeSlice(i, interval int) error {
+	if i < 0 || i >= s.states.count {
 		return fmt.Errorf("no GPU %d", i)
 	}
-	if ret := n.failure(i); ret != nvml.SUCCESS {
+	if ret := s.states.failure(i); ret != nvml.SUCCESS {
 		return fmt.Errorf("GPU %d: %s", i, nvmlErrorString(ret))
 	}
 	if interval < 0 || interval > 3 {
 		return fmt.Errorf("time slice %d is not 0-3", interval)
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.sharing = append(n.sharing, SharingChange{GPU: i, What: "timeSlice", Value: fmt.Sprint(interval)})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.changes = append(s.changes, SharingChange{GPU: i, What: "timeSlice", Value: fmt.Sprint(interval)})
 	return nil
 }
 
 // SharingChanges returns the changes made so far, in order.
-func (n *Node) SharingChanges() []SharingChange {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return slices.Clone(n.sharing)
+func (s *sharing) SharingChanges() []SharingChange {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.changes)
 }
 
 // ComputeMode is GPU i's compute mode now.
-func (n *Node) ComputeMode(i int) nvml.ComputeMode {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.computeModes[i]
+func (s *sharing) ComputeMode(i int) nvml.ComputeMode {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.modes[i]
 }
 
 // ComputeModeName names a compute mode as nvidia-smi does.

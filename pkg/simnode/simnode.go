@@ -72,7 +72,12 @@ func LoadTopology(spec string) (*v1alpha1.NodeTopology, error) {
 	return v1alpha1.LoadNodeTopology(data, spec)
 }
 
-// Node is a simulated node.
+// Node is a simulated node. Its parts each keep their own state behind
+// their own lock, and are embedded so that their methods are the node's:
+// what each GPU's driver says beside its description (gpuStates), the
+// GPUs' sharing settings (sharing.go), the processes it runs
+// (processes.go), its kernel files and device nodes (devnodes.go) and
+// its GPUs' MIG state (mig.go).
 type Node struct {
 	topo     *v1alpha1.NodeTopology
 	nodeName string
@@ -80,39 +85,25 @@ type Node struct {
 	devices  []*mock.Device
 	uuids    []string
 
+	*gpuStates
+	*sharing
+	*processes
+	*devNodes
+	*migNode
+
+	// mu guards sets, the event sets faults are delivered to.
 	mu   sync.Mutex
 	sets []*eventSet
-	// errs are the errors GPUs answer device calls with (lost, failing).
-	errs map[int]nvml.Return
-	// computeModes and sharing: see sharing.go.
-	computeModes map[int]nvml.ComputeMode
-	sharing      []SharingChange
-	// recovery is what each GPU's driver says of its recovery (see
-	// recovery.go).
-	recovery map[int]recoveryState
-	// The processes file and what was read from it: see processes.go.
-	procFile, procStamp string
-	procs               []Process
-	procErr             error
-
-	// MIG state (see mig.go) by GPU index, and the count of compute
-	// instances made, which MIG UUIDs derive from.
-	migMu     sync.Mutex
-	mig       map[int]*migGPU
-	migSerial int
 	// calls counts NVML calls and fails those a test asks to (see
 	// callfaults.go).
 	calls callFaults
-	// dev is what a test changed of the node's device nodes (see
-	// devnodes.go), guarded by mu.
-	dev devState
 }
 
 // New builds a simulated node. nodeName seeds the GPU UUIDs the
 // description leaves out, so that nodes of one simulated cluster have
 // distinct GPUs.
 func New(topo *v1alpha1.NodeTopology, nodeName string) *Node {
-	n := &Node{topo: topo, nodeName: nodeName, errs: map[int]nvml.Return{}, computeModes: map[int]nvml.ComputeMode{}, recovery: map[int]recoveryState{}, mig: map[int]*migGPU{}}
+	n := &Node{topo: topo, nodeName: nodeName}
 	gpus := slices.Clone(topo.GPUs)
 	slices.SortFunc(gpus, func(a, b v1alpha1.SimulatedGPU) int { return a.Index - b.Index })
 	for _, g := range gpus {
@@ -122,6 +113,11 @@ func New(topo *v1alpha1.NodeTopology, nodeName string) *Node {
 		}
 		n.uuids = append(n.uuids, uuid)
 	}
+	n.gpuStates = newGPUStates(len(gpus))
+	n.sharing = newSharing(n.gpuStates)
+	n.processes = &processes{states: n.gpuStates}
+	n.devNodes = &devNodes{topo: topo}
+	n.migNode = &migNode{uuids: n.uuids, calls: &n.calls, states: n.gpuStates, procs: n.processes, dev: n.devNodes, gpus: map[int]*migGPU{}}
 	for i := range gpus {
 		n.devices = append(n.devices, n.newDevice(gpus, i))
 	}
@@ -173,7 +169,7 @@ func (n *Node) newInterface() *mock.Interface {
 					return n.devices[i], nvml.SUCCESS
 				}
 			}
-			if ci, ok := n.migDeviceByUUID(uuid); ok {
+			if ci, ok := n.deviceByUUID(uuid); ok {
 				return ci.device, nvml.SUCCESS
 			}
 			return nil, nvml.ERROR_NOT_FOUND
@@ -206,7 +202,7 @@ func (n *Node) newDevice(gpus []v1alpha1.SimulatedGPU, i int) *mock.Device {
 	d.SetComputeModeFunc = func(mode nvml.ComputeMode) nvml.Return { return n.setComputeMode(g.Index, mode) }
 	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) { return n.computeMode(g.Index) }
 	describeModes(d)
-	n.describeMIG(d, g)
+	n.attach(d, g)
 	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
 		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError | nvml.EventTypeGpuUnavailableError |
 			nvml.EventTypeGpuRecoveryAction, nvml.SUCCESS
@@ -433,42 +429,6 @@ func (n *Node) Inject(ev Event) error {
 		s.deliver(data, ev.GPU)
 	}
 	return nil
-}
-
-// SetLost makes GPU i answer ERROR_GPU_IS_LOST (or answer again), as a GPU
-// that fell off the bus does.
-func (n *Node) SetLost(i int, lost bool) error {
-	ret := nvml.SUCCESS
-	if lost {
-		ret = nvml.ERROR_GPU_IS_LOST
-	}
-	return n.SetError(i, ret)
-}
-
-// SetError makes GPU i answer its identity and memory calls with ret
-// (nvml.SUCCESS: answer normally again), as a GPU that the driver cannot
-// reach does.
-func (n *Node) SetError(i int, ret nvml.Return) error {
-	if i < 0 || i >= len(n.devices) {
-		return fmt.Errorf("simulated node has no GPU %d (%d GPUs)", i, len(n.devices))
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if ret == nvml.SUCCESS {
-		delete(n.errs, i)
-	} else {
-		n.errs[i] = ret
-	}
-	return nil
-}
-
-func (n *Node) failure(i int) nvml.Return {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if ret, ok := n.errs[i]; ok {
-		return ret
-	}
-	return nvml.SUCCESS
 }
 
 func (n *Node) newEventSet() *eventSet {
