@@ -58,41 +58,43 @@ func (m *Manager) Partitions(ctx context.Context, gpus []int) ([]Partition, erro
 	}
 	defer unlock()
 	var out []Partition
-	for _, gpu := range gpus {
-		parts, err := m.partitions(gpu, records)
+	for _, i := range gpus {
+		g, err := m.gpu(i)
 		if err != nil {
-			return nil, fmt.Errorf("GPU %d: list its MIG instances: %w", gpu, err)
+			return nil, err
+		}
+		parts, err := g.partitions(i, records)
+		if err != nil {
+			return nil, fmt.Errorf("GPU %d: list its MIG instances: %w", i, err)
 		}
 		out = append(out, parts...)
 	}
 	return out, nil
 }
 
-func (m *Manager) partitions(gpu int, records []Record) ([]Partition, error) {
-	dev, ret := m.opts.NVML.DeviceGetHandleByIndex(gpu)
-	if ret != nvml.SUCCESS {
-		return nil, callErr("DeviceGetHandleByIndex", ret)
-	}
-	gis, err := gpuInstances(dev)
+// partitions lists the GPU instances of GPU index that the plugin did
+// not make (Partitions).
+func (g gpu) partitions(index int, records []Record) ([]Partition, error) {
+	gis, err := gpuInstances(g.dev)
 	if err != nil {
 		return nil, err
 	}
 	var out []Partition
-	for _, g := range gis {
-		p := Partition{GPU: gpu, GI: int(g.info.Id), ProfileID: int(g.info.ProfileId),
-			Placement: mig.Placement{Start: int(g.info.Placement.Start), Size: int(g.info.Placement.Size)}}
-		if i := recordAt(records, gpu, p.Placement); i >= 0 {
+	for _, inst := range gis {
+		p := Partition{GPU: index, GI: int(inst.info.Id), ProfileID: int(inst.info.ProfileId),
+			Placement: mig.Placement{Start: int(inst.info.Placement.Start), Size: int(inst.info.Placement.Size)}}
+		if i := recordAt(records, index, p.Placement); i >= 0 {
 			if records[i].Phase != Adopted {
 				continue // made by the plugin
 			}
 			p.Claim = records[i].Claim
 		}
-		cis, err := computeInstances(g.gi)
+		cis, err := computeInstances(inst.gi)
 		if err != nil {
 			return nil, fmt.Errorf("GPU instance %d: %w", p.GI, err)
 		}
 		p.ComputeInstances = len(cis)
-		p.Whole = len(cis) == 1 && cis[0].Placement.Size == g.profile.SliceCount
+		p.Whole = len(cis) == 1 && cis[0].Placement.Size == inst.profile.SliceCount
 		out = append(out, p)
 	}
 	return out, nil
@@ -171,18 +173,15 @@ func (m *Manager) adopt(ctx context.Context, dev nvml.Device, w Want, records []
 	if err != nil {
 		return Instance{}, true, fmt.Errorf("GPU %d: %w", w.GPU, err)
 	}
-	if err := m.loadMinors(); err != nil {
+	if _, err := m.minors.load(); err != nil {
 		return Instance{}, true, err
 	}
-	r := Record{
-		Claim: w.Claim, Device: w.Device, GPU: w.GPU, GPUUUID: w.GPUUUID, GPUMinor: w.GPUMinor,
-		Profile: w.Profile.Name, ProfileID: w.Profile.ID, ProfileIndex: w.Profile.Index, Start: w.Placement.Start, Size: w.Placement.Size,
-		Phase: Adopted, Boot: m.opts.BootID, GI: int(gInfo.Id), CI: int(cis[0].Id), UUID: uuid,
-	}
+	r := newRecord(w, Adopted, m.opts.BootID)
+	r.GI, r.CI, r.UUID = int(gInfo.Id), int(cis[0].Id), uuid
 	if err := m.save("record adopted", append(records, r)); err != nil {
 		return Instance{}, true, err
 	}
 	klog.FromContext(ctx).V(2).Info("Adopted static MIG instance", "instance", r.String())
-	inst, err = m.instance(r)
+	inst, err = m.minors.instance(r)
 	return inst, true, err
 }

@@ -18,92 +18,95 @@ import (
 // destroyed through its handles, which name exactly what this call made:
 // undone says that nothing is left of it (else the journal's record stays
 // for Reconcile). A crash point stops it where it is, as a crash would.
-func (m *Manager) create(ctx context.Context, dev nvml.Device, info *nvml.GpuInstanceProfileInfo, r Record, record func(step string, r Record) error) (undone bool, err error) {
-	if m.step("CreateGpuInstanceWithPlacement") {
+func (g gpu) create(ctx context.Context, info *nvml.GpuInstanceProfileInfo, r Record, record func(step string, r Record) error) (undone bool, err error) {
+	if g.step("CreateGpuInstanceWithPlacement") {
 		return false, errCrashed
 	}
-	gi, ret := dev.CreateGpuInstanceWithPlacement(info, &nvml.GpuInstancePlacement{Start: uint32(r.Start), Size: uint32(r.Size)})
+	gi, ret := g.dev.CreateGpuInstanceWithPlacement(info, &nvml.GpuInstancePlacement{Start: uint32(r.Start), Size: uint32(r.Size)})
 	if ret != nvml.SUCCESS {
 		return true, callErr("CreateGpuInstanceWithPlacement", ret)
 	}
-	var ci nvml.ComputeInstance
-	// fail undoes what was made before err; a crash point undoes nothing.
-	fail := func(err error) (bool, error) {
-		if errors.Is(err, errCrashed) {
-			return false, err
-		}
-		if uerr := m.undo(ctx, r, gi, ci); uerr != nil {
-			return false, errors.Join(err, uerr)
-		}
-		return true, err
+	ci, err := g.fill(gi, info, r, record)
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, errCrashed):
+		// A crash point undoes nothing.
+		return false, err
 	}
-	if m.step("GpuInstance.GetInfo") {
-		return false, errCrashed
+	if uerr := g.undo(ctx, r, gi, ci); uerr != nil {
+		return false, errors.Join(err, uerr)
+	}
+	return true, err
+}
+
+// fill records the GPU instance gi that create made, and makes and
+// records the compute instance that spans it. It returns that compute
+// instance once it is made (nil before), for create to undo.
+func (g gpu) fill(gi nvml.GpuInstance, info *nvml.GpuInstanceProfileInfo, r Record, record func(step string, r Record) error) (nvml.ComputeInstance, error) {
+	if g.step("GpuInstance.GetInfo") {
+		return nil, errCrashed
 	}
 	gInfo, ret := gi.GetInfo()
 	if ret != nvml.SUCCESS {
-		return fail(callErr("GpuInstance.GetInfo", ret))
+		return nil, callErr("GpuInstance.GetInfo", ret)
 	}
 	r.Phase, r.GI = GIMade, int(gInfo.Id)
 	if err := record("record GPU instance", r); err != nil {
-		return fail(err)
+		return nil, err
 	}
 	ciIndex, err := fullCIProfile(mig.Profile{Name: r.Profile, ComputeSlices: int(info.SliceCount)})
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
-	if m.step("GetComputeInstanceProfileInfo") {
-		return false, errCrashed
+	if g.step("GetComputeInstanceProfileInfo") {
+		return nil, errCrashed
 	}
 	ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciIndex, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 	if ret != nvml.SUCCESS {
-		return fail(callErr("GpuInstance.GetComputeInstanceProfileInfo", ret))
+		return nil, callErr("GpuInstance.GetComputeInstanceProfileInfo", ret)
 	}
 	r.Phase = CIIntended
 	if err := record("record compute instance", r); err != nil {
-		return fail(err)
+		return nil, err
 	}
-	if m.step("CreateComputeInstance") {
-		return false, errCrashed
+	if g.step("CreateComputeInstance") {
+		return nil, errCrashed
 	}
-	ci, ret = gi.CreateComputeInstance(&ciInfo)
+	ci, ret := gi.CreateComputeInstance(&ciInfo)
 	if ret != nvml.SUCCESS {
-		ci = nil
-		return fail(callErr("GpuInstance.CreateComputeInstance", ret))
+		return nil, callErr("GpuInstance.CreateComputeInstance", ret)
 	}
-	if m.step("ComputeInstance.GetInfo") {
-		return false, errCrashed
+	if g.step("ComputeInstance.GetInfo") {
+		return ci, errCrashed
 	}
 	cInfo, ret := ci.GetInfo()
 	if ret != nvml.SUCCESS {
-		return fail(callErr("ComputeInstance.GetInfo", ret))
+		return ci, callErr("ComputeInstance.GetInfo", ret)
 	}
-	if m.step("read MIG UUID") {
-		return false, errCrashed
+	if g.step("read MIG UUID") {
+		return ci, errCrashed
 	}
-	uuid, err := migDeviceUUID(dev, r.GI, int(cInfo.Id))
+	uuid, err := migDeviceUUID(g.dev, r.GI, int(cInfo.Id))
 	if err != nil {
-		return fail(err)
+		return ci, err
 	}
 	r.Phase, r.CI, r.UUID = Created, int(cInfo.Id), uuid
-	if err := record("record created", r); err != nil {
-		return fail(err)
-	}
-	return false, nil
+	return ci, record("record created", r)
 }
 
 // undo destroys the compute instance (if any) and the GPU instance a
 // failed create made, through their handles.
-func (m *Manager) undo(ctx context.Context, r Record, gi nvml.GpuInstance, ci nvml.ComputeInstance) error {
+func (g gpu) undo(ctx context.Context, r Record, gi nvml.GpuInstance, ci nvml.ComputeInstance) error {
 	if ci != nil {
-		if m.step("ComputeInstance.Destroy") {
+		if g.step("ComputeInstance.Destroy") {
 			return errCrashed
 		}
 		if ret := ci.Destroy(); ret != nvml.SUCCESS && !gone(ret) {
 			return fmt.Errorf("roll back: %w", callErr("ComputeInstance.Destroy", ret))
 		}
 	}
-	if m.step("GpuInstance.Destroy") {
+	if g.step("GpuInstance.Destroy") {
 		return errCrashed
 	}
 	if ret := gi.Destroy(); ret != nvml.SUCCESS && !gone(ret) {

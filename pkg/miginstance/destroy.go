@@ -15,8 +15,8 @@ import (
 // migMode checks that the GPU is in MIG mode, and switches it on where
 // that takes no reset (the plan gave the GPU to a MIG profile, which is
 // why w exists).
-func (m *Manager) migMode(ctx context.Context, dev nvml.Device, w Want) error {
-	current, pending, ret := dev.GetMigMode()
+func (g gpu) migMode(ctx context.Context, w Want) error {
+	current, pending, ret := g.dev.GetMigMode()
 	if ret != nvml.SUCCESS {
 		return fmt.Errorf("GPU %d: read its MIG mode: %w", w.GPU, callErr("GetMigMode", ret))
 	}
@@ -30,10 +30,10 @@ func (m *Manager) migMode(ctx context.Context, dev nvml.Device, w Want) error {
 		return fmt.Errorf("GPU %d (%s) is not in MIG mode, and on %s GPUs turning it on needs a GPU reset with no process on the GPU, which the plugin does not do: drain the GPU, then run `nvidia-smi -i %d -mig 1` and `nvidia-smi -i %d --gpu-reset` (or reboot the node; the mode persists)",
 			w.GPU, w.Architecture, w.Architecture, w.GPU, w.GPU)
 	}
-	if m.step("SetMigMode") {
+	if g.step("SetMigMode") {
 		return errCrashed
 	}
-	activation, ret := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	activation, ret := g.dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
 	if ret != nvml.SUCCESS {
 		return fmt.Errorf("GPU %d: turn MIG mode on: %w", w.GPU, callErr("SetMigMode", ret))
 	}
@@ -59,29 +59,6 @@ const (
 	// compute instance is another MIG device: not the record's.
 	vanished
 )
-
-// check says what is left of a Created record's instance.
-func (m *Manager) check(dev nvml.Device, r Record) (state, nvml.GpuInstance, error) {
-	gi, ok, err := recordedGI(dev, r)
-	if err != nil || !ok {
-		return vanished, nil, err
-	}
-	_, ret := gi.GetComputeInstanceById(r.CI)
-	if gone(ret) {
-		return partial, gi, nil
-	}
-	if ret != nvml.SUCCESS {
-		return vanished, nil, callErr("GpuInstance.GetComputeInstanceById", ret)
-	}
-	uuid, err := migDeviceUUID(dev, r.GI, r.CI)
-	if err != nil {
-		return vanished, nil, err
-	}
-	if uuid != r.UUID {
-		return vanished, nil, nil
-	}
-	return whole, gi, nil
-}
 
 // recordedGI finds the GPU instance a record names by ID, if it is still
 // of the record's profile at its placement.
@@ -110,25 +87,25 @@ func recordedGI(dev nvml.Device, r Record) (nvml.GpuInstance, bool, error) {
 // destroy destroys the instance r records, or what a crash left of it,
 // by the rules at the top of journal.go; an Adopted record's instance is
 // never destroyed.
-func (m *Manager) destroy(ctx context.Context, dev nvml.Device, r Record) error {
+func (g gpu) destroy(ctx context.Context, r Record) error {
 	switch r.Phase {
 	case Adopted:
 		return nil // not the plugin's to destroy
 	case Created:
-		return m.destroyMade(ctx, dev, r)
+		return g.destroyMade(ctx, r)
 	}
-	return m.rollBack(ctx, dev, r)
+	return g.rollBack(ctx, r)
 }
 
 // destroyMade destroys a Created record's instance: its compute instance,
 // then its GPU instance, unless the GPU instance holds a compute instance
 // the record does not name (someone else's, made in it since), or is not
 // the record's any more.
-func (m *Manager) destroyMade(ctx context.Context, dev nvml.Device, r Record) error {
-	if m.step("find GPU instance") {
+func (g gpu) destroyMade(ctx context.Context, r Record) error {
+	if g.step("find GPU instance") {
 		return errCrashed
 	}
-	st, gi, err := m.check(dev, r)
+	st, gi, err := g.check(r)
 	if err != nil || st == vanished {
 		return err
 	}
@@ -138,7 +115,7 @@ func (m *Manager) destroyMade(ctx context.Context, dev nvml.Device, r Record) er
 			return callErr("GpuInstance.GetComputeInstanceById", ret)
 		}
 		if ret == nvml.SUCCESS {
-			if m.step("ComputeInstance.Destroy") {
+			if g.step("ComputeInstance.Destroy") {
 				return errCrashed
 			}
 			if ret := ci.Destroy(); ret != nvml.SUCCESS && !gone(ret) {
@@ -146,12 +123,12 @@ func (m *Manager) destroyMade(ctx context.Context, dev nvml.Device, r Record) er
 			}
 		}
 	}
-	return m.destroyBareGI(ctx, gi, r)
+	return g.destroyBareGI(ctx, gi, r)
 }
 
 // destroyBareGI destroys a GPU instance of r's that holds no compute
 // instance; one that holds any is left as it is.
-func (m *Manager) destroyBareGI(ctx context.Context, gi nvml.GpuInstance, r Record) error {
+func (g gpu) destroyBareGI(ctx context.Context, gi nvml.GpuInstance, r Record) error {
 	cis, err := computeInstances(gi)
 	if err != nil {
 		return err
@@ -160,7 +137,7 @@ func (m *Manager) destroyBareGI(ctx context.Context, gi nvml.GpuInstance, r Reco
 		klog.FromContext(ctx).Info("Leaving a GPU instance at a MIG record's placement: it holds compute instances the plugin did not make", "instance", r.String(), "computeInstances", len(cis))
 		return nil
 	}
-	if m.step("GpuInstance.Destroy") {
+	if g.step("GpuInstance.Destroy") {
 		return errCrashed
 	}
 	switch ret := gi.Destroy(); {
@@ -177,15 +154,15 @@ func (m *Manager) destroyBareGI(ctx context.Context, gi nvml.GpuInstance, r Reco
 // halfMadeGI finds the GPU instance a half-made record's step may have
 // made: the recorded one once the record names it, else the one of its
 // profile at its placement.
-func (m *Manager) halfMadeGI(dev nvml.Device, r Record) (nvml.GpuInstance, bool, error) {
+func (g gpu) halfMadeGI(r Record) (nvml.GpuInstance, bool, error) {
 	if r.Phase != GIIntended {
-		return recordedGI(dev, r)
+		return recordedGI(g.dev, r)
 	}
-	info, err := giProfileInfo(dev, r.ProfileIndex, r.ProfileID, r.Profile)
+	info, err := giProfileInfo(g.dev, r.ProfileIndex, r.ProfileID, r.Profile)
 	if err != nil {
 		return nil, false, err
 	}
-	gi, _, found, err := instanceAt(dev, &info, r.Placement())
+	gi, _, found, err := instanceAt(g.dev, &info, r.Placement())
 	if IsReturn(err, nvml.ERROR_NOT_SUPPORTED) {
 		return nil, false, nil // MIG mode off: nothing was made
 	}
@@ -210,16 +187,16 @@ func wholeCI(dev nvml.Device, gi nvml.GpuInstance, r Record) (nvml.ComputeInstan
 // GPU instance with no compute instance, or, after CIIntended, one with
 // the one compute instance that spans it. A GPU instance holding anything
 // else is left as it is: the step cannot have made it.
-func (m *Manager) rollBack(ctx context.Context, dev nvml.Device, r Record) error {
-	if m.step("find GPU instance") {
+func (g gpu) rollBack(ctx context.Context, r Record) error {
+	if g.step("find GPU instance") {
 		return errCrashed
 	}
-	gi, found, err := m.halfMadeGI(dev, r)
+	gi, found, err := g.halfMadeGI(r)
 	if err != nil || !found {
 		return err
 	}
 	if r.Phase == CIIntended {
-		ci, ok, err := wholeCI(dev, gi, r)
+		ci, ok, err := wholeCI(g.dev, gi, r)
 		if err != nil {
 			return err
 		}
@@ -229,7 +206,7 @@ func (m *Manager) rollBack(ctx context.Context, dev nvml.Device, r Record) error
 				return callErr("GpuInstance.GetComputeInstanceById", ret)
 			}
 			if ret == nvml.SUCCESS {
-				if m.step("ComputeInstance.Destroy") {
+				if g.step("ComputeInstance.Destroy") {
 					return errCrashed
 				}
 				if ret := handle.Destroy(); ret != nvml.SUCCESS && !gone(ret) {
@@ -238,26 +215,26 @@ func (m *Manager) rollBack(ctx context.Context, dev nvml.Device, r Record) error
 			}
 		}
 	}
-	return m.destroyBareGI(ctx, gi, r)
+	return g.destroyBareGI(ctx, gi, r)
 }
 
 // complete reads, for a CIIntended or GIMade record, the instance its
 // step made whole (the GPU instance holding the one compute instance
 // that spans it) and returns the record Created; false where there is
 // none.
-func (m *Manager) complete(dev nvml.Device, r Record) (Record, bool, error) {
+func (g gpu) complete(r Record) (Record, bool, error) {
 	if r.Phase != CIIntended && r.Phase != GIMade {
 		return r, false, nil
 	}
-	gi, found, err := recordedGI(dev, r)
+	gi, found, err := recordedGI(g.dev, r)
 	if err != nil || !found {
 		return r, false, err
 	}
-	ci, ok, err := wholeCI(dev, gi, r)
+	ci, ok, err := wholeCI(g.dev, gi, r)
 	if err != nil || !ok {
 		return r, false, err
 	}
-	uuid, err := migDeviceUUID(dev, r.GI, int(ci.Id))
+	uuid, err := migDeviceUUID(g.dev, r.GI, int(ci.Id))
 	if err != nil {
 		return r, false, err
 	}
@@ -301,11 +278,11 @@ func (m *Manager) Destroy(ctx context.Context, claim types.UID) error {
 }
 
 func (m *Manager) destroyRecord(ctx context.Context, r Record) error {
-	dev, ret := m.opts.NVML.DeviceGetHandleByIndex(r.GPU)
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("GPU %d: %w", r.GPU, callErr("DeviceGetHandleByIndex", ret))
+	g, err := m.gpu(r.GPU)
+	if err != nil {
+		return err
 	}
-	return m.destroy(ctx, dev, r)
+	return g.destroy(ctx, r)
 }
 
 // Prepared says which claims hold their seats; known is false where that
@@ -354,30 +331,12 @@ func (m *Manager) Reconcile(ctx context.Context, prepared Prepared) error {
 			}
 			drop = true
 		default:
-			dev, ret := m.opts.NVML.DeviceGetHandleByIndex(r.GPU)
-			if ret != nvml.SUCCESS {
-				errs = append(errs, fmt.Errorf("GPU %d: %w", r.GPU, callErr("DeviceGetHandleByIndex", ret)))
-				break
+			var err error
+			if drop, err = m.settleHeld(ctx, r); errors.Is(err, errCrashed) {
+				return err
+			} else if err != nil {
+				errs = append(errs, err)
 			}
-			st, _, err := m.check(dev, r)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("check MIG instance %s: %w", r, err))
-				break
-			}
-			if st == whole {
-				break
-			}
-			// What is left (a GPU instance whose compute instance went)
-			// goes; the claim's next prepare makes the instance again.
-			if err := m.destroy(ctx, dev, r); err != nil {
-				if errors.Is(err, errCrashed) {
-					return err
-				}
-				errs = append(errs, fmt.Errorf("destroy what is left of MIG instance %s: %w", r, err))
-				break
-			}
-			logger.Info("A MIG instance the journal records is gone; the claim's next prepare makes it again", "instance", r.String())
-			drop = true
 		}
 		if !drop {
 			keep = append(keep, r)
@@ -391,6 +350,32 @@ func (m *Manager) Reconcile(ctx context.Context, prepared Prepared) error {
 	return errors.Join(errs...)
 }
 
+// settleHeld says whether the record of a made instance that a prepared
+// claim holds is to be forgotten: its instance is no longer whole, and
+// what is left of it (a GPU instance whose compute instance went) is
+// destroyed; the claim's next prepare makes the instance again.
+func (m *Manager) settleHeld(ctx context.Context, r Record) (bool, error) {
+	g, err := m.gpu(r.GPU)
+	if err != nil {
+		return false, err
+	}
+	st, _, err := g.check(r)
+	if err != nil {
+		return false, fmt.Errorf("check MIG instance %s: %w", r, err)
+	}
+	if st == whole {
+		return false, nil
+	}
+	if err := g.destroy(ctx, r); err != nil {
+		if errors.Is(err, errCrashed) {
+			return false, err
+		}
+		return false, fmt.Errorf("destroy what is left of MIG instance %s: %w", r, err)
+	}
+	klog.FromContext(ctx).Info("A MIG instance the journal records is gone; the claim's next prepare makes it again", "instance", r.String())
+	return true, nil
+}
+
 // settleAdopted says whether an Adopted record is to be forgotten: its
 // claim is released, or its instance is gone or no longer the record's.
 // The instance itself stays whatever the answer.
@@ -400,11 +385,11 @@ func (m *Manager) settleAdopted(ctx context.Context, r Record, released bool) (b
 		logger.Info("Released an adopted MIG instance no prepared claim holds; it stays", "instance", r.String())
 		return true, nil
 	}
-	dev, ret := m.opts.NVML.DeviceGetHandleByIndex(r.GPU)
-	if ret != nvml.SUCCESS {
-		return false, fmt.Errorf("GPU %d: %w", r.GPU, callErr("DeviceGetHandleByIndex", ret))
+	g, err := m.gpu(r.GPU)
+	if err != nil {
+		return false, err
 	}
-	st, _, err := m.check(dev, r)
+	st, _, err := g.check(r)
 	if err != nil {
 		return false, fmt.Errorf("check MIG instance %s: %w", r, err)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -30,12 +29,12 @@ func (m *Manager) Gone(ctx context.Context, claims ...types.UID) ([]Record, erro
 		if !r.Phase.Made() || len(claims) > 0 && !slices.Contains(claims, r.Claim) {
 			continue
 		}
-		dev, ret := m.opts.NVML.DeviceGetHandleByIndex(r.GPU)
-		if ret != nvml.SUCCESS {
-			errs = append(errs, fmt.Errorf("GPU %d: %w", r.GPU, callErr("DeviceGetHandleByIndex", ret)))
+		g, err := m.gpu(r.GPU)
+		if err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		st, _, err := m.check(dev, r)
+		st, _, err := g.check(r)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("check MIG instance %s: %w", r, err))
 			continue

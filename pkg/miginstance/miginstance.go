@@ -95,9 +95,7 @@ type Manager struct {
 	opts    Options
 	journal journal
 	mu      sync.Mutex
-	// minors is read once, under minorsMu (Lookup holds no other lock).
-	minorsMu sync.Mutex
-	minors   *mig.Minors
+	minors  minors
 }
 
 // errCrashed stops an operation where a test's Step said so.
@@ -115,7 +113,7 @@ func New(opts Options) (*Manager, error) {
 	case opts.BootID == "":
 		return nil, errors.New("MIG instances: the node's boot ID is required")
 	}
-	return &Manager{opts: opts, journal: newJournal(opts.Dir)}, nil
+	return &Manager{opts: opts, journal: newJournal(opts.Dir), minors: minors{read: opts.Minors}}, nil
 }
 
 // step is the test's crash point; true: stop.
@@ -166,51 +164,8 @@ func (m *Manager) Lookup(claim types.UID, device string) (Instance, bool, error)
 	if i < 0 || !records[i].Phase.Made() || records[i].Boot != m.opts.BootID {
 		return Instance{}, false, nil
 	}
-	inst, err := m.instance(records[i])
+	inst, err := m.minors.instance(records[i])
 	return inst, err == nil, err
-}
-
-// instance is a Created or Adopted record's instance, with its
-// capability nodes.
-func (m *Manager) instance(r Record) (Instance, error) {
-	if err := m.loadMinors(); err != nil {
-		return Instance{}, err
-	}
-	m.minorsMu.Lock()
-	minors := m.minors
-	m.minorsMu.Unlock()
-	giMinor, ok := minors.GPUInstance(r.GPUMinor, r.GI)
-	if !ok {
-		return Instance{}, fmt.Errorf("mig-minors lists no gpu%d/gi%d/access", r.GPUMinor, r.GI)
-	}
-	ciMinor, ok := minors.ComputeInstance(r.GPUMinor, r.GI, r.CI)
-	if !ok {
-		return Instance{}, fmt.Errorf("mig-minors lists no gpu%d/gi%d/ci%d/access", r.GPUMinor, r.GI, r.CI)
-	}
-	return Instance{GI: r.GI, CI: r.CI, UUID: r.UUID, CapabilityNodes: []string{
-		fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", giMinor),
-		fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", ciMinor),
-	}}, nil
-}
-
-// loadMinors reads the mig-minors file once: the kernel module writes it
-// when it loads, for every instance ID a GPU could have.
-func (m *Manager) loadMinors() error {
-	m.minorsMu.Lock()
-	defer m.minorsMu.Unlock()
-	if m.minors != nil {
-		return nil
-	}
-	raw, err := m.opts.Minors()
-	if err != nil {
-		return fmt.Errorf("read the MIG capability minors: %w", err)
-	}
-	mm, err := mig.ParseMinors(raw, "mig-minors")
-	if err != nil {
-		return err
-	}
-	m.minors = &mm
-	return nil
 }
 
 // Ensure makes the instance w stands for, or returns it if it was made.
@@ -223,26 +178,14 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 		return Instance{}, err
 	}
 	defer unlock()
-	logger := klog.FromContext(ctx)
-	dev, ret := m.opts.NVML.DeviceGetHandleByIndex(w.GPU)
-	if ret != nvml.SUCCESS {
-		return Instance{}, fmt.Errorf("GPU %d: %w", w.GPU, callErr("DeviceGetHandleByIndex", ret))
+	g, err := m.gpu(w.GPU)
+	if err != nil {
+		return Instance{}, err
 	}
 	if i := find(records, w.Claim, w.Device); i >= 0 {
-		r := records[i]
-		if r.Phase.Made() && r.GPU == w.GPU && r.ProfileID == w.Profile.ID && r.Placement() == w.Placement {
-			st, _, err := m.check(dev, r)
-			if err != nil {
-				return Instance{}, fmt.Errorf("check MIG instance %s: %w", r, err)
-			}
-			if st == whole {
-				return m.instance(r)
-			}
-			logger.Info("A MIG instance the journal records is gone; making it again", "instance", r.String())
-		}
-		// An Adopted record's instance is not destroyed, only forgotten.
-		if err := m.destroy(ctx, dev, r); err != nil {
-			return Instance{}, fmt.Errorf("roll back MIG instance %s: %w", r, err)
+		inst, ok, err := m.reuse(ctx, g, w, records[i])
+		if ok || err != nil {
+			return inst, err
 		}
 		records = slices.Delete(records, i, i+1)
 		if err := m.save("forget", records); err != nil {
@@ -250,21 +193,49 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 		}
 	}
 	if w.Adopt {
-		inst, found, err := m.adopt(ctx, dev, w, records)
+		inst, found, err := m.adopt(ctx, g.dev, w, records)
 		if found || err != nil {
 			return inst, err
 		}
-		logger.Info("The static MIG instance of a seat is gone; making one", "gpu", w.GPU, "profile", w.Profile.Name, "placement", w.Placement.String())
+		klog.FromContext(ctx).Info("The static MIG instance of a seat is gone; making one", "gpu", w.GPU, "profile", w.Profile.Name, "placement", w.Placement.String())
 	}
-	if err := m.migMode(ctx, dev, w); err != nil {
+	return m.make(ctx, g, w, records)
+}
+
+// reuse returns the instance of r, the journal's record of w, where it is
+// w's and whole; else it destroys what is left of it (an Adopted
+// record's instance is not destroyed, only forgotten) for the caller to
+// forget the record.
+func (m *Manager) reuse(ctx context.Context, g gpu, w Want, r Record) (inst Instance, ok bool, err error) {
+	if r.Phase.Made() && r.GPU == w.GPU && r.ProfileID == w.Profile.ID && r.Placement() == w.Placement {
+		st, _, err := g.check(r)
+		if err != nil {
+			return Instance{}, false, fmt.Errorf("check MIG instance %s: %w", r, err)
+		}
+		if st == whole {
+			inst, err := m.minors.instance(r)
+			return inst, true, err
+		}
+		klog.FromContext(ctx).Info("A MIG instance the journal records is gone; making it again", "instance", r.String())
+	}
+	if err := g.destroy(ctx, r); err != nil {
+		return Instance{}, false, fmt.Errorf("roll back MIG instance %s: %w", r, err)
+	}
+	return Instance{}, false, nil
+}
+
+// make makes w's instance on g, recording each phase in the journal
+// before the call it announces (create.go).
+func (m *Manager) make(ctx context.Context, g gpu, w Want, records []Record) (Instance, error) {
+	if err := g.migMode(ctx, w); err != nil {
 		return Instance{}, err
 	}
 	// The minors file is read before anything is made: without it no
 	// container could use the instance.
-	if err := m.loadMinors(); err != nil {
+	if _, err := m.minors.load(); err != nil {
 		return Instance{}, err
 	}
-	info, err := giProfileInfo(dev, w.Profile.Index, w.Profile.ID, w.Profile.Name)
+	info, err := giProfileInfo(g.dev, w.Profile.Index, w.Profile.ID, w.Profile.Name)
 	if err != nil {
 		return Instance{}, fmt.Errorf("GPU %d: %w", w.GPU, err)
 	}
@@ -272,17 +243,13 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 	// administrator's, or one a released claim still holds): refuse
 	// before the journal says GIIntended, so that Reconcile never takes
 	// it for one a crash left half made.
-	if _, gInfo, found, err := instanceAt(dev, &info, w.Placement); err != nil {
+	if _, gInfo, found, err := instanceAt(g.dev, &info, w.Placement); err != nil {
 		return Instance{}, fmt.Errorf("GPU %d: %w", w.GPU, err)
 	} else if found {
 		return Instance{}, fmt.Errorf("GPU %d: a MIG %s instance (GPU instance %d) that is not this claim's is at %s already: %w",
 			w.GPU, w.Profile.Name, gInfo.Id, w.Placement, callErr("CreateGpuInstanceWithPlacement", nvml.ERROR_INSUFFICIENT_RESOURCES))
 	}
-	r := Record{
-		Claim: w.Claim, Device: w.Device, GPU: w.GPU, GPUUUID: w.GPUUUID, GPUMinor: w.GPUMinor,
-		Profile: w.Profile.Name, ProfileID: w.Profile.ID, ProfileIndex: w.Profile.Index, Start: w.Placement.Start, Size: w.Placement.Size,
-		Phase: GIIntended, Boot: m.opts.BootID,
-	}
+	r := newRecord(w, GIIntended, m.opts.BootID)
 	records = append(records, r)
 	if err := m.save("record creating", records); err != nil {
 		return Instance{}, err
@@ -298,21 +265,29 @@ func (m *Manager) Ensure(ctx context.Context, w Want) (Instance, error) {
 		records = next
 		return nil
 	}
-	undone, err := m.create(ctx, dev, &info, r, record)
-	if errors.Is(err, errCrashed) {
+	undone, err := g.create(ctx, &info, r, record)
+	switch {
+	case errors.Is(err, errCrashed):
 		return Instance{}, err
-	}
-	if err != nil {
-		if !undone {
-			logger.Error(err, "Cannot roll back a half-made MIG instance; its record stays for the next reconcile", "instance", records[len(records)-1].String())
-			return Instance{}, fmt.Errorf("GPU %d: make MIG %s at %s: %w", w.GPU, w.Profile.Name, w.Placement, err)
-		}
+	case err != nil && !undone:
+		klog.FromContext(ctx).Error(err, "Cannot roll back a half-made MIG instance; its record stays for the next reconcile", "instance", records[len(records)-1].String())
+		return Instance{}, fmt.Errorf("GPU %d: make MIG %s at %s: %w", w.GPU, w.Profile.Name, w.Placement, err)
+	case err != nil:
 		if saveErr := m.save("forget failed", records[:len(records)-1]); saveErr != nil {
 			return Instance{}, errors.Join(err, saveErr)
 		}
 		return Instance{}, fmt.Errorf("GPU %d: make MIG %s at %s: %w", w.GPU, w.Profile.Name, w.Placement, err)
 	}
 	created := records[len(records)-1]
-	logger.V(2).Info("Made MIG instance", "instance", created.String())
-	return m.instance(created)
+	klog.FromContext(ctx).V(2).Info("Made MIG instance", "instance", created.String())
+	return m.minors.instance(created)
+}
+
+// newRecord is a record of w's instance, in phase, of boot.
+func newRecord(w Want, phase Phase, boot string) Record {
+	return Record{
+		Claim: w.Claim, Device: w.Device, GPU: w.GPU, GPUUUID: w.GPUUUID, GPUMinor: w.GPUMinor,
+		Profile: w.Profile.Name, ProfileID: w.Profile.ID, ProfileIndex: w.Profile.Index, Start: w.Placement.Start, Size: w.Placement.Size,
+		Phase: phase, Boot: boot,
+	}
 }

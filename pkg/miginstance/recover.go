@@ -32,7 +32,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/durablefile"
@@ -92,11 +91,11 @@ func (m *Manager) warn(ctx context.Context, reason, message string) {
 func (m *Manager) fromPrevious(ctx context.Context, records []Record, damaged error) []Record {
 	logger := klog.FromContext(ctx)
 	for i, r := range records {
-		dev, ret := m.opts.NVML.DeviceGetHandleByIndex(r.GPU)
-		if ret != nvml.SUCCESS {
+		g, err := m.gpu(r.GPU)
+		if err != nil {
 			continue // settled as any record is, later
 		}
-		if done, ok, err := m.complete(dev, r); err != nil {
+		if done, ok, err := g.complete(r); err != nil {
 			logger.Error(err, "Cannot tell whether a half-made MIG instance of the journal's previous copy was made", "instance", r.String())
 		} else if ok {
 			logger.Info("The MIG journal's previous copy says an instance was being made, and it is whole: recorded as made", "instance", done.String())
@@ -133,7 +132,12 @@ func (m *Manager) rebuild(ctx context.Context, cause error) []Record {
 	}
 	var records []Record
 	for _, w := range held {
-		r, ok, err := m.heldInstance(w)
+		g, err := m.gpu(w.GPU)
+		var r Record
+		var ok bool
+		if err == nil {
+			r, ok, err = g.heldInstance(w, m.opts.BootID)
+		}
 		if err != nil {
 			logger.Error(err, "Cannot read the MIG instance of a held claim's device; it is left as one the plugin did not make", "claim", w.Claim, "device", w.Device)
 			continue
@@ -150,40 +154,6 @@ func (m *Manager) rebuild(ctx context.Context, cause error) []Record {
 	m.warn(ctx, ReasonMIGJournalRebuilt, fmt.Sprintf("The MIG journal and its previous copy are damaged (%v); they are kept as %v and the journal is rebuilt from the GPUs: %s. kubectl kyb doctor lists the GPUs' instances.",
 		cause, moved, what))
 	return records
-}
-
-// heldInstance is the Adopted record of the instance at w's placement,
-// where it is one w's seat can be.
-func (m *Manager) heldInstance(w Want) (Record, bool, error) {
-	dev, ret := m.opts.NVML.DeviceGetHandleByIndex(w.GPU)
-	if ret != nvml.SUCCESS {
-		return Record{}, false, fmt.Errorf("GPU %d: %w", w.GPU, callErr("DeviceGetHandleByIndex", ret))
-	}
-	info, err := giProfileInfo(dev, w.Profile.Index, w.Profile.ID, w.Profile.Name)
-	if err != nil {
-		return Record{}, false, err
-	}
-	gi, gInfo, found, err := instanceAt(dev, &info, w.Placement)
-	if IsReturn(err, nvml.ERROR_NOT_SUPPORTED) || err == nil && !found {
-		return Record{}, false, nil
-	}
-	if err != nil {
-		return Record{}, false, err
-	}
-	r := Record{
-		Claim: w.Claim, Device: w.Device, GPU: w.GPU, GPUUUID: w.GPUUUID, GPUMinor: w.GPUMinor,
-		Profile: w.Profile.Name, ProfileID: w.Profile.ID, ProfileIndex: w.Profile.Index, Start: w.Placement.Start, Size: w.Placement.Size,
-		Phase: Adopted, Boot: m.opts.BootID, GI: int(gInfo.Id),
-	}
-	ci, ok, err := wholeCI(dev, gi, r)
-	if err != nil || !ok {
-		return Record{}, false, err
-	}
-	if r.UUID, err = migDeviceUUID(dev, r.GI, int(ci.Id)); err != nil {
-		return Record{}, false, err
-	}
-	r.CI = int(ci.Id)
-	return r, true, nil
 }
 
 // thisBoot forgets the records of another boot, and keeps those of no
@@ -203,12 +173,12 @@ func (m *Manager) thisBoot(ctx context.Context, records []Record) ([]Record, boo
 			logger.Info("Forgot a half-made MIG record of a journal that names no boot: what is at its placement is left as it is", "instance", r.String())
 			continue
 		}
-		dev, ret := m.opts.NVML.DeviceGetHandleByIndex(r.GPU)
-		if ret != nvml.SUCCESS {
-			logger.Error(callErr("DeviceGetHandleByIndex", ret), "Forgot a MIG record of a journal that names no boot: its instance cannot be checked, and is left as it is", "instance", r.String())
+		g, err := m.gpu(r.GPU)
+		if err != nil {
+			logger.Error(err, "Forgot a MIG record of a journal that names no boot: its instance cannot be checked, and is left as it is", "instance", r.String())
 			continue
 		}
-		st, _, err := m.check(dev, r)
+		st, _, err := g.check(r)
 		if err != nil || st != whole {
 			logger.Info("Forgot a MIG record of a journal that names no boot: its instance is not whole, and what is left is left as it is", "instance", r.String(), "err", err)
 			continue

@@ -27,10 +27,11 @@ func (m *Manager) WholeGPU(ctx context.Context, gpu int, arch string) error {
 		return err
 	}
 	defer unlock()
-	dev, ret := m.opts.NVML.DeviceGetHandleByIndex(gpu)
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("GPU %d: %w", gpu, callErr("DeviceGetHandleByIndex", ret))
+	g, err := m.gpu(gpu)
+	if err != nil {
+		return err
 	}
+	dev := g.dev
 	current, _, ret := dev.GetMigMode()
 	if ret == nvml.ERROR_NOT_SUPPORTED {
 		return nil // no MIG on this GPU
