@@ -35,7 +35,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
@@ -122,13 +121,6 @@ func OfInstance(in Instance, gpus map[int]Fault, instances map[Instance]Fault) (
 	return false, strings.Join(msgs, "; ")
 }
 
-// InstanceFaults maps every unhealthy MIG instance to its fault.
-func (m *Monitor) InstanceFaults() map[Instance]Fault {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.instances.faults()
-}
-
 // instanceOf finds the instance a GPU instance ID names on a GPU. It
 // fails where NVML does not know the ID (any more).
 func (m *Monitor) instanceOf(ctx context.Context, gpu int, id uint32) (Instance, error) {
@@ -162,56 +154,5 @@ func (m *Monitor) failOn(ctx context.Context, gpu int, id uint32, f Fault) {
 		return
 	}
 	f.Message = fmt.Sprintf("%s (GPU instance %d)", f.Message, id)
-	m.metrics.count(gpu, string(f.Kind))
-	m.mu.Lock()
-	tr := m.instances.fail(in, f, m.clock.Now())
-	m.mu.Unlock()
-	if tr == nil {
-		klog.FromContext(ctx).V(2).Info("MIG instance still unhealthy; recovery clock restarted", "gpu", gpu, "placement", in.Placement, "reason", f.Reason, "message", f.Message)
-		return
-	}
-	m.changedInstance(ctx, tr)
-}
-
-// succeedInstances records a successful probe of a GPU for its unhealthy
-// instances.
-func (m *Monitor) succeedInstances(ctx context.Context, gpu int) {
-	now := m.clock.Now()
-	var done []*transition[Instance]
-	m.mu.Lock()
-	var onGPU []Instance
-	for in := range m.instances.faults() {
-		if in.GPU == gpu {
-			onGPU = append(onGPU, in)
-		}
-	}
-	slices.SortFunc(onGPU, func(a, b Instance) int {
-		return cmp.Or(cmp.Compare(a.Placement.Start, b.Placement.Start), cmp.Compare(a.Placement.Size, b.Placement.Size))
-	})
-	for _, in := range onGPU {
-		if tr := m.instances.succeed(in, now); tr != nil {
-			done = append(done, tr)
-		}
-	}
-	m.mu.Unlock()
-	for _, tr := range done {
-		m.metrics.count(gpu, kindRecovered)
-		m.changedInstance(ctx, tr)
-	}
-}
-
-// changedInstance logs an instance's transition and tells the
-// subscribers.
-func (m *Monitor) changedInstance(ctx context.Context, tr *transition[Instance]) {
-	logger := klog.FromContext(ctx)
-	in := tr.gpu
-	uuid := m.opts.Inventory.GPUs[in.GPU].UUID
-	if tr.fault == nil {
-		logger.Info("MIG instance is healthy again", "gpu", in.GPU, "uuid", uuid, "placement", in.Placement, "fault", tr.previous.Reason,
-			"unhealthyFor", m.clock.Since(tr.previous.Since).Round(time.Millisecond), "quietFor", m.recovery)
-	} else {
-		logger.Error(nil, "MIG instance is unhealthy", "gpu", in.GPU, "uuid", uuid, "placement", in.Placement, "reason", tr.fault.Reason,
-			"message", tr.fault.Message, "recoversAfter", m.recovery)
-	}
-	m.notify()
+	m.failInstance(ctx, in, f)
 }

@@ -74,27 +74,13 @@ type Options struct {
 
 // Monitor watches a node's GPUs. It is the Source both surfaces read.
 type Monitor struct {
-	opts     Options
-	policy   XIDPolicy
-	recovery time.Duration
-	clock    clock.WithTicker
-	metrics  *metrics
-
-	// devices are the NVML handles by GPU index, taken by UUID at start;
-	// nil where NVML gave none (retried at each probe).
-	devMu   sync.Mutex
-	devices []nvml.Device
-	// registered are the event types each GPU is registered for; actions
-	// what each last answered for its recovery action (recovery.go).
-	registered []uint64
-	actions    map[int]nvml.Return
-
-	mu    sync.Mutex
-	state *tracker[int]
-	// instances are the unhealthy MIG instances (see instance.go).
-	instances *tracker[Instance]
-	subs      map[int]chan struct{}
-	next      int
+	opts   Options
+	policy XIDPolicy
+	// status is what is known of the GPUs' health, which the surfaces
+	// read (Faults, InstanceFaults, Subscribe); handles are the GPUs'
+	// NVML handles and what each last answered.
+	*status
+	*handles
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -127,10 +113,9 @@ func New(opts Options) (*Monitor, error) {
 		opts.WaitTimeout = time.Second
 	}
 	return &Monitor{
-		opts: opts, policy: policy, recovery: recovery, clock: opts.Clock,
-		metrics: newMetrics(len(opts.Inventory.GPUs)),
-		devices: make([]nvml.Device, len(opts.Inventory.GPUs)), registered: make([]uint64, len(opts.Inventory.GPUs)), actions: map[int]nvml.Return{},
-		state: newTracker[int](recovery), instances: newTracker[Instance](recovery), subs: map[int]chan struct{}{},
+		opts: opts, policy: policy,
+		status:  newStatus(recovery, opts.Clock, opts.Inventory),
+		handles: newHandles(opts.NVML, opts.Inventory),
 	}, nil
 }
 
@@ -179,89 +164,3 @@ func (m *Monitor) RecoveryPeriod() time.Duration { return m.recovery }
 // Collector is the monitor's metrics, for the registry of the plugin that
 // serves them.
 func (m *Monitor) Collector() prometheus.Collector { return m.metrics.events }
-
-// Faults maps the index of every unhealthy GPU to its fault.
-func (m *Monitor) Faults() map[int]Fault {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.state.faults()
-}
-
-// Subscribe returns a channel that receives after every change of the set
-// of unhealthy GPUs (changes in a burst may arrive as one), and the
-// function that ends the subscription. The channel is never closed.
-func (m *Monitor) Subscribe() (<-chan struct{}, func()) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	ch := make(chan struct{}, 1)
-	id := m.next
-	m.next++
-	m.subs[id] = ch
-	return ch, func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		delete(m.subs, id)
-	}
-}
-
-// fail records a fault of a GPU.
-func (m *Monitor) fail(ctx context.Context, gpu int, f Fault) {
-	m.metrics.count(gpu, string(f.Kind))
-	m.mu.Lock()
-	tr := m.state.fail(gpu, f, m.clock.Now())
-	m.mu.Unlock()
-	if tr == nil {
-		klog.FromContext(ctx).V(2).Info("GPU still unhealthy; recovery clock restarted", "gpu", gpu, "reason", f.Reason, "message", f.Message)
-		return
-	}
-	m.changed(ctx, tr)
-}
-
-// succeed records a successful probe of a GPU.
-func (m *Monitor) succeed(ctx context.Context, gpu int) {
-	m.mu.Lock()
-	tr := m.state.succeed(gpu, m.clock.Now())
-	m.mu.Unlock()
-	if tr != nil {
-		m.metrics.count(gpu, kindRecovered)
-		m.changed(ctx, tr)
-	}
-	m.succeedInstances(ctx, gpu)
-}
-
-// isLost reports whether a GPU is lost for good.
-func (m *Monitor) isLost(gpu int) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.state.lost(gpu)
-}
-
-// changed logs a transition and tells the subscribers.
-func (m *Monitor) changed(ctx context.Context, tr *transition[int]) {
-	logger := klog.FromContext(ctx)
-	uuid := m.opts.Inventory.GPUs[tr.gpu].UUID
-	switch {
-	case tr.fault == nil:
-		logger.Info("GPU is healthy again", "gpu", tr.gpu, "uuid", uuid, "fault", tr.previous.Reason,
-			"unhealthyFor", m.clock.Since(tr.previous.Since).Round(time.Millisecond), "quietFor", m.recovery)
-	case tr.fault.Permanent():
-		logger.Error(nil, "GPU is lost; it stays unhealthy until it is reset and the plugin restarted", "gpu", tr.gpu, "uuid", uuid,
-			"reason", tr.fault.Reason, "message", tr.fault.Message)
-	default:
-		logger.Error(nil, "GPU is unhealthy", "gpu", tr.gpu, "uuid", uuid, "reason", tr.fault.Reason, "message", tr.fault.Message,
-			"recoversAfter", m.recovery)
-	}
-	m.notify()
-}
-
-// notify tells the subscribers that something changed.
-func (m *Monitor) notify() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, ch := range m.subs {
-		select {
-		case ch <- struct{}{}:
-		default: // a change is already pending for this subscriber
-		}
-	}
-}

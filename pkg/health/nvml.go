@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 )
 
 // WatchedEvents are the NVML events that can make a GPU unhealthy, or
@@ -19,25 +22,86 @@ const WatchedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEc
 // maxWaitBackoff caps the pause after failed event waits.
 const maxWaitBackoff = 30 * time.Second
 
-// device returns the NVML handle of a GPU, taking it by UUID if the
-// monitor has none yet (UUIDs survive renumbering; indices need not). A GPU
-// that NVML cannot hand out is marked unhealthy here.
-func (m *Monitor) device(ctx context.Context, gpu int) nvml.Device {
-	m.devMu.Lock()
-	dev := m.devices[gpu]
-	m.devMu.Unlock()
+// handles are the GPUs' NVML handles, by index, taken by UUID (UUIDs
+// survive renumbering; indices need not), and what each last answered:
+// the events it is registered for, and whether it reports a recovery
+// action (recovery.go).
+type handles struct {
+	lib       nvml.Interface
+	inventory *inventory.Inventory
+
+	mu sync.Mutex
+	// devices are nil where NVML gave none yet (retried at each probe).
+	devices    []nvml.Device
+	registered []uint64
+	actions    map[int]nvml.Return
+}
+
+func newHandles(lib nvml.Interface, inv *inventory.Inventory) *handles {
+	n := len(inv.GPUs)
+	return &handles{lib: lib, inventory: inv, devices: make([]nvml.Device, n), registered: make([]uint64, n), actions: map[int]nvml.Return{}}
+}
+
+// handle returns the NVML handle of a GPU, taking it by UUID if there is
+// none yet.
+func (h *handles) handle(gpu int) (nvml.Device, nvml.Return) {
+	h.mu.Lock()
+	dev := h.devices[gpu]
+	h.mu.Unlock()
 	if dev != nil {
-		return dev
+		return dev, nvml.SUCCESS
 	}
-	uuid := m.opts.Inventory.GPUs[gpu].UUID
-	dev, ret := m.opts.NVML.DeviceGetHandleByUUID(uuid)
+	dev, ret := h.lib.DeviceGetHandleByUUID(h.inventory.GPUs[gpu].UUID)
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	h.mu.Lock()
+	h.devices[gpu] = dev
+	h.mu.Unlock()
+	return dev, nvml.SUCCESS
+}
+
+// indexOf is the index of the GPU whose handle dev is, -1 where it is
+// none of them.
+func (h *handles) indexOf(dev nvml.Device) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, d := range h.devices {
+		if d != nil && d == dev {
+			return i
+		}
+	}
+	return -1
+}
+
+// setRegistered records the events a GPU is registered for.
+func (h *handles) setRegistered(gpu int, mask uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.registered[gpu] = mask
+}
+
+// Registered are the event types each GPU was registered for, by GPU
+// index: those of WatchedEvents it supports (none where it could not be
+// registered).
+func (h *handles) Registered() map[int]uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[int]uint64, len(h.registered))
+	for gpu, mask := range h.registered {
+		out[gpu] = mask
+	}
+	return out
+}
+
+// device returns the NVML handle of a GPU (handles.handle). A GPU that NVML
+// cannot hand out is marked unhealthy here.
+func (m *Monitor) device(ctx context.Context, gpu int) nvml.Device {
+	dev, ret := m.handle(gpu)
 	if ret != nvml.SUCCESS {
 		m.fail(ctx, gpu, m.probeFault(ret, "DeviceGetHandleByUUID"))
 		return nil
 	}
-	m.devMu.Lock()
-	m.devices[gpu] = dev
-	m.devMu.Unlock()
 	return dev
 }
 
@@ -69,9 +133,7 @@ func (m *Monitor) openEvents(ctx context.Context) (nvml.EventSet, error) {
 			logger.Info("Cannot register for the GPU's health events; it is watched by probes only", "gpu", gpu, "warning", m.opts.NVML.ErrorString(ret))
 			continue
 		}
-		m.devMu.Lock()
-		m.registered[gpu] = mask
-		m.devMu.Unlock()
+		m.setRegistered(gpu, mask)
 		registered++
 	}
 	if registered == 0 {
@@ -165,14 +227,9 @@ func (m *Monitor) gpuOf(ev nvml.EventData) (int, uint32, bool) {
 	if dev == nil {
 		return -1, gi, false
 	}
-	m.devMu.Lock()
-	for i, d := range m.devices {
-		if d != nil && d == dev {
-			m.devMu.Unlock()
-			return i, gi, true
-		}
+	if i := m.indexOf(dev); i >= 0 {
+		return i, gi, true
 	}
-	m.devMu.Unlock()
 	uuid, ret := dev.GetUUID()
 	if ret != nvml.SUCCESS {
 		return -1, gi, false
@@ -270,17 +327,4 @@ func freeEventSet(ctx context.Context, lib nvml.Interface, set nvml.EventSet) {
 	if ret := set.Free(); ret != nvml.SUCCESS {
 		klog.FromContext(ctx).Error(fmt.Errorf("free the NVML event set: %s", lib.ErrorString(ret)), "Cannot free the NVML event set")
 	}
-}
-
-// Registered are the event types each GPU was registered for, by GPU
-// index: those of WatchedEvents it supports (none where it could not be
-// registered).
-func (m *Monitor) Registered() map[int]uint64 {
-	m.devMu.Lock()
-	defer m.devMu.Unlock()
-	out := make(map[int]uint64, len(m.registered))
-	for gpu, mask := range m.registered {
-		out[gpu] = mask
-	}
-	return out
 }

@@ -74,10 +74,7 @@ func (m *Monitor) recoveryAction(ctx context.Context, gpu int, dev nvml.Device) 
 	if ret == nvml.SUCCESS {
 		ret = nvml.Return(values[0].NvmlReturn)
 	}
-	m.devMu.Lock()
-	was, asked := m.actions[gpu]
-	m.actions[gpu] = ret
-	m.devMu.Unlock()
+	was, asked := m.recordAction(gpu, ret)
 	if ret != nvml.SUCCESS {
 		if !asked || was == nvml.SUCCESS {
 			klog.FromContext(ctx).V(2).Info("GPU reports no recovery action; its health follows the XID policy and the recovery period alone", "gpu", gpu, "answer", m.opts.NVML.ErrorString(ret))
@@ -107,33 +104,22 @@ func fieldUint(f nvml.FieldValue) (uint64, bool) {
 
 // ReportsRecoveryActions tells which GPUs' drivers reported a recovery
 // action when last asked.
-func (m *Monitor) ReportsRecoveryActions() map[int]bool {
-	m.devMu.Lock()
-	defer m.devMu.Unlock()
-	out := make(map[int]bool, len(m.actions))
-	for gpu, ret := range m.actions {
+func (h *handles) ReportsRecoveryActions() map[int]bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[int]bool, len(h.actions))
+	for gpu, ret := range h.actions {
 		out[gpu] = ret == nvml.SUCCESS
 	}
 	return out
 }
 
-// hold records that the driver asks for a recovery action for a GPU: it
-// is unhealthy (with f, where it was healthy) until the driver asks for
-// nothing again.
-func (m *Monitor) hold(ctx context.Context, gpu int, f Fault) {
-	m.mu.Lock()
-	tr := m.state.hold(gpu, f, m.clock.Now())
-	m.mu.Unlock()
-	if tr != nil {
-		m.metrics.count(gpu, string(f.Kind))
-		m.changed(ctx, tr)
-	}
-}
-
-// release records that the driver asks for nothing for a GPU, or no
-// longer reports what it asks for.
-func (m *Monitor) release(gpu int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.state.release(gpu)
+// recordAction records what a GPU answered when asked for its recovery
+// action, and returns what it answered before (asked: it was asked).
+func (h *handles) recordAction(gpu int, ret nvml.Return) (was nvml.Return, asked bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	was, asked = h.actions[gpu]
+	h.actions[gpu] = ret
+	return was, asked
 }
