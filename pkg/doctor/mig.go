@@ -11,6 +11,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/durablefile"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
@@ -47,80 +48,102 @@ type migComputeInstance struct {
 	whole bool
 }
 
+// migExam is the MIG step: what every GPU's check reads once (the plan's
+// MIG profiles by GPU, the GPUs in whole-GPU groups, the plugin's
+// journal, mig-minors) and the host it reads them from.
+type migExam struct {
+	host     *gpuhost.Host
+	planned  map[int]*migGPUPlan
+	inGroups map[int]bool
+	// records are the journal's, journalDamage and journalErr what
+	// reading it found (miginstance.ReadJournal).
+	records                   []miginstance.Record
+	journalDamage, journalErr error
+	// minors is mig-minors, read at the first GPU in MIG mode.
+	minors    *mig.Minors
+	minorsErr error
+}
+
+func newMIGExam(host *gpuhost.Host, plan *planner.Plan, pluginDir string) *migExam {
+	x := &migExam{host: host, planned: map[int]*migGPUPlan{}, inGroups: map[int]bool{}}
+	for _, prof := range plan.Profiles {
+		for _, g := range prof.Groups {
+			for _, i := range g.GPUs {
+				x.inGroups[i] = true
+			}
+		}
+		if prof.MIG == nil {
+			continue
+		}
+		for _, g := range prof.MIG.GPUs {
+			p := x.planned[g.Index()]
+			if p == nil {
+				p = &migGPUPlan{model: g.Model}
+				x.planned[g.Index()] = p
+			}
+			p.profiles = append(p.profiles, g.Profile.Name)
+		}
+	}
+	x.records, x.journalDamage, x.journalErr = miginstance.ReadJournal(pluginDir)
+	return x
+}
+
 // checkMIG adds the MIG checks, where the plan has a MIG profile or a GPU
 // is in MIG mode.
 func (e *examination) checkMIG(_ context.Context) {
 	if e.host == nil || e.inv == nil || e.node == nil {
 		return
 	}
-	planned := map[int]*migGPUPlan{}
-	for _, prof := range e.node.Plan.Profiles {
-		if prof.MIG == nil {
-			continue
-		}
-		for _, g := range prof.MIG.GPUs {
-			p := planned[g.Index()]
-			if p == nil {
-				p = &migGPUPlan{model: g.Model}
-				planned[g.Index()] = p
-			}
-			p.profiles = append(p.profiles, g.Profile.Name)
-		}
-	}
-	inGroups := map[int]bool{}
-	for _, prof := range e.node.Plan.Profiles {
-		for _, g := range prof.Groups {
-			for _, i := range g.GPUs {
-				inGroups[i] = true
-			}
-		}
-	}
 	unavailable := map[int]bool{}
 	for _, u := range e.node.Plan.MIGUnavailable() {
 		unavailable[u.GPU] = true
 		e.add(migUnavailableCheck(e.inv.GPUs[u.GPU], u))
 	}
-	records, journalDamage, journalErr := miginstance.ReadJournal(driver.PluginDir(e.opts.PluginsDir))
-	var minors *mig.Minors
-	var minorsErr error
+	x := newMIGExam(e.host, e.node.Plan, driver.PluginDir(e.opts.PluginsDir))
 	for _, g := range e.inv.GPUs {
 		if unavailable[g.Index] {
 			continue
 		}
-		dev, ret := e.host.NVML.DeviceGetHandleByIndex(g.Index)
-		if ret != nvml.SUCCESS {
-			if planned[g.Index] != nil {
-				e.add(Check{Name: migCheckName(g.Index), Status: Fail, Summary: fmt.Sprintf("GPU %d: DeviceGetHandleByIndex: %s", g.Index, nvml.ErrorString(ret)),
-					Fix: "run nvidia-smi -i " + fmt.Sprint(g.Index) + " on the node: NVML answers it the same way"})
-			}
-			continue
+		if c, ok := x.check(g); ok {
+			e.add(c)
 		}
-		current, pending, ret := dev.GetMigMode()
-		if ret != nvml.SUCCESS && planned[g.Index] == nil {
-			continue // a GPU without MIG that no MIG profile has
-		}
-		if ret != nvml.SUCCESS {
-			e.add(Check{Name: migCheckName(g.Index), Status: Fail, Summary: fmt.Sprintf("GPU %d: read its MIG mode: GetMigMode: %s", g.Index, nvml.ErrorString(ret)),
-				Fix: "the configuration gives this GPU to a MIG profile; nvidia-smi -i " + fmt.Sprint(g.Index) + " -q -d MIG shows what the driver says"})
-			continue
-		}
-		if planned[g.Index] == nil && current != nvml.DEVICE_MIG_ENABLE && pending != nvml.DEVICE_MIG_ENABLE {
-			continue
-		}
-		if minors == nil && minorsErr == nil {
-			minors, minorsErr = e.readMinors()
-		}
-		c := migModeCheck(g, planned[g.Index], inGroups[g.Index], current, pending)
-		if current == nvml.DEVICE_MIG_ENABLE {
-			instances, err := migInstances(dev, planned[g.Index], g)
-			if err != nil {
-				c = worse(c, Fail, "GPU "+fmt.Sprint(g.Index)+": list its MIG instances: "+err.Error(), "nvidia-smi mig -lgi -i "+fmt.Sprint(g.Index)+" lists them as NVML does")
-			}
-			c = e.migPartitions(c, g, planned[g.Index], instances, records, journalDamage, journalErr)
-			c = e.migCapabilities(c, g, instances, minors, minorsErr)
-		}
-		e.add(c)
 	}
+}
+
+// check is GPU g's check; none (false) for a GPU without MIG that no MIG
+// profile has, or one whose MIG mode is off and not pending that none
+// has.
+func (x *migExam) check(g inventory.GPU) (Check, bool) {
+	plan := x.planned[g.Index]
+	dev, ret := x.host.NVML.DeviceGetHandleByIndex(g.Index)
+	if ret != nvml.SUCCESS {
+		return Check{Name: migCheckName(g.Index), Status: Fail, Summary: fmt.Sprintf("GPU %d: DeviceGetHandleByIndex: %s", g.Index, nvml.ErrorString(ret)),
+			Fix: "run nvidia-smi -i " + fmt.Sprint(g.Index) + " on the node: NVML answers it the same way"}, plan != nil
+	}
+	current, pending, ret := dev.GetMigMode()
+	if ret != nvml.SUCCESS && plan == nil {
+		return Check{}, false // a GPU without MIG that no MIG profile has
+	}
+	if ret != nvml.SUCCESS {
+		return Check{Name: migCheckName(g.Index), Status: Fail, Summary: fmt.Sprintf("GPU %d: read its MIG mode: GetMigMode: %s", g.Index, nvml.ErrorString(ret)),
+			Fix: "the configuration gives this GPU to a MIG profile; nvidia-smi -i " + fmt.Sprint(g.Index) + " -q -d MIG shows what the driver says"}, true
+	}
+	if plan == nil && current != nvml.DEVICE_MIG_ENABLE && pending != nvml.DEVICE_MIG_ENABLE {
+		return Check{}, false
+	}
+	if x.minors == nil && x.minorsErr == nil {
+		x.minors, x.minorsErr = x.readMinors()
+	}
+	c := migModeCheck(g, plan, x.inGroups[g.Index], current, pending)
+	if current == nvml.DEVICE_MIG_ENABLE {
+		instances, err := migInstances(dev, plan, g)
+		if err != nil {
+			c = worse(c, Fail, "GPU "+fmt.Sprint(g.Index)+": list its MIG instances: "+err.Error(), "nvidia-smi mig -lgi -i "+fmt.Sprint(g.Index)+" lists them as NVML does")
+		}
+		c = x.partitions(c, g, plan, instances)
+		c = x.capabilities(c, g, instances)
+	}
+	return c, true
 }
 
 func migCheckName(gpu int) string { return fmt.Sprintf("mig-gpu%d", gpu) }
@@ -271,21 +294,21 @@ func firstFailure(rets ...nvml.Return) nvml.Return {
 	return nvml.SUCCESS
 }
 
-// migPartitions holds a GPU's instances against its profiles and the
+// partitions holds a GPU's instances against its profiles and the
 // plugin's journal. An instance no record names was not made by the
 // plugin and is never touched: one of a profile the GPU is given, with one
 // compute instance spanning it, is a static seat (published, adopted by
 // the claim allocated it); any other is reported, and the plugin
 // publishes neither the MIG devices it overlaps nor its GPU's whole-GPU
 // groups.
-func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, instances []migInstance, records []miginstance.Record, journalDamage, journalErr error) Check {
+func (x *migExam) partitions(c Check, g inventory.GPU, plan *migGPUPlan, instances []migInstance) Check {
 	switch {
-	case errors.Is(journalErr, durablefile.ErrNewerVersion):
-		c = worse(c, Fail, journalErr.Error(), "a newer plugin wrote the MIG journal: this one fails every MIG prepare rather than touch it; run the newer plugin")
-	case journalErr != nil:
-		c = worse(c, Warn, journalErr.Error(), "the MIG journal and its previous copy are damaged: the plugin sets them aside and rebuilds the journal from the GPUs and the seat checkpoint at its next start; an instance no held claim names is then left as one it did not make")
-	case journalDamage != nil:
-		c = worse(c, Warn, journalDamage.Error(), "the MIG journal is damaged: the plugin uses its previous copy at its next start and sets the damaged file aside")
+	case errors.Is(x.journalErr, durablefile.ErrNewerVersion):
+		c = worse(c, Fail, x.journalErr.Error(), "a newer plugin wrote the MIG journal: this one fails every MIG prepare rather than touch it; run the newer plugin")
+	case x.journalErr != nil:
+		c = worse(c, Warn, x.journalErr.Error(), "the MIG journal and its previous copy are damaged: the plugin sets them aside and rebuilds the journal from the GPUs and the seat checkpoint at its next start; an instance no held claim names is then left as one it did not make")
+	case x.journalDamage != nil:
+		c = worse(c, Warn, x.journalDamage.Error(), "the MIG journal is damaged: the plugin uses its previous copy at its next start and sets the damaged file aside")
 	}
 	c.Summary += fmt.Sprintf("; %s", count(len(instances), "GPU instance"))
 	for _, in := range instances {
@@ -296,7 +319,7 @@ func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, 
 		if len(in.cis) == 0 {
 			line += ", no compute instance"
 		}
-		i := slices.IndexFunc(records, func(r miginstance.Record) bool {
+		i := slices.IndexFunc(x.records, func(r miginstance.Record) bool {
 			return r.GPU == g.Index && r.Start == in.placement.Start && r.Size == in.placement.Size && r.Profile == in.profile
 		})
 		configured := plan != nil && slices.Contains(plan.profiles, in.profile)
@@ -304,15 +327,15 @@ func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, 
 		// given; an administrator's nvidia-smi mig -dci (and -cci) under
 		// a held claim leaves the GPU instance with no such device.
 		lost := ""
-		if i >= 0 && records[i].Phase.Made() && !slices.ContainsFunc(in.cis, func(ci migComputeInstance) bool { return ci.uuid == records[i].UUID }) {
-			lost = fmt.Sprintf(", whose MIG device %s is gone", records[i].UUID)
+		if i >= 0 && x.records[i].Phase.Made() && !slices.ContainsFunc(in.cis, func(ci migComputeInstance) bool { return ci.uuid == x.records[i].UUID }) {
+			lost = fmt.Sprintf(", whose MIG device %s is gone", x.records[i].UUID)
 			c = worse(c, Warn, "", "a claim's containers were given a MIG device that no longer exists: delete the claim's pods; the plugin settles its journal at its next start and the claim's next prepare finds or makes the instance again")
 		}
 		switch {
-		case i >= 0 && records[i].Phase == miginstance.Adopted:
-			c.Details = append(c.Details, line+fmt.Sprintf(": a static seat (not made by the plugin), adopted by claim %s device %s%s", records[i].Claim, records[i].Device, lost))
+		case i >= 0 && x.records[i].Phase == miginstance.Adopted:
+			c.Details = append(c.Details, line+fmt.Sprintf(": a static seat (not made by the plugin), adopted by claim %s device %s%s", x.records[i].Claim, x.records[i].Device, lost))
 		case i >= 0:
-			line += fmt.Sprintf(": the plugin's, claim %s device %s%s", records[i].Claim, records[i].Device, lost)
+			line += fmt.Sprintf(": the plugin's, claim %s device %s%s", x.records[i].Claim, x.records[i].Device, lost)
 			c.Details = append(c.Details, line)
 			if !configured {
 				c = worse(c, Warn, "", "an instance the plugin made of a profile the configuration no longer gives this GPU stays until its claim is released")
@@ -328,7 +351,7 @@ func (e *examination) migPartitions(c Check, g inventory.GPU, plan *migGPUPlan, 
 				fmt.Sprintf("the plugin never touches an instance it did not make, and publishes neither the MIG devices it overlaps nor the GPU's whole-GPU groups; if it is not needed, destroy it (nvidia-smi mig -i %d -gi <GI> -dci, then nvidia-smi mig -i %d -gi <GI> -dgi) and restart the plugin, or make it a static seat: one compute instance spanning it, of a profile the GPU is given", g.Index, g.Index))
 		}
 	}
-	for _, r := range records {
+	for _, r := range x.records {
 		if r.GPU != g.Index || !r.Phase.Made() || slices.ContainsFunc(instances, func(in migInstance) bool {
 			return in.placement == r.Placement() && in.profile == r.Profile
 		}) {

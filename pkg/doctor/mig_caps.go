@@ -38,10 +38,10 @@ type capsHost struct {
 
 // capsHost is the examined host's: its device nodes (under the dev root,
 // or the simulated node's /dev) and its /proc/devices.
-func (e *examination) capsHost() capsHost {
+func (x *migExam) capsHost() capsHost {
 	return capsHost{
 		node: func(p string) (capNode, error) {
-			n, err := e.host.StatDevice(p)
+			n, err := x.host.StatDevice(p)
 			switch {
 			case errors.Is(err, fs.ErrNotExist):
 				return capNode{}, nil
@@ -52,13 +52,13 @@ func (e *examination) capsHost() capsHost {
 			}
 			return capNode{exists: true, major: n.Major, minor: n.Minor}, nil
 		},
-		major: func() (int64, error) { return e.host.CharMajor("nvidia-caps") },
+		major: func() (int64, error) { return x.host.CharMajor("nvidia-caps") },
 	}
 }
 
 // readMinors reads and parses mig-minors once for the MIG checks.
-func (e *examination) readMinors() (*mig.Minors, error) {
-	raw, err := e.host.MIGMinors()
+func (x *migExam) readMinors() (*mig.Minors, error) {
+	raw, err := x.host.MIGMinors()
 	if err != nil {
 		return nil, fmt.Errorf("read /proc/driver/nvidia-caps/mig-minors: %w", err)
 	}
@@ -69,16 +69,17 @@ func (e *examination) readMinors() (*mig.Minors, error) {
 	return &m, nil
 }
 
-// migCapabilities adds, for each instance, its capability minors and
+// capabilities adds, for each instance, its capability minors and
 // whether their device nodes are there with the right numbers.
-func (e *examination) migCapabilities(c Check, g inventory.GPU, instances []migInstance, minors *mig.Minors, minorsErr error) Check {
+func (x *migExam) capabilities(c Check, g inventory.GPU, instances []migInstance) Check {
+	minors, minorsErr := x.minors, x.minorsErr
 	if len(instances) == 0 {
 		return c
 	}
 	if minorsErr != nil {
 		return worse(c, Fail, minorsErr.Error(), "the plugin cannot give a container a MIG device without its capability minors: load the NVIDIA driver with MIG support (nvidia-smi mig -lgip), and check /proc/driver/nvidia-caps")
 	}
-	lines, status, fix := capabilityLines(*minors, e.capsHost(), g.Minor, instances)
+	lines, status, fix := capabilityLines(*minors, x.capsHost(), g.Minor, instances)
 	c.Details = append(c.Details, lines...)
 	if status != OK {
 		c = worse(c, status, "", fix)

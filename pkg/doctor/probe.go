@@ -89,7 +89,7 @@ func (e *examination) checkProbe(ctx context.Context) {
 	}
 	c.Details = probeDetails(cfg, r)
 	saw, allocated := probeSaw(r)
-	foreign, entries, nodesErr := e.foreignGPUNodes(target)
+	foreign, entries, nodesErr := gpuNodes{inv: e.inv, seen: e.seenPath}.foreign(target)
 	c.Details = append(c.Details, entries...)
 	switch {
 	case r.Error != "":

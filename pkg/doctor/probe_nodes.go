@@ -41,22 +41,30 @@ type gpuNode struct {
 	entry string
 }
 
-// foreignGPUNodes says which GPUs the target's specs give a device node
-// of, as a device node or a bind mount, that are not among the GPUs the
-// target must see: each by index and UUID (or by minor, where no GPU has
-// it), once, and a line per spec entry that gives one.
-func (e *examination) foreignGPUNodes(t probeTarget) (gpus, entries []string, err error) {
+// gpuNodes tells which GPUs the device nodes a spec gives are, on the
+// host: inv says which GPU has which minor (nil where NVML did not list
+// the GPUs), seen where the doctor sees a host path.
+type gpuNodes struct {
+	inv  *inventory.Inventory
+	seen func(host string) string
+}
+
+// foreign says which GPUs the target's specs give a device node of, as a
+// device node or a bind mount, that are not among the GPUs the target
+// must see: each by index and UUID (or by minor, where no GPU has it),
+// once, and a line per spec entry that gives one.
+func (gn gpuNodes) foreign(t probeTarget) (gpus, entries []string, err error) {
 	edits, err := cdisandbox.DeviceEdits(t.specs, t.devices)
 	if err != nil {
 		return nil, nil, err
 	}
-	nodes := e.gpuNodes(edits)
-	if len(nodes) > 0 && e.inv == nil {
+	nodes := gn.of(edits)
+	if len(nodes) > 0 && gn.inv == nil {
 		return nil, nil, fmt.Errorf("the spec gives GPU device nodes, and which GPUs they are is not known: NVML did not list the GPUs")
 	}
 	for _, n := range nodes {
 		var gpu string
-		switch g := gpuByMinor(e.inv, n.minor); {
+		switch g := gpuByMinor(gn.inv, n.minor); {
 		case g == nil:
 			gpu = fmt.Sprintf("minor %d, which no GPU of this node has", n.minor)
 		case !slices.Contains(t.want, g.UUID):
@@ -81,11 +89,11 @@ func gpuByMinor(inv *inventory.Inventory, minor int) *inventory.GPU {
 	return nil
 }
 
-// gpuNodes are the GPU device nodes the edits give: device nodes by their
-// host path and by the numbers the runtime makes them with (the spec's,
-// or the host node's where the spec gives none), and bind mounts of a GPU
-// node by their host path.
-func (e *examination) gpuNodes(edits []cdisandbox.Edits) []gpuNode {
+// of are the GPU device nodes the edits give: device nodes by their host
+// path and by the numbers the runtime makes them with (the spec's, or the
+// host node's where the spec gives none), and bind mounts of a GPU node by
+// their host path.
+func (gn gpuNodes) of(edits []cdisandbox.Edits) []gpuNode {
 	var out []gpuNode
 	for _, ed := range edits {
 		for _, d := range ed.DeviceNodes {
@@ -94,7 +102,7 @@ func (e *examination) gpuNodes(edits []cdisandbox.Edits) []gpuNode {
 				host = d.Path
 			}
 			entry := fmt.Sprintf("device node %s, host %s, of %s", d.Path, host, ed.From)
-			minors := e.hostGPUMinors(host)
+			minors := gn.hostMinors(host)
 			if d.Major == nvidiaMajor && d.Minor < controlMinors {
 				minors = append(minors, int(d.Minor))
 			}
@@ -103,7 +111,7 @@ func (e *examination) gpuNodes(edits []cdisandbox.Edits) []gpuNode {
 			}
 		}
 		for _, m := range ed.Mounts {
-			for _, minor := range e.hostGPUMinors(m.HostPath) {
+			for _, minor := range gn.hostMinors(m.HostPath) {
 				out = append(out, gpuNode{minor: minor, entry: fmt.Sprintf("mount of %s at %s, of %s", m.HostPath, m.ContainerPath, ed.From)})
 			}
 		}
@@ -111,10 +119,10 @@ func (e *examination) gpuNodes(edits []cdisandbox.Edits) []gpuNode {
 	return out
 }
 
-// hostGPUMinors are the GPUs a host path is the device node of: by its
-// name (nvidia<N> in /dev, or in a driver root's dev directory) and by its
+// hostMinors are the GPUs a host path is the device node of: by its name
+// (nvidia<N> in /dev, or in a driver root's dev directory) and by its
 // numbers, where the doctor sees a character device there.
-func (e *examination) hostGPUMinors(host string) []int {
+func (gn gpuNodes) hostMinors(host string) []int {
 	var out []int
 	host = filepath.Clean(host)
 	if m := gpuNodeName.FindStringSubmatch(filepath.Base(host)); m != nil && filepath.Base(filepath.Dir(host)) == "dev" {
@@ -123,7 +131,7 @@ func (e *examination) hostGPUMinors(host string) []int {
 		}
 	}
 	var st unix.Stat_t
-	if err := unix.Stat(e.seenPath(host), &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR {
+	if err := unix.Stat(gn.seen(host), &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR {
 		if major, minor := unix.Major(st.Rdev), unix.Minor(st.Rdev); major == nvidiaMajor && minor < controlMinors {
 			out = append(out, int(minor))
 		}

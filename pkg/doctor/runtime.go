@@ -21,13 +21,25 @@ type runtimeFinding struct {
 	fix     string
 }
 
+// runtimeConfigs are the container runtimes' configuration files, as the
+// host sees them (read under hostRoot), and the plugin's CDI root, which
+// the runtime must read specs from.
+type runtimeConfigs struct {
+	hostRoot, containerdConfig, crioConfig, cdiRoot string
+}
+
 // checkRuntime reads the node's containerd or CRI-O configuration and says
 // whether the runtime injects CDI devices, and reads them from the
 // plugin's CDI root. Without CDI the kubelet's device IDs reach the
 // runtime and are dropped: pods start without their GPUs.
 func (e *examination) checkRuntime() {
+	e.add(runtimeConfigs{hostRoot: e.opts.HostRoot, containerdConfig: e.opts.ContainerdConfig, crioConfig: e.opts.CRIOConfig, cdiRoot: e.opts.CDIRoot}.check())
+}
+
+// check is the runtime-cdi check.
+func (rc runtimeConfigs) check() Check {
 	var found []runtimeFinding
-	for _, read := range []func() (runtimeFinding, bool){e.containerd, e.crio} {
+	for _, read := range []func() (runtimeFinding, bool){rc.containerd, rc.crio} {
 		if f, ok := read(); ok {
 			found = append(found, f)
 		}
@@ -35,10 +47,9 @@ func (e *examination) checkRuntime() {
 	c := Check{Name: "runtime-cdi", Status: OK}
 	if len(found) == 0 {
 		c.Status = Warn
-		c.Summary = fmt.Sprintf("no containerd (%s) or CRI-O (%s) configuration found under %s", e.opts.ContainerdConfig, e.opts.CRIOConfig, e.opts.HostRoot)
-		c.Fix = "check by hand that the runtime enables CDI (containerd 2.x does by default; 1.7 needs enable_cdi = true; CRI-O always does) and reads " + e.opts.CDIRoot + "; or mount /etc/containerd or /etc/crio into the doctor"
-		e.add(c)
-		return
+		c.Summary = fmt.Sprintf("no containerd (%s) or CRI-O (%s) configuration found under %s", rc.containerdConfig, rc.crioConfig, rc.hostRoot)
+		c.Fix = "check by hand that the runtime enables CDI (containerd 2.x does by default; 1.7 needs enable_cdi = true; CRI-O always does) and reads " + rc.cdiRoot + "; or mount /etc/containerd or /etc/crio into the doctor"
+		return c
 	}
 	var summaries []string
 	for _, f := range found {
@@ -49,14 +60,14 @@ func (e *examination) checkRuntime() {
 		}
 	}
 	c.Summary = strings.Join(summaries, "; ")
-	e.add(c)
+	return c
 }
 
 func rank(s Status) int { return slices.Index([]Status{OK, Warn, Fail}, s) }
 
 // hostPath is where a host path is, as the doctor sees it.
-func (e *examination) hostPath(p string) string {
-	return filepath.Join(e.opts.HostRoot, p)
+func (rc runtimeConfigs) hostPath(p string) string {
+	return filepath.Join(rc.hostRoot, p)
 }
 
 // readTOMLFiles reads a configuration and the drop-ins after it, later
@@ -90,8 +101,8 @@ func readTOMLFiles(main string, dropIns []string) (values tomlValues, read []str
 // containerd 1.7's format, where CDI is off unless enabled (containerd 2.x
 // reading a version 2 file enables it, but the file does not say which
 // containerd reads it).
-func (e *examination) containerd() (runtimeFinding, bool) {
-	main := e.hostPath(e.opts.ContainerdConfig)
+func (rc runtimeConfigs) containerd() (runtimeFinding, bool) {
+	main := rc.hostPath(rc.containerdConfig)
 	values, _, found, err := readTOMLFiles(main, nil)
 	if !found {
 		return runtimeFinding{}, false
@@ -103,9 +114,9 @@ func (e *examination) containerd() (runtimeFinding, bool) {
 	var dropIns []string
 	for _, pattern := range imports {
 		if !filepath.IsAbs(pattern) {
-			pattern = filepath.Join(filepath.Dir(e.opts.ContainerdConfig), pattern)
+			pattern = filepath.Join(filepath.Dir(rc.containerdConfig), pattern)
 		}
-		matches, _ := filepath.Glob(e.hostPath(pattern))
+		matches, _ := filepath.Glob(rc.hostPath(pattern))
 		dropIns = append(dropIns, matches...)
 	}
 	values, read, _, err := readTOMLFiles(main, dropIns)
@@ -139,14 +150,14 @@ func (e *examination) containerd() (runtimeFinding, bool) {
 	if !set {
 		dirs = defaultCDISpecDirs
 	}
-	e.checkSpecDirs(&f, "containerd", table, dirs)
+	rc.checkSpecDirs(&f, "containerd", table, dirs)
 	return f, true
 }
 
 // crio reads CRI-O's configuration and its drop-ins. CRI-O injects CDI
 // devices always (since 1.23); only the directories are configurable.
-func (e *examination) crio() (runtimeFinding, bool) {
-	main := e.hostPath(e.opts.CRIOConfig)
+func (rc runtimeConfigs) crio() (runtimeFinding, bool) {
+	main := rc.hostPath(rc.crioConfig)
 	dropIns, _ := filepath.Glob(main + ".d/*.conf")
 	if _, err := os.Stat(main); errors.Is(err, os.ErrNotExist) && len(dropIns) > 0 {
 		// CRI-O runs on drop-ins alone as well.
@@ -164,20 +175,20 @@ func (e *examination) crio() (runtimeFinding, bool) {
 	if !set {
 		dirs = defaultCDISpecDirs
 	}
-	e.checkSpecDirs(&f, "CRI-O", "crio.runtime", dirs)
+	rc.checkSpecDirs(&f, "CRI-O", "crio.runtime", dirs)
 	return f, true
 }
 
 // checkSpecDirs fails a finding whose runtime does not read the plugin's
 // CDI root.
-func (e *examination) checkSpecDirs(f *runtimeFinding, runtime, table string, dirs []string) {
+func (rc runtimeConfigs) checkSpecDirs(f *runtimeFinding, runtime, table string, dirs []string) {
 	f.details = append(f.details, fmt.Sprintf("%s reads CDI specs from %s", runtime, strings.Join(dirs, ", ")))
-	if slices.ContainsFunc(dirs, func(d string) bool { return samePath(d, e.opts.CDIRoot) }) {
+	if slices.ContainsFunc(dirs, func(d string) bool { return samePath(d, rc.cdiRoot) }) {
 		return
 	}
 	f.status = Fail
-	f.summary += fmt.Sprintf(", but not from %s", e.opts.CDIRoot)
-	f.fix = fmt.Sprintf("add %s to cdi_spec_dirs in [%s], or set the plugin's --cdi-root to one of %s", e.opts.CDIRoot, table, strings.Join(dirs, ", "))
+	f.summary += fmt.Sprintf(", but not from %s", rc.cdiRoot)
+	f.fix = fmt.Sprintf("add %s to cdi_spec_dirs in [%s], or set the plugin's --cdi-root to one of %s", rc.cdiRoot, table, strings.Join(dirs, ", "))
 }
 
 // samePath compares directories, /var/run being /run on every current
