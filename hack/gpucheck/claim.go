@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -235,20 +234,7 @@ func probeDetails(cfg *sandbox.Config, r *cudaprobe.Result) []string {
 	for _, h := range cfg.Hooks {
 		out = append(out, "CDI hook not run: "+h)
 	}
-	for _, k := range slices.Sorted(maps.Keys(r.Env)) {
-		out = append(out, "env "+k+"="+r.Env[k])
-	}
-	out = append(out, "device nodes: "+strings.Join(r.DeviceNodes, " "))
-	if r.Library != "" {
-		out = append(out, fmt.Sprintf("libcuda: %s (CUDA driver API %d)", r.Library, r.DriverVersion))
-	}
-	for _, d := range r.Devices {
-		out = append(out, fmt.Sprintf("CUDA device %d: %s %s, %d MiB, cuMemAlloc %s", d.Ordinal, d.Name, d.UUID, d.MemoryBytes>>20, d.MemAlloc))
-		for _, t := range d.Tries {
-			out = append(out, fmt.Sprintf("CUDA device %d: cuMemAlloc of %d MiB: %s", d.Ordinal, t.Bytes>>20, t.Result))
-		}
-	}
-	return out
+	return append(out, r.Lines()...)
 }
 
 // unprepare is step 6: the claim unprepared over the socket, its spec

@@ -5,6 +5,13 @@
 // it back. This package links no C code, so that the doctor does not.
 package cudaprobe
 
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
 // Result is what the probe saw. It is the JSON contract between the probe
 // and the doctor.
 type Result struct {
@@ -44,4 +51,25 @@ type Try struct {
 	// Result is "ok", or why cuMemAlloc refused ("cuMemAlloc: CUDA error
 	// 2 (out of memory)").
 	Result string `json:"result"`
+}
+
+// Lines are what the probe saw, a line each, for a report: the GPU
+// environment, the device nodes, the library, and each device with the
+// allocations tried on it.
+func (r *Result) Lines() []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(r.Env)) {
+		out = append(out, "env "+k+"="+r.Env[k])
+	}
+	out = append(out, "device nodes: "+strings.Join(r.DeviceNodes, " "))
+	if r.Library != "" {
+		out = append(out, fmt.Sprintf("libcuda: %s (CUDA driver API %d)", r.Library, r.DriverVersion))
+	}
+	for _, d := range r.Devices {
+		out = append(out, fmt.Sprintf("CUDA device %d: %s %s, %d MiB, cuMemAlloc %s", d.Ordinal, d.Name, d.UUID, d.MemoryBytes>>20, d.MemAlloc))
+		for _, t := range d.Tries {
+			out = append(out, fmt.Sprintf("CUDA device %d: cuMemAlloc of %d MiB: %s", d.Ordinal, t.Bytes>>20, t.Result))
+		}
+	}
+	return out
 }

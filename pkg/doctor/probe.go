@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -336,15 +335,5 @@ func probeDetails(cfg *sandbox.Config, r *cudaprobe.Result) []string {
 	for _, h := range cfg.Hooks {
 		out = append(out, "CDI hook not run: "+h)
 	}
-	for _, k := range slices.Sorted(maps.Keys(r.Env)) {
-		out = append(out, "env "+k+"="+r.Env[k])
-	}
-	out = append(out, "device nodes: "+strings.Join(r.DeviceNodes, " "))
-	if r.Library != "" {
-		out = append(out, fmt.Sprintf("libcuda: %s (CUDA driver API %d)", r.Library, r.DriverVersion))
-	}
-	for _, d := range r.Devices {
-		out = append(out, fmt.Sprintf("CUDA device %d: %s %s, %d MiB, cuMemAlloc %s", d.Ordinal, d.Name, d.UUID, d.MemoryBytes>>20, d.MemAlloc))
-	}
-	return out
+	return append(out, r.Lines()...)
 }
