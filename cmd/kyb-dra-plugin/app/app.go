@@ -9,21 +9,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"path/filepath"
 	"runtime/debug"
-	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
@@ -64,27 +56,17 @@ type options struct {
 	sharing     nodesetup.SharingFlags
 	usage       nodesetup.UsageFlags
 
-	dirs dirs
+	dirs      dirs
+	api       apiFlags
+	endpoints endpoints
 
-	kubeconfig   string
-	kubeAPIQPS   float64
-	kubeAPIBurst int
-	// The background client's limits: claim statuses, events, slices.
-	backgroundQPS   float64
-	backgroundBurst int
-	healthPort      int
-	healthAddress   string
-	metricsAddress  string
-	podUID          string
-	layout          *cli.OneOf
-	bootID          nodesetup.BootIDFlag
-	deviceMetadata  bool
+	podUID         string
+	layout         *cli.OneOf
+	bootID         nodesetup.BootIDFlag
+	deviceMetadata bool
 	// Node-local sources of which containers hold which claims.
 	podResourcesSocket string
 	runtimeSocket      string
-
-	// clients, when set, are used instead of --kubeconfig's.
-	clients *Clients
 }
 
 // dirs are the node directories the plugin uses, which the doctor examines.
@@ -122,17 +104,11 @@ func (o *options) addFlags(f *cli.FlagSet) {
 	o.node.AddFlags(f, "")
 	o.health.AddFlags(f)
 	o.driverFiles.AddFlags(f, "plugin", "how containers get the driver's libraries and tools: auto (NVIDIA's CDI spec if the node has one, else the files under --driver-root), nvidia-cdi, driver-root or none")
-	f.StringVar(&o.kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig file; empty: in-cluster configuration")
-	f.Float64Var(&o.kubeAPIQPS, "kube-api-qps", "KUBE_API_QPS", DefaultPrepareQPS, "queries per second to the API server on the prepare path (a claim GET per prepared claim)")
-	f.IntVar(&o.kubeAPIBurst, "kube-api-burst", "KUBE_API_BURST", DefaultPrepareBurst, "burst of queries to the API server on the prepare path: claims a node prepares at once without waiting for the rate limiter")
-	f.Float64Var(&o.backgroundQPS, "kube-api-background-qps", "KUBE_API_BACKGROUND_QPS", DefaultBackgroundQPS, "queries per second to the API server for work behind the calls: claim statuses, events, ResourceSlices")
-	f.IntVar(&o.backgroundBurst, "kube-api-background-burst", "KUBE_API_BACKGROUND_BURST", DefaultBackgroundBurst, "burst of queries to the API server for work behind the calls")
+	o.api.addFlags(f)
 	o.dirs.addFlags(f)
 	o.sharing.AddFlags(f)
 	o.usage.AddFlags(f)
-	f.IntVar(&o.healthPort, "healthcheck-port", "HEALTHCHECK_PORT", -1, "port of the gRPC health service (liveness probe); -1: off")
-	f.StringVar(&o.healthAddress, "healthcheck-address", "HEALTHCHECK_ADDRESS", "127.0.0.1", "IP address the gRPC health service listens on; the kubelet's gRPC probes dial the pod IP, so a chart sets it from status.podIP")
-	f.StringVar(&o.metricsAddress, "metrics-address", "METRICS_ADDRESS", "", "address of the Prometheus metrics endpoint (/metrics), such as :8080; empty: off")
+	o.endpoints.addFlags(f)
 	f.StringVar(&o.podUID, "pod-uid", "POD_UID", "", "UID of the plugin's pod; enables seamless rolling updates (kubelet 1.33 or newer)")
 	o.layout = cli.NewOneOf(string(draplugin.LayoutAuto), string(draplugin.LayoutAuto), string(draplugin.LayoutShared), string(draplugin.LayoutPerSeat))
 	f.Var(o.layout, "device-layout", "KYB_DEVICE_LAYOUT", "ResourceSlice layout: auto (shared groups, one device per seat where the API server lacks consumable capacity), shared or per-seat")
@@ -174,7 +150,7 @@ func runCommand(ctx context.Context, clients *Clients, args []string, getenv fun
 		}
 	}
 	f := cli.NewFlagSet(name, stderr)
-	o := options{clients: clients}
+	o := options{api: apiFlags{given: clients}}
 	o.addFlags(f)
 	return cli.RunDaemon(f, usage, args, getenv, o.check, func() error {
 		if getenv("GOGC") == "" {
@@ -204,16 +180,8 @@ func (o *options) check() error {
 			return fmt.Errorf("%s %q must be an absolute path (or empty: off)", x.flag, x.path)
 		}
 	}
-	if o.healthPort < -1 || o.healthPort > 65535 {
-		return fmt.Errorf("--healthcheck-port %d is not a port (or -1 for off)", o.healthPort)
-	}
-	if net.ParseIP(o.healthAddress) == nil {
-		return fmt.Errorf("--healthcheck-address %q is not an IP address", o.healthAddress)
-	}
-	if o.metricsAddress != "" {
-		if _, _, err := net.SplitHostPort(o.metricsAddress); err != nil {
-			return fmt.Errorf("--metrics-address %q: %w", o.metricsAddress, err)
-		}
+	if err := o.endpoints.check(); err != nil {
+		return err
 	}
 	if err := o.usage.Check(&o.node); err != nil {
 		return err
@@ -226,7 +194,7 @@ func (o *options) run(ctx context.Context) error {
 	if err := driver.CheckNoLiveShim(o.dirs.devicePluginDir); err != nil {
 		return err
 	}
-	client, background, err := o.kubeClients()
+	client, background, err := o.api.clients()
 	if err != nil {
 		return err
 	}
@@ -287,7 +255,7 @@ func (o *options) run(ctx context.Context) error {
 	if pr != nil {
 		opts.PodResources = pr
 	}
-	if o.metricsAddress != "" {
+	if o.endpoints.metricsAddress != "" {
 		// Only the metrics show what is sampled.
 		opts.Usage = draplugin.PodUsage{Sampler: o.usage.Sampler(node), Interval: o.usage.Interval, Mounts: gpuusage.ProcMounts{Root: o.usage.HostProc}}
 		if opts.Usage.Sampler != nil && o.runtimeSocket != "" {
@@ -307,107 +275,5 @@ func (o *options) run(ctx context.Context) error {
 		return err
 	}
 	defer d.Stop()
-	return o.serve(ctx, d)
-}
-
-// serve runs the plugin's endpoints beside it until ctx ends or the plugin
-// stops, and waits for them to end.
-func (o *options) serve(ctx context.Context, d *draplugin.Driver) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	if o.metricsAddress != "" {
-		if err := serveMetrics(ctx, &wg, o.metricsAddress, promhttp.HandlerFor(d.Registry(), promhttp.HandlerOpts{})); err != nil {
-			return err
-		}
-	}
-	if o.healthPort >= 0 {
-		if err := d.ServeLiveness(ctx, &wg, o.healthAddress, o.healthPort); err != nil {
-			return err
-		}
-	}
-	select {
-	case <-ctx.Done():
-		klog.FromContext(ctx).Info("Shutting down")
-		return nil
-	case <-d.Done():
-		return d.Err()
-	}
-}
-
-// The API rate limits. The prepare path's burst covers a node's largest
-// burst of pods (64 one-GPU seats on an 8-GPU node with four seats a
-// GPU) so that a burst of pods waits for no token; its QPS refills that
-// in a few seconds. Work behind the calls keeps the conservative limits
-// DRA drivers ship with: it only decides how soon statuses and events
-// appear. docs/performance.md has the measurements and the fleet cost.
-const (
-	DefaultPrepareQPS      = 20
-	DefaultPrepareBurst    = 64
-	DefaultBackgroundQPS   = 5
-	DefaultBackgroundBurst = 10
-)
-
-// kubeClients are the clients given, or those of --kubeconfig.
-func (o *options) kubeClients() (client, background kubernetes.Interface, err error) {
-	if o.clients != nil {
-		return o.clients.Prepare, o.clients.Background, nil
-	}
-	if client, err = kubeClient(o.kubeconfig, o.kubeAPIQPS, o.kubeAPIBurst, "prepare"); err != nil {
-		return nil, nil, err
-	}
-	if background, err = kubeClient(o.kubeconfig, o.backgroundQPS, o.backgroundBurst, "background"); err != nil {
-		return nil, nil, err
-	}
-	return client, background, nil
-}
-
-// kubeClient is a client with its own rate limiter; purpose goes into its
-// user agent, so that the API server's logs and metrics tell the two apart.
-func kubeClient(kubeconfig string, qps float64, burst int, purpose string) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig == "" {
-		cfg, err = rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
-		}
-	} else {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("read kubeconfig %s: %w", kubeconfig, err)
-		}
-	}
-	cfg.QPS, cfg.Burst = float32(qps), burst
-	cfg.UserAgent = name + "/" + purpose
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("create Kubernetes client: %w", err)
-	}
-	return client, nil
-}
-
-// serveMetrics serves h on addr/metrics until ctx ends; wg tracks the
-// server.
-func serveMetrics(ctx context.Context, wg *sync.WaitGroup, addr string, h http.Handler) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("metrics endpoint: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", h)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	logger := klog.FromContext(ctx)
-	wg.Go(func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error(err, "Metrics endpoint failed")
-		}
-	})
-	wg.Go(func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	})
-	logger.Info("Serving metrics", "address", ln.Addr().String())
-	return nil
+	return o.endpoints.serve(ctx, d)
 }
