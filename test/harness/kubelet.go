@@ -129,7 +129,7 @@ func (n *Node) sync(ctx context.Context, key types.NamespacedName) error {
 	n.prepared[pod.UID] = pod
 	n.containers[pod.UID] = views
 	delete(n.failures, pod.UID)
-	err = n.writeProcessesLocked()
+	err = n.procs.write(n.prepared, n.containers)
 	n.mu.Unlock()
 	if err != nil {
 		return err
@@ -175,7 +175,7 @@ func (n *Node) unprepare(ctx context.Context, pod *v1.Pod) error {
 		n.runtime.Remove(containerID(pod.UID, name))
 	}
 	delete(n.containers, pod.UID)
-	err := n.writeProcessesLocked()
+	err := n.procs.write(n.prepared, n.containers)
 	n.mu.Unlock()
 	if err != nil {
 		return err

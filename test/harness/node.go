@@ -63,23 +63,9 @@ type NodeOptions struct {
 type Node struct {
 	Name    string
 	Options NodeOptions
-	// Directories as the kubelet and the plugin see them. DevicePluginDir
-	// is where the plugin looks for a live device-plugin shim: the node's
-	// own, so that a shim running on the test machine changes nothing.
-	RegistryDir, PluginsDir, DevicePluginDir, CDIDir, StateDir, BootIDFile string
-	// FaultsFile is the plugin's fault-injection file
-	// (--simulate-faults-file); InjectFault appends to it.
-	FaultsFile string
-	// ProcessesFile describes the processes on the simulated GPUs
-	// (--simulate-processes-file); see workload.go.
-	ProcessesFile string
+	NodeFiles
 	// MetricsURL is the plugin's /metrics with NodeOptions.Metrics.
 	MetricsURL string
-	// PodResourcesSocket is the kubelet's PodResources API; RuntimeSocket
-	// the container runtime's CRI API (its ListContainers, over the
-	// node's running containers); HostProc the host's procfs as far as
-	// the plugin reads it (the simulated processes' mounts).
-	PodResourcesSocket, RuntimeSocket, HostProc string
 	// PluginLog collects the plugin's output.
 	PluginLog *SyncBuffer
 
@@ -94,9 +80,28 @@ type Node struct {
 	containers  map[types.UID]map[string]*Container
 	failures    map[types.UID]error
 	lister      func() ([]*v1.Pod, error)
-	pids        map[procKey]uint32
-	nextPID     uint32
+	procs       processTable
 	metricsAddr string
+}
+
+// NodeFiles are a node's directories and files, as the kubelet and the
+// plugin see them: the plugin's flags name them (pluginArgs).
+type NodeFiles struct {
+	// DevicePluginDir is where the plugin looks for a live device-plugin
+	// shim: the node's own, so that a shim running on the test machine
+	// changes nothing.
+	RegistryDir, PluginsDir, DevicePluginDir, CDIDir, StateDir, BootIDFile string
+	// FaultsFile is the plugin's fault-injection file
+	// (--simulate-faults-file); InjectFault appends to it.
+	FaultsFile string
+	// ProcessesFile describes the processes on the simulated GPUs
+	// (--simulate-processes-file); see workload.go.
+	ProcessesFile string
+	// PodResourcesSocket is the kubelet's PodResources API; RuntimeSocket
+	// the container runtime's CRI API (its ListContainers, over the
+	// node's running containers); HostProc the host's procfs as far as
+	// the plugin reads it (the simulated processes' mounts).
+	PodResourcesSocket, RuntimeSocket, HostProc string
 }
 
 type pluginRun struct {
@@ -111,8 +116,7 @@ func (c *Cluster) AddNode(opts NodeOptions) *Node {
 	tb := c.tb
 	tb.Helper()
 	dir := filepath.Join(c.Dir, "nodes", opts.Name)
-	n := &Node{
-		Name: opts.Name, Options: opts, c: c,
+	files := NodeFiles{
 		RegistryDir:        filepath.Join(dir, "plugins_registry"),
 		PluginsDir:         filepath.Join(dir, "plugins"),
 		DevicePluginDir:    filepath.Join(dir, "device-plugins"),
@@ -124,13 +128,15 @@ func (c *Cluster) AddNode(opts NodeOptions) *Node {
 		PodResourcesSocket: filepath.Join(dir, "pod-resources", "kubelet.sock"),
 		RuntimeSocket:      filepath.Join(dir, "containerd.sock"),
 		HostProc:           filepath.Join(dir, "proc"),
-		pids:               map[procKey]uint32{},
-		nextPID:            4000,
-		PluginLog:          &SyncBuffer{},
-		prepared:           map[types.UID]*v1.Pod{},
-		containers:         map[types.UID]map[string]*Container{},
-		failures:           map[types.UID]error{},
 	}
+	n := &Node{
+		Name: opts.Name, Options: opts, c: c, NodeFiles: files,
+		PluginLog:  &SyncBuffer{},
+		prepared:   map[types.UID]*v1.Pod{},
+		containers: map[types.UID]map[string]*Container{},
+		failures:   map[types.UID]error{},
+	}
+	n.procs = processTable{file: files.ProcessesFile, hostProc: files.HostProc, use: opts.GPUUse, gpuUUID: n.GPUUUID, pids: map[procKey]uint32{}, nextPID: 4000}
 	for _, d := range []string{n.RegistryDir, n.PluginsDir, n.CDIDir, n.StateDir} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			tb.Fatal(err)

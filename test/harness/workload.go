@@ -45,59 +45,70 @@ type procKey struct {
 	gpu       int
 }
 
-// writeProcessesLocked writes the processes the node's running containers
-// have on their GPUs into the plugin's simulated processes file: one per
-// container and GPU of its seats, with the use Options.GPUUse gives.
-func (n *Node) writeProcessesLocked() error {
-	if n.Options.GPUUse == nil {
+// processTable is the simulated processes of the node's running
+// containers: the plugin's processes file (NodeFiles.ProcessesFile) and
+// each process's mountinfo under NodeFiles.HostProc. Node.mu guards it.
+type processTable struct {
+	file, hostProc string
+	use            GPUUse
+	// gpuUUID is the UUID of the node's GPU i.
+	gpuUUID func(i int) string
+	pids    map[procKey]uint32
+	nextPID uint32
+}
+
+// write writes the processes the running containers have on their GPUs:
+// one per container and GPU of its seats, with the use GPUUse gives.
+func (t *processTable) write(pods map[types.UID]*v1.Pod, containers map[types.UID]map[string]*Container) error {
+	if t.use == nil {
 		return nil
 	}
 	var procs []simnode.Process
 	live := map[procKey]bool{}
-	for _, uid := range slices.Sorted(maps.Keys(n.containers)) {
-		pod := n.prepared[uid]
-		ctrs := n.containers[uid]
+	for _, uid := range slices.Sorted(maps.Keys(containers)) {
+		pod := pods[uid]
+		ctrs := containers[uid]
 		for _, name := range slices.Sorted(maps.Keys(ctrs)) {
-			mem, sm, ok := n.Options.GPUUse(pod, name)
+			mem, sm, ok := t.use(pod, name)
 			if !ok {
 				continue
 			}
-			for _, gpu := range n.gpusOf(ctrs[name]) {
+			for _, gpu := range t.gpusOf(ctrs[name]) {
 				key := procKey{uid, name, gpu}
 				live[key] = true
-				pid, ok := n.pids[key]
+				pid, ok := t.pids[key]
 				if !ok {
-					n.nextPID++
-					pid = n.nextPID
-					n.pids[key] = pid
+					t.nextPID++
+					pid = t.nextPID
+					t.pids[key] = pid
 				}
 				procs = append(procs, simnode.Process{GPU: gpu, PID: pid, MemoryMiB: mem, SMPercent: sm, Cgroup: cgroupOf(uid, name)})
 			}
 		}
 	}
-	for key, pid := range n.pids {
+	for key, pid := range t.pids {
 		if !live[key] {
-			delete(n.pids, key)
-			_ = os.RemoveAll(filepath.Join(n.HostProc, strconv.FormatUint(uint64(pid), 10)))
+			delete(t.pids, key)
+			_ = os.RemoveAll(filepath.Join(t.hostProc, strconv.FormatUint(uint64(pid), 10)))
 		}
 	}
 	for key := range live {
-		if err := n.writeMountinfo(n.pids[key], n.containers[key.pod][key.container]); err != nil {
+		if err := t.writeMountinfo(t.pids[key], containers[key.pod][key.container]); err != nil {
 			return err
 		}
 	}
-	tmp := n.ProcessesFile + ".tmp"
+	tmp := t.file + ".tmp"
 	if err := os.WriteFile(tmp, simnode.FormatProcesses(procs), 0o644); err != nil {
 		return fmt.Errorf("write the simulated processes: %w", err)
 	}
-	return os.Rename(tmp, n.ProcessesFile)
+	return os.Rename(tmp, t.file)
 }
 
 // gpusOf reads the GPUs a container sees from NVIDIA_VISIBLE_DEVICES
 // (this node's GPU UUIDs), else from CUDA_VISIBLE_DEVICES. The latter may
 // name every GPU of the node by index where a container holds combined
 // claims: CUDA then finds only those whose device nodes the container has.
-func (n *Node) gpusOf(c *Container) []int {
+func (t *processTable) gpusOf(c *Container) []int {
 	list := c.Env["NVIDIA_VISIBLE_DEVICES"]
 	if list == "" {
 		list = c.Env["CUDA_VISIBLE_DEVICES"]
@@ -112,7 +123,7 @@ func (n *Node) gpusOf(c *Container) []int {
 			continue
 		}
 		for i := range 256 {
-			if n.GPUUUID(i) == v {
+			if t.gpuUUID(i) == v {
 				out = append(out, i)
 				break
 			}
@@ -131,11 +142,11 @@ func freeAddress() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-// writeMountinfo writes a process's /proc/PID/mountinfo under HostProc:
+// writeMountinfo writes a process's /proc/PID/mountinfo under hostProc:
 // its container's root and the mounts its CDI devices gave it (the
 // device metadata files among them), bind mounts from the filesystem each
 // source is on, taken to be mounted at /, as the kernel lists them.
-func (n *Node) writeMountinfo(pid uint32, c *Container) error {
+func (t *processTable) writeMountinfo(pid uint32, c *Container) error {
 	var b strings.Builder
 	b.WriteString("1203 1150 0:312 / / rw,relatime - overlay overlay rw\n")
 	for i, m := range c.Mounts {
@@ -145,7 +156,7 @@ func (n *Node) writeMountinfo(pid uint32, c *Container) error {
 		}
 		fmt.Fprintf(&b, "%d 1203 %s %s %s ro,relatime - ext4 /dev/root rw\n", 1300+i, dev, escapeMountPath(m.Source), escapeMountPath(m.Destination))
 	}
-	dir := filepath.Join(n.HostProc, strconv.FormatUint(uint64(pid), 10))
+	dir := filepath.Join(t.hostProc, strconv.FormatUint(uint64(pid), 10))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("write the simulated mounts: %w", err)
 	}
