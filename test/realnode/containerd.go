@@ -62,6 +62,20 @@ state = %[2]q
 
 const loopbackCNI = `{"cniVersion": "1.0.0", "name": "kyb-loopback", "plugins": [{"type": "loopback"}]}`
 
+// containerd is a node's containerd: its configuration and socket, its
+// process, and the images it holds (images.go).
+type containerd struct {
+	// ContainerdConfig is containerd's configuration file, alone in its
+	// directory; ContainerdSocket its gRPC socket.
+	ContainerdConfig, ContainerdSocket string
+	// node names the node in errors; dir holds everything of it.
+	node, dir string
+	// ctrPath is containerd's client; cgroupRoot the node's cgroup, under
+	// which RunImage's containers run.
+	ctrPath, cgroupRoot string
+	proc                *process
+}
+
 // startContainerd starts containerd for a node and imports its images.
 func (n *Node) startContainerd(tb ktesting.TB) {
 	tb.Helper()
@@ -85,8 +99,10 @@ func (n *Node) startContainerd(tb ktesting.TB) {
 	if err := os.WriteFile(conf, []byte(containerdConfig(dir, n.CDIDir, cniBin)), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	n.ContainerdConfig = conf
-	n.ContainerdSocket = filepath.Join(dir, "containerd.sock")
+	n.containerd = &containerd{
+		ContainerdConfig: conf, ContainerdSocket: filepath.Join(dir, "containerd.sock"),
+		node: n.Name, dir: n.Dir, ctrPath: filepath.Join(n.tools.Dir, "ctr"), cgroupRoot: n.cgroupRoot,
+	}
 	// The shim and runc are found on PATH: the node's tools first.
 	env := []string{"PATH=" + n.tools.Dir + ":" + os.Getenv("PATH")}
 	p, err := startProcess("containerd", filepath.Join(n.Dir, "containerd.log"), env,
@@ -94,8 +110,8 @@ func (n *Node) startContainerd(tb ktesting.TB) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	n.containerd = p
-	tb.Cleanup(n.cleanContainerd)
+	n.proc = p
+	tb.Cleanup(n.clean)
 	waitFor(tb, "containerd socket", p, 30*time.Second, func() bool {
 		_, err := os.Stat(n.ContainerdSocket)
 		return err == nil
@@ -117,27 +133,27 @@ func (n *Node) startContainerd(tb ktesting.TB) {
 
 // ctr runs containerd's client against the node's containerd, in the
 // namespace the kubelet's pods live in.
-func (n *Node) ctr(args ...string) (string, error) {
-	cmd := exec.Command(filepath.Join(n.tools.Dir, "ctr"), append([]string{"--address", n.ContainerdSocket, "--namespace", "k8s.io"}, args...)...)
+func (cd *containerd) ctr(args ...string) (string, error) {
+	cmd := exec.Command(cd.ctrPath, append([]string{"--address", cd.ContainerdSocket, "--namespace", "k8s.io"}, args...)...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
 
-// cleanContainerd stops every container the node ran, containerd, the
-// shims it left, and unmounts what they mounted under the node's
-// directory. Pods of a stopped kubelet keep running otherwise: the shims
-// are not containerd's children.
-func (n *Node) cleanContainerd() {
-	if n.containerd != nil {
-		if out, err := n.ctr("tasks", "ls", "-q"); err == nil {
+// clean stops every container the node ran, containerd, the shims it
+// left, and unmounts what they mounted under the node's directory. Pods
+// of a stopped kubelet keep running otherwise: the shims are not
+// containerd's children.
+func (cd *containerd) clean() {
+	if cd.proc != nil {
+		if out, err := cd.ctr("tasks", "ls", "-q"); err == nil {
 			for _, id := range strings.Fields(out) {
-				_, _ = n.ctr("tasks", "kill", "--signal", "SIGKILL", id)
+				_, _ = cd.ctr("tasks", "kill", "--signal", "SIGKILL", id)
 			}
 		}
-		n.containerd.stop(10 * time.Second)
+		cd.proc.stop(10 * time.Second)
 	}
-	killUnder(n.Dir)
-	unmountUnder(n.Dir)
+	killUnder(cd.dir)
+	unmountUnder(cd.dir)
 }
 
 // killUnder kills every process whose command line names dir: the shims

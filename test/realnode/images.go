@@ -36,9 +36,9 @@ func ProductImageFromEnv() (ProductImage, error) {
 // ImportImage imports an image archive (OCI layout or docker save) into
 // the node's containerd, in the namespace of the kubelet's pods: pods
 // with imagePullPolicy Never run it by the reference the archive names.
-func (n *Node) ImportImage(archive string) error {
-	if out, err := n.ctr("images", "import", "--platform", "linux/"+runtime.GOARCH, archive); err != nil {
-		return fmt.Errorf("node %s: import %s: %w\n%s", n.Name, archive, err, out)
+func (cd *containerd) ImportImage(archive string) error {
+	if out, err := cd.ctr("images", "import", "--platform", "linux/"+runtime.GOARCH, archive); err != nil {
+		return fmt.Errorf("node %s: import %s: %w\n%s", cd.node, archive, err, out)
 	}
 	return nil
 }
@@ -46,18 +46,18 @@ func (n *Node) ImportImage(archive string) error {
 // TagImage gives an image the node's containerd has a second reference,
 // as a registry's new tag of the same image would: pods that name it run
 // the same image.
-func (n *Node) TagImage(ref, as string) error {
-	if out, err := n.ctr("images", "tag", "--force", ref, as); err != nil {
-		return fmt.Errorf("node %s: tag %s as %s: %w\n%s", n.Name, ref, as, err, out)
+func (cd *containerd) TagImage(ref, as string) error {
+	if out, err := cd.ctr("images", "tag", "--force", ref, as); err != nil {
+		return fmt.Errorf("node %s: tag %s as %s: %w\n%s", cd.node, ref, as, err, out)
 	}
 	return nil
 }
 
 // ImageDigest returns the digest containerd has for an image reference.
-func (n *Node) ImageDigest(ref string) (string, error) {
-	out, err := n.ctr("images", "ls")
+func (cd *containerd) ImageDigest(ref string) (string, error) {
+	out, err := cd.ctr("images", "ls")
 	if err != nil {
-		return "", fmt.Errorf("node %s: ctr images ls: %w\n%s", n.Name, err, out)
+		return "", fmt.Errorf("node %s: ctr images ls: %w\n%s", cd.node, err, out)
 	}
 	// REF TYPE DIGEST SIZE PLATFORMS LABELS
 	for _, line := range strings.Split(out, "\n") {
@@ -65,7 +65,7 @@ func (n *Node) ImageDigest(ref string) (string, error) {
 			return f[2], nil
 		}
 	}
-	return "", fmt.Errorf("node %s: containerd has no image %s:\n%s", n.Name, ref, out)
+	return "", fmt.Errorf("node %s: containerd has no image %s:\n%s", cd.node, ref, out)
 }
 
 // Mount is a host path bind-mounted into a container.
@@ -89,9 +89,9 @@ var runs atomic.Int64
 // own, in a cgroup under the node's. It returns what the container printed
 // on stdout, and on stderr (with ctr's own warnings), and an error if it
 // did not exit 0.
-func (n *Node) RunImage(ref string, opts RunOptions) (stdout, stderr string, err error) {
+func (cd *containerd) RunImage(ref string, opts RunOptions) (stdout, stderr string, err error) {
 	id := fmt.Sprintf("kyb-run-%d-%d", time.Now().UnixNano(), runs.Add(1))
-	args := []string{"--address", n.ContainerdSocket, "--namespace", "k8s.io", "run", "--rm", "--cgroup", filepath.Join(n.cgroupRoot, id)}
+	args := []string{"--address", cd.ContainerdSocket, "--namespace", "k8s.io", "run", "--rm", "--cgroup", filepath.Join(cd.cgroupRoot, id)}
 	for _, m := range opts.Mounts {
 		options := "rbind:rw"
 		if m.ReadOnly {
@@ -101,10 +101,10 @@ func (n *Node) RunImage(ref string, opts RunOptions) (stdout, stderr string, err
 	}
 	args = append(append(args, ref, id), opts.Args...)
 	var out, errOut bytes.Buffer
-	cmd := exec.Command(filepath.Join(n.tools.Dir, "ctr"), args...)
+	cmd := exec.Command(cd.ctrPath, args...)
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
-		return out.String(), errOut.String(), fmt.Errorf("node %s: ctr run %s %q: %w", n.Name, ref, opts.Args, err)
+		return out.String(), errOut.String(), fmt.Errorf("node %s: ctr run %s %q: %w", cd.node, ref, opts.Args, err)
 	}
 	return out.String(), errOut.String(), nil
 }

@@ -80,16 +80,16 @@ type Node struct {
 	Name    string
 	Options Options
 	// Dir holds everything of the node; RootDir is the kubelet's.
-	Dir, RootDir, CDIDir, ContainerdSocket string
-	// ContainerdConfig is containerd's configuration file, alone in its
-	// directory.
-	ContainerdConfig string
+	Dir, RootDir, CDIDir string
+	// containerd is the node's container runtime (containerd.go), and
+	// the images it holds (images.go).
+	*containerd
 
-	c                                      *harness.Cluster
-	tools                                  Tools
-	cgroupRoot                             string
-	kubeletPort                            int
-	containerd, kubelet, plugin, kubeProxy *process
+	c                          *harness.Cluster
+	tools                      Tools
+	cgroupRoot                 string
+	kubeletPort                int
+	kubelet, plugin, kubeProxy *process
 }
 
 // Start starts a real node joined to the cluster: containerd with the
