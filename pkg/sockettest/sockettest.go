@@ -1,6 +1,6 @@
 // Package sockettest makes unix sockets for tests: live ones that accept,
-// stale ones that nobody listens on (what a crashed process leaves), and
-// directories short enough to hold them. It is for tests only; no binary
+// stale ones that nobody listens on (what a crashed process leaves),
+// gRPC servers on them, and directories short enough to hold them. It is for tests only; no binary
 // links it (hack/deps-check.sh).
 package sockettest
 
@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"google.golang.org/grpc"
 )
 
 // Dir returns a new directory, removed when the test ends, whose paths
@@ -64,4 +66,28 @@ func Stale(tb testing.TB, path string) {
 	if err := lis.Close(); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// TB is what ServeGRPC needs of a test: testing.TB, or a harness's.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
+// ServeGRPC serves a gRPC server at a unix socket path, creating its
+// directory, until the test ends; register adds its services.
+func ServeGRPC(tb TB, path string, register func(*grpc.Server)) {
+	tb.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		tb.Fatal(err)
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	register(srv)
+	go func() { _ = srv.Serve(lis) }()
+	tb.Cleanup(srv.Stop)
 }

@@ -7,9 +7,6 @@ package critest
 import (
 	"context"
 	"maps"
-	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cri"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
 
 // Server is a runtime running the containers a test set.
@@ -33,27 +31,13 @@ type Server struct {
 }
 
 // TB is what Start needs of a test (testing.TB, or a harness's).
-type TB interface {
-	Helper()
-	Fatal(args ...any)
-	Cleanup(func())
-}
+type TB = sockettest.TB
 
 // Start serves the API at socket until the test ends.
 func Start(tb TB, socket string) *Server {
 	tb.Helper()
-	if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
-		tb.Fatal(err)
-	}
-	lis, err := net.Listen("unix", socket)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	s := &Server{Socket: socket, containers: map[string]cri.Container{}}
-	srv := grpc.NewServer()
-	runtimeapi.RegisterRuntimeServiceServer(srv, s)
-	go func() { _ = srv.Serve(lis) }()
-	tb.Cleanup(srv.Stop)
+	sockettest.ServeGRPC(tb, socket, func(srv *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(srv, s) })
 	return s
 }
 

@@ -8,9 +8,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -24,6 +21,7 @@ import (
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
 
 // Server is a PodResources API with the pods a test set.
@@ -43,27 +41,13 @@ type Server struct {
 }
 
 // TB is what Start needs of a test (testing.TB, or a harness's).
-type TB interface {
-	Helper()
-	Fatal(args ...any)
-	Cleanup(func())
-}
+type TB = sockettest.TB
 
 // Start serves the API at socket until the test ends.
 func Start(tb TB, socket string) *Server {
 	tb.Helper()
-	if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
-		tb.Fatal(err)
-	}
-	lis, err := net.Listen("unix", socket)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	s := &Server{Socket: socket, pods: map[types.NamespacedName][]podresources.ContainerClaims{}, whole: map[types.NamespacedName]*podresourcesapi.PodResources{}}
-	srv := grpc.NewServer()
-	podresourcesapi.RegisterPodResourcesListerServer(srv, s)
-	go func() { _ = srv.Serve(lis) }()
-	tb.Cleanup(srv.Stop)
+	sockettest.ServeGRPC(tb, socket, func(srv *grpc.Server) { podresourcesapi.RegisterPodResourcesListerServer(srv, s) })
 	return s
 }
 
