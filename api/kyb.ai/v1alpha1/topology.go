@@ -149,22 +149,7 @@ func (t *NodeTopology) SetDefaults() {
 	for i := range t.GPUs {
 		g := &t.GPUs[i]
 		if t.Defaults != nil {
-			d := t.Defaults
-			if g.ProductName == "" {
-				g.ProductName = d.ProductName
-			}
-			if g.Architecture == "" {
-				g.Architecture = d.Architecture
-			}
-			if g.CUDAComputeCapability == "" {
-				g.CUDAComputeCapability = d.CUDAComputeCapability
-			}
-			if g.MemoryMiB == 0 {
-				g.MemoryMiB = d.MemoryMiB
-			}
-			if g.MIG == nil {
-				g.MIG = d.MIG
-			}
+			g.GPUProperties = mergeProps(g.GPUProperties, *t.Defaults)
 		}
 		if g.Minor == nil {
 			m := g.Index
@@ -351,6 +336,7 @@ func (t *NodeTopology) validateSwitchRoots(errs *FieldErrors) {
 	}
 }
 
+// mergeProps is p with what it leaves out taken from d.
 func mergeProps(p, d GPUProperties) GPUProperties {
 	if p.ProductName == "" {
 		p.ProductName = d.ProductName
