@@ -80,24 +80,7 @@ func WithdrawAroundPartitions(res resourceslice.DriverResources, plan *planner.P
 		ref, ok := idx[d.Name]
 		return ok && slices.ContainsFunc(ref.Group.GPUs, func(i int) bool { return len(onGPU[i]) > 0 })
 	}
-	withdrawn := 0
-	for name, pool := range res.Pools {
-		for i, s := range pool.Slices {
-			if len(s.Devices) == 0 {
-				continue
-			}
-			out := make([]resourceapi.Device, 0, len(s.Devices))
-			for _, d := range s.Devices {
-				if !impossible(&d) {
-					out = append(out, d)
-				}
-			}
-			withdrawn += len(s.Devices) - len(out)
-			pool.Slices[i].Devices = out
-		}
-		res.Pools[name] = pool
-	}
-	return withdrawn
+	return removeDevices(res, impossible)
 }
 
 // WithdrawMIGOf removes from res the MIG devices of gpus, GPUs that
@@ -114,17 +97,5 @@ func WithdrawMIGOf(res resourceslice.DriverResources, plan *planner.Plan, gpus [
 			off[d.DeviceName()] = true
 		}
 	}
-	withdrawn := 0
-	for name, pool := range res.Pools {
-		for i, s := range pool.Slices {
-			if len(s.Devices) == 0 {
-				continue
-			}
-			out := slices.DeleteFunc(slices.Clone(s.Devices), func(d resourceapi.Device) bool { return off[d.Name] })
-			withdrawn += len(s.Devices) - len(out)
-			pool.Slices[i].Devices = out
-		}
-		res.Pools[name] = pool
-	}
-	return withdrawn
+	return removeDevices(res, func(d *resourceapi.Device) bool { return off[d.Name] })
 }

@@ -80,17 +80,30 @@ func HideBlocked(res resourceslice.DriverResources, plan *planner.Plan, held Hel
 	if len(hide) == 0 {
 		return 0
 	}
-	hidden := 0
+	return removeDevices(res, func(d *resourceapi.Device) bool { return hide[d.Name] })
+}
+
+// removeDevices removes from the slices of res the devices drop names,
+// and returns how many it removed. Every slice stays, emptied or not, so
+// that the pools keep their slice counts. drop may change a device it
+// keeps.
+func removeDevices(res resourceslice.DriverResources, drop func(d *resourceapi.Device) bool) int {
+	removed := 0
 	for name, pool := range res.Pools {
 		for i, s := range pool.Slices {
 			if len(s.Devices) == 0 {
 				continue
 			}
-			kept := slices.DeleteFunc(slices.Clone(s.Devices), func(d resourceapi.Device) bool { return hide[d.Name] })
-			hidden += len(s.Devices) - len(kept)
+			kept := make([]resourceapi.Device, 0, len(s.Devices))
+			for _, d := range s.Devices {
+				if !drop(&d) {
+					kept = append(kept, d)
+				}
+			}
+			removed += len(s.Devices) - len(kept)
 			pool.Slices[i].Devices = kept
 		}
 		res.Pools[name] = pool
 	}
-	return hidden
+	return removed
 }
