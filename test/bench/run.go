@@ -42,24 +42,20 @@ type Options struct {
 func Run(ctx context.Context, opts Options, out io.Writer) error {
 	has := func(s string) bool { return slices.Contains(opts.Studies, s) }
 	if has("alloc") {
-		start := time.Now()
-		st, err := RunAlloc(ctx, opts.Alloc, opts.Rounds)
-		if err != nil {
-			return fmt.Errorf("allocator study: %w", err)
+		if err := runStudy(opts, out, "allocator study", func() ([]*Table, error) {
+			st, err := RunAlloc(ctx, opts.Alloc, opts.Rounds)
+			if err != nil {
+				return nil, err
+			}
+			return st.Tables(), nil
+		}); err != nil {
+			return err
 		}
-		for _, t := range st.Tables() {
-			t.Write(out)
-		}
-		fmt.Fprintf(opts.Log, "allocator study: %v\n", time.Since(start).Round(time.Second))
 	}
 	if has("allocpatch") {
-		start := time.Now()
-		st, err := RunPatch(ctx, opts.Patch, opts.Rounds)
-		if err != nil {
-			return fmt.Errorf("allocator patch study: %w", err)
+		if err := runStudy(opts, out, "allocator patch study", func() ([]*Table, error) { return one(RunPatch(ctx, opts.Patch, opts.Rounds)) }); err != nil {
+			return err
 		}
-		st.Table().Write(out)
-		fmt.Fprintf(opts.Log, "allocator patch study: %v\n", time.Since(start).Round(time.Second))
 	}
 	if has("alloc-figures") {
 		f, err := MeasureAllocFigures(ctx, opts.Patch)
@@ -76,13 +72,9 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		}
 	}
 	if has("shim-footprint") {
-		start := time.Now()
-		st, err := RunShimFootprint(ctx, opts.ShimFootprint)
-		if err != nil {
-			return fmt.Errorf("shim footprint study: %w", err)
+		if err := runStudy(opts, out, "shim footprint study", func() ([]*Table, error) { return one(RunShimFootprint(ctx, opts.ShimFootprint)) }); err != nil {
+			return err
 		}
-		st.Table().Write(out)
-		fmt.Fprintf(opts.Log, "shim footprint study: %v\n", time.Since(start).Round(time.Second))
 	}
 	needCluster := has("prepare") || has("burst") || has("sched") || has("footprint") || has("kybsched") || has("kybburst")
 	if !needCluster {
@@ -113,68 +105,54 @@ func runWithCluster(ctx context.Context, tb *harness.ProcessTB, opts Options, ou
 		copts = KybSchedClusterOptions()
 	}
 	c := harness.Start(tb, copts)
-	if has("prepare") {
-		start := time.Now()
-		p := opts.Prepare
-		p.Rounds = opts.Rounds
-		st, err := RunPrepare(ctx, c, p)
-		if err != nil {
-			return fmt.Errorf("prepare study: %w", err)
+	p, s, k := opts.Prepare, opts.Sched, opts.KybSched
+	p.Rounds, s.Rounds, k.Rounds = opts.Rounds, opts.Rounds, opts.Rounds
+	for _, study := range []struct {
+		key, name string
+		run       func() ([]*Table, error)
+	}{
+		{"prepare", "prepare study", func() ([]*Table, error) {
+			st, err := RunPrepare(ctx, c, p)
+			if err != nil {
+				return nil, err
+			}
+			return []*Table{st.Table(), st.StepTable()}, nil
+		}},
+		{"burst", "burst study", func() ([]*Table, error) { return one(RunBurst(ctx, c, opts.Burst)) }},
+		{"footprint", "footprint study", func() ([]*Table, error) { return one(RunFootprint(ctx, c, opts.Footprint)) }},
+		{"sched", "scheduler study", func() ([]*Table, error) { return one(RunSched(ctx, c, s)) }},
+		{"kybsched", "kyb-scheduler study", func() ([]*Table, error) { return one(RunKybSched(ctx, c, k)) }},
+		{"kybburst", "kyb-scheduler burst study", func() ([]*Table, error) { return one(RunKybBurst(ctx, c, k)) }},
+	} {
+		if !has(study.key) {
+			continue
 		}
-		st.Table().Write(out)
-		st.StepTable().Write(out)
-		fmt.Fprintf(opts.Log, "prepare study: %v\n", time.Since(start).Round(time.Second))
-	}
-	if has("burst") {
-		start := time.Now()
-		st, err := RunBurst(ctx, c, opts.Burst)
-		if err != nil {
-			return fmt.Errorf("burst study: %w", err)
+		if err := runStudy(opts, out, study.name, study.run); err != nil {
+			return err
 		}
-		st.Table().Write(out)
-		fmt.Fprintf(opts.Log, "burst study: %v\n", time.Since(start).Round(time.Second))
 	}
-	if has("footprint") {
-		start := time.Now()
-		st, err := RunFootprint(ctx, c, opts.Footprint)
-		if err != nil {
-			return fmt.Errorf("footprint study: %w", err)
-		}
-		st.Table().Write(out)
-		fmt.Fprintf(opts.Log, "footprint study: %v\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// one is the table of a study that reports one.
+func one[S interface{ Table() *Table }](st S, err error) ([]*Table, error) {
+	if err != nil {
+		return nil, err
 	}
-	if has("sched") {
-		start := time.Now()
-		s := opts.Sched
-		s.Rounds = opts.Rounds
-		st, err := RunSched(ctx, c, s)
-		if err != nil {
-			return fmt.Errorf("scheduler study: %w", err)
-		}
-		st.Table().Write(out)
-		fmt.Fprintf(opts.Log, "scheduler study: %v\n", time.Since(start).Round(time.Second))
+	return []*Table{st.Table()}, nil
+}
+
+// runStudy runs one study, writes the tables it reports to out and logs
+// how long it took.
+func runStudy(opts Options, out io.Writer, name string, run func() ([]*Table, error)) error {
+	start := time.Now()
+	tables, err := run()
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
 	}
-	if has("kybsched") {
-		start := time.Now()
-		k := opts.KybSched
-		k.Rounds = opts.Rounds
-		st, err := RunKybSched(ctx, c, k)
-		if err != nil {
-			return fmt.Errorf("kyb-scheduler study: %w", err)
-		}
-		st.Table().Write(out)
-		fmt.Fprintf(opts.Log, "kyb-scheduler study: %v\n", time.Since(start).Round(time.Second))
+	for _, t := range tables {
+		t.Write(out)
 	}
-	if has("kybburst") {
-		start := time.Now()
-		k := opts.KybSched
-		k.Rounds = opts.Rounds
-		st, err := RunKybBurst(ctx, c, k)
-		if err != nil {
-			return fmt.Errorf("kyb-scheduler burst study: %w", err)
-		}
-		st.Table().Write(out)
-		fmt.Fprintf(opts.Log, "kyb-scheduler burst study: %v\n", time.Since(start).Round(time.Second))
-	}
+	fmt.Fprintf(opts.Log, "%s: %v\n", name, time.Since(start).Round(time.Second))
 	return nil
 }
