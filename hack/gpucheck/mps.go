@@ -23,7 +23,6 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpssim"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
 // tryEnv makes kyb-cuda-probe try allocations of the sizes it lists; in
@@ -220,7 +219,7 @@ func computeMode(lib nvml.Interface, uuid string) string {
 	if ret == nvml.SUCCESS {
 		var mode nvml.ComputeMode
 		if mode, ret = dev.GetComputeMode(); ret == nvml.SUCCESS {
-			return simnode.ComputeModeName(mode)
+			return inventory.ComputeModeName(mode)
 		}
 	}
 	return "(" + lib.ErrorString(ret) + ")"

@@ -8,7 +8,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
 // gpuSettings are the settings of a GPU that gpu-check must leave as they
@@ -42,7 +41,7 @@ func readSettings(lib nvml.Interface, inv *inventory.Inventory) []gpuSettings {
 			continue
 		}
 		if mode, ret := dev.GetComputeMode(); ret == nvml.SUCCESS {
-			s.computeMode = simnode.ComputeModeName(mode)
+			s.computeMode = inventory.ComputeModeName(mode)
 		} else {
 			s.computeMode = "(" + lib.ErrorString(ret) + ")"
 		}

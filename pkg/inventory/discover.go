@@ -229,6 +229,21 @@ func pcieLevel(l nvml.GpuTopologyLevel) PCIeLevel {
 	}
 }
 
+// ComputeModeName names a compute mode as nvidia-smi does.
+func ComputeModeName(m nvml.ComputeMode) string {
+	switch m {
+	case nvml.COMPUTEMODE_DEFAULT:
+		return "Default"
+	case nvml.COMPUTEMODE_EXCLUSIVE_THREAD:
+		return "Exclusive_Thread"
+	case nvml.COMPUTEMODE_PROHIBITED:
+		return "Prohibited"
+	case nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
+		return "Exclusive_Process"
+	}
+	return fmt.Sprintf("ComputeMode(%d)", int(m))
+}
+
 // ArchitectureName turns NVML's architecture code into a lower-case name.
 func ArchitectureName(a nvml.DeviceArchitecture) string {
 	switch a {

@@ -174,21 +174,7 @@ func (s *suite) modes(g *gpu) Result {
 	case ret != nvml.ERROR_NOT_SUPPORTED:
 		p.add("GetPersistenceMode: %s", s.errorString(ret))
 	}
-	return p.result(CheckModes, g.index, fmt.Sprintf("compute mode %s, %s", computeModeName(mode), persistence))
-}
-
-func computeModeName(m nvml.ComputeMode) string {
-	switch m {
-	case nvml.COMPUTEMODE_DEFAULT:
-		return "Default"
-	case nvml.COMPUTEMODE_EXCLUSIVE_THREAD:
-		return "Exclusive_Thread"
-	case nvml.COMPUTEMODE_PROHIBITED:
-		return "Prohibited"
-	case nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
-		return "Exclusive_Process"
-	}
-	return fmt.Sprintf("ComputeMode(%d)", int(m))
+	return p.result(CheckModes, g.index, fmt.Sprintf("compute mode %s, %s", inventory.ComputeModeName(mode), persistence))
 }
 
 func enabled(on bool) string {

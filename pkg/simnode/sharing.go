@@ -7,6 +7,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 )
 
 // A simulated GPU keeps its compute mode (NVML's SetComputeMode and
@@ -98,15 +100,6 @@ func (s *sharing) ComputeMode(i int) nvml.ComputeMode {
 	return s.modes[i]
 }
 
-// ComputeModeName names a compute mode as nvidia-smi does.
-func ComputeModeName(m nvml.ComputeMode) string {
-	switch m {
-	case nvml.COMPUTEMODE_DEFAULT:
-		return "Default"
-	case nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
-		return "Exclusive_Process"
-	case nvml.COMPUTEMODE_PROHIBITED:
-		return "Prohibited"
-	}
-	return fmt.Sprintf("ComputeMode(%d)", m)
-}
+// ComputeModeName names a compute mode as nvidia-smi does
+// (inventory.ComputeModeName), for tests that report a simulated GPU's.
+func ComputeModeName(m nvml.ComputeMode) string { return inventory.ComputeModeName(m) }
