@@ -350,21 +350,28 @@ func (m *Manager) Reconcile(ctx context.Context, prepared Prepared) error {
 	return errors.Join(errs...)
 }
 
+// isWhole says whether a made record's instance is whole on its GPU
+// (gpu.check), and returns the GPU for what is done next.
+func (m *Manager) isWhole(r Record) (gpu, bool, error) {
+	g, err := m.gpu(r.GPU)
+	if err != nil {
+		return gpu{}, false, err
+	}
+	st, _, err := g.check(r)
+	if err != nil {
+		return g, false, fmt.Errorf("check MIG instance %s: %w", r, err)
+	}
+	return g, st == whole, nil
+}
+
 // settleHeld says whether the record of a made instance that a prepared
 // claim holds is to be forgotten: its instance is no longer whole, and
 // what is left of it (a GPU instance whose compute instance went) is
 // destroyed; the claim's next prepare makes the instance again.
 func (m *Manager) settleHeld(ctx context.Context, r Record) (bool, error) {
-	g, err := m.gpu(r.GPU)
-	if err != nil {
+	g, ok, err := m.isWhole(r)
+	if err != nil || ok {
 		return false, err
-	}
-	st, _, err := g.check(r)
-	if err != nil {
-		return false, fmt.Errorf("check MIG instance %s: %w", r, err)
-	}
-	if st == whole {
-		return false, nil
 	}
 	if err := g.destroy(ctx, r); err != nil {
 		if errors.Is(err, errCrashed) {
@@ -385,16 +392,8 @@ func (m *Manager) settleAdopted(ctx context.Context, r Record, released bool) (b
 		logger.Info("Released an adopted MIG instance no prepared claim holds; it stays", "instance", r.String())
 		return true, nil
 	}
-	g, err := m.gpu(r.GPU)
-	if err != nil {
+	if _, ok, err := m.isWhole(r); err != nil || ok {
 		return false, err
-	}
-	st, _, err := g.check(r)
-	if err != nil {
-		return false, fmt.Errorf("check MIG instance %s: %w", r, err)
-	}
-	if st == whole {
-		return false, nil
 	}
 	logger.Info("An adopted MIG instance is gone or changed; its record is forgotten and what is left stays", "instance", r.String())
 	return true, nil

@@ -3,7 +3,6 @@ package miginstance
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -29,17 +28,11 @@ func (m *Manager) Gone(ctx context.Context, claims ...types.UID) ([]Record, erro
 		if !r.Phase.Made() || len(claims) > 0 && !slices.Contains(claims, r.Claim) {
 			continue
 		}
-		g, err := m.gpu(r.GPU)
-		if err != nil {
+		_, ok, err := m.isWhole(r)
+		switch {
+		case err != nil:
 			errs = append(errs, err)
-			continue
-		}
-		st, _, err := g.check(r)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("check MIG instance %s: %w", r, err))
-			continue
-		}
-		if st != whole {
+		case !ok:
 			out = append(out, r)
 		}
 	}
