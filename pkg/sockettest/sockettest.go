@@ -31,13 +31,7 @@ func Dir(tb testing.TB) string {
 // accepts and closes connections until the test ends.
 func Listen(tb testing.TB, path string) {
 	tb.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		tb.Fatal(err)
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	lis := listen(tb, path)
 	tb.Cleanup(func() { _ = lis.Close() })
 	go func() {
 		for {
@@ -79,6 +73,16 @@ type TB interface {
 // directory, until the test ends; register adds its services.
 func ServeGRPC(tb TB, path string, register func(*grpc.Server)) {
 	tb.Helper()
+	lis := listen(tb, path)
+	srv := grpc.NewServer()
+	register(srv)
+	go func() { _ = srv.Serve(lis) }()
+	tb.Cleanup(srv.Stop)
+}
+
+// listen listens on a unix socket at path, creating its directory.
+func listen(tb TB, path string) net.Listener {
+	tb.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		tb.Fatal(err)
 	}
@@ -86,8 +90,5 @@ func ServeGRPC(tb TB, path string, register func(*grpc.Server)) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	srv := grpc.NewServer()
-	register(srv)
-	go func() { _ = srv.Serve(lis) }()
-	tb.Cleanup(srv.Stop)
+	return lis
 }
