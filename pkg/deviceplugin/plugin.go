@@ -261,7 +261,7 @@ func checkDrained(ctx context.Context, opts Options) (*podresources.Listing, err
 		klog.FromContext(ctx).Info("Not checking that no pod of the DRA plugin holds a GPU", "warning", "the kubelet's PodResources API is not asked; drain the node before the shim takes it over")
 		return nil, nil
 	}
-	l, err := opts.PodResources(ctx)
+	l, err := podresources.ListWhenServed(ctx, podresources.StartWait, opts.PodResources)
 	if err != nil {
 		return nil, fmt.Errorf("ask the kubelet whether pods of the kyb DRA plugin still hold this node's GPUs: %w", err)
 	}

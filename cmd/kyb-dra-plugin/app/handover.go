@@ -21,7 +21,7 @@ func checkShimDrained(ctx context.Context, pr *podresources.Client, plan *planne
 		klog.FromContext(ctx).Info("Not checking that no pod of the device-plugin shim holds a GPU", "warning", "--pod-resources-socket is empty; drain the node before the plugin takes it over from the shim")
 		return nil
 	}
-	l, err := pr.List(ctx)
+	l, err := podresources.ListWhenServed(ctx, podresources.StartWait, pr.List)
 	if err != nil {
 		return fmt.Errorf("ask the kubelet whether pods of the kyb device-plugin shim still hold this node's GPUs (--pod-resources-socket; empty: not asked): %w", err)
 	}
