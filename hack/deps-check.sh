@@ -54,12 +54,13 @@ for cmd in kyb-dra-plugin kyb-device-plugin kyb-cuda-probe kubectl-kyb; do
 done
 # kyb-scheduler is kube-scheduler, a module of its own (cmd/kyb-scheduler),
 # and links what kube-scheduler links; of the driver it reads only the
-# names of what the plugin publishes: no node code, no NVML (it is built
+# names of what the plugin publishes and the pure measure of fragmentation
+# it shares with kubectl kyb seats: no node code, no NVML (it is built
 # without cgo), no test helpers. Its module builds against the patched
 # copies hack/kyb-scheduler-patch.sh makes.
 GO=$GO hack/kyb-scheduler-patch.sh
 deps=$(cd cmd/kyb-scheduler && $GO list -deps .)
-found=$(grep -E '^github.com/NVIDIA/|^'$module'/(pkg|api)/' <<<"$deps" | grep -vE '^'$module'/(pkg/driver|api/kyb.ai/v1alpha1)$' || true)
+found=$(grep -E '^github.com/NVIDIA/|^'$module'/(pkg|api)/' <<<"$deps" | grep -vE '^'$module'/(pkg/driver|pkg/fragmentation|api/kyb.ai/v1alpha1)$' || true)
 for pkg in $found; do
 	echo "deps-check: cmd/kyb-scheduler links $pkg; see hack/deps-check.sh for why it must not" >&2
 	status=1
