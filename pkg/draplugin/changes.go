@@ -71,7 +71,7 @@ func (p *publisher) healthEvents(ctx context.Context, before, after map[int]heal
 	for _, x := range slices.Sorted(maps.Keys(gpus)) {
 		was, wasBad := before[x]
 		is, isBad := after[x]
-		uuid := p.node.inv.GPUs[x].UUID
+		uuid := p.node.Inv.GPUs[x].UUID
 		groups := strings.Join(p.groupsOf(x), " ")
 		switch {
 		case isBad && (!wasBad || was.Reason != is.Reason):
@@ -90,7 +90,7 @@ func (p *publisher) healthEvents(ctx context.Context, before, after map[int]heal
 // groupsOf names the groups that contain GPU x, in the plan's order.
 func (p *publisher) groupsOf(x int) []string {
 	var out []string
-	for _, g := range p.node.plan.Ordered() {
+	for _, g := range p.node.Plan.Ordered() {
 		if slices.Contains(g.GPUs, x) {
 			out = append(out, g.Name)
 		}

@@ -130,7 +130,7 @@ type Options struct {
 // Driver is a running plugin.
 type Driver struct {
 	opts    Options
-	node    nodePlan
+	node    draresources.Node
 	clock   clock.WithTicker
 	hooks   hooks
 	metrics *metrics
@@ -170,7 +170,7 @@ func Start(ctx context.Context, opts Options) (*Driver, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	d := &Driver{
 		opts: opts, clock: opts.Clock, hooks: hooks(opts.Hooks), metrics: newMetrics(), ctx: ctx, cancel: cancel,
-		node: nodePlan{pool: opts.NodeName, plan: opts.Plan, inv: opts.Inventory, index: draresources.Index(opts.Plan)},
+		node: draresources.NewNode(opts.NodeName, opts.Plan, opts.Inventory),
 	}
 	ok := false
 	defer func() {
@@ -231,7 +231,7 @@ func (d *Driver) open(ctx context.Context) error {
 	d.publisher = newPublisher(d.node, opts.Layout, healthTaints{view: health.View{Source: opts.Health}, lostEffect: opts.GPULostEffect},
 		d.events, d.metrics, opts.BackgroundClient, opts.Clock)
 	layout := d.publisher.currentLayout()
-	if err := draresources.CheckPoolBounds(draresources.Resources(d.node.plan, d.node.inv, d.node.pool, layout), layout); err != nil {
+	if err := draresources.CheckPoolBounds(draresources.Resources(d.node.Plan, d.node.Inv, d.node.Pool, layout), layout); err != nil {
 		return err
 	}
 	if err := d.metrics.registry.Register(seatCollector{d.publisher}); err != nil {
@@ -243,7 +243,7 @@ func (d *Driver) open(ctx context.Context) error {
 		return err
 	}
 	d.ledger, err = seatledger.Open(ctx, seatledger.Options{
-		Pool: d.node.pool, Plan: opts.Plan, Inventory: opts.Inventory, Dir: opts.PluginDataDir,
+		Pool: d.node.Pool, Plan: opts.Plan, Inventory: opts.Inventory, Dir: opts.PluginDataDir,
 		SharedWithPeer: opts.PodUID != "", BootID: opts.BootID, Specs: specs, Claims: opts.Client.ResourceV1(),
 		Events: d.events, Clock: opts.Clock, UsageChanged: d.usageChanged,
 		Hooks: seatledger.Hooks{
@@ -287,7 +287,7 @@ func (d *Driver) open(ctx context.Context) error {
 	// start's reconcile (or an earlier one) found gone.
 	d.lostAtStart(ctx)
 	if opts.Usage.Sampler != nil {
-		d.usage = newPodUsage(ctx, opts.Usage, d.ledger, opts.PodResources, opts.PluginDataDir, d.node.index)
+		d.usage = newPodUsage(ctx, opts.Usage, d.ledger, opts.PodResources, opts.PluginDataDir, d.node.Index)
 		if err := d.metrics.registry.Register(usageCollector{d.usage}); err != nil {
 			return fmt.Errorf("register the GPU usage metrics: %w", err)
 		}

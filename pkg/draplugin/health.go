@@ -57,10 +57,10 @@ func (p *publisher) healthReports(now time.Time) []kubeletplugin.DeviceHealth {
 	var out []kubeletplugin.DeviceHealth
 	for _, name := range p.devices() {
 		h := kubeletplugin.DeviceHealth{
-			PoolName: p.node.pool, DeviceName: name, Health: kubeletplugin.HealthStatusHealthy,
+			PoolName: p.node.Pool, DeviceName: name, Health: kubeletplugin.HealthStatusHealthy,
 			LastUpdated: now, HealthCheckTimeout: healthCheckTimeout,
 		}
-		if ref, ok := p.node.index[name]; ok {
+		if ref, ok := p.node.Index[name]; ok {
 			healthy, msg := health.OfGPUs(ref.Group.GPUs, bad)
 			if ref.MIG != nil {
 				healthy, msg = health.OfInstance(instanceOf(*ref.MIG), bad, badInstances)
@@ -137,7 +137,7 @@ func (p *publisher) instanceHealthEvents(ctx context.Context, before, after map[
 	for _, in := range slices.SortedFunc(maps.Keys(all), order) {
 		was, wasBad := before[in]
 		is, isBad := after[in]
-		uuid := p.node.inv.GPUs[in.GPU].UUID
+		uuid := p.node.Inv.GPUs[in.GPU].UUID
 		switch {
 		case isBad && (!wasBad || was.Reason != is.Reason):
 			taint := instanceTaint(is)
@@ -158,7 +158,7 @@ func (p *publisher) instanceHealthEvents(ctx context.Context, before, after map[
 // reaches.
 func (p *publisher) devicesOf(in health.Instance, f health.Fault) []string {
 	var out []string
-	for _, d := range p.node.plan.MIGDevices() {
+	for _, d := range p.node.Plan.MIGDevices() {
 		if in.Reaches(f, instanceOf(d)) {
 			out = append(out, d.DeviceName())
 		}

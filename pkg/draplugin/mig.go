@@ -11,6 +11,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
@@ -39,7 +40,7 @@ type MIG struct {
 
 // migSeats are the MIG instances of the node's claims.
 type migSeats struct {
-	node nodePlan
+	node draresources.Node
 	// instances is nil where no NVML was given: a MIG claim then fails
 	// its prepare, saying so.
 	instances *miginstance.Manager
@@ -61,9 +62,9 @@ type migSeats struct {
 	lost lostInstances
 }
 
-func newMIGSeats(opts MIG, node nodePlan, dir string, journal migJournal) (*migSeats, error) {
+func newMIGSeats(opts MIG, node draresources.Node, dir string, journal migJournal) (*migSeats, error) {
 	s := &migSeats{node: node, partitions: newPartitionsGauge()}
-	if opts.NVML == nil || !node.plan.HasMIG() {
+	if opts.NVML == nil || !node.Plan.HasMIG() {
 		return s, nil
 	}
 	m, err := miginstance.New(miginstance.Options{Dir: dir, NVML: opts.NVML, Minors: opts.Minors, Step: opts.Step,
@@ -78,12 +79,12 @@ func newMIGSeats(opts MIG, node nodePlan, dir string, journal migJournal) (*migS
 // want is the instance a claim's device stands for; false for a device
 // that is not a MIG device.
 func (s *migSeats) want(uid types.UID, dev checkpoint.Device) (miginstance.Want, bool) {
-	ref, ok := s.node.index[dev.Device]
+	ref, ok := s.node.Index[dev.Device]
 	if !ok || ref.MIG == nil || dev.AdminAccess || dev.Fenced {
 		return miginstance.Want{}, false
 	}
 	gpu := ref.MIG.GPU.Index()
-	g := s.node.inv.GPUs[gpu]
+	g := s.node.Inv.GPUs[gpu]
 	return miginstance.Want{
 		Claim: uid, Device: dev.Device, GPU: gpu, GPUMinor: g.Minor, GPUUUID: g.UUID, Architecture: g.Architecture,
 		Profile: ref.MIG.GPU.Profile, Placement: ref.MIG.Placement, Adopt: s.static[dev.Device],
@@ -116,16 +117,16 @@ func (s *migSeats) prepare(ctx context.Context, uid types.UID, c *checkpoint.Cla
 // for the group: MIG mode off. An admin-access device changes nothing:
 // it is given beside the GPUs' other holders.
 func (s *migSeats) wholeGPUs(ctx context.Context, dev checkpoint.Device) error {
-	ref, ok := s.node.index[dev.Device]
+	ref, ok := s.node.Index[dev.Device]
 	if s.instances == nil || !ok || ref.MIG != nil || dev.AdminAccess || dev.Fenced {
 		return nil
 	}
-	models := s.node.plan.MIGModels()
+	models := s.node.Plan.MIGModels()
 	for _, gpu := range ref.Group.GPUs {
 		if _, ok := models[gpu]; !ok {
 			continue
 		}
-		if err := s.instances.WholeGPU(ctx, gpu, s.node.inv.GPUs[gpu].Architecture); err != nil {
+		if err := s.instances.WholeGPU(ctx, gpu, s.node.Inv.GPUs[gpu].Architecture); err != nil {
 			return err
 		}
 	}

@@ -27,8 +27,8 @@ func (s *migSeats) reportNoMIGGeometry(ctx context.Context, events *nodeevents.R
 	}
 	var causes []cause
 	gpus := map[cause][]string{}
-	for _, u := range s.node.plan.MIGUnavailable() {
-		c := cause{s.node.inv.GPUs[u.GPU].ProductName, u.Reason, strings.Join(u.Profiles, ", "), u.Capable}
+	for _, u := range s.node.Plan.MIGUnavailable() {
+		c := cause{s.node.Inv.GPUs[u.GPU].ProductName, u.Reason, strings.Join(u.Profiles, ", "), u.Capable}
 		if _, ok := gpus[c]; !ok {
 			causes = append(causes, c)
 		}

@@ -47,8 +47,8 @@ func (s *migSeats) surveyMIGMode(ctx context.Context, lib miginstance.Library, e
 	}
 	logger := klog.FromContext(ctx)
 	var off []int
-	for _, gpu := range slices.Sorted(maps.Keys(s.node.plan.MIGModels())) {
-		g := s.node.inv.GPUs[gpu]
+	for _, gpu := range slices.Sorted(maps.Keys(s.node.Plan.MIGModels())) {
+		g := s.node.Inv.GPUs[gpu]
 		dev, ret := lib.DeviceGetHandleByIndex(gpu)
 		var current, pending int
 		if ret == nvml.SUCCESS {

@@ -58,7 +58,7 @@ func (s *migSeats) survey(ctx context.Context, events *nodeevents.Recorder, reg 
 		return nil, nil
 	}
 	logger := klog.FromContext(ctx)
-	gpus := slices.Sorted(maps.Keys(s.node.plan.MIGModels()))
+	gpus := slices.Sorted(maps.Keys(s.node.Plan.MIGModels()))
 	for _, gpu := range gpus {
 		for _, kind := range []string{partitionStatic, partitionForeign} {
 			s.partitions.WithLabelValues(strconv.Itoa(gpu), kind).Set(0)
@@ -127,7 +127,7 @@ func (s *migSeats) listPartitions(ctx context.Context, gpu int) ([]miginstance.P
 // is none.
 func (s *migSeats) staticSeat(p miginstance.Partition) (device, why string) {
 	var configured []string
-	for _, prof := range s.node.plan.Profiles {
+	for _, prof := range s.node.Plan.Profiles {
 		if prof.MIG == nil {
 			continue
 		}

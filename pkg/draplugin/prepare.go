@@ -237,8 +237,8 @@ const (
 // of strings, in the order of its gpuIndices).
 func (d *Driver) metadata(dev checkpoint.Device) *kubeletplugin.DeviceMetadata {
 	attrs := map[string]resourceapi.DeviceAttribute{}
-	if ref, ok := d.node.index[dev.GroupDevice]; ok {
-		for name, v := range draresources.Attributes(ref.Group, d.node.inv, d.node.plan.Attributes) {
+	if ref, ok := d.node.Index[dev.GroupDevice]; ok {
+		for name, v := range draresources.Attributes(ref.Group, d.node.Inv, d.node.Plan.Attributes) {
 			attrs[string(name)] = v
 		}
 	}
@@ -257,7 +257,7 @@ func (d *Driver) metadata(dev checkpoint.Device) *kubeletplugin.DeviceMetadata {
 		admin := true
 		attrs[metaAdminAccess] = resourceapi.DeviceAttribute{BoolValue: &admin}
 	}
-	if g := d.node.group(dev.GroupDevice); g != nil {
+	if g := d.node.Group(dev.GroupDevice); g != nil {
 		strategy := string(g.Profile.Sharing)
 		attrs[metaSharing] = resourceapi.DeviceAttribute{StringValue: &strategy}
 		if g.Profile.Sharing == v1alpha1.SharingMPS && len(dev.Seats) > 0 {

@@ -16,30 +16,9 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
-
-// nodePlan is what the node serves: its pool, its plan and inventory, and
-// the index from published device names to groups and seats.
-type nodePlan struct {
-	pool  string
-	plan  *planner.Plan
-	inv   *inventory.Inventory
-	index map[string]draresources.DeviceRef
-}
-
-// group is the group of a group device (g01-2x), nil where today's plan
-// has none: the index's lookup, not the plan's walk over every group, on
-// the prepare path.
-func (n nodePlan) group(groupDevice string) *planner.Group {
-	if ref, ok := n.index[groupDevice]; ok && ref.Seat < 0 {
-		return ref.Group
-	}
-	return nil
-}
 
 // slicePublisher publishes a pool's slices: the kubeletplugin helper.
 type slicePublisher interface {
@@ -52,7 +31,7 @@ type slicePublisher interface {
 // one in use are hidden), and the taints of unhealthy and fenced GPUs. It publishes again when any of them
 // changes, and when the kubelet wipes the node's slices.
 type publisher struct {
-	node    nodePlan
+	node    draresources.Node
 	forced  LayoutMode
 	health  healthTaints
 	events  *nodeevents.Recorder
@@ -86,7 +65,7 @@ type publisher struct {
 	heldCh chan struct{}
 }
 
-func newPublisher(node nodePlan, forced LayoutMode, h healthTaints, events *nodeevents.Recorder, m *metrics, client kubernetes.Interface, clk clock.WithTicker) *publisher {
+func newPublisher(node draresources.Node, forced LayoutMode, h healthTaints, events *nodeevents.Recorder, m *metrics, client kubernetes.Interface, clk clock.WithTicker) *publisher {
 	p := &publisher{
 		node: node, forced: forced, health: h, events: events, metrics: m, client: client, clock: clk,
 		layout: draresources.LayoutShared, heldCh: make(chan struct{}, 1),
@@ -108,7 +87,7 @@ func (p *publisher) setUsage(u seatledger.Usage) {
 	p.usage = u
 	p.mu.Unlock()
 	changed := !maps.Equal(old.Fenced, u.Fenced) ||
-		(p.node.plan.HideBlocked && !slices.Equal(old.Held.Devices(), u.Held.Devices()))
+		(p.node.Plan.HideBlocked && !slices.Equal(old.Held.Devices(), u.Held.Devices()))
 	if changed {
 		p.nudge()
 	}
@@ -151,24 +130,24 @@ func (p *publisher) resources() resourceslice.DriverResources {
 	layout, held, fenced := p.layout, maps.Clone(p.usage.Held), maps.Clone(p.usage.Fenced)
 	p.mu.Unlock()
 	node := p.node
-	res := draresources.Resources(node.plan, node.inv, node.pool, layout)
-	draresources.WithdrawAroundPartitions(res, node.plan, p.migPartitions)
-	draresources.WithdrawMIGOf(res, node.plan, p.noMIG)
+	res := draresources.Resources(node.Plan, node.Inv, node.Pool, layout)
+	draresources.WithdrawAroundPartitions(res, node.Plan, p.migPartitions)
+	draresources.WithdrawMIGOf(res, node.Plan, p.noMIG)
 	hidden := 0
-	if layout == draresources.LayoutShared && node.plan.HideBlocked {
-		hidden = draresources.HideBlocked(res, node.plan, held)
+	if layout == draresources.LayoutShared && node.Plan.HideBlocked {
+		hidden = draresources.HideBlocked(res, node.Plan, held)
 	}
 	p.metrics.hidden.Set(float64(hidden))
-	draresources.Taint(res, node.plan, p.health.taints())
-	p.health.taintInstances(res, node.plan)
+	draresources.Taint(res, node.Plan, p.health.taints())
+	p.health.taintInstances(res, node.Plan)
 	taintLost(res, p.lostDevices())
-	draresources.Fence(res, node.plan, fenced)
+	draresources.Fence(res, node.Plan, fenced)
 	var names []string
 	perProfile := map[string]int{}
-	for _, s := range res.Pools[node.pool].Slices {
+	for _, s := range res.Pools[node.Pool].Slices {
 		for _, dev := range s.Devices {
 			names = append(names, dev.Name)
-			if ref, ok := node.index[dev.Name]; ok {
+			if ref, ok := node.Index[dev.Name]; ok {
 				perProfile[ref.Group.Profile.Name]++
 			}
 		}
@@ -208,7 +187,7 @@ func (p *publisher) fallBack(ctx context.Context, dropped *resourceslice.Dropped
 	}
 	p.layout = draresources.LayoutPerSeat
 	p.mu.Unlock()
-	_, why := p.node.plan.ExclusiveLayout()
+	_, why := p.node.Plan.ExclusiveLayout()
 	p.events.Warning(ctx, nodeevents.ReasonSeatLayoutFallback, fmt.Sprintf("The API server dropped fields that shared GPU groups need (features off: %s); publishing one device per seat instead, where %s. Enable DRAConsumableCapacity and DRAPartitionableDevices to get shared groups.",
 		strings.Join(features, ", "), why))
 	if err := p.publish(ctx); err != nil {

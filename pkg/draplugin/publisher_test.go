@@ -71,7 +71,7 @@ groups:
 func testPublisher(t *testing.T, forced LayoutMode, faults staticHealth, config string) (*publisher, *recordingHelper) {
 	t.Helper()
 	node := simnodetest.New(t, "nvlink-2x4", config)
-	np := nodePlan{pool: "node-1", plan: node.Plan, inv: node.Inv, index: draresources.Index(node.Plan)}
+	np := draresources.NewNode("node-1", node.Plan, node.Inv)
 	h := &recordingHelper{}
 	p := newPublisher(np, forced, healthTaints{view: health.View{Source: faults}, lostEffect: resourceapi.DeviceTaintEffectNoExecute},
 		nil, newMetrics(), fake.NewClientset(), testingclock.NewFakeClock(time.Now()))

@@ -36,8 +36,8 @@ func (c seatCollector) Collect(ch chan<- prometheus.Metric) {
 	held := maps.Clone(p.usage.Held)
 	p.mu.Unlock()
 	faults := p.health.taints()
-	blocked := draresources.Blocked(p.node.plan, held.Devices())
-	for _, g := range p.node.plan.Groups() {
+	blocked := draresources.Blocked(p.node.Plan, held.Devices())
+	for _, g := range p.node.Plan.Groups() {
 		n := g.Seats()
 		h := min(held[g.DeviceName()], n)
 		rest := seatFree

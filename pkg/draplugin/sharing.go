@@ -14,6 +14,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
@@ -49,7 +50,7 @@ type Sharing struct {
 // instance never stops, or lowers, a daemon a claim of the other needs.
 type sharing struct {
 	Sharing
-	node nodePlan
+	node draresources.Node
 	hw   *groupshare.Hardware
 	// reload reads the checkpoint again where another instance may have
 	// changed it (nil: this instance alone writes it).
@@ -76,11 +77,11 @@ type sharing struct {
 	failing map[string]*watchFailure
 }
 
-func newSharing(s Sharing, node nodePlan) *sharing {
+func newSharing(s Sharing, node draresources.Node) *sharing {
 	if s.WatchInterval <= 0 {
 		s.WatchInterval = 5 * time.Second
 	}
-	hw := &groupshare.Hardware{Inv: node.inv, MPS: s.MPS, SetTimeSlice: s.SetTimeSlice}
+	hw := &groupshare.Hardware{Inv: node.Inv, MPS: s.MPS, SetTimeSlice: s.SetTimeSlice}
 	return &sharing{Sharing: s, node: node, hw: hw, largest: map[string]int{}, changed: map[string]bool{}, down: map[string]bool{}, failing: map[string]*watchFailure{},
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kyb_mps_daemon_restarts_total", Help: "MPS control daemons started again after they ended while their group was in use, by group.",
@@ -156,7 +157,7 @@ func (s *sharing) prepare(ctx context.Context, c *checkpoint.Claim) error {
 		if dev.AdminAccess {
 			continue // monitoring: NVML, not an MPS client
 		}
-		g := s.node.group(dev.GroupDevice)
+		g := s.node.Group(dev.GroupDevice)
 		if g == nil {
 			continue
 		}
@@ -206,7 +207,7 @@ func (s *sharing) settle(ctx context.Context, all bool) {
 		names = slices.Compact(names)
 	}
 	for _, name := range names {
-		g := s.node.group(name)
+		g := s.node.Group(name)
 		var err error
 		switch {
 		case !groupshare.UsesMPS(g):
@@ -252,7 +253,7 @@ func (s *sharing) mpsEdits(devs []checkpoint.Device) (*containeredits.MPS, error
 	k := 0
 	usesMPS := false
 	for _, dev := range devs {
-		dg := s.node.group(dev.GroupDevice)
+		dg := s.node.Group(dev.GroupDevice)
 		if dg == nil || dev.AdminAccess {
 			continue
 		}

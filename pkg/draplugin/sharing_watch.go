@@ -79,7 +79,7 @@ func (s *sharing) watchDaemons(ctx context.Context, view health.View, changed <-
 
 func (s *sharing) checkHealth(ctx context.Context, faults map[int]health.Fault) {
 	logger := klog.FromContext(ctx)
-	for _, g := range s.node.plan.Groups() {
+	for _, g := range s.node.Plan.Groups() {
 		if !groupshare.UsesMPS(g) {
 			continue
 		}
@@ -130,7 +130,7 @@ func (s *sharing) checkDaemons(ctx context.Context) {
 	names = append(names, dirs...)
 	slices.Sort(names)
 	for _, name := range slices.Compact(names) {
-		g := s.node.group(name)
+		g := s.node.Group(name)
 		switch {
 		case !groupshare.UsesMPS(g):
 			err = s.retire(ctx, name, g)

@@ -27,7 +27,7 @@ const republishAfterWipe = time.Second
 func (p *publisher) watchForWipes(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	selector := fields.Set{
-		resourceapi.ResourceSliceSelectorNodeName: p.node.pool,
+		resourceapi.ResourceSliceSelectorNodeName: p.node.Pool,
 		resourceapi.ResourceSliceSelectorDriver:   driver.Name,
 	}.String()
 	// The one informer this needs, not a factory: a factory links an
