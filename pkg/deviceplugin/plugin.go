@@ -41,7 +41,6 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
@@ -199,8 +198,7 @@ func Start(ctx context.Context, opts Options) (*Plugin, error) {
 			p.Stop()
 		}
 	}()
-	hw := &groupshare.Hardware{Inv: opts.Inventory, MPS: opts.Sharing.MPS, SetTimeSlice: opts.Sharing.SetTimeSlice}
-	sharing, err := newShimSharing(opts.Sharing, hw, layout)
+	sharing, err := newShimSharing(opts.Sharing, opts.Inventory, layout)
 	if err != nil {
 		return nil, err
 	}

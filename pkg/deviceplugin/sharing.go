@@ -11,9 +11,9 @@ import (
 
 	"k8s.io/klog/v2"
 
-	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
@@ -21,12 +21,10 @@ import (
 
 // Sharing is how the shim applies the profiles' sharing strategies.
 type Sharing struct {
-	// MPS runs the daemons of groups whose profile uses mps; nil refuses
-	// their seats.
-	MPS *mps.Manager
-	// SetTimeSlice sets the time slice of GPUs (by index), for
-	// timeSlicing profiles that name an interval; nil refuses their seats.
-	SetTimeSlice func(ctx context.Context, gpus []int, interval v1alpha1.TimeSliceInterval) error
+	// Hardware runs the MPS daemons and sets time slices: the same the DRA
+	// plugin would be given on this node (nodesetup.SharingFlags.Hardware);
+	// nil refuses the seats of profiles that need either.
+	Hardware *groupshare.Hardware
 	// Assigned lists the devices the kubelet has assigned to the
 	// containers of its active pods (its PodResources API). Required with
 	// MPS: the device-plugin API never says a seat was released, so this
@@ -57,6 +55,8 @@ type Sharing struct {
 type shimSharing struct {
 	Sharing
 	hw *groupshare.Hardware
+	// mps is hw's daemons, nil where the node runs none.
+	mps *mps.Manager
 	// groups are the layout's groups by device name; a seat ID is its
 	// group's device name and "-seat-<n>".
 	groups map[string]*planner.Group
@@ -84,12 +84,16 @@ type handout struct {
 	at    time.Time
 }
 
-func newShimSharing(s Sharing, hw *groupshare.Hardware, layout *planner.Plan) (*shimSharing, error) {
-	out := &shimSharing{Sharing: s, hw: hw, groups: map[string]*planner.Group{}, now: time.Now, listed: map[string]int{}}
+func newShimSharing(s Sharing, inv *inventory.Inventory, layout *planner.Plan) (*shimSharing, error) {
+	hw := s.Hardware
+	if hw == nil {
+		hw = &groupshare.Hardware{Inv: inv}
+	}
+	out := &shimSharing{Sharing: s, hw: hw, mps: hw.MPS, groups: map[string]*planner.Group{}, now: time.Now, listed: map[string]int{}}
 	for _, g := range layout.Groups() {
 		out.groups[g.DeviceName()] = g
 	}
-	if out.MPS != nil && out.Assigned == nil {
+	if out.mps != nil && out.Assigned == nil {
 		return nil, errors.New("MPS needs the kubelet's PodResources API: the shim learns there that a group's last seat was released")
 	}
 	if out.Poll <= 0 {
@@ -123,7 +127,7 @@ func (s *shimSharing) prepare(ctx context.Context, g *planner.Group, ids []strin
 	if groups > 1 {
 		return nil, fmt.Errorf("the container's seats are on %d groups, and a container reaches one MPS daemon only: ask for at most one group's seats of an MPS profile per container", groups)
 	}
-	if s.MPS == nil {
+	if s.mps == nil {
 		return nil, groupshare.ErrNoMPS(g)
 	}
 	h := &handout{group: g.DeviceName(), ids: slices.Clone(ids)}
@@ -147,7 +151,7 @@ func (s *shimSharing) prepare(ctx context.Context, g *planner.Group, ids []strin
 	if err != nil {
 		return nil, fmt.Errorf("group %s: cannot learn which of its seats are held, so cannot set its MPS limits: %w", g.Name, err)
 	}
-	if err := s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(g)); err != nil {
+	if err := s.mps.Ensure(ctx, s.hw.MPSGroup(g), s.want(g)); err != nil {
 		return nil, fmt.Errorf("group %s: %w", g.Name, err)
 	}
 	return s.hw.Client(g, len(ids))
@@ -226,7 +230,7 @@ func (s *shimSharing) want(g *planner.Group) mps.Want {
 
 // run settles the daemons now and every Poll until ctx ends.
 func (s *shimSharing) run(ctx context.Context) {
-	if s.MPS == nil {
+	if s.mps == nil {
 		return
 	}
 	s.settle(ctx, true)
@@ -254,7 +258,7 @@ func (s *shimSharing) settle(ctx context.Context, all bool) {
 		logger.Error(err, "Cannot learn which seats are held; MPS daemons are left as they are")
 		return
 	}
-	names, err := s.MPS.Known()
+	names, err := s.mps.Known()
 	if err != nil {
 		logger.Error(err, "Cannot list MPS daemons")
 	}
@@ -271,15 +275,15 @@ func (s *shimSharing) settle(ctx context.Context, all bool) {
 		case !usesMPS && s.largest(name) > 0:
 			continue // a daemon of an earlier configuration, still held: it stays as it is
 		case !usesMPS && g != nil:
-			err = s.MPS.Settle(ctx, s.hw.MPSGroup(g), mps.Unused())
+			err = s.mps.Settle(ctx, s.hw.MPSGroup(g), mps.Unused())
 		case !usesMPS:
 			// A group today's layout lacks: stopped by its directory,
 			// which names its GPUs.
-			err = s.MPS.Settle(ctx, mps.Group{Name: name}, mps.Unused())
+			err = s.mps.Settle(ctx, mps.Group{Name: name}, mps.Unused())
 		case all:
-			err = s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(g))
+			err = s.mps.Ensure(ctx, s.hw.MPSGroup(g), s.want(g))
 		default:
-			err = s.MPS.Settle(ctx, s.hw.MPSGroup(g), s.want(g))
+			err = s.mps.Settle(ctx, s.hw.MPSGroup(g), s.want(g))
 		}
 		if err != nil {
 			logger.Error(err, "Cannot settle MPS daemon", "mpsDaemon", name)

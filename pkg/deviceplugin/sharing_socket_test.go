@@ -17,6 +17,7 @@ import (
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
@@ -190,7 +191,7 @@ func (e *env) startSharing(root, control string, pr *fakePodResources, mutate ..
 	}
 	e.t.Cleanup(func() { _ = client.Close() })
 	e.start(func(o *Options) {
-		o.Sharing = Sharing{MPS: mgr, SetTimeSlice: host.SetTimeSlice, Assigned: client.List, Poll: 20 * time.Millisecond, Grace: testGrace}
+		o.Sharing = Sharing{Hardware: &groupshare.Hardware{Inv: e.inv, MPS: mgr, SetTimeSlice: host.SetTimeSlice}, Assigned: client.List, Poll: 20 * time.Millisecond, Grace: testGrace}
 		for _, m := range mutate {
 			m(&o.Sharing)
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
@@ -46,7 +47,7 @@ func mpsOptions(t *testing.T, e *env, root, control string, mpsOpts func(*mps.Op
 		if err != nil {
 			t.Fatal(err)
 		}
-		o.Sharing = draplugin.Sharing{MPS: mgr, SetTimeSlice: host.SetTimeSlice, WatchInterval: 50 * time.Millisecond}
+		o.Sharing = draplugin.Sharing{Hardware: &groupshare.Hardware{Inv: e.inv, MPS: mgr, SetTimeSlice: host.SetTimeSlice}, WatchInterval: 50 * time.Millisecond}
 		for _, m := range mutate {
 			m(o)
 		}

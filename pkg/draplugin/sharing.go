@@ -24,12 +24,10 @@ import (
 
 // Sharing applies the profiles' sharing strategies to the hardware.
 type Sharing struct {
-	// MPS runs the daemons of groups whose profile uses mps; nil refuses
-	// their claims.
-	MPS *mps.Manager
-	// SetTimeSlice sets the time slice of GPUs (by index), for
-	// timeSlicing profiles that name an interval; nil refuses their claims.
-	SetTimeSlice func(ctx context.Context, gpus []int, interval v1alpha1.TimeSliceInterval) error
+	// Hardware runs the MPS daemons and sets time slices
+	// (nodesetup.SharingFlags.Hardware); nil refuses the claims of
+	// profiles that need either.
+	Hardware *groupshare.Hardware
 	// WatchInterval is how often the daemons of groups in use are checked
 	// (default 5s): one that ended is started again. The check reads
 	// /proc; no daemon is asked anything.
@@ -52,6 +50,8 @@ type sharing struct {
 	Sharing
 	node draresources.Node
 	hw   *groupshare.Hardware
+	// mps is hw's daemons, nil where the node runs none.
+	mps *mps.Manager
 	// reload reads the checkpoint again where another instance may have
 	// changed it (nil: this instance alone writes it).
 	reload func(ctx context.Context) error
@@ -81,8 +81,11 @@ func newSharing(s Sharing, node draresources.Node) *sharing {
 	if s.WatchInterval <= 0 {
 		s.WatchInterval = 5 * time.Second
 	}
-	hw := &groupshare.Hardware{Inv: node.Inv, MPS: s.MPS, SetTimeSlice: s.SetTimeSlice}
-	return &sharing{Sharing: s, node: node, hw: hw, largest: map[string]int{}, changed: map[string]bool{}, down: map[string]bool{}, failing: map[string]*watchFailure{},
+	hw := s.Hardware
+	if hw == nil {
+		hw = &groupshare.Hardware{Inv: node.Inv}
+	}
+	return &sharing{Sharing: s, node: node, hw: hw, mps: hw.MPS, largest: map[string]int{}, changed: map[string]bool{}, down: map[string]bool{}, failing: map[string]*watchFailure{},
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kyb_mps_daemon_restarts_total", Help: "MPS control daemons started again after they ended while their group was in use, by group.",
 		}, []string{"group"})}
@@ -163,10 +166,10 @@ func (s *sharing) prepare(ctx context.Context, c *checkpoint.Claim) error {
 		}
 		switch {
 		case g.Profile.Sharing == v1alpha1.SharingMPS:
-			if s.MPS == nil {
+			if s.mps == nil {
 				return groupshare.ErrNoMPS(g)
 			}
-			if err := s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(ctx, g)); err != nil {
+			if err := s.mps.Ensure(ctx, s.hw.MPSGroup(g), s.want(ctx, g)); err != nil {
 				return fmt.Errorf("group %s: %w", g.Name, err)
 			}
 		case g.Profile.TimeSlice != "":
@@ -184,7 +187,7 @@ func (s *sharing) prepare(ctx context.Context, c *checkpoint.Claim) error {
 // went away left behind). Failures are logged: a release has already
 // succeeded, and the watcher tries again.
 func (s *sharing) settle(ctx context.Context, all bool) {
-	if s.MPS == nil {
+	if s.mps == nil {
 		return
 	}
 	s.mu.Lock()
@@ -196,7 +199,7 @@ func (s *sharing) settle(ctx context.Context, all bool) {
 		return
 	}
 	if all {
-		dirs, err := s.MPS.Known()
+		dirs, err := s.mps.Known()
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Cannot list MPS daemons")
 		}
@@ -216,9 +219,9 @@ func (s *sharing) settle(ctx context.Context, all bool) {
 			continue // halted for its lost GPU: watchDaemons starts it again
 		case all:
 			// At start: check that a daemon of a group in use still runs.
-			err = s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(ctx, g))
+			err = s.mps.Ensure(ctx, s.hw.MPSGroup(g), s.want(ctx, g))
 		default:
-			err = s.MPS.Settle(ctx, s.hw.MPSGroup(g), s.want(ctx, g))
+			err = s.mps.Settle(ctx, s.hw.MPSGroup(g), s.want(ctx, g))
 		}
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Cannot settle MPS daemon", "mpsDaemon", name)
@@ -234,14 +237,14 @@ func (s *sharing) retire(ctx context.Context, name string, g *planner.Group) err
 	s.mu.Lock()
 	delete(s.changed, name)
 	s.mu.Unlock()
-	if !s.MPS.Has(name) {
+	if !s.mps.Has(name) {
 		return nil
 	}
 	mg := mps.Group{Name: name} // its GPUs from its directory
 	if g != nil {
 		mg = s.hw.MPSGroup(g)
 	}
-	return s.MPS.Retire(ctx, mg, s.held(ctx, name))
+	return s.mps.Retire(ctx, mg, s.held(ctx, name))
 }
 
 // mpsEdits are the container edits that make a request's container a

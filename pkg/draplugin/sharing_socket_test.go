@@ -15,6 +15,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
@@ -42,7 +43,7 @@ func withSharing(root, control string) envOption {
 			e.t.Fatal(err)
 		}
 		e.opts = func(o *draplugin.Options) {
-			o.Sharing = draplugin.Sharing{MPS: mgr, SetTimeSlice: host.SetTimeSlice}
+			o.Sharing = draplugin.Sharing{Hardware: &groupshare.Hardware{Inv: e.inv, MPS: mgr, SetTimeSlice: host.SetTimeSlice}}
 			o.DeviceMetadata = true
 		}
 		e.t.Cleanup(func() {

@@ -60,7 +60,7 @@ func (s *sharing) reportTo(events *nodeevents.Recorder, registry *prometheus.Reg
 // useful), its directories kept for the containers that mount them, and
 // started again there when the GPU comes back while the group is in use.
 func (s *sharing) watchDaemons(ctx context.Context, view health.View, changed <-chan struct{}) {
-	if s.MPS == nil {
+	if s.mps == nil {
 		return
 	}
 	tick := time.NewTicker(s.WatchInterval)
@@ -88,14 +88,14 @@ func (s *sharing) checkHealth(ctx context.Context, faults map[int]health.Fault) 
 		switch wasDown := s.isDown(name); {
 		case lost && !wasDown:
 			s.setDown(name, true)
-			if err := s.MPS.Halt(ctx, s.hw.MPSGroup(g)); err != nil {
+			if err := s.mps.Halt(ctx, s.hw.MPSGroup(g)); err != nil {
 				logger.Error(err, "Cannot stop the MPS daemon of a group with a lost GPU", "mpsDaemon", name)
 			} else {
 				logger.Info("Stopped the MPS daemon of a group with a lost GPU", "mpsDaemon", name)
 			}
 		case !lost && wasDown:
 			s.setDown(name, false)
-			if err := s.MPS.Ensure(ctx, s.hw.MPSGroup(g), s.want(ctx, g)); err != nil {
+			if err := s.mps.Ensure(ctx, s.hw.MPSGroup(g), s.want(ctx, g)); err != nil {
 				logger.Error(err, "Cannot start the MPS daemon again after its GPU came back", "mpsDaemon", name)
 			}
 		}
@@ -123,7 +123,7 @@ func (s *sharing) checkDaemons(ctx context.Context) {
 	if !known {
 		return
 	}
-	dirs, err := s.MPS.Known()
+	dirs, err := s.mps.Known()
 	if err != nil {
 		logger.Error(err, "Cannot list MPS daemons")
 	}
@@ -138,7 +138,7 @@ func (s *sharing) checkDaemons(ctx context.Context) {
 			continue
 		default:
 			var restarted bool
-			restarted, err = s.MPS.Revive(ctx, s.hw.MPSGroup(g), s.want(ctx, g))
+			restarted, err = s.mps.Revive(ctx, s.hw.MPSGroup(g), s.want(ctx, g))
 			if restarted {
 				s.restarts.WithLabelValues(name).Inc()
 				s.events.Warning(ctx, nodeevents.ReasonMPSDaemonRestarted,

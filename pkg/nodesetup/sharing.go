@@ -15,6 +15,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpssim"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
@@ -39,6 +40,17 @@ func (s *SharingFlags) AddFlags(f *cli.FlagSet) {
 	f.Var(&s.MPSShm, "mps-shm-size-mib", "KYB_MPS_SHM_SIZE_MIB", "MiB of the tmpfs mounted as each MPS daemon's shm directory, which all the containers of its group share as their /dev/shm; mounting needs CAP_SYS_ADMIN. \""+mps.ShmSizeUnbounded+"\": a plain directory on the host's disk instead, which any tenant of the group may fill (0 is refused)")
 	f.StringVar(&s.MPSCgroup, "mps-cgroup", "KYB_MPS_CGROUP", "", "cgroup v2 directory the MPS daemons are moved into, so that they outlive the plugin's container (for example /sys/fs/cgroup/kyb-mps); empty: they stay in the plugin's cgroup")
 	f.BoolVar(&s.MPSPipeReadOnly, "mps-pipe-read-only", "KYB_MPS_PIPE_READ_ONLY", true, "mount each MPS daemon's pipe directory read-only into its clients, which then cannot remove or replace the daemon's sockets; false mounts it read-write")
+}
+
+// Hardware is how this node applies the profiles' sharing strategies:
+// the MPS daemons (MPSManager) and the GPUs' time slices. Both surfaces
+// are handed the one it returns.
+func (s *SharingFlags) Hardware(ctx context.Context, node *Node, pluginDir, driverRoot, bootID string) (*groupshare.Hardware, error) {
+	m, err := s.MPSManager(ctx, node, pluginDir, driverRoot, bootID)
+	if err != nil {
+		return nil, err
+	}
+	return &groupshare.Hardware{Inv: node.Inv, MPS: m, SetTimeSlice: node.Host.SetTimeSlice}, nil
 }
 
 // MPSManager returns the manager of the MPS daemons, or nil where no

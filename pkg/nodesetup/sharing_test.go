@@ -12,6 +12,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuhost"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
 // A plugin in a container finds nvidia-cuda-mps-control among the host
@@ -122,6 +123,51 @@ func TestMPSControlCommand(t *testing.T) {
 			}
 			if err != nil || !slices.Equal(got, tc.want) {
 				t.Errorf("control %q (%v), want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// Both surfaces are handed the one Hardware the flags make: the node's
+// inventory, its MPS daemons where a profile uses MPS (none otherwise),
+// and the node's own time slices.
+func TestHardwareIsTheNodesSharing(t *testing.T) {
+	for _, tc := range []struct {
+		name, profile string
+		wantMPS       bool
+	}{
+		{"time slicing", "{resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 4, sharing: {timeSlicing: {interval: Long}}}", false},
+		{"mps", "{resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 4, sharing: {strategy: mps}}", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, ctx := ktesting.NewTestContext(t)
+			cfg := filepath.Join(t.TempDir(), "config.yaml")
+			if err := os.WriteFile(cfg, []byte("profiles:\n- "+tc.profile+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			f := Flags{NodeName: "node-1", Simulate: "dgx-h100", ConfigPath: cfg, DevRoot: "/", SysfsRoot: "/sys"}
+			node, err := f.Open(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer node.Close(ctx)
+			s := SharingFlags{MPSRoot: t.TempDir(), MPSControl: "/bin/true", MPSShm: ShmSize{Unbounded: true}}
+			hw, err := s.Hardware(ctx, node, t.TempDir(), "", "boot-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if hw.Inv != node.Inv {
+				t.Errorf("Hardware's inventory is not the node's")
+			}
+			if got := hw.MPS != nil; got != tc.wantMPS {
+				t.Errorf("MPS daemons: %t, want %t", got, tc.wantMPS)
+			}
+			if err := hw.ApplyTimeSlice(ctx, node.Plan.Groups()[0]); err != nil {
+				t.Fatal(err)
+			}
+			changes := node.Host.Simulated.SharingChanges()
+			if got := slices.ContainsFunc(changes, func(c simnode.SharingChange) bool { return c.What == "timeSlice" && c.Value == "3" }); got == tc.wantMPS {
+				t.Errorf("time slice set on the node: %t (changes %v), want %t", got, changes, !tc.wantMPS)
 			}
 		})
 	}

@@ -196,16 +196,19 @@ func (o *options) run(ctx context.Context) error {
 // learns that a group's last seat was released (the device-plugin API
 // never says); bootID is the node's.
 func (o *options) shimSharing(ctx context.Context, node *nodesetup.Node, pr *podresources.Client, bootID string) (deviceplugin.Sharing, error) {
-	s := deviceplugin.Sharing{SetTimeSlice: node.Host.SetTimeSlice}
-	m, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.pluginsDir), o.node.DriverRoot, bootID)
-	if err != nil || m == nil {
-		return s, err
+	hw, err := o.sharing.Hardware(ctx, node, driver.PluginDir(o.pluginsDir), o.node.DriverRoot, bootID)
+	if err != nil {
+		return deviceplugin.Sharing{}, err
+	}
+	s := deviceplugin.Sharing{Hardware: hw}
+	if hw.MPS == nil {
+		return s, nil
 	}
 	if pr == nil {
 		return s, errors.New("--pod-resources-socket is empty, and MPS needs the kubelet's PodResources API: the shim learns there that a group's last seat was released")
 	}
 	klog.FromContext(ctx).Info("MPS daemons stop when the kubelet no longer lists their seats", "podResourcesSocket", o.podResources)
-	s.MPS, s.Assigned, s.Poll = m, pr.List, o.podResourcesPoll
+	s.Assigned, s.Poll = pr.List, o.podResourcesPoll
 	if o.podName != "" {
 		s.Self = o.podNamespace + "/" + o.podName
 	}

@@ -228,12 +228,12 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	mpsManager, err := o.sharing.MPSManager(ctx, node, driver.PluginDir(o.dirs.pluginsDir), o.node.DriverRoot, bootID)
+	hw, err := o.sharing.Hardware(ctx, node, driver.PluginDir(o.dirs.pluginsDir), o.node.DriverRoot, bootID)
 	if err != nil {
 		return err
 	}
 	opts := draplugin.Options{
-		Sharing:          draplugin.Sharing{MPS: mpsManager, SetTimeSlice: node.Host.SetTimeSlice},
+		Sharing:          draplugin.Sharing{Hardware: hw},
 		MIG:              draplugin.MIG{NVML: node.Host.NVML, Minors: node.Host.MIGMinors},
 		NodeName:         o.node.NodeName,
 		Client:           client,
