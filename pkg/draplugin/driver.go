@@ -40,6 +40,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podusage"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
@@ -112,12 +113,12 @@ type Options struct {
 	// MIG makes the instances of MIG seats at prepare; see mig.go.
 	MIG MIG
 	// Usage configures the per-pod GPU metrics; a nil Sampler: none.
-	Usage PodUsage
+	Usage podusage.Options
 	// PodResources is the kubelet's PodResources API: which claims each
 	// container of a pod references, for the specs of claims that share a
 	// container and for the GPU metrics; nil: not asked (claims that may
 	// share a container are then combined as when it cannot answer).
-	PodResources PodClaimsReader
+	PodResources podusage.PodClaimsReader
 	// Collectors are further metrics to serve with the plugin's, such as
 	// the health monitor's.
 	Collectors []prometheus.Collector
@@ -140,7 +141,7 @@ type Driver struct {
 	specs     *claimSpecs
 	sharing   *sharing
 	mig       *migSeats
-	usage     *podUsage
+	usage     *podusage.Usage
 	publisher *publisher
 	statuses  *statusWriter
 	helper    *kubeletplugin.Helper
@@ -287,8 +288,8 @@ func (d *Driver) open(ctx context.Context) error {
 	// start's reconcile (or an earlier one) found gone.
 	d.lostAtStart(ctx)
 	if opts.Usage.Sampler != nil {
-		d.usage = newPodUsage(ctx, opts.Usage, d.ledger, opts.PodResources, opts.PluginDataDir, d.node.Index)
-		if err := d.metrics.registry.Register(usageCollector{d.usage}); err != nil {
+		d.usage = podusage.New(ctx, opts.Usage, d.ledger, opts.PodResources, opts.PluginDataDir, d.node.Index)
+		if err := d.metrics.registry.Register(d.usage.Collector()); err != nil {
 			return fmt.Errorf("register the GPU usage metrics: %w", err)
 		}
 	}
@@ -363,7 +364,7 @@ func (d *Driver) runBackground(ctx context.Context) {
 		d.sharing.watchDaemons(ctx, d.publisher.health.view, mpsHealth)
 	})
 	if d.usage != nil {
-		d.background.Go(func() { d.usage.run(klog.NewContext(ctx, klog.LoggerWithName(logger, "gpu-usage"))) })
+		d.background.Go(func() { d.usage.Run(klog.NewContext(ctx, klog.LoggerWithName(logger, "gpu-usage"))) })
 	}
 	d.background.Go(func() {
 		d.ledger.ReleaseStale(ctx)

@@ -23,6 +23,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources/podresourcestest"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podusage"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/sockettest"
 )
@@ -58,7 +59,7 @@ func withUsage(e *env, file string, u *usageNode) envOption {
 		for _, g := range e.inv.GPUs {
 			gpus = append(gpus, gpuusage.GPU{Index: g.Index, UUID: g.UUID})
 		}
-		o.Usage = draplugin.PodUsage{Interval: 20 * time.Millisecond,
+		o.Usage = podusage.Options{Interval: 20 * time.Millisecond,
 			Sampler:    gpuusage.NewSampler(e.sim.NVML(), gpus, e.sim.Cgroups(gpuusage.ProcCgroups{Root: "/proc"})),
 			Containers: runtime, Mounts: gpuusage.ProcMounts{Root: u.proc}}
 		o.PodResources = kubelet

@@ -25,6 +25,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podusage"
 )
 
 const name = "kyb-dra-plugin"
@@ -257,7 +258,7 @@ func (o *options) run(ctx context.Context) error {
 	}
 	if o.endpoints.metricsAddress != "" {
 		// Only the metrics show what is sampled.
-		opts.Usage = draplugin.PodUsage{Sampler: o.usage.Sampler(node), Interval: o.usage.Interval, Mounts: gpuusage.ProcMounts{Root: o.usage.HostProc}}
+		opts.Usage = podusage.Options{Sampler: o.usage.Sampler(node), Interval: o.usage.Interval, Mounts: gpuusage.ProcMounts{Root: o.usage.HostProc}}
 		if opts.Usage.Sampler != nil && o.runtimeSocket != "" {
 			containers, err := cri.NewClient(o.runtimeSocket)
 			if err != nil {

@@ -1,4 +1,4 @@
-package draplugin
+package podusage
 
 import (
 	"strconv"
@@ -37,8 +37,11 @@ var (
 		[]string{"gpu", "reason"}, nil)
 )
 
-// usageCollector serves the last sample of podUsage.
-type usageCollector struct{ u *podUsage }
+// Collector serves the last sample.
+func (u *Usage) Collector() prometheus.Collector { return usageCollector{u} }
+
+// usageCollector serves the last sample of a Usage.
+type usageCollector struct{ u *Usage }
 
 func (c usageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{containerMemoryDesc, containerSMDesc, containerProcsDesc, gpuMemoryDesc, gpuMemoryTotalDesc, gpuSMDesc, migMemoryDesc, migMemoryTotalDesc, unattributedDesc} {

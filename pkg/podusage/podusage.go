@@ -1,4 +1,11 @@
-package draplugin
+// Package podusage is the per-pod GPU metrics of the DRA plugin: what each
+// container holding a seat uses of its GPUs, which dcgm-exporter cannot
+// attribute for a driver other than NVIDIA's. It samples the GPUs'
+// processes and gives each to the seat its container holds, reading the
+// held claims from the seat ledger (Ledger) and everything else from the
+// node itself: the process's cgroup, the container runtime's CRI API, the
+// container's mounts and the kubelet's PodResources API.
+package podusage
 
 import (
 	"context"
@@ -19,13 +26,10 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
-// PodUsage configures the per-pod GPU metrics: what each container
-// holding a seat uses of its GPUs, which dcgm-exporter cannot attribute
-// for a driver other than NVIDIA's.
-type PodUsage struct {
+// Options configure the per-pod GPU metrics.
+type Options struct {
 	// Sampler reads the GPUs' processes and their containers; nil: no
 	// per-pod metrics.
 	Sampler *gpuusage.Sampler
@@ -37,8 +41,15 @@ type PodUsage struct {
 	// Mounts reads a process's mounts, which name the requests of the
 	// claims its container uses (device metadata on); nil, or a claim
 	// without such a mount: the claim comes whole from the PodResources
-	// API (Options.PodResources).
+	// API.
 	Mounts MountReader
+}
+
+// Ledger is what the metrics read of the seat ledger: the claims whose
+// prepare completed (seatledger.Ledger). Entries' devices never change
+// once recorded, so they are read without a lock.
+type Ledger interface {
+	Prepared() []*checkpoint.Claim
 }
 
 // ContainerFinder names the pod and the container of a runtime container
@@ -114,15 +125,15 @@ type usageSnapshot struct {
 	unattributed map[unattributedKey]uint64
 }
 
-// podUsage samples the GPUs and attributes each process to the seat its
+// Usage samples the GPUs and attributes each process to the seat its
 // container holds: process → cgroup → pod UID and container ID → the
 // runtime's pod and container names (only when a container is new) → the
 // requests its metadata mounts name, or else the claims the kubelet's
 // PodResources API lists for it → the seats the ledger records for them
 // on the process's GPU. Every source is the node's own.
-type podUsage struct {
-	opts   PodUsage
-	ledger *seatledger.Ledger
+type Usage struct {
+	opts   Options
+	ledger Ledger
 	claims PodClaimsReader
 	// index finds a MIG seat's instance: a process in a MIG device is its
 	// seat's only where the seat is at the device's placement.
@@ -143,11 +154,14 @@ type podUsage struct {
 	errs map[string]string
 }
 
-func newPodUsage(ctx context.Context, opts PodUsage, ledger *seatledger.Ledger, claims PodClaimsReader, dataDir string, index map[string]draresources.DeviceRef) *podUsage {
+// New makes the metrics of a node whose devices index names, whose
+// plugin keeps its data (and the device metadata files containers mount)
+// in dataDir. claims may be nil: no kubelet to ask.
+func New(ctx context.Context, opts Options, ledger Ledger, claims PodClaimsReader, dataDir string, index map[string]draresources.DeviceRef) *Usage {
 	if opts.Interval <= 0 {
 		opts.Interval = 10 * time.Second
 	}
-	u := &podUsage{opts: opts, ledger: ledger, claims: claims, index: index,
+	u := &Usage{opts: opts, ledger: ledger, claims: claims, index: index,
 		containers: map[gpuusage.Container]*containerInfo{}, missed: map[gpuusage.Container]missing{}, refused: map[string]bool{}, errs: map[string]string{}}
 	if opts.Mounts != nil {
 		dev, err := gpuusage.DeviceOf(dataDir)
@@ -159,8 +173,8 @@ func newPodUsage(ctx context.Context, opts PodUsage, ledger *seatledger.Ledger, 
 	return u
 }
 
-// run samples until ctx ends.
-func (u *podUsage) run(ctx context.Context) {
+// Run samples until ctx ends.
+func (u *Usage) Run(ctx context.Context) {
 	ticker := time.NewTicker(u.opts.Interval)
 	defer ticker.Stop()
 	for {
@@ -173,7 +187,7 @@ func (u *podUsage) run(ctx context.Context) {
 	}
 }
 
-func (u *podUsage) sample(ctx context.Context) {
+func (u *Usage) sample(ctx context.Context) {
 	gpus := u.opts.Sampler.Sample()
 	for _, g := range gpus {
 		u.noteError(ctx, fmt.Sprintf("gpu %d", g.GPU.Index), g.Err)
@@ -188,7 +202,7 @@ func (u *podUsage) sample(ctx context.Context) {
 
 // noteError logs an error when it first appears and when it goes, not at
 // every sample.
-func (u *podUsage) noteError(ctx context.Context, what string, err error) {
+func (u *Usage) noteError(ctx context.Context, what string, err error) {
 	logger := klog.FromContext(ctx)
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -206,7 +220,7 @@ func (u *podUsage) noteError(ctx context.Context, what string, err error) {
 // resolveContainers names the containers that run on a GPU and were not
 // named before, and forgets those that no longer do. It returns the first
 // error of this sample.
-func (u *podUsage) resolveContainers(ctx context.Context, gpus []gpuusage.Usage) error {
+func (u *Usage) resolveContainers(ctx context.Context, gpus []gpuusage.Usage) error {
 	now := time.Now()
 	// The processes of each container: their mounts are the container's,
 	// as long as one of them still runs.
@@ -273,7 +287,7 @@ func (u *podUsage) resolveContainers(ctx context.Context, gpus []gpuusage.Usage)
 
 // attribute gives each process's use to the seat its container holds on
 // the process's GPU.
-func (u *podUsage) attribute(gpus []gpuusage.Usage) usageSnapshot {
+func (u *Usage) attribute(gpus []gpuusage.Usage) usageSnapshot {
 	held := map[types.NamespacedName]*checkpoint.Claim{}
 	for _, c := range u.ledger.Prepared() {
 		held[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c
@@ -303,7 +317,7 @@ func (u *podUsage) attribute(gpus []gpuusage.Usage) usageSnapshot {
 	return snap
 }
 
-func (u *podUsage) seatOf(p gpuusage.Process, gpu int, held map[types.NamespacedName]*checkpoint.Claim) (containerKey, bool) {
+func (u *Usage) seatOf(p gpuusage.Process, gpu int, held map[types.NamespacedName]*checkpoint.Claim) (containerKey, bool) {
 	if !p.InPod {
 		return containerKey{}, false
 	}
@@ -341,7 +355,7 @@ func (u *podUsage) seatOf(p gpuusage.Process, gpu int, held map[types.Namespaced
 // inDevice reports whether a process can be a claim device's: one in a
 // MIG device is a MIG seat's at that device's placement, one on a whole
 // GPU is no MIG seat's.
-func (u *podUsage) inDevice(p gpuusage.Process, gpu int, dev checkpoint.Device) bool {
+func (u *Usage) inDevice(p gpuusage.Process, gpu int, dev checkpoint.Device) bool {
 	ref, ok := u.index[dev.Device]
 	isMIG := ok && ref.MIG != nil
 	if p.Instance == nil {
@@ -367,7 +381,7 @@ func seatLabel(seats map[int]bool, admin bool) string {
 	return strings.Join(parts, ",")
 }
 
-func (u *podUsage) snapshot() usageSnapshot {
+func (u *Usage) snapshot() usageSnapshot {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.last

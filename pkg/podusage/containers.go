@@ -1,4 +1,4 @@
-package draplugin
+package podusage
 
 import (
 	"cmp"
@@ -77,7 +77,7 @@ var errNoRuntime = errors.New("no container runtime socket is configured: proces
 // the next sample, where no process's mounts can be read: a process that
 // exited is not a container without mounts. answers are the kubelet's
 // answers of this sample, by pod.
-func (u *podUsage) resolve(ctx context.Context, c gpuusage.Container, pids []uint32, answers *podAnswers) (*containerInfo, error) {
+func (u *Usage) resolve(ctx context.Context, c gpuusage.Container, pids []uint32, answers *podAnswers) (*containerInfo, error) {
 	if u.opts.Containers == nil {
 		return nil, errNoRuntime
 	}
@@ -128,7 +128,7 @@ func (u *podUsage) resolve(ctx context.Context, c gpuusage.Container, pids []uin
 // references no other), that the kubelet lists for the container; where
 // the kubelet cannot say (no PodResources API, or a container it does not
 // list, such as an init container), one the node holds.
-func (u *podUsage) mountRefused(r gpuusage.ClaimRequest, ctr cri.Container, known bool, listed []types.NamespacedName, held *map[types.NamespacedName]bool) string {
+func (u *Usage) mountRefused(r gpuusage.ClaimRequest, ctr cri.Container, known bool, listed []types.NamespacedName, held *map[types.NamespacedName]bool) string {
 	claim := types.NamespacedName{Namespace: r.Namespace, Name: r.Claim}
 	switch {
 	case u.dataDevice == "":
@@ -154,7 +154,7 @@ func (u *podUsage) mountRefused(r gpuusage.ClaimRequest, ctr cri.Container, know
 }
 
 // noteRefusedMount logs a mount that does not count, once per container.
-func (u *podUsage) noteRefusedMount(ctx context.Context, id string, ctr cri.Container, r gpuusage.ClaimRequest, why string) {
+func (u *Usage) noteRefusedMount(ctx context.Context, id string, ctr cri.Container, r gpuusage.ClaimRequest, why string) {
 	if u.refused[id] {
 		return
 	}
@@ -170,7 +170,7 @@ var errNoBudget = errors.New("the kubelet's PodResources API is asked about a fe
 // listedClaims are the claims the kubelet lists for the container; known
 // is false where it does not list the container (no PodResources API, or
 // an init container).
-func (u *podUsage) listedClaims(ctx context.Context, ctr cri.Container, answers *podAnswers) ([]types.NamespacedName, bool, error) {
+func (u *Usage) listedClaims(ctx context.Context, ctr cri.Container, answers *podAnswers) ([]types.NamespacedName, bool, error) {
 	if u.claims == nil {
 		return nil, false, errors.New("no PodResources socket is configured")
 	}
@@ -180,6 +180,12 @@ func (u *podUsage) listedClaims(ctx context.Context, ctr cri.Container, answers 
 	}
 	claims, ok := pod.Container(ctr.Name)
 	return claims.Claims, ok, nil
+}
+
+// podAnswer is the kubelet's answer for one pod.
+type podAnswer struct {
+	pod podresources.PodClaims
+	err error
 }
 
 // podAnswers are the kubelet's answers of one sample, by pod. The
@@ -214,7 +220,7 @@ func (a *podAnswers) get(ctx context.Context, claims PodClaimsReader, key types.
 // shows them: none where there are no mounts to read (no host procfs) or
 // a mount of this driver's metadata could not be understood (its claims
 // then count whole).
-func (u *podUsage) mountedRequests(pids []uint32) ([]gpuusage.ClaimRequest, error) {
+func (u *Usage) mountedRequests(pids []uint32) ([]gpuusage.ClaimRequest, error) {
 	if u.opts.Mounts == nil {
 		return nil, nil
 	}
