@@ -33,6 +33,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containerclaims"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
@@ -40,6 +41,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podusage"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
@@ -118,7 +120,7 @@ type Options struct {
 	// container of a pod references, for the specs of claims that share a
 	// container and for the GPU metrics; nil: not asked (claims that may
 	// share a container are then combined as when it cannot answer).
-	PodResources podusage.PodClaimsReader
+	PodResources podresources.ClaimsReader
 	// Collectors are further metrics to serve with the plugin's, such as
 	// the health monitor's.
 	Collectors []prometheus.Collector
@@ -148,9 +150,8 @@ type Driver struct {
 	// recovered says the ledger rebuilt a lost checkpoint in the
 	// background: the rebuilt claims' statuses are owed.
 	recovered chan struct{}
-	// combineFallback logs the claims whose holders the kubelet could not
-	// name.
-	combineFallback fallbackLog
+	// holders finds the containers that hold a prepare call's claims.
+	holders *containerclaims.Finder
 
 	// ctx ends at Stop or on a fatal error (cancel). The goroutines the
 	// Driver starts are in background; the ledger, the status writer's
@@ -264,6 +265,7 @@ func (d *Driver) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	d.holders = containerclaims.NewFinder(opts.PodResources, opts.Client.ResourceV1(), d.ledger)
 	if opts.PodUID != "" {
 		// The other instance's claims count before a daemon is stopped,
 		// or a MIG instance destroyed.

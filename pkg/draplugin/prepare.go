@@ -40,7 +40,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	d.metrics.observePrepareStart()
 	start := d.clock.Now()
 	defer func() { d.metrics.observePrepare(d.clock.Since(start), len(claims)) }()
-	r := d.ledger.ReserveFor(ctx, claims, d.holders(ctx, claims))
+	r := d.ledger.ReserveFor(ctx, claims, d.holders.Holders(ctx, claims))
 	defer r.Done()
 	if r.Err != nil {
 		d.metrics.prepareError("checkpoint")

@@ -8,9 +8,9 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containerclaims"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
 // claimSpecs are the CDI specs of prepared claims: one transient spec per
@@ -91,13 +91,7 @@ func (s *claimSpecs) devices(uid types.UID, c *checkpoint.Claim) ([]cdi.Device, 
 		}
 	}
 	edits := map[string]*containeredits.Edits{}
-	// The ledger marks a claim combined where a container holds it beside
-	// another, or holds several of its requests. An entry it did not mark
-	// (recorded before it decided this, or rebuilt with no spec to read)
-	// is combined where it has several requests that one container may
-	// hold: all of them, unless their names put each in a container of its
-	// own (an extended-resource claim's, seatledger.RequestsApart).
-	combined := c.Combined || len(order) > 1 && !seatledger.RequestsApart(c)
+	combined := containerclaims.Combined(c)
 	for _, r := range order {
 		opts := s.edits
 		opts.VisibleDevices = visible[r]

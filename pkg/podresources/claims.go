@@ -53,6 +53,12 @@ func (p PodClaims) References(claim types.NamespacedName) bool {
 	return false
 }
 
+// ClaimsReader tells which claims each container of a pod references:
+// Client, or a fake in tests.
+type ClaimsReader interface {
+	PodClaims(ctx context.Context, namespace, name string) (PodClaims, error)
+}
+
 // PodClaims asks the kubelet which claims each container of a pod
 // references (v1 Get, GA in Kubernetes 1.36). The kubelet answers from
 // its claim cache, which holds every claim of a pod from the moment it

@@ -200,7 +200,7 @@ type podAnswers struct {
 // about, out of the kubelet's burst of 10.
 const podResourcesPerSample = 3
 
-func (a *podAnswers) get(ctx context.Context, claims PodClaimsReader, key types.NamespacedName) (podresources.PodClaims, error) {
+func (a *podAnswers) get(ctx context.Context, claims podresources.ClaimsReader, key types.NamespacedName) (podresources.PodClaims, error) {
 	if got, ok := a.pods[key]; ok {
 		return got.pod, got.err
 	}
@@ -238,10 +238,4 @@ func (u *Usage) mountedRequests(pids []uint32) ([]gpuusage.ClaimRequest, error) 
 		return reqs, nil
 	}
 	return nil, fmt.Errorf("none of its processes' mounts can be read: %w", first)
-}
-
-// PodClaimsReader tells which claims each container of a pod references
-// (the kubelet's PodResources API, podresources.Client).
-type PodClaimsReader interface {
-	PodClaims(ctx context.Context, namespace, name string) (podresources.PodClaims, error)
 }

@@ -134,7 +134,7 @@ type usageSnapshot struct {
 type Usage struct {
 	opts   Options
 	ledger Ledger
-	claims PodClaimsReader
+	claims podresources.ClaimsReader
 	// index finds a MIG seat's instance: a process in a MIG device is its
 	// seat's only where the seat is at the device's placement.
 	index map[string]draresources.DeviceRef
@@ -157,7 +157,7 @@ type Usage struct {
 // New makes the metrics of a node whose devices index names, whose
 // plugin keeps its data (and the device metadata files containers mount)
 // in dataDir. claims may be nil: no kubelet to ask.
-func New(ctx context.Context, opts Options, ledger Ledger, claims PodClaimsReader, dataDir string, index map[string]draresources.DeviceRef) *Usage {
+func New(ctx context.Context, opts Options, ledger Ledger, claims podresources.ClaimsReader, dataDir string, index map[string]draresources.DeviceRef) *Usage {
 	if opts.Interval <= 0 {
 		opts.Interval = 10 * time.Second
 	}

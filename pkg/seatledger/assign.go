@@ -13,6 +13,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containerclaims"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
@@ -50,7 +51,7 @@ func (a assigner) seats(st *checkpoint.State, claim *resourceapi.ResourceClaim) 
 		return prev, nil
 	}
 	alloc := claim.Status.Allocation
-	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Standalone: Standalone(claim)}
+	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Standalone: containerclaims.Standalone(claim)}
 	// Record the entry while deciding, so that a claim with several
 	// shares of one group gets distinct seats.
 	st.Claims[claim.UID] = entry

@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containerclaims"
 )
 
 // batcher gathers the prepares that arrive while a batch is being recorded
@@ -116,9 +117,17 @@ func (b *batcher) decide(ctx context.Context, batch []*Reservation) {
 			r.Entries[claim.UID], r.Fresh[claim.UID] = c, true
 			changed = true
 		}
-		if r.combine(st) {
-			changed = true
+		combined, widened := containerclaims.Combine(st, r.claims, r.Entries, r.holders)
+		// Claims recorded before and sent again get their spec written
+		// again whenever they are combined: a rewrite that failed, or a
+		// crash after the save, is not left behind.
+		for uid, c := range r.Entries {
+			if !r.Fresh[uid] && c.Combined {
+				r.Rewrite[uid] = true
+			}
 		}
+		r.Widened = widened
+		changed = changed || combined
 	}
 	for _, r := range batch {
 		r.reloads = b.rec.reloads.Load()

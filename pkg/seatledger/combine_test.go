@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containerclaims"
 )
 
 func nameOf(c *resourceapi.ResourceClaim) types.NamespacedName {
@@ -16,7 +17,7 @@ func nameOf(c *resourceapi.ResourceClaim) types.NamespacedName {
 
 // reserveFor is reserve with the claims' holders known.
 func reserveFor(r *rig, l *Ledger, claims []*resourceapi.ResourceClaim, containers map[types.UID][][]types.NamespacedName) *Reservation {
-	res := l.ReserveFor(r.ctx, claims, Holders{Containers: containers})
+	res := l.ReserveFor(r.ctx, claims, containerclaims.Holders{Containers: containers})
 	res.Done()
 	return res
 }
@@ -110,39 +111,17 @@ func TestCombineConservativeWidensTheStandaloneClaimBeside(t *testing.T) {
 	shared := claim("shared", "g0-1x")
 	reserveFor(r, l, []*resourceapi.ResourceClaim{shared}, map[types.UID][][]types.NamespacedName{shared.UID: {{nameOf(shared)}}})
 	own := podClaim("own", "g1-1x")
-	res := l.ReserveFor(r.ctx, []*resourceapi.ResourceClaim{own}, Holders{Beside: map[types.UID]bool{own.UID: true}, BesideHeld: []types.NamespacedName{nameOf(shared)}})
+	res := l.ReserveFor(r.ctx, []*resourceapi.ResourceClaim{own}, containerclaims.Holders{Beside: map[types.UID]bool{own.UID: true}, BesideHeld: []types.NamespacedName{nameOf(shared)}})
 	res.Done()
-	if c := res.Entries[own.UID]; c == nil || !c.Combined || c.CombinedGPUs != allGPUs {
+	if c := res.Entries[own.UID]; c == nil || !c.Combined || c.CombinedGPUs != containerclaims.AllGPUs {
 		t.Errorf("the pod's own claim: %+v", c)
 	}
 	if !slices.Equal(res.Widened, []types.UID{shared.UID}) {
 		t.Errorf("widened %v, want the standalone claim", res.Widened)
 	}
 	for _, c := range l.Prepared() {
-		if c.Name == "shared" && (!c.Combined || c.CombinedGPUs != allGPUs) {
+		if c.Name == "shared" && (!c.Combined || c.CombinedGPUs != containerclaims.AllGPUs) {
 			t.Errorf("the standalone claim: combined %v over %d", c.Combined, c.CombinedGPUs)
-		}
-	}
-}
-
-// The scheduler names an extended-resource claim's requests
-// container-<i>-request-<j>; any other name is not one container's.
-func TestExtendedRequestContainer(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		i    int
-		ok   bool
-	}{
-		{"container-0-request-0", 0, true},
-		{"container-12-request-3", 12, true},
-		{"container--request-0", 0, false},
-		{"container-1-request-", 0, false},
-		{"container-+1-request-0", 0, false},
-		{"container-1-request-0-x", 0, false},
-		{"gpu", 0, false},
-	} {
-		if i, ok := extendedRequestContainer(tc.name); i != tc.i || ok != tc.ok {
-			t.Errorf("%q: %d, %v; want %d, %v", tc.name, i, ok, tc.i, tc.ok)
 		}
 	}
 }
@@ -202,35 +181,5 @@ func TestCombineExtendedResourceClaim(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
-	}
-}
-
-// A spec on disk names GPUs by index where the claim was combined: where
-// its configuration says UUIDs, or for requests that one container may
-// hold together; not for an extended-resource claim's requests, each one
-// container's, configured to name their GPUs by index.
-func TestCombinedWidthByConfiguration(t *testing.T) {
-	dev := func(name, request, visible string) checkpoint.Device {
-		d := checkpoint.Device{Requests: []string{request}, CDIDevice: name, VisibleDevices: visible}
-		d.GPUUUIDs = []string{"GPU-" + name}
-		return d
-	}
-	for _, tc := range []struct {
-		name     string
-		devices  []checkpoint.Device
-		combined bool
-	}{
-		{"one GPU by index, configured uuid", []checkpoint.Device{dev("d0", "gpu", "")}, true},
-		{"one GPU by index, configured index", []checkpoint.Device{dev("d0", "gpu", "index")}, false},
-		{"one request per container, configured index", []checkpoint.Device{dev("d0", "container-0-request-0", "index"), dev("d1", "container-1-request-0", "index")}, false},
-		{"two requests, configured index", []checkpoint.Device{dev("d0", "a", "index"), dev("d1", "b", "index")}, true},
-	} {
-		env := map[string]map[string]string{}
-		for _, d := range tc.devices {
-			env[d.CDIDevice] = map[string]string{"CUDA_VISIBLE_DEVICES": "0"}
-		}
-		if n, combined := combinedWidth(&checkpoint.Claim{Devices: tc.devices}, env); combined != tc.combined || n != 1 {
-			t.Errorf("%s: %d, %v; want 1, %v", tc.name, n, combined, tc.combined)
-		}
 	}
 }

@@ -6,16 +6,15 @@ import (
 	"maps"
 	"reflect"
 	"slices"
-	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
-	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containerclaims"
 )
 
 // untrusted is a claim whose seats could not be recovered, and why.
@@ -73,7 +72,7 @@ func (rc *recoverer) rebuild(ctx context.Context) (*rebuilt, error) {
 			// claim's spec. The kubelet prepares it again.
 			continue
 		}
-		st.Claims[claim.UID] = &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Standalone: Standalone(claim)}
+		st.Claims[claim.UID] = &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Standalone: containerclaims.Standalone(claim)}
 		switch {
 		case inSpec && specErr != nil:
 			fence(claim, "its CDI spec cannot be read back: "+specErr.Error())
@@ -158,7 +157,7 @@ func (p *repairer) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.
 			// Containers may hold it beside another claim: the spec keeps
 			// naming GPUs the way that allows.
 			if env, ok, err := p.opts.Specs.ReadEnv(uid); err == nil && ok {
-				if n, combined := combinedWidth(c, env); combined {
+				if n, combined := containerclaims.CombinedInSpec(c, env); combined {
 					c.Combined, c.CombinedGPUs = true, n
 				}
 			}
@@ -195,41 +194,4 @@ func (p *repairer) adopt(ctx context.Context, rb *rebuilt, baseline *checkpoint.
 	summary := fmt.Sprintf("rebuilt %d prepared claims from the API server and the CDI specs on the node (%d with a spec on disk); %d could not be trusted and are fenced", len(st.Claims), fromSpecs, fenced)
 	logger.Info("Rebuilt the checkpoint", "claims", len(st.Claims), "withSpecs", fromSpecs, "fenced", fenced)
 	return summary, nil
-}
-
-// combinedWidth reports whether a claim's spec on disk names GPUs as a
-// combined claim's does, and how many: by index where its configuration
-// says UUIDs, by more indices than its request holds, or by index for a
-// claim with several requests that one container may hold together.
-func combinedWidth(c *checkpoint.Claim, env map[string]map[string]string) (int, bool) {
-	perRequest := map[string]map[string]bool{}
-	for _, dev := range c.Devices {
-		reqs := dev.Requests
-		if len(reqs) == 0 {
-			reqs = []string{""}
-		}
-		for _, r := range reqs {
-			if perRequest[r] == nil {
-				perRequest[r] = map[string]bool{}
-			}
-			for _, u := range dev.GPUUUIDs {
-				perRequest[r][u] = true
-			}
-		}
-	}
-	most := 0
-	for _, gpus := range perRequest {
-		most = max(most, len(gpus))
-	}
-	n, unasked := 0, false
-	for name, e := range env {
-		v := e["CUDA_VISIBLE_DEVICES"]
-		if v == "" || strings.HasPrefix(v, "GPU-") {
-			continue
-		}
-		n = max(n, len(strings.Split(v, ",")))
-		i := slices.IndexFunc(c.Devices, func(d checkpoint.Device) bool { return d.CDIDevice == name })
-		unasked = unasked || i >= 0 && c.Devices[i].VisibleDevices != string(v1alpha1.VisibleDevicesIndex)
-	}
-	return n, n > 0 && (unasked || n > most || len(perRequest) > 1 && !RequestsApart(c))
 }

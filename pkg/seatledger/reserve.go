@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/containerclaims"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
@@ -45,7 +46,7 @@ type Reservation struct {
 	Lost bool
 	done bool
 	// holders are the containers that hold the call's claims.
-	holders Holders
+	holders containerclaims.Holders
 }
 
 // Reserve records seats for those of claims that hold none yet, in one
@@ -56,13 +57,13 @@ type Reservation struct {
 // The reservation holds the claims' locks: the caller writes their specs,
 // Confirms each, and calls Done.
 func (l *Ledger) Reserve(ctx context.Context, claims []*resourceapi.ResourceClaim) *Reservation {
-	return l.ReserveFor(ctx, claims, Holders{})
+	return l.ReserveFor(ctx, claims, containerclaims.Holders{})
 }
 
 // ReserveFor is Reserve where holders says which containers hold the
 // claims, so that claims held in one container are combined (see
-// combine).
-func (l *Ledger) ReserveFor(ctx context.Context, claims []*resourceapi.ResourceClaim, holders Holders) *Reservation {
+// package containerclaims).
+func (l *Ledger) ReserveFor(ctx context.Context, claims []*resourceapi.ResourceClaim, holders containerclaims.Holders) *Reservation {
 	uids := make([]types.UID, len(claims))
 	for i, c := range claims {
 		uids[i] = c.UID
@@ -75,23 +76,6 @@ func (l *Ledger) ReserveFor(ctx context.Context, claims []*resourceapi.ResourceC
 	}
 	l.batches.reserve(ctx, r)
 	return r
-}
-
-// Standalone reports whether pods other than one may hold a claim: no pod
-// controls it, or several pods reserve it.
-func Standalone(c *resourceapi.ResourceClaim) bool {
-	return c != nil && (!ownedByPod(c) || len(ReservingPods(c)) > 1)
-}
-
-// ReservingPods are the UIDs of the pods the claim is reserved for.
-func ReservingPods(c *resourceapi.ResourceClaim) []types.UID {
-	var out []types.UID
-	for _, ref := range c.Status.ReservedFor {
-		if ref.Resource == "pods" && ref.APIGroup == "" {
-			out = append(out, ref.UID)
-		}
-	}
-	return out
 }
 
 // StandaloneClaims lists the standalone claims the node holds.
@@ -112,18 +96,6 @@ func (l *Ledger) StandaloneClaims(ctx context.Context) ([]types.NamespacedName, 
 		}
 	}
 	return out, nil
-}
-
-// ownedByPod reports whether a pod controls the claim: one made from the
-// pod's template, or by the scheduler for its extended resources. No
-// other pod references it.
-func ownedByPod(claim *resourceapi.ResourceClaim) bool {
-	for _, o := range claim.OwnerReferences {
-		if o.Kind == "Pod" && o.APIVersion == "v1" && o.Controller != nil && *o.Controller {
-			return true
-		}
-	}
-	return false
 }
 
 // refuseLost refuses every claim of the reservation: the checkpoint is

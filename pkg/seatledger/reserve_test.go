@@ -229,56 +229,6 @@ func TestPrepareAnewByTheOtherPodKeepsItsSpec(t *testing.T) {
 	}
 }
 
-// A rebuilt checkpoint learns from the spec on disk that a claim was
-// combined, and over how many GPUs: its containers keep getting the form
-// every spec agreed on.
-func TestCombinedWidth(t *testing.T) {
-	dev := func(request string) checkpoint.Device {
-		d := checkpoint.Device{Requests: []string{request}}
-		d.GPUUUIDs = []string{"GPU-a"}
-		return d
-	}
-	one := &checkpoint.Claim{Devices: []checkpoint.Device{dev("gpu")}}
-	two := &checkpoint.Claim{Devices: []checkpoint.Device{dev("a"), dev("b")}}
-	for _, tc := range []struct {
-		claim    *checkpoint.Claim
-		value    string
-		n        int
-		combined bool
-	}{
-		{one, "GPU-a", 0, false},
-		{one, "0", 1, false},
-		{one, "0,1", 2, true},
-		{one, "0,1,2,3,4,5,6,7", 8, true},
-		{one, "", 0, false},
-		{two, "0", 1, true},
-		{two, "GPU-a", 0, false},
-	} {
-		env := map[string]map[string]string{"dev": {"CUDA_VISIBLE_DEVICES": tc.value}}
-		if n, combined := combinedWidth(tc.claim, env); n != tc.n || combined != tc.combined {
-			t.Errorf("%d requests, CUDA_VISIBLE_DEVICES=%q: %d, %v; want %d, %v", len(tc.claim.Devices), tc.value, n, combined, tc.n, tc.combined)
-		}
-	}
-}
-
-func TestOwnedByPod(t *testing.T) {
-	yes, no := true, false
-	for _, tt := range []struct {
-		refs []metav1.OwnerReference
-		want bool
-	}{
-		{nil, false},
-		{[]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "p", Controller: &yes}}, true},
-		{[]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "p", Controller: &no}}, false},
-		{[]metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "r", Controller: &yes}}, false},
-	} {
-		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{OwnerReferences: tt.refs}}
-		if got := ownedByPod(c); got != tt.want {
-			t.Errorf("owners %+v: owned by a pod %v, want %v", tt.refs, got, tt.want)
-		}
-	}
-}
-
 // podClaim is a claim made for one pod from its template.
 func podClaim(name string, devices ...string) *resourceapi.ResourceClaim {
 	c := claim(name, devices...)

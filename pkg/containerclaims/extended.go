@@ -1,4 +1,4 @@
-package seatledger
+package containerclaims
 
 import (
 	"strconv"

@@ -1,4 +1,4 @@
-package draplugin
+package containerclaims
 
 import (
 	"context"
@@ -13,14 +13,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	resourceclient "k8s.io/client-go/kubernetes/typed/resource/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
 // Which containers hold a claim beside another of this driver's decides
-// how its spec names GPUs (see package seatledger, combine). The kubelet
+// how its spec names GPUs (Combine). The kubelet
 // knows: it adds all of a pod's claims to its claim cache before it calls
 // any driver to prepare them, so its PodResources API (v1 Get) lists each
 // container of a pod with the claims it references while the prepare
@@ -37,10 +37,36 @@ import (
 // prepare path: it answers from memory, in microseconds.
 const podResourcesTimeout = time.Second
 
-// holders finds the containers that hold the call's claims.
-func (d *Driver) holders(ctx context.Context, claims []*resourceapi.ResourceClaim) seatledger.Holders {
-	h := seatledger.Holders{Containers: map[types.UID][][]types.NamespacedName{}}
-	if len(claims) == 1 && !d.holdsOtherThan(claims[0].UID) {
+// Held is what the finder reads of the seat ledger: which claims the node
+// holds (seatledger.Ledger).
+type Held interface {
+	// PreparedUIDs are the UIDs of the recorded claims.
+	PreparedUIDs() []types.UID
+	// StandaloneClaims are the standalone claims the node holds.
+	StandaloneClaims(ctx context.Context) ([]types.NamespacedName, error)
+}
+
+// Finder finds the containers that hold a prepare call's claims: it asks
+// the kubelet (pods, nil where the plugin has no PodResources socket),
+// and where the kubelet cannot say, the API server (claims) about the
+// standalone claims the node holds (held).
+type Finder struct {
+	pods   podresources.ClaimsReader
+	claims resourceclient.ResourceClaimsGetter
+	held   Held
+	// fallback logs the claims whose holders the kubelet could not name.
+	fallback fallbackLog
+}
+
+// NewFinder returns a finder asking pods and claims about what held holds.
+func NewFinder(pods podresources.ClaimsReader, claims resourceclient.ResourceClaimsGetter, held Held) *Finder {
+	return &Finder{pods: pods, claims: claims, held: held}
+}
+
+// Holders finds the containers that hold the call's claims.
+func (f *Finder) Holders(ctx context.Context, claims []*resourceapi.ResourceClaim) Holders {
+	h := Holders{Containers: map[types.UID][][]types.NamespacedName{}}
+	if len(claims) == 1 && !f.holdsOtherThan(claims[0].UID) {
 		c := claims[0]
 		h.Containers[c.UID] = [][]types.NamespacedName{{{Namespace: c.Namespace, Name: c.Name}}}
 		return h
@@ -48,9 +74,9 @@ func (d *Driver) holders(ctx context.Context, claims []*resourceapi.ResourceClai
 	var unknown []*resourceapi.ResourceClaim
 	answers := map[types.NamespacedName]podAnswer{}
 	for _, claim := range claims {
-		containers, why := d.claimHolders(ctx, claim, answers)
+		containers, why := f.claimHolders(ctx, claim, answers)
 		if why != "" {
-			d.combineFallback.note(ctx, claim, why)
+			f.fallback.note(ctx, claim, why)
 			unknown = append(unknown, claim)
 			continue
 		}
@@ -66,7 +92,7 @@ func (d *Driver) holders(ctx context.Context, claims []*resourceapi.ResourceClai
 		}
 	}
 	if len(unknown) > 0 {
-		h.Beside, h.BesideHeld = d.besideStandalone(ctx, unknown)
+		h.Beside, h.BesideHeld = f.besideStandalone(ctx, unknown)
 	}
 	return h
 }
@@ -80,8 +106,8 @@ type podAnswer struct {
 // claimHolders lists the containers of the pods reserving claim that
 // reference it, each as the claims it references; why says why that
 // cannot be known.
-func (d *Driver) claimHolders(ctx context.Context, claim *resourceapi.ResourceClaim, answers map[types.NamespacedName]podAnswer) ([][]types.NamespacedName, string) {
-	if d.opts.PodResources == nil {
+func (f *Finder) claimHolders(ctx context.Context, claim *resourceapi.ResourceClaim, answers map[types.NamespacedName]podAnswer) ([][]types.NamespacedName, string) {
+	if f.pods == nil {
 		return nil, "no PodResources socket is configured"
 	}
 	name := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}
@@ -95,7 +121,7 @@ func (d *Driver) claimHolders(ctx context.Context, claim *resourceapi.ResourceCl
 		key := types.NamespacedName{Namespace: claim.Namespace, Name: ref.Name}
 		a, asked := answers[key]
 		if !asked {
-			a.pod, a.err = d.podClaims(ctx, key)
+			a.pod, a.err = f.podClaims(ctx, key)
 			answers[key] = a
 		}
 		if a.err != nil {
@@ -123,12 +149,12 @@ func (d *Driver) claimHolders(ctx context.Context, claim *resourceapi.ResourceCl
 // starts, more than ten prepares ask within a few milliseconds. A refused
 // call is made again once a token is back rather than deciding the claim
 // the conservative way.
-func (d *Driver) podClaims(ctx context.Context, key types.NamespacedName) (podresources.PodClaims, error) {
+func (f *Finder) podClaims(ctx context.Context, key types.NamespacedName) (podresources.PodClaims, error) {
 	ctx, cancel := context.WithTimeout(ctx, podResourcesTimeout)
 	defer cancel()
 	wait := podResourcesRetry
 	for {
-		pod, err := d.opts.PodResources.PodClaims(ctx, key.Namespace, key.Name)
+		pod, err := f.pods.PodClaims(ctx, key.Namespace, key.Name)
 		if err == nil || !podresources.RateLimited(err) {
 			return pod, err
 		}
@@ -153,8 +179,8 @@ const (
 
 // holdsOtherThan reports whether the node holds a claim of this driver
 // other than uid.
-func (d *Driver) holdsOtherThan(uid types.UID) bool {
-	for _, c := range d.ledger.PreparedUIDs() {
+func (f *Finder) holdsOtherThan(uid types.UID) bool {
+	for _, c := range f.held.PreparedUIDs() {
 		if c != uid {
 			return true
 		}
@@ -196,8 +222,8 @@ func (f *fallbackLog) note(ctx context.Context, claim *resourceapi.ResourceClaim
 // (standaloneReservations). A claim that cannot be read counts as
 // referenced, so the specs err on the side that is right for every
 // container.
-func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]bool, []types.NamespacedName) {
-	held, err := d.ledger.StandaloneClaims(ctx)
+func (f *Finder) besideStandalone(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]bool, []types.NamespacedName) {
+	held, err := f.held.StandaloneClaims(ctx)
 	if err != nil || len(held) == 0 {
 		// The reservation reports a checkpoint that cannot be read.
 		return nil, nil
@@ -215,7 +241,7 @@ func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.Res
 	for _, ns := range slices.Sorted(maps.Keys(candidates)) {
 		names := candidates[ns]
 		slices.Sort(names)
-		reserving, err := d.standaloneReservations(ctx, ns, names)
+		reserving, err := f.standaloneReservations(ctx, ns, names)
 		for _, name := range names {
 			pods, found := reserving[name]
 			if err == nil && !found {
@@ -229,7 +255,7 @@ func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.Res
 				switch {
 				case err != nil:
 					logger.Info("Cannot read a standalone claim the node holds; preparing the claim as if its pod referenced it", "standalone", klog.KRef(ns, name), "claim", klog.KObj(c), "err", err)
-				case slices.ContainsFunc(pods, func(uid types.UID) bool { return slices.Contains(seatledger.ReservingPods(c), uid) }):
+				case slices.ContainsFunc(pods, func(uid types.UID) bool { return slices.Contains(ReservingPods(c), uid) }):
 					logger.V(2).Info("The claim's pod also references a standalone claim the node holds: its containers may hold both", "claim", klog.KObj(c), "standalone", klog.KRef(ns, name))
 				default:
 					continue
@@ -253,8 +279,8 @@ func (d *Driver) besideStandalone(ctx context.Context, claims []*resourceapi.Res
 // plugin's rate-limited client, grow with the standalone claims the node
 // holds, and a run of prepares quadratic. Both are consistent reads, as
 // the reservation of the pod being prepared needs.
-func (d *Driver) standaloneReservations(ctx context.Context, ns string, names []string) (map[string][]types.UID, error) {
-	api := d.opts.Client.ResourceV1().ResourceClaims(ns)
+func (f *Finder) standaloneReservations(ctx context.Context, ns string, names []string) (map[string][]types.UID, error) {
+	api := f.claims.ResourceClaims(ns)
 	out := make(map[string][]types.UID, len(names))
 	if len(names) == 1 {
 		c, err := api.Get(ctx, names[0], metav1.GetOptions{})
@@ -264,7 +290,7 @@ func (d *Driver) standaloneReservations(ctx context.Context, ns string, names []
 		case err != nil:
 			return nil, err
 		}
-		out[c.Name] = seatledger.ReservingPods(c)
+		out[c.Name] = ReservingPods(c)
 		return out, nil
 	}
 	list, err := api.List(ctx, metav1.ListOptions{})
@@ -273,7 +299,7 @@ func (d *Driver) standaloneReservations(ctx context.Context, ns string, names []
 	}
 	for i := range list.Items {
 		if c := &list.Items[i]; slices.Contains(names, c.Name) {
-			out[c.Name] = seatledger.ReservingPods(c)
+			out[c.Name] = ReservingPods(c)
 		}
 	}
 	return out, nil
