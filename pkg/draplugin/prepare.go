@@ -2,6 +2,7 @@ package draplugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -35,7 +36,6 @@ import (
 // save (seatledger.Reserve). A bad claim fails its own result; only an
 // unreadable or unwritable checkpoint fails the call.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	logger := klog.FromContext(ctx)
 	d.hooks.run(HookPrepareStart)
 	d.metrics.observePrepareStart()
 	start := d.clock.Now()
@@ -49,128 +49,170 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		return nil, r.Err
 	}
-	results := map[types.UID]kubeletplugin.PrepareResult{}
-	for _, claim := range claims {
-		if err := r.Errs[claim.UID]; err != nil {
-			if r.Lost {
-				d.metrics.prepareError("checkpoint")
-			} else {
-				d.metrics.prepareError("claim")
-			}
-			results[claim.UID] = kubeletplugin.PrepareResult{Err: err}
-			d.events.Claim(ctx, claim, corev1.EventTypeWarning, nodeevents.ReasonPrepareFailed, err.Error())
-			continue
-		}
-		c := r.Entries[claim.UID]
-		if !r.Fresh[claim.UID] {
-			results[claim.UID] = d.completedResult(ctx, r, claim.UID, c)
-			continue
-		}
-		if err := d.mig.prepare(ctx, claim.UID, c); err != nil {
-			// The seat stays recorded for the kubelet's retry, which
-			// makes the instance, or its unprepare.
-			d.metrics.prepareError("mig")
-			logger.Error(err, "Cannot make the claim's MIG instance", "claim", klog.KObj(claim))
-			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)}
-			d.events.Claim(ctx, claim, corev1.EventTypeWarning, nodeevents.ReasonPrepareFailed, err.Error())
-			continue
-		}
-		if err := d.sharing.prepare(ctx, c); err != nil {
-			// As for a spec that cannot be written: the seats stay
-			// recorded for the kubelet's retry or its unprepare.
-			d.metrics.prepareError("sharing")
-			logger.Error(err, "Cannot share the claim's GPUs as its profile says", "claim", klog.KObj(claim))
-			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)}
-			d.events.Claim(ctx, claim, corev1.EventTypeWarning, nodeevents.ReasonPrepareFailed, err.Error())
-			continue
-		}
-		if err := d.writeSpec(ctx, r, claim.UID, c); err != nil {
-			// The seats stay recorded: the kubelet retries the prepare,
-			// which writes the spec, or unprepares the claim.
-			d.metrics.prepareError("cdi")
-			logger.Error(err, "Cannot write CDI spec", "claim", klog.KObj(claim))
-			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)}
-			d.events.Claim(ctx, claim, corev1.EventTypeWarning, nodeevents.ReasonPrepareFailed, "write the claim's CDI spec: "+err.Error())
-			continue
-		}
-		d.hooks.run(HookAfterCDIWrite)
-		d.statuses.queueAfterPrepare(claim.UID)
-		results[claim.UID] = d.result(claim.UID, c)
-		logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "seats", seatledger.DescribeSeats(c))
-		d.events.Claim(ctx, claim, corev1.EventTypeNormal, nodeevents.ReasonPrepared, d.describePrepared(c))
+	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, o := range r.Claims {
+		results[o.Claim.UID] = d.prepareClaim(ctx, r, o)
 	}
-	d.rewriteWidened(ctx, r, results)
+	// Held claims a container of this call's pod holds beside one of its
+	// claims get their specs written again before the call answers.
+	if err := r.Finish(ctx); err != nil {
+		d.metrics.prepareError("cdi")
+		for uid, res := range results {
+			if res.Err == nil {
+				results[uid] = kubeletplugin.PrepareResult{Err: err}
+			}
+		}
+	}
 	return results, nil
 }
 
-// rewriteWidened writes again, before the call answers, the specs of held
-// claims that a container of this call's pod holds beside one of its
-// claims. If one cannot be written, the call's claims fail: the kubelet
-// prepares them again, which tries again.
-func (d *Driver) rewriteWidened(ctx context.Context, r *seatledger.Reservation, results map[types.UID]kubeletplugin.PrepareResult) {
-	if len(r.Widened) == 0 {
-		return
-	}
-	// Another prepare may hold those claims' locks and want these.
-	r.Done()
-	err := d.ledger.RewriteSpecs(ctx, r.Widened)
-	if err == nil {
-		return
-	}
-	d.metrics.prepareError("cdi")
-	for uid, res := range results {
-		if res.Err == nil {
-			results[uid] = kubeletplugin.PrepareResult{Err: err}
-		}
-	}
+// claimRoute is one claim on its way through the prepare: the ledger's
+// answer, and what its steps learned.
+type claimRoute struct {
+	r *seatledger.Reservation
+	seatledger.Outcome
+	// why the spec of a claim recorded before is written again; "" where
+	// it is not (the claim is fresh, or its spec is current).
+	why string
+	// lost are the claim's MIG devices whose instance was gone (made
+	// again by this prepare).
+	lost []string
+	// release ends what the steps hold until the claim is answered.
+	release func()
 }
 
-// completedResult answers a repeated prepare: the recorded seats and CDI
-// IDs. The spec is written again if it is gone (the CDI directory is a
-// tmpfs that a reboot empties) or the claim is combined with another now.
-func (d *Driver) completedResult(ctx context.Context, r *seatledger.Reservation, uid types.UID, c *checkpoint.Claim) kubeletplugin.PrepareResult {
-	// A combined claim's spec names GPUs as every spec of its containers
-	// does; a missing one is written back. Sharing first: a first prepare
-	// may have failed there. A MIG instance that went is made again, and
-	// the spec names the new one (mig_lost.go).
-	why := "rewrite CDI spec for a combined claim"
+// step is one step of a claim's route; kind counts its failures
+// (kyb_dra_errors_total). answered ends the route early: the claim's
+// prepare is answered as it stands.
+type step struct {
+	kind string
+	run  func(d *Driver, ctx context.Context, c *claimRoute) (answered bool, err error)
+}
+
+// route are the steps every claim takes, in order. The first that fails
+// fails the claim, through one path (prepareFailed); its seats stay
+// recorded for the kubelet's retry, or its unprepare.
+var route = []step{
+	{"claim", (*Driver).recorded},
+	{"mig", (*Driver).current},
+	{"mig", (*Driver).prepareMIG},
+	{"sharing", (*Driver).prepareSharing},
+	{"cdi", (*Driver).writeSpec},
+}
+
+// prepareClaim takes one claim of a call through its route.
+func (d *Driver) prepareClaim(ctx context.Context, r *seatledger.Reservation, o seatledger.Outcome) kubeletplugin.PrepareResult {
+	c := &claimRoute{r: r, Outcome: o, release: func() {}}
+	defer func() { c.release() }()
+	for _, s := range route {
+		answered, err := s.run(d, ctx, c)
+		if err != nil {
+			return d.prepareFailed(ctx, c, s.kind, err)
+		}
+		if answered {
+			return d.result(o.Claim.UID, o.Entry)
+		}
+	}
+	return d.prepared(ctx, c)
+}
+
+// recorded passes on the ledger's refusal of the claim, which names it.
+func (d *Driver) recorded(_ context.Context, c *claimRoute) (bool, error) {
+	return false, c.Err
+}
+
+// current answers at once a claim recorded before whose spec is on the
+// node and whose MIG instances are there, as a repeated prepare finds
+// most. Otherwise it says why the spec is written again: it is gone (the
+// CDI directory is a tmpfs that a reboot empties), the claim is combined
+// with another now, or a MIG instance went and is made again (the spec
+// names the new one; mig_lost.go).
+func (d *Driver) current(ctx context.Context, c *claimRoute) (bool, error) {
+	if c.State == seatledger.Fresh {
+		return false, nil
+	}
+	uid := c.Claim.UID
 	exists := d.specs.Exists(uid)
-	lost, done := d.lostOnPrepare(ctx, uid, c, exists)
-	defer done()
+	c.lost, c.release = d.lostOnPrepare(ctx, uid, c.Entry, exists)
 	switch {
-	case len(lost) > 0:
-		why = "rewrite CDI spec for a MIG instance made again"
-	case r.Rewrite[uid]:
-		// why says so.
+	case len(c.lost) > 0:
+		c.why = "rewrite CDI spec for a MIG instance made again"
+	case c.State == seatledger.SpecOwed:
+		c.why = "rewrite CDI spec for a combined claim"
 	case exists:
-		return d.result(uid, c)
+		return true, nil
 	default:
-		why = "restore CDI spec"
+		c.why = "restore CDI spec"
 	}
-	if err := d.mig.prepare(ctx, uid, c); err != nil {
-		if len(lost) > 0 {
-			err = fmt.Errorf("the MIG instance of %s is gone and cannot be made again (the device stays tainted until the claim is released): %w", strings.Join(lost, ", "), err)
-		}
-		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)}
-	}
-	if err := d.sharing.prepare(ctx, c); err != nil {
-		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %w", c.Namespace, c.Name, uid, err)}
-	}
-	if err := d.writeSpec(ctx, r, uid, c); err != nil {
-		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s (%s): %s: %w", c.Namespace, c.Name, uid, why, err)}
-	}
-	klog.FromContext(ctx).Info("Wrote the CDI spec of a prepared claim again", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid, "why", why)
-	d.madeAgain(ctx, uid, c, lost)
-	return d.result(uid, c)
+	return false, nil
 }
 
-// writeSpec writes a reserved claim's spec and confirms that the claim
-// still holds its seats.
-func (d *Driver) writeSpec(ctx context.Context, r *seatledger.Reservation, uid types.UID, c *checkpoint.Claim) error {
-	if err := d.specs.Write(uid, c); err != nil {
-		return err
+// prepareMIG makes the claim's MIG instances.
+func (d *Driver) prepareMIG(ctx context.Context, c *claimRoute) (bool, error) {
+	err := d.mig.prepare(ctx, c.Claim.UID, c.Entry)
+	if err != nil && len(c.lost) > 0 {
+		err = fmt.Errorf("the MIG instance of %s is gone and cannot be made again (the device stays tainted until the claim is released): %w", strings.Join(c.lost, ", "), err)
 	}
-	return r.Confirm(ctx, uid)
+	return false, err
+}
+
+// prepareSharing readies the sharing of the claim's groups.
+func (d *Driver) prepareSharing(ctx context.Context, c *claimRoute) (bool, error) {
+	return false, d.sharing.prepare(ctx, c.Entry)
+}
+
+// writeSpec writes the claim's spec and confirms that the claim still
+// holds its seats.
+func (d *Driver) writeSpec(ctx context.Context, c *claimRoute) (bool, error) {
+	uid := c.Claim.UID
+	err := d.specs.Write(uid, c.Entry)
+	if err == nil {
+		err = c.r.Confirm(ctx, uid)
+	}
+	switch {
+	case err == nil:
+		return false, nil
+	case c.why != "":
+		return false, fmt.Errorf("%s: %w", c.why, err)
+	}
+	return false, fmt.Errorf("write the claim's CDI spec: %w", err)
+}
+
+// prepared answers a claim whose route is done, and says so: a fresh
+// claim's status is queued and its Prepared event recorded.
+func (d *Driver) prepared(ctx context.Context, c *claimRoute) kubeletplugin.PrepareResult {
+	logger := klog.FromContext(ctx)
+	uid := c.Claim.UID
+	if c.State == seatledger.Fresh {
+		d.hooks.run(HookAfterCDIWrite)
+		d.statuses.queueAfterPrepare(uid)
+		logger.V(2).Info("Prepared claim", "claim", klog.KObj(c.Claim), "uid", uid, "seats", seatledger.DescribeSeats(c.Entry))
+		d.events.Claim(ctx, c.Claim, corev1.EventTypeNormal, nodeevents.ReasonPrepared, d.describePrepared(c.Entry))
+	} else {
+		logger.Info("Wrote the CDI spec of a prepared claim again", "claim", klog.KObj(c.Claim), "uid", uid, "why", c.why)
+		d.madeAgain(ctx, uid, c.Entry, c.lost)
+	}
+	return d.result(uid, c.Entry)
+}
+
+// prepareFailed is the one way a claim fails: counted by the step's kind
+// (checkpoint while the checkpoint is lost), logged, told to the claim's
+// users in an Event, and answered with an error that names the claim.
+// The claim's seats stay recorded for the kubelet's retry, or its
+// unprepare.
+func (d *Driver) prepareFailed(ctx context.Context, c *claimRoute, kind string, err error) kubeletplugin.PrepareResult {
+	claim := c.Claim
+	if errors.Is(err, seatledger.ErrCheckpointLost) {
+		kind = "checkpoint"
+	}
+	d.metrics.prepareError(kind)
+	klog.FromContext(ctx).Error(err, "Cannot prepare claim", "claim", klog.KObj(claim), "uid", claim.UID, "step", kind)
+	d.events.Claim(ctx, claim, corev1.EventTypeWarning, nodeevents.ReasonPrepareFailed, err.Error())
+	if c.State != seatledger.Refused {
+		// The ledger's refusals name the claim already.
+		err = fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)
+	}
+	return kubeletplugin.PrepareResult{Err: err}
 }
 
 func (d *Driver) result(uid types.UID, c *checkpoint.Claim) kubeletplugin.PrepareResult {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -51,7 +53,6 @@ func (b *batcher) reserve(ctx context.Context, r *Reservation) {
 // decide decides the seats of a batch of reservations and saves them
 // once. Call with b.rec.mu held.
 func (b *batcher) decide(ctx context.Context, batch []*Reservation) {
-	logger := klog.FromContext(ctx)
 	fail := func(err error) {
 		for _, r := range batch {
 			r.Err, r.done = err, true
@@ -76,58 +77,9 @@ func (b *batcher) decide(ctx context.Context, batch []*Reservation) {
 	}
 	changed := false
 	for _, r := range batch {
-		r.done = true
-		r.Entries, r.Fresh, r.Rewrite, r.Errs, r.Widened = map[types.UID]*checkpoint.Claim{}, map[types.UID]bool{}, map[types.UID]bool{}, map[types.UID]error{}, nil
-		for _, claim := range r.claims {
-			if c, ok := st.Claims[claim.UID]; ok {
-				same := sameAllocation(c, claim)
-				switch {
-				case same && c.Fenced():
-					// Its container's seats are not known: handing it any
-					// now could give it another container's.
-					r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): the seats this claim holds could not be recovered after the plugin's checkpoint was lost, so its group is fenced; delete its pods to release it, and the claim is prepared afresh", claim.Namespace, claim.Name, claim.UID)
-					continue
-				case same && c.Phase == checkpoint.PrepareCompleted:
-					r.Entries[claim.UID] = c
-					continue
-				case !same:
-					// The claim was deallocated and allocated anew under
-					// the same UID while its old entry stayed (a lost
-					// unprepare): the old seats are nobody's now. Their
-					// spec goes first: should the new prepare fail, no
-					// container may start from the old seats.
-					if err := b.specs.Remove(claim.UID, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}); err != nil {
-						b.rec.countError("prepare", "cdi")
-						r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s), allocated anew: remove the CDI spec of its earlier allocation: %w", claim.Namespace, claim.Name, claim.UID, err)
-						continue
-					}
-					logger.Info("Replacing the seats of a claim allocated anew", "claim", klog.KObj(claim), "uid", claim.UID, "old", DescribeSeats(c))
-					delete(st.Claims, claim.UID)
-					changed = true
-				}
-			}
-			c, err := b.assign.seats(st, claim)
-			if err != nil {
-				logger.Error(err, "Cannot prepare claim", "claim", klog.KObj(claim), "uid", claim.UID)
-				r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)
-				continue
-			}
-			// Recorded as prepared before its spec exists: the spec is
-			// owed from here on, and a restart writes what is missing.
-			r.Entries[claim.UID], r.Fresh[claim.UID] = c, true
+		if b.decideCall(ctx, st, r) {
 			changed = true
 		}
-		combined, widened := containerclaims.Combine(st, r.claims, r.Entries, r.holders)
-		// Claims recorded before and sent again get their spec written
-		// again whenever they are combined: a rewrite that failed, or a
-		// crash after the save, is not left behind.
-		for uid, c := range r.Entries {
-			if !r.Fresh[uid] && c.Combined {
-				r.Rewrite[uid] = true
-			}
-		}
-		r.Widened = widened
-		changed = changed || combined
 	}
 	for _, r := range batch {
 		r.reloads = b.rec.reloads.Load()
@@ -140,11 +92,88 @@ func (b *batcher) decide(ctx context.Context, batch []*Reservation) {
 		// The file is the truth: read it again on the next call.
 		b.rec.st = nil
 		for _, r := range batch {
-			if len(r.Fresh) > 0 || len(r.Rewrite) > 0 || len(r.Widened) > 0 {
+			if r.changed() {
 				r.Err = fmt.Errorf("record seats in the checkpoint: %w", err)
 			}
 		}
 		return
 	}
 	run(b.hooks.AfterSave)
+}
+
+// decideCall decides one call's claims in st and marks those a container
+// holds together; it reports whether st changed. Call with b.rec.mu held.
+func (b *batcher) decideCall(ctx context.Context, st *checkpoint.State, r *Reservation) bool {
+	r.done = true
+	r.Claims = make([]Outcome, len(r.claims))
+	entries := map[types.UID]*checkpoint.Claim{}
+	changed := false
+	for i, claim := range r.claims {
+		o, stChanged := b.decideClaim(ctx, st, claim)
+		r.Claims[i] = o
+		if o.Entry != nil {
+			entries[claim.UID] = o.Entry
+		}
+		changed = changed || stChanged
+	}
+	combined, widened := containerclaims.Combine(st, r.claims, entries, r.holders)
+	// Claims recorded before and sent again get their spec written again
+	// whenever they are combined: a rewrite that failed, or a crash after
+	// the save, is not left behind.
+	for i, o := range r.Claims {
+		if o.State == Recorded && o.Entry.Combined {
+			r.Claims[i].State = SpecOwed
+		}
+	}
+	r.widened = widened
+	return changed || combined
+}
+
+// decideClaim answers one claim: its entry recorded before, or seats
+// recorded now, or why it gets none; stChanged says whether st changed.
+// Call with b.rec.mu held.
+func (b *batcher) decideClaim(ctx context.Context, st *checkpoint.State, claim *resourceapi.ResourceClaim) (o Outcome, stChanged bool) {
+	logger := klog.FromContext(ctx)
+	o.Claim = claim
+	if c, ok := st.Claims[claim.UID]; ok {
+		same := sameAllocation(c, claim)
+		switch {
+		case same && c.Fenced():
+			// Its container's seats are not known: handing it any now
+			// could give it another container's.
+			o.Err = fmt.Errorf("prepare claim %s/%s (%s): the seats this claim holds could not be recovered after the plugin's checkpoint was lost, so its group is fenced; delete its pods to release it, and the claim is prepared afresh", claim.Namespace, claim.Name, claim.UID)
+			return o, false
+		case same && c.Phase == checkpoint.PrepareCompleted:
+			o.Entry, o.State = c, Recorded
+			return o, false
+		case !same:
+			// The claim was deallocated and allocated anew under the same
+			// UID while its old entry stayed (a lost unprepare): the old
+			// seats are nobody's now. Their spec goes first: should the
+			// new prepare fail, no container may start from the old seats.
+			if err := b.specs.Remove(claim.UID, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}); err != nil {
+				b.rec.countError("prepare", "cdi")
+				o.Err = fmt.Errorf("prepare claim %s/%s (%s), allocated anew: remove the CDI spec of its earlier allocation: %w", claim.Namespace, claim.Name, claim.UID, err)
+				return o, false
+			}
+			logger.Info("Replacing the seats of a claim allocated anew", "claim", klog.KObj(claim), "uid", claim.UID, "old", DescribeSeats(c))
+			delete(st.Claims, claim.UID)
+			stChanged = true
+		}
+	}
+	c, err := b.assign.seats(st, claim)
+	if err != nil {
+		o.Err = fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, err)
+		return o, stChanged
+	}
+	// Recorded as prepared before its spec exists: the spec is owed from
+	// here on, and a restart writes what is missing.
+	o.Entry, o.State = c, Fresh
+	return o, true
+}
+
+// changed reports whether the reservation changed the record: seats
+// recorded, entries combined, or held claims widened.
+func (r *Reservation) changed() bool {
+	return len(r.widened) > 0 || slices.ContainsFunc(r.Claims, func(o Outcome) bool { return o.State == Fresh || o.State == SpecOwed })
 }

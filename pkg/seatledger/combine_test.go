@@ -16,10 +16,10 @@ func nameOf(c *resourceapi.ResourceClaim) types.NamespacedName {
 }
 
 // reserveFor is reserve with the claims' holders known.
-func reserveFor(r *rig, l *Ledger, claims []*resourceapi.ResourceClaim, containers map[types.UID][][]types.NamespacedName) *Reservation {
+func reserveFor(r *rig, l *Ledger, claims []*resourceapi.ResourceClaim, containers map[types.UID][][]types.NamespacedName) reserved {
 	res := l.ReserveFor(r.ctx, claims, containerclaims.Holders{Containers: containers})
 	res.Done()
-	return res
+	return byClaim(res)
 }
 
 // With the holders known, a claim is combined only where a container
@@ -111,7 +111,7 @@ func TestCombineConservativeWidensTheStandaloneClaimBeside(t *testing.T) {
 	shared := claim("shared", "g0-1x")
 	reserveFor(r, l, []*resourceapi.ResourceClaim{shared}, map[types.UID][][]types.NamespacedName{shared.UID: {{nameOf(shared)}}})
 	own := podClaim("own", "g1-1x")
-	res := l.ReserveFor(r.ctx, []*resourceapi.ResourceClaim{own}, containerclaims.Holders{Beside: map[types.UID]bool{own.UID: true}, BesideHeld: []types.NamespacedName{nameOf(shared)}})
+	res := byClaim(l.ReserveFor(r.ctx, []*resourceapi.ResourceClaim{own}, containerclaims.Holders{Beside: map[types.UID]bool{own.UID: true}, BesideHeld: []types.NamespacedName{nameOf(shared)}}))
 	res.Done()
 	if c := res.Entries[own.UID]; c == nil || !c.Combined || c.CombinedGPUs != containerclaims.AllGPUs {
 		t.Errorf("the pod's own claim: %+v", c)

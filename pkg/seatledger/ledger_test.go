@@ -174,10 +174,42 @@ func (r *rig) lastUsage() Usage {
 
 // reserve reserves seats as a prepare does, and lets the claims' locks go
 // at once: the tests write no specs.
-func reserve(ctx context.Context, l *Ledger, claims []*resourceapi.ResourceClaim) *Reservation {
+func reserve(ctx context.Context, l *Ledger, claims []*resourceapi.ResourceClaim) reserved {
 	r := l.Reserve(ctx, claims)
 	r.Done()
-	return r
+	return byClaim(r)
+}
+
+// reserved is a reservation's answers by claim, as the tests read them.
+type reserved struct {
+	*Reservation
+	Entries        map[types.UID]*checkpoint.Claim
+	Fresh, Rewrite map[types.UID]bool
+	Errs           map[types.UID]error
+	Widened        []types.UID
+	// Lost: every claim was refused for the lost checkpoint.
+	Lost bool
+}
+
+func byClaim(r *Reservation) reserved {
+	out := reserved{Reservation: r, Entries: map[types.UID]*checkpoint.Claim{}, Fresh: map[types.UID]bool{}, Rewrite: map[types.UID]bool{}, Errs: map[types.UID]error{}, Widened: r.widened}
+	out.Lost = len(r.Claims) > 0
+	for _, o := range r.Claims {
+		uid := o.Claim.UID
+		switch o.State {
+		case Refused:
+			out.Errs[uid] = o.Err
+		case Fresh:
+			out.Fresh[uid] = true
+		case SpecOwed:
+			out.Rewrite[uid] = true
+		}
+		if o.Entry != nil {
+			out.Entries[uid] = o.Entry
+		}
+		out.Lost = out.Lost && errors.Is(o.Err, ErrCheckpointLost)
+	}
+	return out
 }
 
 // claim is a claim allocated on devices of this driver, one result per
@@ -360,7 +392,7 @@ func TestConcurrentReservesGetDistinctSeats(t *testing.T) {
 	for i := range 16 {
 		claims = append(claims, claim(fmt.Sprintf("c%d", i), fmt.Sprintf("g%d-1x", i%4)))
 	}
-	results := make([]*Reservation, len(claims))
+	results := make([]reserved, len(claims))
 	var wg sync.WaitGroup
 	for i, c := range claims {
 		wg.Go(func() { results[i] = reserve(r.ctx, l, []*resourceapi.ResourceClaim{c}) })

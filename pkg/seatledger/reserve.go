@@ -19,35 +19,63 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
-// Reservation is one prepare call's claims in a batch, and what the batch
-// decided for them. It holds the claims' locks until Done.
+// Reservation is one prepare call's claims in a batch, and the ledger's
+// answer for each. It holds the claims' locks until Done.
 type Reservation struct {
 	l      *Ledger
 	claims []*resourceapi.ResourceClaim
 	unlock func()
-	// reloads is the ledger's count of reloads when the batch saved.
-	reloads uint64
-	// Entries are the claims' entries: recorded by this batch (Fresh) or
-	// before.
-	Entries map[types.UID]*checkpoint.Claim
-	Fresh   map[types.UID]bool
-	// Rewrite marks entries recorded before whose spec must be written
-	// again: the claim is now combined with another in one pod.
-	Rewrite map[types.UID]bool
-	// Widened are held claims outside the call that a container holds
-	// beside a claim of the call: their specs must be written again
-	// (RewriteSpecs) before the call answers, after Done.
-	Widened []types.UID
-	// Errs fail single claims; Err fails the call (the checkpoint could not
-	// be read or written). Lost says every claim was refused because the
-	// checkpoint is lost and not rebuilt yet.
-	Errs map[types.UID]error
-	Err  error
-	Lost bool
-	done bool
 	// holders are the containers that hold the call's claims.
 	holders containerclaims.Holders
+	// reloads is the ledger's count of reloads when the batch saved.
+	reloads uint64
+	done    bool
+	// Claims are the ledger's answers, one per claim of the call, in the
+	// call's order.
+	Claims []Outcome
+	// Err fails the call: the checkpoint could not be read or written.
+	// The answers are then not to be acted on.
+	Err error
+	// widened are held claims outside the call that a container holds
+	// beside a claim of the call: Finish writes their specs again.
+	widened []types.UID
 }
+
+// Outcome is the ledger's answer for one claim of a prepare call.
+type Outcome struct {
+	Claim *resourceapi.ResourceClaim
+	// Entry is the claim's seats as recorded; nil where Err is set. An
+	// entry's devices never change once recorded.
+	Entry *checkpoint.Claim
+	// State says what the call did with the claim, and so what is left to
+	// do before its prepare is answered.
+	State State
+	// Err refuses the claim: it names the claim and why. It is
+	// ErrCheckpointLost (errors.Is) while the checkpoint is lost.
+	Err error
+}
+
+// State is what a prepare call did with a claim.
+type State int
+
+const (
+	// Refused: the claim holds nothing (Outcome.Err says why).
+	Refused State = iota
+	// Fresh: this call recorded the claim's seats. Its spec is owed from
+	// here on: nothing else was made for it yet.
+	Fresh
+	// Recorded: an earlier call recorded the claim's seats; its spec is
+	// on the node unless the node lost it.
+	Recorded
+	// SpecOwed: an earlier call recorded the claim's seats, and its spec
+	// must be written again: a container holds it beside another claim
+	// now (package containerclaims), so the spec names GPUs anew.
+	SpecOwed
+)
+
+// ErrCheckpointLost refuses every claim while the checkpoint is lost and
+// not rebuilt yet.
+var ErrCheckpointLost = errors.New("the plugin's checkpoint was lost and is not rebuilt yet (it is rebuilt from the API server as soon as that answers); seats cannot be chosen safely until it is, retrying")
 
 // Reserve records seats for those of claims that hold none yet, in one
 // checkpoint save with every other prepare waiting at the same time. A
@@ -101,9 +129,10 @@ func (l *Ledger) StandaloneClaims(ctx context.Context) ([]types.NamespacedName, 
 // refuseLost refuses every claim of the reservation: the checkpoint is
 // lost.
 func (r *Reservation) refuseLost() {
-	r.Lost, r.done, r.Errs = true, true, map[types.UID]error{}
-	for _, claim := range r.claims {
-		r.Errs[claim.UID] = fmt.Errorf("prepare claim %s/%s (%s): the plugin's checkpoint was lost and is not rebuilt yet (it is rebuilt from the API server as soon as that answers); seats cannot be chosen safely until it is, retrying", claim.Namespace, claim.Name, claim.UID)
+	r.done = true
+	r.Claims = make([]Outcome, len(r.claims))
+	for i, claim := range r.claims {
+		r.Claims[i] = Outcome{Claim: claim, Err: fmt.Errorf("prepare claim %s/%s (%s): %w", claim.Namespace, claim.Name, claim.UID, ErrCheckpointLost)}
 	}
 }
 
@@ -179,6 +208,29 @@ func (l *Ledger) releaseRecorded(ctx context.Context, uids []types.UID) (map[typ
 // calls after the first do nothing.
 func (r *Reservation) Done() { r.unlock() }
 
+// Finish releases the claims' locks and writes again the specs of the
+// held claims outside the call that a container holds beside one of its
+// claims (RewriteSpecs): another prepare may hold those claims' locks and
+// want these. An error fails the call's claims: the kubelet prepares them
+// again, which tries again.
+func (r *Reservation) Finish(ctx context.Context) error {
+	r.Done()
+	if len(r.widened) == 0 {
+		return nil
+	}
+	return r.l.RewriteSpecs(ctx, r.widened)
+}
+
+// entry is the entry the reservation recorded or found for uid.
+func (r *Reservation) entry(uid types.UID) *checkpoint.Claim {
+	for _, o := range r.Claims {
+		if o.Claim.UID == uid {
+			return o.Entry
+		}
+	}
+	return nil
+}
+
 // Confirm checks, after the claim's spec was written, that the claim still
 // holds what was reserved for it. Within one plugin the claims' locks see
 // to that; the other pod of a rolling update takes no such lock, and may
@@ -201,7 +253,8 @@ func (r *Reservation) Confirm(ctx context.Context, uid types.UID) error {
 		return err
 	}
 	c := st.Claims[uid]
-	if c != nil && reflect.DeepEqual(c.Devices, r.Entries[uid].Devices) {
+	mine := r.entry(uid)
+	if c != nil && reflect.DeepEqual(c.Devices, mine.Devices) {
 		return nil
 	}
 	if c != nil {
@@ -214,7 +267,6 @@ func (r *Reservation) Confirm(ctx context.Context, uid types.UID) error {
 		}
 		return fmt.Errorf("the other plugin pod of a rolling update prepared the claim anew while this one prepared it; the kubelet prepares it again if it still needs it")
 	}
-	mine := r.Entries[uid]
 	if err := l.opts.Specs.Remove(uid, types.NamespacedName{Namespace: mine.Namespace, Name: mine.Name}); err != nil {
 		klog.FromContext(ctx).Error(err, "Cannot remove the spec of a claim released while it was prepared", "uid", uid)
 	}

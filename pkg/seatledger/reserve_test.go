@@ -45,7 +45,7 @@ func TestReleaseDuringAPrepareWaitsForIt(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l := r.open()
 	c := claim("c", "g0-1x")
-	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{c})
+	res := byClaim(l.Reserve(r.ctx, []*resourceapi.ResourceClaim{c}))
 	released := make(chan error, 1)
 	go func() {
 		_, err := l.Release(r.ctx, []types.UID{c.UID})
@@ -98,7 +98,7 @@ func TestReleaseByTheOtherPodDuringAPrepareIsFound(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l, peer := r.openWithPeer(t)
 	c := claim("c", "g0-1x")
-	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{c})
+	res := byClaim(l.Reserve(r.ctx, []*resourceapi.ResourceClaim{c}))
 	if res.Errs[c.UID] != nil {
 		t.Fatal(res.Errs[c.UID])
 	}
@@ -118,7 +118,7 @@ func TestReleaseByTheOtherPodDuringAPrepareIsFound(t *testing.T) {
 	}
 	// Without a release in between, Confirm passes.
 	d := claim("d", "g1-1x")
-	res = l.Reserve(r.ctx, []*resourceapi.ResourceClaim{d})
+	res = byClaim(l.Reserve(r.ctx, []*resourceapi.ResourceClaim{d}))
 	defer res.Done()
 	if err := r.specs.Write(d.UID, res.Entries[d.UID]); err != nil {
 		t.Fatal(err)
@@ -204,7 +204,7 @@ func TestPrepareAnewByTheOtherPodKeepsItsSpec(t *testing.T) {
 	r := newRig(t, "dgx-h100", fourSeats)
 	l, peer := r.openWithPeer(t)
 	c := claim("c", "g0-1x")
-	res := l.Reserve(r.ctx, []*resourceapi.ResourceClaim{c})
+	res := byClaim(l.Reserve(r.ctx, []*resourceapi.ResourceClaim{c}))
 	defer res.Done()
 	if _, err := peer.Release(r.ctx, []types.UID{c.UID}); err != nil {
 		t.Fatal(err)
