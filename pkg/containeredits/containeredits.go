@@ -145,6 +145,9 @@ type MPS struct {
 	// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.
 	ActiveThreadPercentage int
 	PinnedMemLimit         string
+	// PinnedMemMiB is that limit per GPU of the group, in MiB, as the DRA
+	// plugin's device metadata gives it.
+	PinnedMemMiB []int64
 }
 
 // Build computes the edits for a container holding seats.

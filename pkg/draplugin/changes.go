@@ -25,7 +25,7 @@ const heldPublishDelay = 500 * time.Millisecond
 // groups in use change, so that blocked groups go and come back. It
 // records an event on the Node for every GPU that changes health, starting
 // from "all healthy", so GPUs already unhealthy at start get theirs too.
-func (p *publisher) watchChanges(ctx context.Context, healthChanged <-chan struct{}) {
+func (p *publisher) watchChanges(ctx context.Context, to slicePublisher, healthChanged <-chan struct{}) {
 	logger := klog.FromContext(ctx)
 	last := map[int]health.Fault{}
 	lastInstances := map[health.Instance]health.Fault{}
@@ -36,7 +36,7 @@ func (p *publisher) watchChanges(ctx context.Context, healthChanged <-chan struc
 		if ctx.Err() != nil {
 			return
 		}
-		if err := p.publish(ctx); err != nil {
+		if err := p.publish(ctx, to); err != nil {
 			logger.Error(err, "Cannot publish the ResourceSlices again")
 		}
 		last, lastInstances = now, nowInstances

@@ -21,6 +21,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/migseats"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
@@ -120,12 +121,12 @@ func runCrashChild(specFile string) int {
 	}
 	opts := draplugin.Options{
 		NodeName: nodeName, Client: newFakeClient(objs...), Inventory: inv, Plan: plan,
-		Edits:   containeredits.Options{DeviceNumbers: sim.DeviceNumbers},
-		CDIRoot: spec.CDIDir, PluginDataDir: spec.PluginDir, RegistrarDir: spec.RegDir, BootID: boot,
+		Containers: draplugin.ContainerOptions{Edits: containeredits.Options{DeviceNumbers: sim.DeviceNumbers}},
+		Dirs:       draplugin.Dirs{CDI: spec.CDIDir, PluginData: spec.PluginDir, Registrar: spec.RegDir}, BootID: boot,
 		Hooks: hook,
 	}
 	if spec.MIGState != "" {
-		opts.MIG = draplugin.MIG{NVML: sim.NVML(), Minors: func() ([]byte, error) { return sim.MIGMinorsFile(), nil },
+		opts.MIG = migseats.Options{NVML: sim.NVML(), Minors: func() ([]byte, error) { return sim.MIGMinorsFile(), nil },
 			Step: func(step string) bool { hook(migStep(step)); return false }}
 	}
 	d, err := draplugin.Start(ctx, opts)

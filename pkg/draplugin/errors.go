@@ -32,7 +32,7 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 			d.publisher.taintsDropped(ctx)
 		}
 		if len(rest) > 0 {
-			d.publisher.fallBack(ctx, dropped, rest)
+			d.publisher.fallBack(ctx, d.helper, dropped, rest)
 		}
 		return
 	}

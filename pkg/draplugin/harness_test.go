@@ -139,16 +139,14 @@ func (e *env) bootID() string {
 
 func (e *env) options() draplugin.Options {
 	o := draplugin.Options{
-		NodeName:             nodeName,
-		Client:               e.client,
-		Inventory:            e.inv,
-		Plan:                 e.plan,
-		Edits:                containeredits.Options{DeviceNumbers: e.sim.DeviceNumbers},
-		CDIRoot:              e.dirs.cdi,
-		PluginDataDir:        e.dirs.plugin,
-		RegistrarDir:         e.dirs.reg,
-		BootID:               e.bootID(),
-		HealthReportInterval: 100 * time.Millisecond,
+		NodeName:   nodeName,
+		Client:     e.client,
+		Inventory:  e.inv,
+		Plan:       e.plan,
+		Containers: draplugin.ContainerOptions{Edits: containeredits.Options{DeviceNumbers: e.sim.DeviceNumbers}},
+		Dirs:       draplugin.Dirs{CDI: e.dirs.cdi, PluginData: e.dirs.plugin, Registrar: e.dirs.reg},
+		BootID:     e.bootID(),
+		Health:     draplugin.HealthOptions{ReportInterval: 100 * time.Millisecond},
 	}
 	if e.opts != nil {
 		e.opts(&o)

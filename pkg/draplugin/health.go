@@ -27,12 +27,12 @@ const healthCheckTimeout = 30 * time.Second
 // well inside the kubelet's timeout after which a device counts as
 // Unknown.
 func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
-	ticker := d.clock.NewTicker(d.opts.HealthReportInterval)
+	ticker := d.opts.Clock.NewTicker(d.opts.Health.ReportInterval)
 	defer ticker.Stop()
 	changed, unsubscribe := d.publisher.health.view.Subscribe()
 	defer unsubscribe()
 	for {
-		report := kubeletplugin.DeviceHealthReport{Devices: d.publisher.healthReports(d.clock.Now())}
+		report := kubeletplugin.DeviceHealthReport{Devices: d.publisher.healthReports(d.opts.Clock.Now())}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -53,7 +53,7 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 func (p *publisher) healthReports(now time.Time) []kubeletplugin.DeviceHealth {
 	bad := p.health.faults()
 	badInstances := p.health.view.InstanceFaults()
-	lost := p.lostDevices()
+	lost := p.mig.LostDevices()
 	var out []kubeletplugin.DeviceHealth
 	for _, name := range p.devices() {
 		h := kubeletplugin.DeviceHealth{
@@ -65,7 +65,7 @@ func (p *publisher) healthReports(now time.Time) []kubeletplugin.DeviceHealth {
 			if ref.MIG != nil {
 				healthy, msg = health.OfInstance(instanceOf(*ref.MIG), bad, badInstances)
 				if li, ok := lost[name]; ok {
-					msg = strings.TrimPrefix(msg+"; "+li.note(), "; ")
+					msg = strings.TrimPrefix(msg+"; "+li.Note(), "; ")
 					healthy = false
 				}
 			}

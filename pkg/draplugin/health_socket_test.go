@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -44,8 +43,8 @@ func withMonitor(fc *testingclock.FakeClock, mon **health.Monitor) envOption {
 			if prev != nil {
 				prev(o)
 			}
-			o.Health = m
-			o.Collectors = []prometheus.Collector{m.Collector()}
+			o.Health.Source = m
+			o.Health.Collector = m.Collector()
 		}
 	}
 }
@@ -211,7 +210,7 @@ func TestLostGPUTaintsWithTheConfiguredEffect(t *testing.T) {
 	fc := testingclock.NewFakeClock(time.Now())
 	var mon *health.Monitor
 	e := newEnv(t, "nvlink-2x4", seed,
-		withOptions(func(o *draplugin.Options) { o.GPULostEffect = resourceapi.DeviceTaintEffectNoExecute }),
+		withOptions(func(o *draplugin.Options) { o.Health.LostEffect = resourceapi.DeviceTaintEffectNoExecute }),
 		withMonitor(fc, &mon))
 	if err := e.sim.Apply(simnode.Fault{Op: "lost", GPU: 5}); err != nil {
 		t.Fatal(err)

@@ -76,14 +76,14 @@ func (d *Driver) CheckLive(ctx context.Context) error {
 		return fmt.Errorf("the plugin stopped: %v", context.Cause(d.ctx))
 	default:
 	}
-	reg := filepath.Join(d.opts.RegistrarDir, driver.Name+"-reg.sock")
-	draSock := filepath.Join(d.opts.PluginDataDir, "dra.sock")
+	reg := filepath.Join(d.opts.Dirs.Registrar, driver.Name+"-reg.sock")
+	draSock := filepath.Join(d.opts.Dirs.PluginData, "dra.sock")
 	if d.opts.PodUID != "" {
-		reg = kubeletplugin.RollingUpdateRegistrarSocketFile(d.opts.RegistrarDir, driver.Name, d.opts.PodUID)
+		reg = kubeletplugin.RollingUpdateRegistrarSocketFile(d.opts.Dirs.Registrar, driver.Name, d.opts.PodUID)
 		if !filepath.IsAbs(reg) {
-			reg = filepath.Join(d.opts.RegistrarDir, reg)
+			reg = filepath.Join(d.opts.Dirs.Registrar, reg)
 		}
-		draSock = filepath.Join(d.opts.PluginDataDir, "dra-"+string(d.opts.PodUID)+".sock")
+		draSock = filepath.Join(d.opts.Dirs.PluginData, "dra-"+string(d.opts.PodUID)+".sock")
 	}
 	conn, err := grpc.NewClient("unix://"+reg, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

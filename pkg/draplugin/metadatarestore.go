@@ -94,15 +94,20 @@ func metadataVersions() []schema.GroupVersion {
 type restoringSpecs struct {
 	*claimSpecs
 	files           *deviceMetadataFiles
-	restoreMetadata func(types.UID, *checkpoint.Claim) error
+	restoreMetadata func(types.UID, *checkpoint.Claim, *specPlan) error
 }
 
-// Write writes the claim's spec and restores its device metadata.
+// Write writes the claim's spec and restores its device metadata, both
+// from one plan.
 func (s restoringSpecs) Write(uid types.UID, c *checkpoint.Claim) error {
-	if err := s.claimSpecs.Write(uid, c); err != nil {
+	p, err := s.plan(uid, c)
+	if err != nil {
 		return err
 	}
-	return s.restoreMetadata(uid, c)
+	if err := s.write(uid, c, p); err != nil {
+		return err
+	}
+	return s.restoreMetadata(uid, c, p)
 }
 
 // Complete reports whether the claim's spec is there, and the spec of
@@ -126,13 +131,16 @@ func (s restoringSpecs) Remove(uid types.UID, claim types.NamespacedName) error 
 // that is gone is written again only while the plugin gives device
 // metadata.
 func (d *Driver) ledgerSpecs(ctx context.Context) (seatledger.Specs, error) {
-	files, err := newDeviceMetadataFiles(d.opts.PluginDataDir, d.opts.CDIRoot, d.metadata, d.opts.Client.ResourceV1(), d.clock)
+	content := func(dev checkpoint.Device, plan *specPlan) *kubeletplugin.DeviceMetadata {
+		return metadataOf(d.node, dev, plan)
+	}
+	files, err := newDeviceMetadataFiles(d.opts.Dirs.PluginData, d.opts.Dirs.CDI, content, d.opts.Client.ResourceV1(), d.opts.Clock)
 	if err != nil {
 		return nil, err
 	}
 	files.writeLost = d.opts.DeviceMetadata
-	return restoringSpecs{claimSpecs: d.specs, files: files, restoreMetadata: func(uid types.UID, c *checkpoint.Claim) error {
-		return files.restore(ctx, uid, c)
+	return restoringSpecs{claimSpecs: d.specs, files: files, restoreMetadata: func(uid types.UID, c *checkpoint.Claim, p *specPlan) error {
+		return files.restore(ctx, uid, c, p)
 	}}, nil
 }
 
@@ -141,8 +149,9 @@ func (d *Driver) ledgerSpecs(ctx context.Context) (seatledger.Specs, error) {
 type deviceMetadataFiles struct {
 	pluginDir, cdiDir string
 	encoders          []runtime.Encoder
-	// content is the metadata a prepare returns for a device.
-	content func(checkpoint.Device) *kubeletplugin.DeviceMetadata
+	// content is the metadata a prepare returns for a device of a claim
+	// whose spec is planned so.
+	content func(checkpoint.Device, *specPlan) *kubeletplugin.DeviceMetadata
 	// claims reads a claim whose metadata file is gone, for the pod's
 	// name for it.
 	claims resourceclient.ResourceClaimsGetter
@@ -158,7 +167,7 @@ type deviceMetadataFiles struct {
 	unanswered time.Time
 }
 
-func newDeviceMetadataFiles(pluginDir, cdiDir string, content func(checkpoint.Device) *kubeletplugin.DeviceMetadata, claims resourceclient.ResourceClaimsGetter, clk clock.PassiveClock) (*deviceMetadataFiles, error) {
+func newDeviceMetadataFiles(pluginDir, cdiDir string, content func(checkpoint.Device, *specPlan) *kubeletplugin.DeviceMetadata, claims resourceclient.ResourceClaimsGetter, clk clock.PassiveClock) (*deviceMetadataFiles, error) {
 	codecs := serializer.NewCodecFactory(install.NewScheme())
 	info, ok := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
 	if !ok {
@@ -198,7 +207,7 @@ func metadataRequests(c *checkpoint.Claim) map[string]metadataRequest {
 // device metadata: each request's CDI spec, and, with device metadata on,
 // its metadata file when that is gone or belongs to an earlier claim of
 // the same name. Files that are there are left alone.
-func (f *deviceMetadataFiles) restore(ctx context.Context, uid types.UID, c *checkpoint.Claim) error {
+func (f *deviceMetadataFiles) restore(ctx context.Context, uid types.UID, c *checkpoint.Claim, plan *specPlan) error {
 	if err := cdi.CheckClaimUID(uid); err != nil {
 		return err
 	}
@@ -232,7 +241,7 @@ func (f *deviceMetadataFiles) restore(ctx context.Context, uid types.UID, c *che
 				continue
 			}
 			podClaim = fromClaim
-			if err := f.writeFile(file, uid, c, reqs[base], podClaim); err != nil {
+			if err := f.writeFile(file, uid, c, reqs[base], podClaim, plan); err != nil {
 				errs = append(errs, fmt.Errorf("device metadata of request %s: %w", base, err))
 				continue
 			}
@@ -291,11 +300,11 @@ func (f *deviceMetadataFiles) podClaimName(ctx context.Context, namespace, name 
 
 // writeFile writes a request's metadata file as the prepare's helper
 // wrote it.
-func (f *deviceMetadataFiles) writeFile(path string, uid types.UID, c *checkpoint.Claim, r metadataRequest, podClaim *string) error {
+func (f *deviceMetadataFiles) writeFile(path string, uid types.UID, c *checkpoint.Claim, r metadataRequest, podClaim *string, plan *specPlan) error {
 	devices := make([]metadata.Device, 0, len(r.devices))
 	for _, dev := range r.devices {
 		d := metadata.Device{Driver: driver.Name, Pool: dev.Pool, Name: dev.Device}
-		if m := f.content(dev); m != nil {
+		if m := f.content(dev, plan); m != nil {
 			if m.Attributes != nil {
 				d.Attributes = make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, len(m.Attributes))
 				for k, v := range m.Attributes {

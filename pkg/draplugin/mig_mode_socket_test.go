@@ -9,7 +9,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/migseats"
 )
 
 // These tests start the plugin over its real sockets on simulated nodes
@@ -90,17 +90,17 @@ func TestMIGModeOffAtStart(t *testing.T) {
 			if n := countPrefix(pub, "g0-mig-"); len(tc.withdrawn) > 0 && n != 0 {
 				t.Errorf("%d MIG devices of GPU 0 published, want none: %v", n, pub)
 			}
-			note := nodeEvent(t, e, draplugin.ReasonMIGModeNeedsReset)
+			note := nodeEvent(t, e, migseats.ReasonMIGModeNeedsReset)
 			if len(tc.event) == 0 && note != "" {
-				t.Errorf("Node event %s: %q, want none", draplugin.ReasonMIGModeNeedsReset, note)
+				t.Errorf("Node event %s: %q, want none", migseats.ReasonMIGModeNeedsReset, note)
 			}
 			for _, want := range tc.event {
 				if !strings.Contains(note, want) {
-					t.Errorf("Node event %s: %q, want it to say %q", draplugin.ReasonMIGModeNeedsReset, note, want)
+					t.Errorf("Node event %s: %q, want it to say %q", migseats.ReasonMIGModeNeedsReset, note, want)
 				}
 			}
 			if tc.eventNot != "" && strings.Contains(note, tc.eventNot) {
-				t.Errorf("Node event %s: %q, want no %q", draplugin.ReasonMIGModeNeedsReset, note, tc.eventNot)
+				t.Errorf("Node event %s: %q, want no %q", migseats.ReasonMIGModeNeedsReset, note, tc.eventNot)
 			}
 			logs := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
 			lines := strings.Split(logs, "\n")

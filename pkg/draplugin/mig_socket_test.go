@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/migseats"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
 
@@ -57,7 +58,7 @@ func (c *crashPoint) at(step string) bool {
 func withMIG(crash *crashPoint) envOption {
 	return func(e *env) {
 		e.opts = func(o *draplugin.Options) {
-			o.MIG = draplugin.MIG{NVML: e.sim.NVML(), Minors: func() ([]byte, error) { return e.sim.MIGMinorsFile(), nil }, Step: crash.at}
+			o.MIG = migseats.Options{NVML: e.sim.NVML(), Minors: func() ([]byte, error) { return e.sim.MIGMinorsFile(), nil }, Step: crash.at}
 		}
 	}
 }

@@ -8,8 +8,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/migseats"
 )
 
 // These tests start the plugin over its real sockets on a simulated H100
@@ -177,8 +177,8 @@ func TestMIGForeignPartitionWithdrawnAndReported(t *testing.T) {
 			t.Errorf("%s is not published; it can be made beside the foreign instances: %v", d, pub)
 		}
 	}
-	if note := nodeEvent(t, e, draplugin.ReasonForeignMIGInstance); !strings.Contains(note, "not made by the plugin") {
-		t.Errorf("Node event %s: %q, want one naming a foreign instance", draplugin.ReasonForeignMIGInstance, note)
+	if note := nodeEvent(t, e, migseats.ReasonForeignMIGInstance); !strings.Contains(note, "not made by the plugin") {
+		t.Errorf("Node event %s: %q, want one naming a foreign instance", migseats.ReasonForeignMIGInstance, note)
 	}
 	claim := e.migClaimOn(classMIG1g, "g0-mig-1g-10gb-2")
 	e.prepareOK(claim)

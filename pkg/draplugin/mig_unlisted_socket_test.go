@@ -7,7 +7,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/migseats"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
@@ -30,7 +30,7 @@ func TestMIGDevicesOfAGPUWhoseInstancesCannotBeListedAreNotPublished(t *testing.
 	if pub := publishedDevices(t, e); countPrefix(pub, "g0-mig-") != 0 {
 		t.Errorf("GPU 0's instances are unknown, yet its MIG devices are published: %v", pub)
 	}
-	if note := nodeEvent(t, e, draplugin.ReasonForeignMIGInstance); !strings.Contains(note, "GPU 0 cannot be listed") {
-		t.Errorf("Node event %s: %q, want one saying GPU 0's instances cannot be listed", draplugin.ReasonForeignMIGInstance, note)
+	if note := nodeEvent(t, e, migseats.ReasonForeignMIGInstance); !strings.Contains(note, "GPU 0 cannot be listed") {
+		t.Errorf("Node event %s: %q, want one saying GPU 0's instances cannot be listed", migseats.ReasonForeignMIGInstance, note)
 	}
 }

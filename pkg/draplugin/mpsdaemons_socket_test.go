@@ -21,6 +21,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sharedseats"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
@@ -47,7 +48,7 @@ func mpsOptions(t *testing.T, e *env, root, control string, mpsOpts func(*mps.Op
 		if err != nil {
 			t.Fatal(err)
 		}
-		o.Sharing = draplugin.Sharing{Hardware: &groupshare.Hardware{Inv: e.inv, MPS: mgr, SetTimeSlice: host.SetTimeSlice}, WatchInterval: 50 * time.Millisecond}
+		o.Sharing = sharedseats.Options{Hardware: &groupshare.Hardware{Inv: e.inv, MPS: mgr, SetTimeSlice: host.SetTimeSlice}, WatchInterval: 50 * time.Millisecond}
 		for _, m := range mutate {
 			m(o)
 		}
@@ -230,7 +231,7 @@ func TestALostGPUStopsItsMPSDaemonAndKeepsItsPipeDirectory(t *testing.T) {
 	src := &fakeHealth{faults: map[int]health.Fault{}}
 	n := newMPSNode(t, sharingConfig, func(e *env) {
 		prev := e.opts
-		e.opts = func(o *draplugin.Options) { prev(o); o.Health = src }
+		e.opts = func(o *draplugin.Options) { prev(o); o.Health.Source = src }
 	})
 	one := n.claim(class1x)
 	env, _ := n.container(n.prepareOK(one)...)

@@ -14,10 +14,10 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
-	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/seatkind"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
 
@@ -38,8 +38,8 @@ import (
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	d.hooks.run(HookPrepareStart)
 	d.metrics.observePrepareStart()
-	start := d.clock.Now()
-	defer func() { d.metrics.observePrepare(d.clock.Since(start), len(claims)) }()
+	start := d.opts.Clock.Now()
+	defer func() { d.metrics.observePrepare(d.opts.Clock.Since(start), len(claims)) }()
 	r := d.ledger.ReserveFor(ctx, claims, d.holders.Holders(ctx, claims))
 	defer r.Done()
 	if r.Err != nil {
@@ -69,142 +69,154 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // claimRoute is one claim on its way through the prepare: the ledger's
 // answer, and what its steps learned.
 type claimRoute struct {
+	d *Driver
 	r *seatledger.Reservation
 	seatledger.Outcome
-	// why the spec of a claim recorded before is written again; "" where
-	// it is not (the claim is fresh, or its spec is current).
-	why string
-	// lost are the claim's MIG devices whose instance was gone (made
-	// again by this prepare).
-	lost []string
-	// release ends what the steps hold until the claim is answered.
-	release func()
+	// write says the claim's spec is written: it is fresh, or what it
+	// says is not what the node has (why).
+	write bool
+	why   string
+	// plan is the claim's spec, planned once.
+	plan *specPlan
 }
 
 // step is one step of a claim's route; kind counts its failures
-// (kyb_dra_errors_total). answered ends the route early: the claim's
-// prepare is answered as it stands.
+// (kyb_dra_errors_total), where the error does not say (seatkind).
 type step struct {
 	kind string
-	run  func(d *Driver, ctx context.Context, c *claimRoute) (answered bool, err error)
+	run  func(c *claimRoute, ctx context.Context) error
 }
 
-// route are the steps every claim takes, in order. The first that fails
-// fails the claim, through one path (prepareFailed); its seats stay
+// route are the steps every claim takes, in order, whatever its devices:
+// the seat kinds do their part at each. The first step that fails fails
+// the claim, through one path (claimRoute.failed); its seats stay
 // recorded for the kubelet's retry, or its unprepare.
 var route = []step{
-	{"claim", (*Driver).recorded},
-	{"mig", (*Driver).current},
-	{"mig", (*Driver).prepareMIG},
-	{"sharing", (*Driver).prepareSharing},
-	{"cdi", (*Driver).writeSpec},
+	{"claim", (*claimRoute).recorded},
+	{"claim", (*claimRoute).verify},
+	{"", (*claimRoute).prepareHardware},
+	{"cdi", (*claimRoute).planSpec},
+	{"cdi", (*claimRoute).writeSpec},
 }
 
 // prepareClaim takes one claim of a call through its route.
 func (d *Driver) prepareClaim(ctx context.Context, r *seatledger.Reservation, o seatledger.Outcome) kubeletplugin.PrepareResult {
-	c := &claimRoute{r: r, Outcome: o, release: func() {}}
-	defer func() { c.release() }()
+	c := &claimRoute{d: d, r: r, Outcome: o, write: o.State == seatledger.Fresh}
 	for _, s := range route {
-		answered, err := s.run(d, ctx, c)
-		if err != nil {
-			return d.prepareFailed(ctx, c, s.kind, err)
-		}
-		if answered {
-			return d.result(o.Claim.UID, o.Entry)
+		if err := s.run(c, ctx); err != nil {
+			return c.failed(ctx, s.kind, err)
 		}
 	}
-	return d.prepared(ctx, c)
+	return c.prepared(ctx)
 }
 
 // recorded passes on the ledger's refusal of the claim, which names it.
-func (d *Driver) recorded(_ context.Context, c *claimRoute) (bool, error) {
-	return false, c.Err
+func (c *claimRoute) recorded(context.Context) error {
+	return c.Err
 }
 
-// current answers at once a claim recorded before whose spec is on the
-// node and whose MIG instances are there, as a repeated prepare finds
-// most. Otherwise it says why the spec is written again: it is gone (the
-// CDI directory is a tmpfs that a reboot empties), the claim is combined
-// with another now, or a MIG instance went and is made again (the spec
-// names the new one; mig_lost.go).
-func (d *Driver) current(ctx context.Context, c *claimRoute) (bool, error) {
+// verify decides whether the spec of a claim recorded before is written
+// again: where it is gone (the CDI directory is a tmpfs that a reboot
+// empties), where the claim is combined with another now, or where a seat
+// kind finds hardware gone that the spec names (a MIG instance, made
+// again by the prepare: the spec names the new one). A repeated prepare
+// finds none of these, most of the time, and is answered at once.
+func (c *claimRoute) verify(ctx context.Context) error {
 	if c.State == seatledger.Fresh {
-		return false, nil
+		return nil
 	}
 	uid := c.Claim.UID
-	exists := d.specs.Exists(uid)
-	c.lost, c.release = d.lostOnPrepare(ctx, uid, c.Entry, exists)
+	exists := c.d.specs.Exists(uid)
+	var gone []string
+	for _, k := range c.d.kinds.list() {
+		gone = append(gone, k.Verify(ctx, uid, c.Entry, exists)...)
+	}
 	switch {
-	case len(c.lost) > 0:
-		c.why = "rewrite CDI spec for a MIG instance made again"
+	case len(gone) > 0:
+		c.why = fmt.Sprintf("rewrite CDI spec for hardware made again (%s)", strings.Join(gone, ", "))
 	case c.State == seatledger.SpecOwed:
 		c.why = "rewrite CDI spec for a combined claim"
-	case exists:
-		return true, nil
-	default:
+	case !exists:
 		c.why = "restore CDI spec"
 	}
-	return false, nil
+	c.write = c.why != ""
+	return nil
 }
 
-// prepareMIG makes the claim's MIG instances.
-func (d *Driver) prepareMIG(ctx context.Context, c *claimRoute) (bool, error) {
-	err := d.mig.prepare(ctx, c.Claim.UID, c.Entry)
-	if err != nil && len(c.lost) > 0 {
-		err = fmt.Errorf("the MIG instance of %s is gone and cannot be made again (the device stays tainted until the claim is released): %w", strings.Join(c.lost, ", "), err)
+// prepareHardware has every seat kind ready the hardware for the claim's
+// devices of its kind.
+func (c *claimRoute) prepareHardware(ctx context.Context) error {
+	if !c.write {
+		return nil
 	}
-	return false, err
+	for _, k := range c.d.kinds.list() {
+		if err := k.Prepare(ctx, c.Claim.UID, c.Entry); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// prepareSharing readies the sharing of the claim's groups.
-func (d *Driver) prepareSharing(ctx context.Context, c *claimRoute) (bool, error) {
-	return false, d.sharing.prepare(ctx, c.Entry)
+// planSpec plans the claim's spec, for the spec to write and for the
+// device metadata of the answer.
+func (c *claimRoute) planSpec(context.Context) error {
+	if !c.write && !c.d.opts.DeviceMetadata {
+		return nil
+	}
+	p, err := c.d.specs.plan(c.Claim.UID, c.Entry)
+	c.plan = p
+	return c.specError(err)
 }
 
 // writeSpec writes the claim's spec and confirms that the claim still
 // holds its seats.
-func (d *Driver) writeSpec(ctx context.Context, c *claimRoute) (bool, error) {
+func (c *claimRoute) writeSpec(ctx context.Context) error {
+	if !c.write {
+		return nil
+	}
 	uid := c.Claim.UID
-	err := d.specs.Write(uid, c.Entry)
+	err := c.d.specs.write(uid, c.Entry, c.plan)
 	if err == nil {
 		err = c.r.Confirm(ctx, uid)
 	}
+	return c.specError(err)
+}
+
+// specError says what was being done to the claim's spec.
+func (c *claimRoute) specError(err error) error {
 	switch {
 	case err == nil:
-		return false, nil
+		return nil
 	case c.why != "":
-		return false, fmt.Errorf("%s: %w", c.why, err)
+		return fmt.Errorf("%s: %w", c.why, err)
 	}
-	return false, fmt.Errorf("write the claim's CDI spec: %w", err)
+	return fmt.Errorf("write the claim's CDI spec: %w", err)
 }
 
 // prepared answers a claim whose route is done, and says so: a fresh
 // claim's status is queued and its Prepared event recorded.
-func (d *Driver) prepared(ctx context.Context, c *claimRoute) kubeletplugin.PrepareResult {
-	logger := klog.FromContext(ctx)
-	uid := c.Claim.UID
-	if c.State == seatledger.Fresh {
+func (c *claimRoute) prepared(ctx context.Context) kubeletplugin.PrepareResult {
+	d, logger, uid := c.d, klog.FromContext(ctx), c.Claim.UID
+	switch {
+	case c.State == seatledger.Fresh:
 		d.hooks.run(HookAfterCDIWrite)
 		d.statuses.queueAfterPrepare(uid)
 		logger.V(2).Info("Prepared claim", "claim", klog.KObj(c.Claim), "uid", uid, "seats", seatledger.DescribeSeats(c.Entry))
-		d.events.Claim(ctx, c.Claim, corev1.EventTypeNormal, nodeevents.ReasonPrepared, d.describePrepared(c.Entry))
-	} else {
+		d.events.Claim(ctx, c.Claim, corev1.EventTypeNormal, nodeevents.ReasonPrepared, describePrepared(c.Entry, d.opts.NodeName))
+	case c.write:
 		logger.Info("Wrote the CDI spec of a prepared claim again", "claim", klog.KObj(c.Claim), "uid", uid, "why", c.why)
-		d.madeAgain(ctx, uid, c.Entry, c.lost)
 	}
-	return d.result(uid, c.Entry)
+	return d.result(uid, c.Entry, c.plan)
 }
 
-// prepareFailed is the one way a claim fails: counted by the step's kind
-// (checkpoint while the checkpoint is lost), logged, told to the claim's
-// users in an Event, and answered with an error that names the claim.
-// The claim's seats stay recorded for the kubelet's retry, or its
-// unprepare.
-func (d *Driver) prepareFailed(ctx context.Context, c *claimRoute, kind string, err error) kubeletplugin.PrepareResult {
-	claim := c.Claim
-	if errors.Is(err, seatledger.ErrCheckpointLost) {
-		kind = "checkpoint"
-	}
+// failed is the one way a claim fails: counted by the step's kind (the
+// seat kind's where the error says; checkpoint while the checkpoint is
+// lost), logged, told to the claim's users in an Event, and answered
+// with an error that names the claim. The claim's seats stay recorded for
+// the kubelet's retry, or its unprepare.
+func (c *claimRoute) failed(ctx context.Context, kind string, err error) kubeletplugin.PrepareResult {
+	d, claim := c.d, c.Claim
+	kind = kindOf(err, kind)
 	d.metrics.prepareError(kind)
 	klog.FromContext(ctx).Error(err, "Cannot prepare claim", "claim", klog.KObj(claim), "uid", claim.UID, "step", kind)
 	d.events.Claim(ctx, claim, corev1.EventTypeWarning, nodeevents.ReasonPrepareFailed, err.Error())
@@ -215,7 +227,23 @@ func (d *Driver) prepareFailed(ctx context.Context, c *claimRoute, kind string, 
 	return kubeletplugin.PrepareResult{Err: err}
 }
 
-func (d *Driver) result(uid types.UID, c *checkpoint.Claim) kubeletplugin.PrepareResult {
+// kindOf is the kind of error err says it is (kyb_dra_errors_total's
+// label), or otherwise.
+func kindOf(err error, otherwise string) string {
+	switch {
+	case errors.Is(err, seatledger.ErrCheckpointLost):
+		return "checkpoint"
+	case errors.Is(err, seatkind.ErrMIG):
+		return "mig"
+	case errors.Is(err, seatkind.ErrSharing):
+		return "sharing"
+	}
+	return otherwise
+}
+
+// result is the answer for a prepared claim: its devices' CDI IDs and,
+// with device metadata on, what a container learns of each (plan).
+func (d *Driver) result(uid types.UID, c *checkpoint.Claim, plan *specPlan) kubeletplugin.PrepareResult {
 	var r kubeletplugin.PrepareResult
 	for _, dev := range c.Devices {
 		kd := kubeletplugin.Device{Requests: dev.Requests, PoolName: dev.Pool, DeviceName: dev.Device, CDIDeviceIDs: d.specs.ids(uid, dev)}
@@ -224,7 +252,7 @@ func (d *Driver) result(uid types.UID, c *checkpoint.Claim) kubeletplugin.Prepar
 			kd.ShareID = &share
 		}
 		if d.opts.DeviceMetadata {
-			kd.Metadata = d.metadata(dev)
+			kd.Metadata = metadataOf(d.node, dev, plan)
 		}
 		r.Devices = append(r.Devices, kd)
 	}
@@ -233,7 +261,7 @@ func (d *Driver) result(uid types.UID, c *checkpoint.Claim) kubeletplugin.Prepar
 
 // describePrepared says where a claim's seats are, for its Prepared event:
 // "seat 2 (generation 7) of G0 (g0-1x: GPU 0) on node-1".
-func (d *Driver) describePrepared(c *checkpoint.Claim) string {
+func describePrepared(c *checkpoint.Claim, nodeName string) string {
 	var parts []string
 	for _, dev := range c.Devices {
 		var seats []string
@@ -256,7 +284,7 @@ func (d *Driver) describePrepared(c *checkpoint.Claim) string {
 		}
 		parts = append(parts, fmt.Sprintf("%s of %s (%s: GPU %s)", what, dev.Group, dev.GroupDevice, strings.Join(gpus, ",")))
 	}
-	return strings.Join(parts, "; ") + " on " + d.opts.NodeName
+	return strings.Join(parts, "; ") + " on " + nodeName
 }
 
 // The device metadata's own attributes, besides those the slices publish.
@@ -266,7 +294,8 @@ const (
 	metaGPUUUIDs    = "gpuUUIDs"
 	metaAdminAccess = "adminAccess"
 	// The sharing of the device's group: its strategy and, for MPS, the
-	// device's own share (its seats of the group's).
+	// share the container taking its request gets (the request's seats of
+	// the group's).
 	metaSharing      = "sharing"
 	metaMPSThreadPct = "mpsActiveThreadPercentage"
 	metaMPSMemMiB    = "mpsPinnedDeviceMemLimitMiB"
@@ -276,11 +305,12 @@ const (
 // metadata file: the attributes its slice publishes for the group, the
 // seats it holds there with their generations (lists of integers, in the
 // order of KYB_GPU_SEAT and KYB_SEAT_GEN) and the group's GPU UUIDs (a list
-// of strings, in the order of its gpuIndices).
-func (d *Driver) metadata(dev checkpoint.Device) *kubeletplugin.DeviceMetadata {
+// of strings, in the order of its gpuIndices). The MPS share is the one
+// the claim's spec gives (plan).
+func metadataOf(node draresources.Node, dev checkpoint.Device, plan *specPlan) *kubeletplugin.DeviceMetadata {
 	attrs := map[string]resourceapi.DeviceAttribute{}
-	if ref, ok := d.node.Index[dev.GroupDevice]; ok {
-		for name, v := range draresources.Attributes(ref.Group, d.node.Inv, d.node.Plan.Attributes) {
+	if ref, ok := node.Index[dev.GroupDevice]; ok {
+		for name, v := range draresources.Attributes(ref.Group, node.Inv, node.Plan.Attributes) {
 			attrs[string(name)] = v
 		}
 	}
@@ -299,64 +329,14 @@ func (d *Driver) metadata(dev checkpoint.Device) *kubeletplugin.DeviceMetadata {
 		admin := true
 		attrs[metaAdminAccess] = resourceapi.DeviceAttribute{BoolValue: &admin}
 	}
-	if g := d.node.Group(dev.GroupDevice); g != nil {
+	if g := node.Group(dev.GroupDevice); g != nil {
 		strategy := string(g.Profile.Sharing)
 		attrs[metaSharing] = resourceapi.DeviceAttribute{StringValue: &strategy}
-		if g.Profile.Sharing == v1alpha1.SharingMPS && len(dev.Seats) > 0 {
-			l := d.sharing.hw.Share(g, len(dev.Seats))
-			pct := int64(l.ActiveThreadPercentage)
+		if r := plan.request(dev); r != nil && r.Options.MPS != nil && len(dev.Seats) > 0 {
+			pct := int64(r.Options.MPS.ActiveThreadPercentage)
 			attrs[metaMPSThreadPct] = resourceapi.DeviceAttribute{IntValue: &pct}
-			attrs[metaMPSMemMiB] = resourceapi.DeviceAttribute{IntValues: l.PinnedMemMiB}
+			attrs[metaMPSMemMiB] = resourceapi.DeviceAttribute{IntValues: slices.Clone(r.Options.MPS.PinnedMemMiB)}
 		}
 	}
 	return &kubeletplugin.DeviceMetadata{Attributes: attrs}
-}
-
-// UnprepareResourceClaims releases claims: their CDI specs go, their seats
-// become free (their generations stay, so the next holder sees a new
-// one). An unknown claim is already unprepared.
-func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	start := d.clock.Now()
-	// MIG instances go before their seats: a seat whose instance could
-	// not be destroyed stays held, and the kubelet's retry destroys it.
-	all := make([]types.UID, len(claims))
-	for i, c := range claims {
-		all[i] = c.UID
-	}
-	notDestroyed := d.mig.release(ctx, all)
-	var uids []types.UID
-	for _, uid := range all {
-		if notDestroyed[uid] == nil {
-			uids = append(uids, uid)
-		}
-	}
-	released, err := d.ledger.Release(ctx, uids)
-	if err != nil {
-		d.metrics.unprepareError("checkpoint")
-		return nil, err
-	}
-	var gone []types.UID
-	for _, uid := range uids {
-		if released[uid] == nil {
-			gone = append(gone, uid)
-		}
-	}
-	d.releasedLost(gone)
-	d.sharing.settle(ctx, false)
-	results := map[types.UID]error{}
-	for _, claim := range claims {
-		if err := notDestroyed[claim.UID]; err != nil {
-			d.metrics.unprepareError("mig")
-			results[claim.UID] = fmt.Errorf("unprepare claim %s (%s): %w", claim.NamespacedName, claim.UID, err)
-			continue
-		}
-		if err := released[claim.UID]; err != nil {
-			d.metrics.unprepareError("cdi")
-			results[claim.UID] = fmt.Errorf("unprepare claim %s (%s): %w", claim.NamespacedName, claim.UID, err)
-			continue
-		}
-		results[claim.UID] = nil
-	}
-	d.metrics.observeUnprepare(d.clock.Since(start), len(claims))
-	return results, nil
 }

@@ -340,7 +340,7 @@ func TestDriverFilesAndSeatConfigReachTheContainer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, "nvlink-2x4", seed, withOptions(func(o *draplugin.Options) { o.Edits.Driver = files }))
+	e := newEnv(t, "nvlink-2x4", seed, withOptions(func(o *draplugin.Options) { o.Containers.Edits.Driver = files }))
 	c := e.claim(class1x)
 	c.Status.Allocation.Devices.Config = []resourceapi.DeviceAllocationConfiguration{
 		{Source: resourceapi.AllocationConfigSourceClass, DeviceConfiguration: opaque(`{"apiVersion":"kyb.ai/v1alpha1","kind":"SeatConfig","visibleDevices":"uuid"}`)},
@@ -403,7 +403,7 @@ func TestRequestForTwoSeatsSeesBoth(t *testing.T) {
 func TestDriverRootNotReadyFailsOnlyThePrepare(t *testing.T) {
 	root := t.TempDir()
 	e := newEnv(t, "nvlink-2x4", seed, withOptions(func(o *draplugin.Options) {
-		o.Edits.Driver = containeredits.NewDriverRoot(root, "", true)
+		o.Containers.Edits.Driver = containeredits.NewDriverRoot(root, "", true)
 	}))
 	c := e.claim(class1x)
 	res := e.prepare(c)[string(c.UID)]

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/migseats"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 )
@@ -39,19 +40,9 @@ type publisher struct {
 	// client watches the node's slices for wipes.
 	client kubernetes.Interface
 	clock  clock.WithTicker
-	// helper is set once the kubelet plugin helper runs, before anything
-	// publishes.
-	helper slicePublisher
-	// migPartitions are the MIG instances the plugin did not make, found
-	// at start before anything publishes (mig_static.go).
-	migPartitions []draresources.MIGPartition
-	// noMIG are the MIG GPUs none of whose MIG devices can be published:
-	// not in MIG mode where that needs a reset (mig_mode.go), or whose
-	// instances could not be listed at start (mig_static.go).
-	noMIG []int
-	// lost are the MIG devices of held claims whose instance is gone
-	// (mig_lost.go), set before anything publishes; nil: none.
-	lost func() map[string]lostInstance
+	// mig says what the MIG seats withdraw from what is published, and
+	// which devices lost their instance.
+	mig migView
 
 	// publishMu serialises publishing: start-up, a health change, a layout
 	// fallback and a kubelet's wipe may republish at once.
@@ -65,9 +56,20 @@ type publisher struct {
 	heldCh chan struct{}
 }
 
-func newPublisher(node draresources.Node, forced LayoutMode, h healthTaints, events *nodeevents.Recorder, m *metrics, client kubernetes.Interface, clk clock.WithTicker) *publisher {
+// migView is what the publisher reads of the MIG seats (migseats.Seats).
+type migView interface {
+	// Withdrawn are the partitions the plugin did not make and the MIG
+	// GPUs none of whose MIG devices can be published, found at start
+	// before anything is published.
+	Withdrawn() ([]draresources.MIGPartition, []int)
+	// LostDevices are the MIG devices of held claims whose instance is
+	// gone.
+	LostDevices() map[string]migseats.Lost
+}
+
+func newPublisher(node draresources.Node, forced LayoutMode, h healthTaints, mig migView, events *nodeevents.Recorder, m *metrics, client kubernetes.Interface, clk clock.WithTicker) *publisher {
 	p := &publisher{
-		node: node, forced: forced, health: h, events: events, metrics: m, client: client, clock: clk,
+		node: node, forced: forced, health: h, mig: mig, events: events, metrics: m, client: client, clock: clk,
 		layout: draresources.LayoutShared, heldCh: make(chan struct{}, 1),
 	}
 	if forced == LayoutPerSeat {
@@ -103,20 +105,12 @@ func (p *publisher) nudge() {
 	}
 }
 
-// lostDevices are the MIG devices of held claims whose instance is gone.
-func (p *publisher) lostDevices() map[string]lostInstance {
-	if p.lost == nil {
-		return nil
-	}
-	return p.lost()
-}
-
 // publish publishes the plan in the current layout, with the taints of
-// the unhealthy GPUs.
-func (p *publisher) publish(ctx context.Context) error {
+// the unhealthy GPUs, through to (the kubelet plugin helper).
+func (p *publisher) publish(ctx context.Context, to slicePublisher) error {
 	p.publishMu.Lock()
 	defer p.publishMu.Unlock()
-	if err := p.helper.PublishResources(ctx, p.resources()); err != nil {
+	if err := to.PublishResources(ctx, p.resources()); err != nil {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	return nil
@@ -131,8 +125,9 @@ func (p *publisher) resources() resourceslice.DriverResources {
 	p.mu.Unlock()
 	node := p.node
 	res := draresources.Resources(node.Plan, node.Inv, node.Pool, layout)
-	draresources.WithdrawAroundPartitions(res, node.Plan, p.migPartitions)
-	draresources.WithdrawMIGOf(res, node.Plan, p.noMIG)
+	partitions, noMIG := p.mig.Withdrawn()
+	draresources.WithdrawAroundPartitions(res, node.Plan, partitions)
+	draresources.WithdrawMIGOf(res, node.Plan, noMIG)
 	hidden := 0
 	if layout == draresources.LayoutShared && node.Plan.HideBlocked {
 		hidden = draresources.HideBlocked(res, node.Plan, held)
@@ -140,7 +135,7 @@ func (p *publisher) resources() resourceslice.DriverResources {
 	p.metrics.hidden.Set(float64(hidden))
 	draresources.Taint(res, node.Plan, p.health.taints())
 	p.health.taintInstances(res, node.Plan)
-	taintLost(res, p.lostDevices())
+	migseats.TaintLost(res, p.mig.LostDevices())
 	draresources.Fence(res, node.Plan, fenced)
 	var names []string
 	perProfile := map[string]int{}
@@ -177,7 +172,7 @@ func (p *publisher) devices() []string {
 
 // fallBack switches to one device per seat on the exclusive layout, once
 // the API server dropped fields that shared groups need.
-func (p *publisher) fallBack(ctx context.Context, dropped *resourceslice.DroppedFieldsError, features []string) {
+func (p *publisher) fallBack(ctx context.Context, to slicePublisher, dropped *resourceslice.DroppedFieldsError, features []string) {
 	logger := klog.FromContext(ctx)
 	p.mu.Lock()
 	if p.layout == draresources.LayoutPerSeat || p.forced == LayoutShared {
@@ -190,7 +185,7 @@ func (p *publisher) fallBack(ctx context.Context, dropped *resourceslice.Dropped
 	_, why := p.node.Plan.ExclusiveLayout()
 	p.events.Warning(ctx, nodeevents.ReasonSeatLayoutFallback, fmt.Sprintf("The API server dropped fields that shared GPU groups need (features off: %s); publishing one device per seat instead, where %s. Enable DRAConsumableCapacity and DRAPartitionableDevices to get shared groups.",
 		strings.Join(features, ", "), why))
-	if err := p.publish(ctx); err != nil {
+	if err := p.publish(ctx, to); err != nil {
 		logger.Error(err, "Cannot publish the per-seat layout")
 	}
 }

@@ -15,6 +15,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -22,8 +23,10 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/health"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/migseats"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/seatledger"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode/simnodetest"
 )
@@ -74,17 +77,24 @@ func testPublisher(t *testing.T, forced LayoutMode, faults staticHealth, config 
 	np := draresources.NewNode("node-1", node.Plan, node.Inv)
 	h := &recordingHelper{}
 	p := newPublisher(np, forced, healthTaints{view: health.View{Source: faults}, lostEffect: resourceapi.DeviceTaintEffectNoExecute},
-		nil, newMetrics(), fake.NewClientset(), testingclock.NewFakeClock(time.Now()))
-	p.helper = h
+		noMIG{}, nil, newMetrics(), fake.NewClientset(), testingclock.NewFakeClock(time.Now()))
 	return p, h
 }
+
+// noMIG is a node without MIG seats.
+type noMIG struct{}
+
+func (noMIG) Withdrawn() ([]draresources.MIGPartition, []int)  { return nil, nil }
+func (noMIG) LostDevices() map[string]migseats.Lost            { return nil }
+func (noMIG) InstanceUUID(types.UID, checkpoint.Device) string { return "" }
+func (noMIG) Lost(types.UID, string) (migseats.Lost, bool)     { return migseats.Lost{}, false }
 
 // By default what the node publishes does not depend on the seats held:
 // holding a group asks for no publish, and a publish shows every group.
 func TestPublisherPublishesEveryGroupWhateverIsHeld(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	p, h := testPublisher(t, LayoutAuto, nil, seedConfig)
-	if err := p.publish(ctx); err != nil {
+	if err := p.publish(ctx, h); err != nil {
 		t.Fatal(err)
 	}
 	idle := h.last("node-1")
@@ -97,7 +107,7 @@ func TestPublisherPublishesEveryGroupWhateverIsHeld(t *testing.T) {
 		t.Error("holding seats asked for a publish, but nothing published depends on them")
 	default:
 	}
-	if err := p.publish(ctx); err != nil {
+	if err := p.publish(ctx, h); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.last("node-1"); !slices.Equal(got, idle) {
@@ -123,7 +133,7 @@ func TestPublisherHideBlocked(t *testing.T) {
 	default:
 		t.Error("setUsage did not ask for a publish")
 	}
-	if err := p.publish(ctx); err != nil {
+	if err := p.publish(ctx, h); err != nil {
 		t.Fatal(err)
 	}
 	got := h.last("node-1")
@@ -138,7 +148,7 @@ func TestPublisherHideBlocked(t *testing.T) {
 func TestPublisherTaintsAndReportsUnhealthyGroups(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	p, h := testPublisher(t, LayoutAuto, staticHealth{1: {Kind: health.KindLost, Reason: "gpu-lost", Message: "GPU is lost"}}, seedConfig)
-	if err := p.publish(ctx); err != nil {
+	if err := p.publish(ctx, h); err != nil {
 		t.Fatal(err)
 	}
 	tainted := map[string]resourceapi.DeviceTaintEffect{}
@@ -169,15 +179,15 @@ func TestPublisherTaintsAndReportsUnhealthyGroups(t *testing.T) {
 func TestPublisherFallsBackToOneDevicePerSeatOnce(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	p, h := testPublisher(t, LayoutAuto, nil, seedConfig)
-	p.fallBack(ctx, &resourceslice.DroppedFieldsError{}, []string{"DRAConsumableCapacity"})
+	p.fallBack(ctx, h, &resourceslice.DroppedFieldsError{}, []string{"DRAConsumableCapacity"})
 	if p.currentLayout() != draresources.LayoutPerSeat {
 		t.Fatalf("layout %s after a fallback", p.currentLayout())
 	}
 	if got := h.last("node-1"); !slices.Contains(got, "g01-2x-seat-0") {
 		t.Errorf("after the fallback published %v, want one device per seat", got)
 	}
-	forced, _ := testPublisher(t, LayoutShared, nil, seedConfig)
-	forced.fallBack(ctx, &resourceslice.DroppedFieldsError{}, []string{"DRAConsumableCapacity"})
+	forced, fh := testPublisher(t, LayoutShared, nil, seedConfig)
+	forced.fallBack(ctx, fh, &resourceslice.DroppedFieldsError{}, []string{"DRAConsumableCapacity"})
 	if forced.currentLayout() != draresources.LayoutShared {
 		t.Errorf("a forced shared layout fell back")
 	}

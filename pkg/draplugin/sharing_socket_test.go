@@ -18,6 +18,7 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sharedseats"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
@@ -43,7 +44,7 @@ func withSharing(root, control string) envOption {
 			e.t.Fatal(err)
 		}
 		e.opts = func(o *draplugin.Options) {
-			o.Sharing = draplugin.Sharing{Hardware: &groupshare.Hardware{Inv: e.inv, MPS: mgr, SetTimeSlice: host.SetTimeSlice}}
+			o.Sharing = sharedseats.Options{Hardware: &groupshare.Hardware{Inv: e.inv, MPS: mgr, SetTimeSlice: host.SetTimeSlice}}
 			o.DeviceMetadata = true
 		}
 		e.t.Cleanup(func() {

@@ -11,22 +11,18 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containerclaims"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/seatkind"
 )
 
 // claimSpecs are the CDI specs of prepared claims: one transient spec per
 // claim, derived from its ledger entry alone, so that it can be written
 // again after a reboot without the ResourceClaim.
 type claimSpecs struct {
-	writer *cdi.Writer
-	inv    *inventory.Inventory
-	edits  containeredits.Options
-	// nvidiaCDI names NVIDIA's own CDI device for a GPU, when the plugin
-	// takes the driver files from NVIDIA's spec.
-	nvidiaCDI func(index int, uuid string) string
-	// sharing gives the MPS clients' edits.
-	sharing *sharing
-	// mig gives the MIG instances of MIG devices.
-	mig *migSeats
+	writer     *cdi.Writer
+	inv        *inventory.Inventory
+	containers ContainerOptions
+	// kinds add what their devices need to each request's edits.
+	kinds []seatkind.Kind
 }
 
 // Exists reports whether the claim's spec is on disk.
@@ -43,37 +39,29 @@ func (s *claimSpecs) ReadEnv(uid types.UID) (map[string]map[string]string, bool,
 // Claims lists the claims that have a spec, and the files skipped.
 func (s *claimSpecs) Claims() ([]types.UID, []string, error) { return s.writer.Claims() }
 
-// Write writes the claim's spec. A claim with no device of this driver
-// gets none.
-func (s *claimSpecs) Write(uid types.UID, c *checkpoint.Claim) error {
-	if len(c.Devices) == 0 {
-		return nil
-	}
-	devices, err := s.devices(uid, c)
-	if err != nil {
-		return err
-	}
-	return s.writer.Write(uid, devices)
+// specPlan is one claim's spec as planned from its entry: each request's
+// seats and edit options, as the seat kinds completed them. A prepare
+// plans its claim once, and writes its spec and answers its device
+// metadata from the one plan.
+type specPlan struct {
+	requests map[string]*seatkind.Request
+	order    []string
 }
 
-// devices derives a claim's CDI devices from its entry. Every device of a
-// request carries the edits of the whole request: a container that takes
-// the request sees all of its seats in one consistent environment,
-// whichever device the runtime applies last.
-func (s *claimSpecs) devices(uid types.UID, c *checkpoint.Claim) ([]cdi.Device, error) {
-	byRequest := map[string][]containeredits.Seat{}
-	devsOf := map[string][]checkpoint.Device{}
-	visible := map[string]v1alpha1.VisibleDevices{}
-	var order []string
+// request is the plan of the request a device serves first.
+func (p *specPlan) request(dev checkpoint.Device) *seatkind.Request {
+	if p == nil || len(dev.Requests) == 0 {
+		return nil
+	}
+	return p.requests[dev.Requests[0]]
+}
+
+// plan plans a claim's spec from its entry. Every device of a request
+// carries the edits of the whole request (seatkind.Request).
+func (s *claimSpecs) plan(uid types.UID, c *checkpoint.Claim) (*specPlan, error) {
+	p := &specPlan{requests: map[string]*seatkind.Request{}}
 	for _, dev := range c.Devices {
 		seat := containeredits.Seat{Group: dev.Group, Seats: dev.Seats, Generations: dev.Generations, AdminAccess: dev.AdminAccess}
-		if s.mig != nil {
-			m, err := s.mig.device(uid, dev)
-			if err != nil {
-				return nil, err
-			}
-			seat.MIG = m
-		}
 		for i, x := range dev.GPUs {
 			gpu, err := s.gpu(x, dev.GPUUUIDs[i])
 			if err != nil {
@@ -81,43 +69,67 @@ func (s *claimSpecs) devices(uid types.UID, c *checkpoint.Claim) ([]cdi.Device, 
 			}
 			seat.GPUs = append(seat.GPUs, gpu)
 		}
-		for _, r := range dev.Requests {
-			if _, seen := byRequest[r]; !seen {
-				order = append(order, r)
+		for _, name := range dev.Requests {
+			r := p.requests[name]
+			if r == nil {
+				opts := s.containers.Edits
+				r = &seatkind.Request{Name: name, Options: &opts}
+				p.requests[name] = r
+				p.order = append(p.order, name)
 			}
-			byRequest[r] = append(byRequest[r], seat)
-			devsOf[r] = append(devsOf[r], dev)
-			visible[r] = v1alpha1.VisibleDevices(dev.VisibleDevices)
+			r.Devices = append(r.Devices, dev)
+			r.Seats = append(r.Seats, seat)
+			r.Options.VisibleDevices = v1alpha1.VisibleDevices(dev.VisibleDevices)
 		}
 	}
-	edits := map[string]*containeredits.Edits{}
 	combined := containerclaims.Combined(c)
-	for _, r := range order {
-		opts := s.edits
-		opts.VisibleDevices = visible[r]
-		m, err := s.sharing.mpsEdits(devsOf[r])
-		if err != nil {
-			return nil, fmt.Errorf("request %s: %w", r, err)
+	for _, name := range p.order {
+		r := p.requests[name]
+		for _, k := range s.kinds {
+			if err := k.Edit(uid, *r); err != nil {
+				return nil, fmt.Errorf("request %s: %w", name, err)
+			}
 		}
-		opts.MPS = m
 		// An MPS client's indices count its daemon's GPUs, and one past
 		// them is an error there: it keeps its own GPUs' names. (A
 		// container joins one daemon only; MPS seats beside other claims
 		// in one container are not supported.)
-		if combined && m == nil {
-			opts.CombinedOf = c.IndexedGPUs(len(s.inv.GPUs))
+		if combined && r.Options.MPS == nil {
+			r.Options.CombinedOf = c.IndexedGPUs(len(s.inv.GPUs))
 		}
-		e, err := containeredits.Build(byRequest[r], opts)
+	}
+	return p, nil
+}
+
+// Write plans the claim's spec and writes it (the seat ledger's Specs).
+func (s *claimSpecs) Write(uid types.UID, c *checkpoint.Claim) error {
+	p, err := s.plan(uid, c)
+	if err != nil {
+		return err
+	}
+	return s.write(uid, c, p)
+}
+
+// write writes a claim's spec as planned. A claim with no device of this
+// driver gets none.
+func (s *claimSpecs) write(uid types.UID, c *checkpoint.Claim, p *specPlan) error {
+	if len(c.Devices) == 0 {
+		return nil
+	}
+	edits := map[string]*containeredits.Edits{}
+	for _, name := range p.order {
+		r := p.requests[name]
+		e, err := containeredits.Build(r.Seats, *r.Options)
 		if err != nil {
-			return nil, fmt.Errorf("request %s: %w", r, err)
+			return fmt.Errorf("request %s: %w", name, err)
 		}
-		edits[r] = e
+		edits[name] = e
 	}
-	out := make([]cdi.Device, 0, len(c.Devices))
+	devices := make([]cdi.Device, 0, len(c.Devices))
 	for _, dev := range c.Devices {
-		out = append(out, cdi.Device{Name: dev.CDIDevice, Edits: edits[dev.Requests[0]]})
+		devices = append(devices, cdi.Device{Name: dev.CDIDevice, Edits: edits[dev.Requests[0]]})
 	}
-	return out, nil
+	return s.writer.Write(uid, devices)
 }
 
 // gpu returns the inventory's GPU at index x, checking that it is still the
@@ -139,9 +151,9 @@ func (s *claimSpecs) gpu(x int, uuid string) (inventory.GPU, error) {
 // driver's files.
 func (s *claimSpecs) ids(uid types.UID, dev checkpoint.Device) []string {
 	var nvidia []string
-	if s.nvidiaCDI != nil {
+	if s.containers.NVIDIACDIDevice != nil {
 		for i, x := range dev.GPUs {
-			if id := s.nvidiaCDI(x, dev.GPUUUIDs[i]); id != "" {
+			if id := s.containers.NVIDIACDIDevice(x, dev.GPUUUIDs[i]); id != "" {
 				nvidia = append(nvidia, id)
 			}
 		}

@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	metaapply "k8s.io/client-go/applyconfigurations/meta/v1"
 	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
 	resourceclient "k8s.io/client-go/kubernetes/typed/resource/v1"
 	"k8s.io/client-go/util/workqueue"
@@ -20,7 +19,7 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/migseats"
 )
 
 // The seats are written into the claims' status behind the prepare calls,
@@ -48,6 +47,19 @@ type statusLedger interface {
 	StatusOwed(uid types.UID) *checkpoint.Claim
 	MarkStatusWritten(uid types.UID, c *checkpoint.Claim)
 	StatusesOwed() []types.UID
+	// PreparedClaims: a status written before is written again (rewrite)
+	// only while its claim is held.
+	PreparedClaims() map[types.UID]*checkpoint.Claim
+}
+
+// migDevices is what a claim's status says of its MIG devices
+// (migseats.Seats).
+type migDevices interface {
+	// InstanceUUID is the UUID of the MIG device made for a claim's
+	// device; "" for another device.
+	InstanceUUID(uid types.UID, dev checkpoint.Device) string
+	// Lost says whether the MIG instance of a claim's device is gone.
+	Lost(uid types.UID, device string) (migseats.Lost, bool)
 }
 
 // statusWriter writes the seats of prepared claims into their status.
@@ -58,15 +70,8 @@ type statusWriter struct {
 	metrics *metrics
 	// written is called after each status written (a test hook).
 	written func()
-	// migUUID is the UUID of the MIG device made for a claim's device,
-	// "" for another device; nil where the node has no MIG seats.
-	migUUID func(uid types.UID, dev checkpoint.Device) string
-	// migLost says whether the MIG instance of a claim's device is gone
-	// (mig_lost.go); nil where the node has no MIG seats.
-	migLost func(uid types.UID, device string) (lostInstance, bool)
-	// held is the entry of a prepared claim, nil for another: a status
-	// written before is written again (rewrite) only while it is held.
-	held func(uid types.UID) *checkpoint.Claim
+	// mig says what a status says of MIG devices.
+	mig migDevices
 
 	// again counts the rewrites asked for each claim whose status was
 	// written already; a write that saw n clears them only if no other
@@ -75,9 +80,9 @@ type statusWriter struct {
 	again map[types.UID]int
 }
 
-func newStatusWriter(claims resourceclient.ResourceClaimsGetter, ledger statusLedger, m *metrics, written func()) *statusWriter {
+func newStatusWriter(claims resourceclient.ResourceClaimsGetter, ledger statusLedger, mig migDevices, m *metrics, written func()) *statusWriter {
 	return &statusWriter{
-		claims: claims, ledger: ledger, metrics: m, written: written, again: map[types.UID]int{},
+		claims: claims, ledger: ledger, mig: mig, metrics: m, written: written, again: map[types.UID]int{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](100*time.Millisecond, time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "kyb-claim-status"}),
@@ -106,10 +111,10 @@ func (w *statusWriter) owed(uid types.UID) (*checkpoint.Claim, int) {
 	if c := w.ledger.StatusOwed(uid); c != nil {
 		return c, n
 	}
-	if n == 0 || w.held == nil {
+	if n == 0 {
 		return nil, n
 	}
-	return w.held(uid), n
+	return w.ledger.PreparedClaims()[uid], n
 }
 
 // rewritten forgets the n rewrites of uid a write saw, or the claim's
@@ -205,33 +210,6 @@ type deviceStatus struct {
 	MIGDeviceUUID string `json:"migDeviceUUID,omitempty"`
 }
 
-// instanceUUID is the UUID of the MIG device made for a claim's device;
-// "" for a device that is not a MIG device, or whose instance is not
-// made.
-func (s *migSeats) instanceUUID(uid types.UID, dev checkpoint.Device) string {
-	if s == nil || s.instances == nil {
-		return ""
-	}
-	if _, ok := s.want(uid, dev); !ok {
-		return ""
-	}
-	if _, lost := s.lostDevice(uid, dev.Device); lost {
-		return ""
-	}
-	inst, ok, err := s.instances.Lookup(uid, dev.Device)
-	if err != nil || !ok {
-		return ""
-	}
-	return inst.UUID
-}
-
-// condition is the status condition of a device whose MIG instance is
-// gone.
-func (li lostInstance) condition() *metaapply.ConditionApplyConfiguration {
-	return metaapply.Condition().WithType(conditionMIGInstanceGone).WithStatus(metav1.ConditionTrue).
-		WithReason(nodeevents.ReasonMIGInstanceGone).WithMessage(li.note()).WithLastTransitionTime(metav1.NewTime(li.since))
-}
-
 // write records the seats in the claim's status with server-side apply,
 // as field manager gpu.kyb.ai: the driver owns its own entries of
 // status.devices and nothing else (RBAC: resourceclaims/driver,
@@ -239,10 +217,7 @@ func (li lostInstance) condition() *metaapply.ConditionApplyConfiguration {
 func (w *statusWriter) write(ctx context.Context, uid types.UID, c *checkpoint.Claim) error {
 	status := resourceapply.ResourceClaimStatus()
 	for _, dev := range c.Devices {
-		st := deviceStatus{SeatStatus: dev.SeatStatus}
-		if w.migUUID != nil {
-			st.MIGDeviceUUID = w.migUUID(uid, dev)
-		}
+		st := deviceStatus{SeatStatus: dev.SeatStatus, MIGDeviceUUID: w.mig.InstanceUUID(uid, dev)}
 		data, err := json.Marshal(st)
 		if err != nil {
 			return fmt.Errorf("encode seat status: %w", err)
@@ -250,12 +225,10 @@ func (w *statusWriter) write(ctx context.Context, uid types.UID, c *checkpoint.C
 		entry := resourceapply.AllocatedDeviceStatus().
 			WithDriver(driver.Name).WithPool(dev.Pool).WithDevice(dev.Device).
 			WithData(runtime.RawExtension{Raw: data})
-		if w.migLost != nil {
-			// Applied without it once the instance is made again, the
-			// condition goes: the plugin owns its entries' conditions.
-			if li, ok := w.migLost(uid, dev.Device); ok {
-				entry = entry.WithConditions(li.condition())
-			}
+		// Applied without it once the instance is made again, the
+		// condition goes: the plugin owns its entries' conditions.
+		if li, ok := w.mig.Lost(uid, dev.Device); ok {
+			entry = entry.WithConditions(li.Condition())
 		}
 		if dev.ShareID != "" {
 			entry = entry.WithShareID(dev.ShareID)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -35,6 +36,12 @@ func (m *mapLedger) StatusOwed(uid types.UID) *checkpoint.Claim {
 		return nil
 	}
 	return m.claims[uid]
+}
+
+func (m *mapLedger) PreparedClaims() map[types.UID]*checkpoint.Claim {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.claims)
 }
 
 func (m *mapLedger) MarkStatusWritten(uid types.UID, _ *checkpoint.Claim) {
@@ -87,7 +94,7 @@ func TestStatusWriterWritesTheSeatsAndRetries(t *testing.T) {
 			Pool: "node-1", Device: "g3-1x", ShareID: "s-1", GroupDevice: "g3-1x", SeatStatus: seat,
 		}}},
 	}}
-	w := newStatusWriter(client.ResourceV1(), ledger, newMetrics(), nil)
+	w := newStatusWriter(client.ResourceV1(), ledger, noMIG{}, newMetrics(), nil)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -24,7 +24,7 @@ const republishAfterWipe = time.Second
 // it starts; the resourceslice controller would only notice at its next
 // sync, up to 30 seconds later, leaving the node without seats meanwhile.
 // It returns when ctx ends, after its informer stopped.
-func (p *publisher) watchForWipes(ctx context.Context) {
+func (p *publisher) watchForWipes(ctx context.Context, to slicePublisher) {
 	logger := klog.FromContext(ctx)
 	selector := fields.Set{
 		resourceapi.ResourceSliceSelectorNodeName: p.node.Pool,
@@ -66,7 +66,7 @@ func (p *publisher) watchForWipes(ctx context.Context) {
 		case <-p.clock.After(republishAfterWipe):
 		}
 		logger.V(2).Info("ResourceSlices of this node were deleted (the kubelet removes them when it starts); publishing again")
-		if err := p.publish(ctx); err != nil {
+		if err := p.publish(ctx, to); err != nil {
 			logger.Error(err, "Cannot publish ResourceSlices again")
 		}
 	}

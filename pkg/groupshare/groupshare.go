@@ -93,6 +93,7 @@ func (h *Hardware) Client(g *planner.Group, k int) (*containeredits.MPS, error) 
 		HostShmDir:             filepath.Join(dir, mps.ShmDir),
 		ActiveThreadPercentage: l.ActiveThreadPercentage,
 		PinnedMemLimit:         l.MemLimitEnv(),
+		PinnedMemMiB:           l.PinnedMemMiB,
 	}, nil
 }
 

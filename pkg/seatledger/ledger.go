@@ -105,6 +105,9 @@ type Options struct {
 	// (the plugin publishes again). It is called with the ledger's lock
 	// held: it must not call the ledger.
 	UsageChanged func(Usage)
+	// Feed, if set, is kept told of what the held claims use, for the
+	// parts that read it when they decide (the MPS daemons).
+	Feed *UsageFeed
 	// CountError counts the ledger's failures that no call returns (a
 	// failed flush, a lost checkpoint at start), by operation and kind.
 	CountError func(operation, kind string)
@@ -154,6 +157,10 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 		assign: assigner{pool: opts.Pool, plan: opts.Plan, inventory: opts.Inventory, index: index}}
 	l.stale = &staleReleaser{rec: l.rec, claims: l.claims, client: opts.Claims, pool: opts.Pool, specs: opts.Specs, events: opts.Events}
 	l.repair = &repairer{rec: l.rec, rc: rc, opts: &l.opts}
+	if opts.Feed != nil {
+		// Before the repair below tells it the record's use.
+		opts.Feed.attach(l)
+	}
 	l.wg.Go(func() { l.rec.flush(ctx) })
 	l.wg.Go(func() { l.repair.recoverWhenLost(ctx) })
 	if err := l.repair.atOpen(ctx); err != nil {

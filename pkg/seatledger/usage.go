@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -37,6 +38,10 @@ type Usage struct {
 	// (all of them for a fenced device): the share an MPS daemon of the
 	// group must allow.
 	Largest map[string]int
+}
+
+func (u Usage) clone() Usage {
+	return Usage{Held: maps.Clone(u.Held), Fenced: maps.Clone(u.Fenced), Largest: maps.Clone(u.Largest)}
 }
 
 func (u Usage) equal(o Usage) bool {
@@ -131,7 +136,59 @@ func (r *record) noteUsage(ctx context.Context, st *checkpoint.State) {
 		return
 	}
 	r.told.usage, r.told.known = u, true
-	if r.opts.UsageChanged != nil {
-		r.opts.UsageChanged(Usage{Held: maps.Clone(u.Held), Fenced: maps.Clone(u.Fenced), Largest: maps.Clone(u.Largest)})
+	if r.opts.Feed != nil {
+		r.opts.Feed.set(u.clone())
 	}
+	if r.opts.UsageChanged != nil {
+		r.opts.UsageChanged(u.clone())
+	}
+}
+
+// UsageFeed tells the parts that size the hardware by what the held
+// claims use (the MPS daemons' limits) what they use now. It is made
+// before the ledger, so that the parts the ledger itself needs (the claim
+// specs, and the seat kinds they ask) can hold it; the ledger opened with
+// it (Options.Feed) keeps it told. Until then, and while a lost
+// checkpoint is not rebuilt, it knows nothing.
+type UsageFeed struct {
+	mu     sync.Mutex
+	ledger *Ledger
+	usage  Usage
+	known  bool
+}
+
+// Last is what the ledger told last; known is false until it told.
+func (f *UsageFeed) Last() (u Usage, known bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.usage.clone(), f.known
+}
+
+// Fresh is what the held claims use now: where another plugin instance
+// shares the checkpoint (a rolling update), it is read again first
+// (Ledger.Refresh), so that no decision acts on one instance's view
+// alone. It fails while the checkpoint is lost.
+func (f *UsageFeed) Fresh(ctx context.Context) (Usage, error) {
+	f.mu.Lock()
+	l := f.ledger
+	f.mu.Unlock()
+	if l != nil {
+		if err := l.Refresh(ctx); err != nil {
+			return Usage{}, err
+		}
+	}
+	u, _ := f.Last()
+	return u, nil
+}
+
+func (f *UsageFeed) set(u Usage) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.usage, f.known = u, true
+}
+
+func (f *UsageFeed) attach(l *Ledger) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ledger = l
 }

@@ -147,12 +147,10 @@ func newPrepareEnv(ctx context.Context, c *harness.Cluster, name string, l Limit
 	}
 	e.ours, err = draplugin.Start(ctx, draplugin.Options{
 		NodeName: node.Name, Client: client, BackgroundClient: background, Inventory: inv, Plan: plan,
-		Edits:         containeredits.Options{DeviceNumbers: sim.DeviceNumbers},
-		CDIRoot:       cdiRoot,
-		PluginDataDir: filepath.Join(node.PluginsDir, driver.Name),
-		RegistrarDir:  node.RegistryDir,
-		BootID:        boot,
-		Hooks:         e.steps.record,
+		Containers: draplugin.ContainerOptions{Edits: containeredits.Options{DeviceNumbers: sim.DeviceNumbers}},
+		Dirs:       draplugin.Dirs{CDI: cdiRoot, PluginData: filepath.Join(node.PluginsDir, driver.Name), Registrar: node.RegistryDir},
+		BootID:     boot,
+		Hooks:      e.steps.record,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start our plugin: %w", err)

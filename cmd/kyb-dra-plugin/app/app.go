@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"runtime/debug"
 
-	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -23,9 +22,11 @@ import (
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/gpuusage"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/migseats"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podusage"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/sharedseats"
 )
 
 const name = "kyb-dra-plugin"
@@ -234,24 +235,23 @@ func (o *options) run(ctx context.Context) error {
 		return err
 	}
 	opts := draplugin.Options{
-		Sharing:          draplugin.Sharing{Hardware: hw},
-		MIG:              draplugin.MIG{NVML: node.Host.NVML, Minors: node.Host.MIGMinors},
+		Sharing:          sharedseats.Options{Hardware: hw},
+		MIG:              migseats.Options{NVML: node.Host.NVML, Minors: node.Host.MIGMinors},
 		NodeName:         o.node.NodeName,
 		Client:           client,
 		BackgroundClient: background,
 		Inventory:        node.Inv,
 		Plan:             node.Plan,
-		Edits:            containeredits.Options{DeviceNumbers: node.Host.DeviceNumbers, DeviceHostRoot: o.node.DeviceHostRoot(o.driverFiles.HostDriverRoot), Driver: files.Source()},
-		NVIDIACDIDevice:  files.NVIDIACDI,
-		CDIRoot:          o.dirs.cdiRoot,
-		PluginDataDir:    driver.PluginDir(o.dirs.pluginsDir),
-		RegistrarDir:     o.dirs.registrarDir,
-		PodUID:           types.UID(o.podUID),
-		BootID:           bootID,
-		Layout:           draplugin.LayoutMode(o.layout.Value()),
-		DeviceMetadata:   o.deviceMetadata,
-		Health:           mon,
-		Collectors:       []prometheus.Collector{mon.Collector()},
+		Containers: draplugin.ContainerOptions{
+			Edits:           containeredits.Options{DeviceNumbers: node.Host.DeviceNumbers, DeviceHostRoot: o.node.DeviceHostRoot(o.driverFiles.HostDriverRoot), Driver: files.Source()},
+			NVIDIACDIDevice: files.NVIDIACDI,
+		},
+		Dirs:           draplugin.Dirs{CDI: o.dirs.cdiRoot, PluginData: driver.PluginDir(o.dirs.pluginsDir), Registrar: o.dirs.registrarDir},
+		PodUID:         types.UID(o.podUID),
+		BootID:         bootID,
+		Layout:         draplugin.LayoutMode(o.layout.Value()),
+		DeviceMetadata: o.deviceMetadata,
+		Health:         draplugin.HealthOptions{Source: mon, Collector: mon.Collector()},
 	}
 	if pr != nil {
 		opts.PodResources = pr
@@ -269,7 +269,7 @@ func (o *options) run(ctx context.Context) error {
 		}
 	}
 	if h := node.Config.Health; h != nil {
-		opts.GPULostEffect = resourceapi.DeviceTaintEffect(h.GPULostEffect)
+		opts.Health.LostEffect = resourceapi.DeviceTaintEffect(h.GPULostEffect)
 	}
 	d, err := draplugin.Start(ctx, opts)
 	if err != nil {

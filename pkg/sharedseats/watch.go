@@ -1,4 +1,4 @@
-package draplugin
+package sharedseats
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/groupshare"
@@ -44,26 +43,15 @@ type watchFailure struct {
 	unlogged int
 }
 
-// reportTo makes the watcher's restarts known: as events on the node and
-// a counter in registry.
-func (s *sharing) reportTo(events *nodeevents.Recorder, registry *prometheus.Registry) error {
-	s.events = events
-	if err := registry.Register(s.restarts); err != nil {
-		return fmt.Errorf("register the MPS metrics: %w", err)
-	}
-	return nil
-}
-
-// watchDaemons keeps the MPS daemons of groups in use running, until ctx
-// ends. A group one of whose GPUs is lost has its daemon halted (its
+// Run keeps the MPS daemons of groups in use running, until ctx ends. A group one of whose GPUs is lost has its daemon halted (its
 // clients went with the GPU, and a daemon on a lost GPU answers nothing
 // useful), its directories kept for the containers that mount them, and
 // started again there when the GPU comes back while the group is in use.
-func (s *sharing) watchDaemons(ctx context.Context, view health.View, changed <-chan struct{}) {
+func (s *MPS) Run(ctx context.Context, view health.View, changed <-chan struct{}) {
 	if s.mps == nil {
 		return
 	}
-	tick := time.NewTicker(s.WatchInterval)
+	tick := time.NewTicker(s.opts.WatchInterval)
 	defer tick.Stop()
 	for {
 		s.checkHealth(ctx, view.Faults())
@@ -77,9 +65,9 @@ func (s *sharing) watchDaemons(ctx context.Context, view health.View, changed <-
 	}
 }
 
-func (s *sharing) checkHealth(ctx context.Context, faults map[int]health.Fault) {
+func (s *MPS) checkHealth(ctx context.Context, faults map[int]health.Fault) {
 	logger := klog.FromContext(ctx)
-	for _, g := range s.node.Plan.Groups() {
+	for _, g := range s.opts.Node.Plan.Groups() {
 		if !groupshare.UsesMPS(g) {
 			continue
 		}
@@ -102,7 +90,7 @@ func (s *sharing) checkHealth(ctx context.Context, faults map[int]health.Fault) 
 	}
 }
 
-func (s *sharing) setDown(name string, down bool) {
+func (s *MPS) setDown(name string, down bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if down {
@@ -114,15 +102,13 @@ func (s *sharing) setDown(name string, down bool) {
 
 // checkDaemons starts again the daemons of groups in use that ended, and
 // stops those of groups no claim holds.
-func (s *sharing) checkDaemons(ctx context.Context) {
+func (s *MPS) checkDaemons(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	s.mu.Lock()
-	known := s.known
-	names := slices.Collect(maps.Keys(s.largest))
-	s.mu.Unlock()
+	u, known := s.opts.Usage.Last()
 	if !known {
 		return
 	}
+	names := slices.Collect(maps.Keys(u.Largest))
 	dirs, err := s.mps.Known()
 	if err != nil {
 		logger.Error(err, "Cannot list MPS daemons")
@@ -130,7 +116,7 @@ func (s *sharing) checkDaemons(ctx context.Context) {
 	names = append(names, dirs...)
 	slices.Sort(names)
 	for _, name := range slices.Compact(names) {
-		g := s.node.Group(name)
+		g := s.opts.Node.Group(name)
 		switch {
 		case !groupshare.UsesMPS(g):
 			err = s.retire(ctx, name, g)
@@ -141,7 +127,7 @@ func (s *sharing) checkDaemons(ctx context.Context) {
 			restarted, err = s.mps.Revive(ctx, s.hw.MPSGroup(g), s.want(ctx, g))
 			if restarted {
 				s.restarts.WithLabelValues(name).Inc()
-				s.events.Warning(ctx, nodeevents.ReasonMPSDaemonRestarted,
+				s.opts.Events.Warning(ctx, nodeevents.ReasonMPSDaemonRestarted,
 					fmt.Sprintf("the MPS control daemon of group %s (GPUs %s) ended while claims hold the group; it was started again, and clients that were connected to it must start again", g.Name, gpuListOf(g.GPUs)))
 			}
 		}
@@ -153,7 +139,7 @@ func (s *sharing) checkDaemons(ctx context.Context) {
 // first failure at once, then at most one each failureLogInterval while
 // the group keeps failing, and, once it no longer does, after how many
 // attempts. Only the watcher's goroutine calls it.
-func (s *sharing) report(ctx context.Context, name string, err error) {
+func (s *MPS) report(ctx context.Context, name string, err error) {
 	logger := klog.FromContext(ctx)
 	f := s.failing[name]
 	if err == nil {

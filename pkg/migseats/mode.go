@@ -1,4 +1,4 @@
-package draplugin
+package migseats
 
 import (
 	"context"
@@ -10,8 +10,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 )
 
 // MIG mode at start: the plugin switches MIG mode on only where that takes
@@ -41,14 +39,12 @@ const ReasonMIGModeNeedsReset = "MIGModeNeedsReset"
 // surveyMIGMode reads the MIG mode of the GPUs the plan gives to a MIG
 // profile and returns those whose MIG devices cannot be made until a GPU
 // reset, sorted. It runs once at start, before anything is published.
-func (s *migSeats) surveyMIGMode(ctx context.Context, lib miginstance.Library, events *nodeevents.Recorder) []int {
-	if s.instances == nil || lib == nil {
-		return nil
-	}
+func (f *survey) surveyMIGMode(ctx context.Context, opts Options) []int {
+	lib, events := opts.NVML, opts.Events
 	logger := klog.FromContext(ctx)
 	var off []int
-	for _, gpu := range slices.Sorted(maps.Keys(s.node.Plan.MIGModels())) {
-		g := s.node.Inv.GPUs[gpu]
+	for _, gpu := range slices.Sorted(maps.Keys(opts.Node.Plan.MIGModels())) {
+		g := opts.Node.Inv.GPUs[gpu]
 		dev, ret := lib.DeviceGetHandleByIndex(gpu)
 		var current, pending int
 		if ret == nvml.SUCCESS {

@@ -1,4 +1,4 @@
-package draplugin
+package migseats
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 )
 
@@ -47,57 +46,85 @@ func newPartitionsGauge() *prometheus.GaugeVec {
 	}, []string{"gpu", "kind"})
 }
 
-// survey finds the partitions the plugin did not make, decides which are
-// static seats, reports the others, and returns what the publisher
-// withdraws around. It runs once at start, before the kubelet can call.
-func (s *migSeats) survey(ctx context.Context, events *nodeevents.Recorder, reg prometheus.Registerer) ([]draresources.MIGPartition, error) {
-	if err := reg.Register(s.partitions); err != nil {
-		return nil, fmt.Errorf("register the MIG partition metrics: %w", err)
+// survey is what the plugin found at start of the MIG GPUs' partitions
+// and modes; it runs once, before anything is published, and is only
+// read after.
+type survey struct {
+	// static are the MIG devices whose instances the plugin did not make
+	// and adopts.
+	static map[string]bool
+	// withdrawn are the partitions the plugin did not make, which the
+	// publisher withdraws around.
+	withdrawn []draresources.MIGPartition
+	// unpublished are the MIG GPUs none of whose MIG devices can be
+	// published: not in MIG mode where that needs a reset (mode.go), or
+	// whose instances could not be listed.
+	unpublished []int
+	// partitions counts the instances the plugin did not make, by GPU and
+	// kind (static, foreign).
+	partitions *prometheus.GaugeVec
+}
+
+// Withdrawn is what the node publishes around: the partitions the plugin
+// did not make, and the MIG GPUs none of whose MIG devices can be
+// published.
+func (s *Seats) Withdrawn() ([]draresources.MIGPartition, []int) {
+	return s.found.withdrawn, s.found.unpublished
+}
+
+// run finds the partitions the plugin did not make, decides which are
+// static seats, reports the others, and reads the GPUs' MIG modes.
+func (f *survey) run(ctx context.Context, instances *miginstance.Manager, opts Options) {
+	if instances == nil {
+		return
 	}
-	if s.instances == nil {
-		return nil, nil
-	}
+	unlisted := f.surveyPartitions(ctx, instances, opts)
+	f.unpublished = append(f.surveyMIGMode(ctx, opts), unlisted...)
+}
+
+// surveyPartitions finds the partitions the plugin did not make, decides
+// which are static seats and reports the others; it returns the MIG GPUs
+// whose instances could not be listed.
+func (f *survey) surveyPartitions(ctx context.Context, instances *miginstance.Manager, opts Options) (unlisted []int) {
 	logger := klog.FromContext(ctx)
-	gpus := slices.Sorted(maps.Keys(s.node.Plan.MIGModels()))
+	gpus := slices.Sorted(maps.Keys(opts.Node.Plan.MIGModels()))
 	for _, gpu := range gpus {
 		for _, kind := range []string{partitionStatic, partitionForeign} {
-			s.partitions.WithLabelValues(strconv.Itoa(gpu), kind).Set(0)
+			f.partitions.WithLabelValues(strconv.Itoa(gpu), kind).Set(0)
 		}
 	}
 	var parts []miginstance.Partition
-	s.unlisted = nil
 	for _, gpu := range gpus {
-		p, err := s.listPartitions(ctx, gpu)
+		p, err := listPartitions(ctx, instances, gpu)
 		if err != nil {
 			// A GPU whose instances are unknown may hold any: its MIG
 			// devices are not published (a static seat would lose its
 			// mark, a device beside a foreign instance fail its prepare),
 			// and a whole-GPU group's prepare checks the GPU for
 			// instances itself.
-			s.unlisted = append(s.unlisted, gpu)
+			unlisted = append(unlisted, gpu)
 			logger.Error(err, "Cannot list a GPU's MIG instances; its MIG devices are not published until the plugin restarts", "gpu", gpu)
-			events.Warning(ctx, ReasonForeignMIGInstance, fmt.Sprintf("The MIG instances of GPU %d cannot be listed (%v): its MIG devices are not published until the plugin restarts. Check the GPU with kubectl kyb doctor.", gpu, err))
+			opts.Events.Warning(ctx, ReasonForeignMIGInstance, fmt.Sprintf("The MIG instances of GPU %d cannot be listed (%v): its MIG devices are not published until the plugin restarts. Check the GPU with kubectl kyb doctor.", gpu, err))
 			continue
 		}
 		parts = append(parts, p...)
 	}
 	static := map[string]bool{}
-	var out []draresources.MIGPartition
 	for _, p := range parts {
-		seat, why := s.staticSeat(p)
+		seat, why := staticSeat(opts.Node.Plan, p)
 		kind := partitionStatic
 		if seat != "" {
 			static[seat] = true
 			logger.Info("Publishing a MIG instance the plugin did not make as a static seat; it is never destroyed", "device", seat, "instance", p.String(), "claim", p.Claim)
 		} else {
 			kind = partitionForeign
-			events.Warning(ctx, ReasonForeignMIGInstance, fmt.Sprintf("MIG %s was not made by the plugin and is no seat: %s. It is left as it is; the MIG devices it overlaps and the whole-GPU groups of GPU %d are not published until it is removed and the plugin restarted.", p, why, p.GPU))
+			opts.Events.Warning(ctx, ReasonForeignMIGInstance, fmt.Sprintf("MIG %s was not made by the plugin and is no seat: %s. It is left as it is; the MIG devices it overlaps and the whole-GPU groups of GPU %d are not published until it is removed and the plugin restarted.", p, why, p.GPU))
 		}
-		s.partitions.WithLabelValues(strconv.Itoa(p.GPU), kind).Inc()
-		out = append(out, draresources.MIGPartition{GPU: p.GPU, Placement: p.Placement, Seat: seat})
+		f.partitions.WithLabelValues(strconv.Itoa(p.GPU), kind).Inc()
+		f.withdrawn = append(f.withdrawn, draresources.MIGPartition{GPU: p.GPU, Placement: p.Placement, Seat: seat})
 	}
-	s.static = static
-	return out, nil
+	f.static = static
+	return unlisted
 }
 
 // listAttempts bounds the tries of a GPU's listing at start: NVML
@@ -105,7 +132,7 @@ func (s *migSeats) survey(ctx context.Context, events *nodeevents.Recorder, reg 
 const listAttempts = 3
 
 // listPartitions lists gpu's partitions, trying again after a failure.
-func (s *migSeats) listPartitions(ctx context.Context, gpu int) ([]miginstance.Partition, error) {
+func listPartitions(ctx context.Context, instances *miginstance.Manager, gpu int) ([]miginstance.Partition, error) {
 	var err error
 	for attempt := range listAttempts {
 		if attempt > 0 {
@@ -116,7 +143,7 @@ func (s *migSeats) listPartitions(ctx context.Context, gpu int) ([]miginstance.P
 			}
 		}
 		var parts []miginstance.Partition
-		if parts, err = s.instances.Partitions(ctx, []int{gpu}); err == nil {
+		if parts, err = instances.Partitions(ctx, []int{gpu}); err == nil {
 			return parts, nil
 		}
 	}
@@ -125,9 +152,9 @@ func (s *migSeats) listPartitions(ctx context.Context, gpu int) ([]miginstance.P
 
 // staticSeat is the MIG device a partition is a static seat of, or why it
 // is none.
-func (s *migSeats) staticSeat(p miginstance.Partition) (device, why string) {
+func staticSeat(plan *planner.Plan, p miginstance.Partition) (device, why string) {
 	var configured []string
-	for _, prof := range s.node.Plan.Profiles {
+	for _, prof := range plan.Profiles {
 		if prof.MIG == nil {
 			continue
 		}

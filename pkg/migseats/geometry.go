@@ -1,4 +1,4 @@
-package draplugin
+package migseats
 
 import (
 	"context"
@@ -19,7 +19,8 @@ import (
 // an error log line: the driver or the GPU is at fault, and a restart of
 // the plugin once it is fixed publishes its MIG devices (the geometry is
 // read at start).
-func (s *migSeats) reportNoMIGGeometry(ctx context.Context, events *nodeevents.Recorder) {
+func reportNoMIGGeometry(ctx context.Context, opts Options) {
+	node, events := opts.Node, opts.Events
 	logger := klog.FromContext(ctx)
 	type cause struct {
 		product, reason, profiles string
@@ -27,8 +28,8 @@ func (s *migSeats) reportNoMIGGeometry(ctx context.Context, events *nodeevents.R
 	}
 	var causes []cause
 	gpus := map[cause][]string{}
-	for _, u := range s.node.Plan.MIGUnavailable() {
-		c := cause{s.node.Inv.GPUs[u.GPU].ProductName, u.Reason, strings.Join(u.Profiles, ", "), u.Capable}
+	for _, u := range node.Plan.MIGUnavailable() {
+		c := cause{node.Inv.GPUs[u.GPU].ProductName, u.Reason, strings.Join(u.Profiles, ", "), u.Capable}
 		if _, ok := gpus[c]; !ok {
 			causes = append(causes, c)
 		}
