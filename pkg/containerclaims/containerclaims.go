@@ -42,7 +42,6 @@
 package containerclaims
 
 import (
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -61,33 +60,4 @@ type Holders struct {
 	// also references a standalone claim the node holds: BesideHeld.
 	Beside     map[types.UID]bool
 	BesideHeld []types.NamespacedName
-}
-
-// Standalone reports whether pods other than one may hold a claim: no pod
-// controls it, or several pods reserve it.
-func Standalone(c *resourceapi.ResourceClaim) bool {
-	return c != nil && (!ownedByPod(c) || len(ReservingPods(c)) > 1)
-}
-
-// ReservingPods are the UIDs of the pods the claim is reserved for.
-func ReservingPods(c *resourceapi.ResourceClaim) []types.UID {
-	var out []types.UID
-	for _, ref := range c.Status.ReservedFor {
-		if ref.Resource == "pods" && ref.APIGroup == "" {
-			out = append(out, ref.UID)
-		}
-	}
-	return out
-}
-
-// ownedByPod reports whether a pod controls the claim: one made from the
-// pod's template, or by the scheduler for its extended resources. No
-// other pod references it.
-func ownedByPod(claim *resourceapi.ResourceClaim) bool {
-	for _, o := range claim.OwnerReferences {
-		if o.Kind == "Pod" && o.APIVersion == "v1" && o.Controller != nil && *o.Controller {
-			return true
-		}
-	}
-	return false
 }

@@ -13,7 +13,6 @@ import (
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/containerclaims"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
@@ -51,7 +50,9 @@ func (a assigner) seats(st *checkpoint.State, claim *resourceapi.ResourceClaim) 
 		return prev, nil
 	}
 	alloc := claim.Status.Allocation
-	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted, Standalone: containerclaims.Standalone(claim)}
+	// Whether the claim is standalone is decided with the call's other
+	// claims (containerclaims.Combine).
+	entry := &checkpoint.Claim{Namespace: claim.Namespace, Name: claim.Name, Phase: checkpoint.PrepareCompleted}
 	// Record the entry while deciding, so that a claim with several
 	// shares of one group gets distinct seats.
 	st.Claims[claim.UID] = entry
