@@ -61,7 +61,7 @@ func TestMPSEditGivesTheRequestItsShare(t *testing.T) {
 	if c := opts.MPS; c == nil || c.ActiveThreadPercentage != 50 || !slices.Equal(c.PinnedMemMiB, []int64{mem / 2}) || !strings.HasSuffix(c.HostPipeDir, "/g0-1x/pipe") {
 		t.Errorf("client %+v, want 50%% of g0-1x and half of its %d MiB", c, mem)
 	}
-	spanning := append(devs, device("g1-1x", "gpu", 0))
+	spanning := []checkpoint.Device{devs[0], device("g1-1x", "gpu", 0)}
 	err := s.Edit("uid", seatkind.Request{Name: "gpu", Devices: spanning, Seats: make([]containeredits.Seat, 2), Options: &containeredits.Options{}})
 	if err == nil || !strings.Contains(err.Error(), "a container reaches one MPS daemon only") {
 		t.Errorf("a request over two groups: %v", err)
