@@ -31,7 +31,7 @@ module=github.com/kyb-ai/kyb-dra-driver
 both='^(text/template|html/template|golang.org/x/net/trace|k8s.io/client-go/informers|'$module'/pkg/([a-z]+/)*[a-z]+test)$'
 declare -A banned=(
 	[kyb-dra-plugin]=$both
-	[kyb-device-plugin]=$both'|^k8s.io/client-go(/.*)?$|^k8s.io/dynamic-resource-allocation/(kubeletplugin|resourceslice)(/.*)?$|^'$module'/pkg/(draplugin|draresources|seatledger)(/.*)?$'
+	[kyb-device-plugin]=$both'|^k8s.io/client-go(/.*)?$|^k8s.io/dynamic-resource-allocation/(kubeletplugin|resourceslice)(/.*)?$|^'$module'/pkg/(draplugin|draresources|seatledger|seatkind|migseats|sharedseats|containerclaims|podusage)(/.*)?$'
 	[kubectl-kyb]=$both'|^k8s.io/dynamic-resource-allocation/(kubeletplugin|resourceslice)(/.*)?$|^github.com/NVIDIA/|^google.golang.org/grpc$|^'$module'/pkg/(draplugin|draresources|seatledger|planner|inventory|gpuhost|health|checkpoint|cdi)(/.*)?$'
 	[kyb-cuda-probe]='^(k8s.io|sigs.k8s.io|google.golang.org|tags.cncf.io|github.com/NVIDIA)/|^'$module'/(api|pkg)/'
 )
