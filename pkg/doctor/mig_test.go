@@ -430,3 +430,52 @@ func TestMIGCheckGPUsWithoutGeometry(t *testing.T) {
 		t.Errorf("mig-gpu1: %+v", c)
 	}
 }
+
+// The doctor runs before the plugin at every start of its pod, after a
+// reboot too, and reads the MIG journal before the plugin has forgotten
+// the records of the earlier boot. A record of another boot names nothing
+// on the GPU now (a reboot takes every MIG instance): the partition an
+// administrator made at boot at its placement is not the plugin's, and no
+// claim's MIG device is "gone" because of it. The records here are of a
+// boot that is neither this node's nor any a test gives the doctor.
+func TestMIGCheckIgnoresJournalRecordsOfAnEarlierBoot(t *testing.T) {
+	m := newMIGNode(t, "dgx-h100", `profiles:
+- {resource: kyb.ai/gpu-1x-seat}
+- {resource: kyb.ai/mig-1g.10gb, mig: {profile: 1g.10gb, seatsPerGPU: 4}, gpus: [0]}
+`)
+	_, ctx := ktesting.NewTestContext(t)
+	m.mkdir(driver.PluginDir(m.opts.PluginsDir))
+	mgr, err := miginstance.New(miginstance.Options{Dir: driver.PluginDir(m.opts.PluginsDir), NVML: m.host.NVML, Minors: m.host.MIGMinors, BootID: "the-boot-before-the-reboot"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := simnodetest.MIGModel(t, m.device(t, 0)).Profile("1g.10gb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for claim, start := range map[string]int{"claim-1": 6, "claim-2": 5} {
+		if _, err := mgr.Ensure(ctx, miginstance.Want{Claim: types.UID(claim), Device: fmt.Sprintf("g0-mig-1g-10gb-%d", start),
+			GPU: 0, GPUMinor: 0, GPUUUID: "GPU-x", Architecture: "hopper", Profile: p, Placement: mig.Placement{Start: start, Size: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The reboot: every instance goes; the administrator's partition made
+	// at boot is a static seat at {6}:1 (GI 13, as the plugin's was).
+	if err := m.host.Simulated.ResetGPU(0); err != nil {
+		t.Fatal(err)
+	}
+	m.foreignInstance(t, 0, 6, true)
+
+	gpu0 := check(t, m.run(t), "mig-gpu0")
+	if !hasDetail(gpu0, "GI 13: 1g.10gb at {6}:1, CI 0 MIG-") || !hasDetail(gpu0, ": not made by the plugin; a static seat") {
+		t.Errorf("the administrator's partition made after the reboot is not reported as a static seat: %+v", gpu0)
+	}
+	for _, d := range gpu0.Details {
+		if strings.Contains(d, "claim-1") || strings.Contains(d, "claim-2") || strings.Contains(d, "is gone") {
+			t.Errorf("mig-gpu0 reports a journal record of an earlier boot as this boot's: %q", d)
+		}
+	}
+	if gpu0.Status != OK {
+		t.Errorf("mig-gpu0 is %s after a reboot of a node whose plugin made MIG instances (fix %q), want OK", gpu0.Status, gpu0.Fix)
+	}
+}
