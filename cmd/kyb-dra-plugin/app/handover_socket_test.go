@@ -91,3 +91,63 @@ func TestPluginRefusesToTakeOverWhilePodsOfTheShimHoldGPUsOverSockets(t *testing
 	}
 	registered.Close()
 }
+
+// The shim serves whatever resource names its configuration gives (any
+// domain: nvidia.com/mig-1g.10gb keeps the workloads of NVIDIA's device
+// plugin unchanged), and the configuration a node has when it moves to the
+// DRA plugin need not be the one the shim served. A pod still holding a
+// shim seat is told by the seat's ID, which names a device of the
+// plugin's own (g0-mig-1g-10gb-6: the same MIG instance, which the
+// plugin's start would destroy), whatever its resource: the plugin does
+// not take the node over while the kubelet lists it.
+func TestPluginRefusesToTakeOverFromAShimResourceOutsideItsDomainOverSockets(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	base := sockettest.Dir(t)
+	dirs := map[string]string{}
+	for _, d := range []string{"registry", "plugins", "cdi", "device-plugins"} {
+		dirs[d] = filepath.Join(base, d)
+		if err := os.Mkdir(dirs[d], 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	config := filepath.Join(base, "config.yaml")
+	if err := os.WriteFile(config, []byte("apiVersion: kyb.ai/v1alpha1\nkind: NodeConfig\nprofiles:\n- {resource: kyb.ai/gpu-1x-seat}\n- {resource: kyb.ai/mig-1g.10gb, mig: {profile: 1g.10gb}, gpus: [0]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kubelet := podresourcestest.Start(t, filepath.Join(base, "pod-resources.sock"))
+	kubelet.SetPodResources(&podresourcesapi.PodResources{Namespace: "team-a", Name: "legacy", Containers: []*podresourcesapi.ContainerResources{{
+		Name: "app", Devices: []*podresourcesapi.ContainerDevices{{ResourceName: "nvidia.com/mig-1g.10gb", DeviceIds: []string{"g0-mig-1g-10gb-6"}}},
+	}}})
+	args := []string{"--simulate", "dgx-h100", "--node-name", "node-1", "--config", config, "--driver-files", "none",
+		"--cdi-root", dirs["cdi"], "--kubelet-plugins-directory-path", dirs["plugins"], "--kubelet-registrar-directory-path", dirs["registry"],
+		"--device-plugin-directory-path", dirs["device-plugins"], "--pod-resources-socket", kubelet.Socket, "--container-runtime-socket", ""}
+	api := kubelettest.API("node-1")
+	var stderr bytes.Buffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- RunWithClients(klog.NewContext(ctx, klog.FromContext(ctx)), Clients{Prepare: api, Background: api}, args, func(string) string { return "" }, &bytes.Buffer{}, &stderr)
+	}()
+	defer func() {
+		cancel()
+		select {
+		case <-exited:
+		case <-time.After(time.Minute):
+			t.Error("the plugin did not stop within a minute")
+		}
+	}()
+	registered, err := kubelettest.Register(ctx, dirs["registry"], driver.Name, 20*time.Second)
+	if err == nil {
+		registered.Close()
+		t.Fatal("the plugin took the node over while a pod holds the shim's seat g0-mig-1g-10gb-6 (resource nvidia.com/mig-1g.10gb), whose MIG instance its start destroys")
+	}
+	select {
+	case code := <-exited:
+		if code != 1 || !strings.Contains(stderr.String(), "team-a/legacy") {
+			t.Errorf("exit %d, stderr:\n%s\nwant a refusal naming the shim's pod", code, stderr.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the plugin neither registered nor refused")
+	}
+}
