@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,10 +20,21 @@ import (
 // is touched: keptModeFile there says the mode was left as it was. Its
 // absence means EXCLUSIVE_PROCESS, which is what a directory made before
 // the option existed means too.
+//
+// A stop leaves EXCLUSIVE_PROCESS the GPUs another group's daemon serves
+// (overlap.go); that daemon may have kept the mode, for it started on a
+// GPU whose earlier daemon had ended before its stop was finished. So the
+// stop records those GPUs in that daemon's directory (owedFile), and that
+// daemon's stop sets them back to DEFAULT, whatever its own start did: the
+// last daemon on a GPU leaves it as the plugin found it.
 
 // keptModeFile, in a daemon's directory, says its start left the compute
 // mode of its GPUs as it was.
 const keptModeFile = "compute-mode-kept"
+
+// owedFile, in a daemon's directory, names the GPUs another group's stop
+// left in EXCLUSIVE_PROCESS because this daemon served them.
+const owedFile = "compute-mode-owed"
 
 // keptComputeMode tells whether the group's daemon was started with its
 // GPUs' compute mode left as it was.
@@ -53,6 +66,36 @@ func (d *daemon) markComputeMode(ctx context.Context, dir *os.File) error {
 		if err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("record that the compute mode is changed: remove %s: %w", filepath.Join(dir.Name(), keptModeFile), err)
 		}
+	}
+	return nil
+}
+
+// owed are the GPUs other groups' stops left to the daemon to set back to
+// DEFAULT.
+func (g groupDir) owed() []string {
+	data, err := g.readFile(owedFile)
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(data))
+}
+
+// owe records that the daemon's stop sets uuids back to DEFAULT too.
+func (g groupDir) owe(uuids []string) error {
+	dir, err := g.open()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = dir.Close() }()
+	all := slices.Compact(slices.Sorted(slices.Values(slices.Concat(g.owed(), uuids))))
+	return replaceAt(dir, owedFile, []byte(strings.Join(all, "\n")), 0o644)
+}
+
+// forgetOwed records that the GPUs owed are settled.
+func (g groupDir) forgetOwed() error {
+	err := g.root.Remove(filepath.Join(g.name, owedFile))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("record that the GPUs owed by MPS daemon %s are set back: %w", g.name, err)
 	}
 	return nil
 }

@@ -259,6 +259,20 @@ func writeAt(dir *os.File, name string, data []byte, mode uint32) error {
 	return err
 }
 
+// replaceAt replaces the file name in dir atomically (a temporary file
+// renamed over it): a plugin that dies halfway leaves the old file or the
+// new one, never half of one.
+func replaceAt(dir *os.File, name string, data []byte, mode uint32) error {
+	tmp := name + ".tmp"
+	if err := writeAt(dir, tmp, data, mode); err != nil {
+		return err
+	}
+	if err := unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), name); err != nil {
+		return fmt.Errorf("rename %s: %w", filepath.Join(dir.Name(), tmp), err)
+	}
+	return nil
+}
+
 // openAt opens name in dir without following a link there.
 func openAt(dir *os.File, name string, flags int, mode uint32) (*os.File, error) {
 	path := filepath.Join(dir.Name(), name)

@@ -24,7 +24,9 @@ import (
 // group's GPUs (the directory's gpus file) while its record names a
 // process that runs, or, without such a record, while something listens
 // on its group's control socket (a daemon whose plugin died before it
-// recorded it).
+// recorded it). The GPUs a stop leaves EXCLUSIVE_PROCESS so are owed by
+// the daemon that serves them (owedFile, computemode.go): its own stop
+// sets them back, even where its start kept the compute mode.
 
 // presence is what listens on a group's control socket.
 type presence int
@@ -35,14 +37,20 @@ const (
 	silent                    // something that takes the connection and does not answer: a daemon stopped or hung
 )
 
+// server is another group's daemon that serves a GPU.
+type server struct {
+	group string
+	what  string // the daemon, in words
+}
+
 // othersOn are the daemons of groups other than self that serve any of
-// gpus, by GPU: what serves it, in words.
-func (m *Manager) othersOn(ctx context.Context, self string, gpus []string) (map[string]string, error) {
+// gpus, by GPU.
+func (m *Manager) othersOn(ctx context.Context, self string, gpus []string) (map[string]server, error) {
 	names, err := m.Known()
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]string{}
+	out := map[string]server{}
 	for _, name := range names {
 		if name == self {
 			continue
@@ -66,7 +74,7 @@ func (m *Manager) othersOn(ctx context.Context, self string, gpus []string) (map
 			continue
 		}
 		for _, uuid := range shared {
-			out[uuid] = what
+			out[uuid] = server{group: name, what: what}
 		}
 	}
 	return out, nil
@@ -85,18 +93,24 @@ func (d *daemon) checkFree(ctx context.Context) error {
 	}
 	var served []string
 	for _, uuid := range slices.Sorted(maps.Keys(others)) {
-		served = append(served, fmt.Sprintf("GPU %s is served by %s", uuid, others[uuid]))
+		served = append(served, fmt.Sprintf("GPU %s is served by %s", uuid, others[uuid].what))
 	}
 	return fmt.Errorf("start MPS daemon %s: %s: a GPU takes one MPS daemon, so this one starts only once that one has ended (a stop of it that could not be confirmed is finished by the watcher of the daemons when it ends)", g.Name, strings.Join(served, "; "))
 }
 
 // setDefault sets the GPUs of the group's daemon, which has ended, back
-// to compute mode DEFAULT, but for those another group's daemon serves,
-// and none where the daemon's start kept their mode. An error means that
-// is not known, and all stay EXCLUSIVE_PROCESS.
+// to compute mode DEFAULT: uuids, unless its start kept their mode, and
+// those another group's stop left to it (owedFile). A GPU another group's
+// daemon serves stays EXCLUSIVE_PROCESS, owed by that daemon from then
+// on. An error means none of this is known, and all stay as they are.
 func (d *daemon) setDefault(ctx context.Context, uuids []string) error {
 	self := d.g.Name
+	owed := d.dir.owed()
 	if d.dir.keptComputeMode() {
+		uuids = nil
+	}
+	uuids = slices.Compact(slices.Sorted(slices.Values(slices.Concat(uuids, owed))))
+	if len(uuids) == 0 {
 		return nil
 	}
 	others, err := d.m.othersOn(ctx, self, uuids)
@@ -104,14 +118,24 @@ func (d *daemon) setDefault(ctx context.Context, uuids []string) error {
 		return fmt.Errorf("tell which of GPUs %v other MPS daemons serve: %w", uuids, err)
 	}
 	logger := klog.FromContext(ctx)
+	passed := map[string][]string{}
 	for _, uuid := range uuids {
-		if what, ok := others[uuid]; ok {
-			logger.Info("GPU stays in compute mode EXCLUSIVE_PROCESS: another group's MPS daemon serves it", "mpsDaemon", self, "gpu", uuid, "servedBy", what)
+		if other, ok := others[uuid]; ok {
+			logger.Info("GPU stays in compute mode EXCLUSIVE_PROCESS: another group's MPS daemon serves it, and its stop sets it back", "mpsDaemon", self, "gpu", uuid, "servedBy", other.what)
+			passed[other.group] = append(passed[other.group], uuid)
 			continue
 		}
 		if err := d.m.opts.SetExclusive(ctx, uuid, false); err != nil {
 			logger.Error(err, "Cannot set GPU back to compute mode DEFAULT", "gpu", uuid)
 		}
+	}
+	for _, group := range slices.Sorted(maps.Keys(passed)) {
+		if err := d.m.dirOf(group).owe(passed[group]); err != nil {
+			return fmt.Errorf("leave GPUs %v in compute mode EXCLUSIVE_PROCESS to the MPS daemon of group %s: %w", passed[group], group, err)
+		}
+	}
+	if len(owed) > 0 {
+		return d.dir.forgetOwed()
 	}
 	return nil
 }

@@ -191,8 +191,7 @@ func (g groupDir) readRecord() (*record, error) {
 	return &r, nil
 }
 
-// writeRecord replaces the record atomically: a plugin that dies halfway
-// leaves the old record or the new one, never half of one.
+// writeRecord replaces the record atomically (replaceAt).
 func (g groupDir) writeRecord(r *record) error {
 	data, err := json.Marshal(r)
 	if err != nil {
@@ -203,12 +202,8 @@ func (g groupDir) writeRecord(r *record) error {
 		return fmt.Errorf("write the record of MPS daemon %s: %w", g.name, err)
 	}
 	defer func() { _ = dir.Close() }()
-	tmp := recordFile + ".tmp"
-	if err := writeAt(dir, tmp, data, 0o600); err != nil {
+	if err := replaceAt(dir, recordFile, data, 0o600); err != nil {
 		return fmt.Errorf("write the record of MPS daemon %s: %w", g.name, err)
-	}
-	if err := unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), recordFile); err != nil {
-		return fmt.Errorf("write the record of MPS daemon %s: rename %s: %w", g.name, filepath.Join(dir.Name(), tmp), err)
 	}
 	return nil
 }
