@@ -19,7 +19,10 @@ import (
 // what the start did is recorded in the daemon's directory before any GPU
 // is touched: keptModeFile there says the mode was left as it was. Its
 // absence means EXCLUSIVE_PROCESS, which is what a directory made before
-// the option existed means too.
+// the option existed means too. A stop that set them all back records
+// that in restoredFile, until the next start sets EXCLUSIVE_PROCESS: a
+// later stop, or a start that keeps the mode, sets none again, over what
+// the node's administrator may have set since.
 //
 // A stop leaves EXCLUSIVE_PROCESS the GPUs another group's daemon serves
 // (overlap.go); that daemon may have kept the mode, for it started on a
@@ -31,6 +34,10 @@ import (
 // keptModeFile, in a daemon's directory, says its start left the compute
 // mode of its GPUs as it was.
 const keptModeFile = "compute-mode-kept"
+
+// restoredFile, in a daemon's directory, says its GPUs were set back to
+// DEFAULT after its last start that set them EXCLUSIVE_PROCESS.
+const restoredFile = "compute-mode-restored"
 
 // owedFile, in a daemon's directory, names the GPUs another group's stop
 // left in EXCLUSIVE_PROCESS because this daemon served them.
@@ -61,11 +68,34 @@ func (d *daemon) markComputeMode(ctx context.Context, dir *os.File) error {
 		if err := writeAt(dir, keptModeFile, nil, 0o644); err != nil {
 			return fmt.Errorf("record that the compute mode is kept: %w", err)
 		}
-	case !d.g.KeepComputeMode && kept:
-		err := unix.Unlinkat(int(dir.Fd()), keptModeFile, 0)
-		if err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("record that the compute mode is changed: remove %s: %w", filepath.Join(dir.Name(), keptModeFile), err)
+	case !d.g.KeepComputeMode:
+		for _, name := range []string{keptModeFile, restoredFile} {
+			err := unix.Unlinkat(int(dir.Fd()), name, 0)
+			if err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("record that the compute mode is set: remove %s: %w", filepath.Join(dir.Name(), name), err)
+			}
 		}
+	}
+	return nil
+}
+
+// restoredComputeMode tells whether the GPUs of the group's daemon were
+// set back to DEFAULT since its last start set them EXCLUSIVE_PROCESS.
+func (g groupDir) restoredComputeMode() bool {
+	_, err := g.root.Lstat(filepath.Join(g.name, restoredFile))
+	return err == nil
+}
+
+// markRestored records that the GPUs of the group's daemon are back in
+// DEFAULT.
+func (g groupDir) markRestored() error {
+	dir, err := g.open()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = dir.Close() }()
+	if err := writeAt(dir, restoredFile, nil, 0o644); err != nil {
+		return fmt.Errorf("record that the compute mode is set back: %w", err)
 	}
 	return nil
 }

@@ -99,27 +99,30 @@ func (d *daemon) checkFree(ctx context.Context) error {
 }
 
 // setDefault sets the GPUs of the group's daemon, which has ended, back
-// to compute mode DEFAULT: uuids, unless its start kept their mode, and
-// those another group's stop left to it (owedFile). A GPU another group's
-// daemon serves stays EXCLUSIVE_PROCESS, owed by that daemon from then
-// on. An error means none of this is known, and all stay as they are.
+// to compute mode DEFAULT: uuids, unless its start kept their mode or
+// they were set back since its start (restoredFile), and those another
+// group's stop left to it (owedFile). A GPU another group's daemon serves
+// stays EXCLUSIVE_PROCESS, owed by that daemon from then on. An error
+// means none of this is known, and all stay as they are.
 func (d *daemon) setDefault(ctx context.Context, uuids []string) error {
 	self := d.g.Name
 	owed := d.dir.owed()
-	if d.dir.keptComputeMode() {
+	own := !d.dir.keptComputeMode() && !d.dir.restoredComputeMode()
+	if !own {
 		uuids = nil
 	}
-	uuids = slices.Compact(slices.Sorted(slices.Values(slices.Concat(uuids, owed))))
-	if len(uuids) == 0 {
+	all := slices.Compact(slices.Sorted(slices.Values(slices.Concat(uuids, owed))))
+	if len(all) == 0 {
 		return nil
 	}
-	others, err := d.m.othersOn(ctx, self, uuids)
+	others, err := d.m.othersOn(ctx, self, all)
 	if err != nil {
-		return fmt.Errorf("tell which of GPUs %v other MPS daemons serve: %w", uuids, err)
+		return fmt.Errorf("tell which of GPUs %v other MPS daemons serve: %w", all, err)
 	}
 	logger := klog.FromContext(ctx)
 	passed := map[string][]string{}
-	for _, uuid := range uuids {
+	restored := own
+	for _, uuid := range all {
 		if other, ok := others[uuid]; ok {
 			logger.Info("GPU stays in compute mode EXCLUSIVE_PROCESS: another group's MPS daemon serves it, and its stop sets it back", "mpsDaemon", self, "gpu", uuid, "servedBy", other.what)
 			passed[other.group] = append(passed[other.group], uuid)
@@ -127,6 +130,8 @@ func (d *daemon) setDefault(ctx context.Context, uuids []string) error {
 		}
 		if err := d.m.opts.SetExclusive(ctx, uuid, false); err != nil {
 			logger.Error(err, "Cannot set GPU back to compute mode DEFAULT", "gpu", uuid)
+			// The next stop, or a start that keeps the mode, tries again.
+			restored = restored && !slices.Contains(uuids, uuid)
 		}
 	}
 	for _, group := range slices.Sorted(maps.Keys(passed)) {
@@ -135,7 +140,12 @@ func (d *daemon) setDefault(ctx context.Context, uuids []string) error {
 		}
 	}
 	if len(owed) > 0 {
-		return d.dir.forgetOwed()
+		if err := d.dir.forgetOwed(); err != nil {
+			return err
+		}
+	}
+	if restored && len(uuids) > 0 {
+		return d.dir.markRestored()
 	}
 	return nil
 }
