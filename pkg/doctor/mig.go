@@ -157,7 +157,12 @@ func migUnavailableCheck(g inventory.GPU, u planner.MIGUnavailable) Check {
 		Summary: fmt.Sprintf("GPU %d (%s): MIG profile %s, but it publishes no MIG device: NVML gives no MIG geometry for it (%s)", g.Index, g.ProductName, strings.Join(u.Profiles, ", "), u.Reason),
 		Fix:     "the GPU has no MIG: leave it out of the profile's gpus to silence this (its whole-GPU groups are published as usual)",
 	}
-	if u.Capable {
+	switch {
+	case u.Capable && strings.Contains(u.Reason, nvml.ErrorString(nvml.ERROR_NO_PERMISSION)):
+		// nvml.h: the placements "Require privileged user".
+		c.Status = Fail
+		c.Fix = "the GPU has MIG, but NVML gives its MIG placements only to a privileged process (root, or one that holds a MIG capability): run the plugin as root (the chart does, UID 0), then restart the plugin pod, which reads the geometry at start"
+	case u.Capable:
 		c.Status = Fail
 		c.Fix = fmt.Sprintf("the GPU has MIG, but NVML would not describe its profiles: nvidia-smi mig -i %d -lgip and -lgipp ask NVML the same; after fixing the driver, restart the plugin pod, which reads the geometry at start", g.Index)
 	}

@@ -121,3 +121,18 @@ func TestMIGConfigCapabilityOnlyWithAMIGProfile(t *testing.T) {
 		}
 	}
 }
+
+// NVML gives a GPU's MIG placements only to a privileged process: a
+// plugin that is neither root nor holds a MIG capability reads no MIG
+// geometry, and the doctor says to run it as root.
+func TestMIGCheckOfAnUnprivilegedPlugin(t *testing.T) {
+	m := newH200MajorsNode(t, true)
+	m.host.Simulated.SetProcessUID(1000)
+	m.host.Simulated.DenyDevice(cap1)
+	m.host.Simulated.DenyDevice("/dev/nvidia-caps/nvidia-cap2")
+	c := check(t, m.run(t), "mig-gpu0")
+	if c.Status != Fail || !strings.Contains(c.Summary, "NVML gives no MIG geometry for it (GetGpuInstancePossiblePlacements(profile ID 19): ERROR_NO_PERMISSION)") ||
+		!strings.Contains(c.Fix, "run the plugin as root") {
+		t.Errorf("mig-gpu0: %+v", c)
+	}
+}

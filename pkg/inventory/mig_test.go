@@ -24,6 +24,9 @@ func TestDiscoveryReadsMIGGeometry(t *testing.T) {
 		profiles string
 		noMIG    string
 		capable  bool
+		// unprivileged runs discovery as a process that is not root and
+		// holds no MIG capability.
+		unprivileged bool
 	}{
 		{name: "an H200", preset: "dgx-h200", gpu: 5, capable: true,
 			profiles: "1g.18gb 1g.18gb+me 1g.35gb 2g.35gb 3g.71gb 4g.71gb 7g.141gb"},
@@ -39,6 +42,8 @@ func TestDiscoveryReadsMIGGeometry(t *testing.T) {
 		{name: "a placements call fails", preset: "dgx-h100", gpu: 0, capable: true,
 			fault: &simnode.CallFault{Call: simnode.CallGetGpuInstancePossiblePlacements, Nth: 7, Ret: nvml.ERROR_TIMEOUT},
 			noMIG: "GetGpuInstancePossiblePlacements(profile ID 15): ERROR_TIMEOUT"},
+		{name: "an unprivileged process", preset: "dgx-h100", gpu: 0, capable: true, unprivileged: true,
+			noMIG: "GetGpuInstancePossiblePlacements(profile ID 19): ERROR_NO_PERMISSION"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			sim, err := simnode.Load(tt.preset, "node-a")
@@ -49,6 +54,11 @@ func TestDiscoveryReadsMIGGeometry(t *testing.T) {
 				if err := sim.FailCall(*tt.fault); err != nil {
 					t.Fatal(err)
 				}
+			}
+			if tt.unprivileged {
+				sim.SetProcessUID(1000)
+				sim.DenyDevice("/dev/nvidia-caps/nvidia-cap1")
+				sim.DenyDevice("/dev/nvidia-caps/nvidia-cap2")
 			}
 			inv, err := inventory.Discover(context.Background(), sim.NVML(), sim.PCIe())
 			if err != nil {

@@ -30,7 +30,10 @@ import (
 // /dev/nvidia-caps/nvidia-cap<minor>, which the driver makes readable by
 // root only. The simulated NVML asks the same (mayConfigureMIG): a node
 // whose config capability the process cannot open answers those calls
-// ERROR_NO_PERMISSION, as real NVML does.
+// ERROR_NO_PERMISSION, as real NVML does. The MIG placements of a GPU
+// need a privileged process too (nvml.h: "Requires privileged user"):
+// root, or one that holds either MIG capability (mayReadMIGPlacements);
+// the profiles themselves are anyone's.
 
 // DeviceFile is a device node as stat shows it.
 type DeviceFile struct {
@@ -270,6 +273,18 @@ func (v *devNodes) SetProcessUID(uid int) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.uid = uid
+}
+
+// mayReadMIGPlacements says whether the simulated process is privileged
+// as NVML's placement query asks: root, or holding the MIG config or
+// monitor capability.
+func (v *devNodes) mayReadMIGPlacements() bool {
+	v.mu.Lock()
+	uid := v.uid
+	v.mu.Unlock()
+	return uid == 0 || slices.ContainsFunc(capabilities, func(c capability) bool {
+		return v.OpenDevice(fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", c.minor)) == nil
+	})
 }
 
 // mayConfigureMIG says whether the simulated process holds the MIG config

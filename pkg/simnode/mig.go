@@ -36,7 +36,9 @@ import (
 //     NVML_GPU_INSTANCE_PROFILE_COUNT and ERROR_INVALID_ARGUMENT from it
 //     on, with MIG mode on or off (as the real H200 did);
 //     GetGpuInstancePossiblePlacements finds the profile by the info's
-//     Id, as real NVML does.
+//     Id, as real NVML does, and answers ERROR_NO_PERMISSION to a process
+//     that is neither root nor holds a MIG capability ("Requires
+//     privileged user").
 //   - GPU instances: with MIG off, ERROR_NOT_SUPPORTED; a placement that
 //     is not the profile's, ERROR_INVALID_ARGUMENT; one that overlaps an
 //     instance, or a profile at its maximum, ERROR_INSUFFICIENT_RESOURCES.
@@ -178,6 +180,9 @@ func (g *migGPU) enter(call Call) nvml.Return {
 		return ret
 	}
 	if slices.Contains(configCalls, call) && !g.m.dev.mayConfigureMIG() {
+		return nvml.ERROR_NO_PERMISSION
+	}
+	if call == CallGetGpuInstancePossiblePlacements && !g.m.dev.mayReadMIGPlacements() {
 		return nvml.ERROR_NO_PERMISSION
 	}
 	return g.m.states.failure(g.index)
