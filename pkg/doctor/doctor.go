@@ -92,6 +92,11 @@ type Options struct {
 	// Probe, when set, runs the CUDA probe in a sandbox built from a
 	// seat's CDI spec.
 	Probe *ProbeOptions
+	// BootID is the node's boot (package bootid), as the plugin reads it
+	// (--boot-id-file): the MIG journal's records of another boot are an
+	// earlier boot's, which name nothing on the GPUs now. Empty: not
+	// known, and every record is taken for this boot's.
+	BootID string
 	// CheckTimeout bounds each step of the examination (the probe's step:
 	// beyond the probe's own timeout); 0: DefaultCheckTimeout.
 	CheckTimeout time.Duration

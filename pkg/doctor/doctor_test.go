@@ -43,6 +43,9 @@ func newNode(t testing.TB) *node {
 		HostRoot:         filepath.Join(root, "host"),
 		ContainerdConfig: "/etc/containerd/config.toml",
 		CRIOConfig:       "/etc/crio/crio.conf",
+		// The boot the plugin's instances of the MIG tests are made in
+		// (migNode.pluginInstance).
+		BootID: "boot-1",
 	}
 	n.opts.DriverFiles.Mode = cli.NewOneOf(nodesetup.DriverFilesAuto, nodesetup.DriverFilesAuto, nodesetup.DriverFilesNVIDIACDI, nodesetup.DriverFilesDriverRoot, nodesetup.DriverFilesNone)
 	for _, d := range []string{n.opts.CDIRoot, n.opts.PluginsDir, n.opts.RegistrarDir, n.opts.DevicePluginDir} {

@@ -59,13 +59,19 @@ type migExam struct {
 	// reading it found (miginstance.ReadJournal).
 	records                   []miginstance.Record
 	journalDamage, journalErr error
+	// earlier counts by GPU the journal's records of another boot than
+	// the node's, left out of records: no MIG instance outlives a
+	// reboot, and the plugin forgets them at its next start.
+	earlier map[int]int
 	// minors is mig-minors, read at the first GPU in MIG mode.
 	minors    *mig.Minors
 	minorsErr error
 }
 
-func newMIGExam(host *gpuhost.Host, plan *planner.Plan, pluginDir string) *migExam {
-	x := &migExam{host: host, planned: map[int]*migGPUPlan{}, inGroups: map[int]bool{}}
+// newMIGExam reads what the checks hold the GPUs against. bootID is the
+// node's boot (Options.BootID).
+func newMIGExam(host *gpuhost.Host, plan *planner.Plan, pluginDir, bootID string) *migExam {
+	x := &migExam{host: host, planned: map[int]*migGPUPlan{}, inGroups: map[int]bool{}, earlier: map[int]int{}}
 	for _, prof := range plan.Profiles {
 		for _, g := range prof.Groups {
 			for _, i := range g.GPUs {
@@ -84,7 +90,17 @@ func newMIGExam(host *gpuhost.Host, plan *planner.Plan, pluginDir string) *migEx
 			p.profiles = append(p.profiles, g.Profile.Name)
 		}
 	}
-	x.records, x.journalDamage, x.journalErr = miginstance.ReadJournal(pluginDir)
+	records, damage, err := miginstance.ReadJournal(pluginDir)
+	x.journalDamage, x.journalErr = damage, err
+	for _, r := range records {
+		// A record of no known boot (an older journal's) is judged as the
+		// plugin judges it: by its instance.
+		if bootID != "" && r.Boot != "" && r.Boot != bootID {
+			x.earlier[r.GPU]++
+			continue
+		}
+		x.records = append(x.records, r)
+	}
 	return x
 }
 
@@ -99,7 +115,7 @@ func (e *examination) checkMIG(_ context.Context) {
 		unavailable[u.GPU] = true
 		e.add(migUnavailableCheck(e.inv.GPUs[u.GPU], u))
 	}
-	x := newMIGExam(e.host, e.node.Plan, driver.PluginDir(e.opts.PluginsDir))
+	x := newMIGExam(e.host, e.node.Plan, driver.PluginDir(e.opts.PluginsDir), e.opts.BootID)
 	for _, g := range e.inv.GPUs {
 		if unavailable[g.Index] {
 			continue
@@ -316,6 +332,9 @@ func (x *migExam) partitions(c Check, g inventory.GPU, plan *migGPUPlan, instanc
 		c = worse(c, Warn, x.journalDamage.Error(), "the MIG journal is damaged: the plugin uses its previous copy at its next start and sets the damaged file aside")
 	}
 	c.Summary += fmt.Sprintf("; %s", count(len(instances), "GPU instance"))
+	if n := x.earlier[g.Index]; n > 0 {
+		c.Details = append(c.Details, fmt.Sprintf("journal: %s of an earlier boot, forgotten at the plugin's next start: no MIG instance outlives a reboot, and what is at their placements now is not the plugin's", count(n, "record")))
+	}
 	for _, in := range instances {
 		line := fmt.Sprintf("GI %d: %s at %s", in.gi, in.profile, in.placement)
 		for _, ci := range in.cis {

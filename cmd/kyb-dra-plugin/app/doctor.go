@@ -14,6 +14,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cli"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/doctor"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/nodesetup"
 )
 
 const doctorUsage = `Usage: kyb-dra-plugin doctor [flags]
@@ -52,6 +53,8 @@ func Doctor(ctx context.Context, args []string, getenv func(string) string, stdo
 	opts.DriverFiles.AddFlags(f, "plugin", "how the plugin would give containers the driver's files: auto, nvidia-cdi, driver-root or none")
 	var d dirs
 	d.addFlags(f)
+	var bootID nodesetup.BootIDFlag
+	bootID.AddFlags(f)
 	f.StringVar(&opts.PodResourcesSocket, "pod-resources-socket", "POD_RESOURCES_SOCKET", "", "the kubelet's PodResources API, as the plugin's flag: where set, whether pods of the device-plugin shim still hold GPUs (the plugin refuses to take the node over until it is drained of them); empty: not asked")
 	f.StringVar(&opts.HostRoot, "host-root", "KYB_HOST_ROOT", "/", "where the host's root file system is, as the doctor sees it; the container runtime's configuration is read under it")
 	f.StringVar(&opts.ContainerdConfig, "containerd-config", "KYB_CONTAINERD_CONFIG", "/etc/containerd/config.toml", "containerd's configuration file on the host")
@@ -80,6 +83,9 @@ func Doctor(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	opts.CDIRoot, opts.PluginsDir, opts.RegistrarDir, opts.DevicePluginDir = d.cdiRoot, d.pluginsDir, d.registrarDir, d.devicePluginDir
 	var err error
+	if opts.BootID, err = bootID.Read(); err != nil {
+		return f.Fail(cli.ExitUsage, err)
+	}
 	if opts.Probe, err = probe.options(); err != nil {
 		return f.Fail(cli.ExitUsage, err)
 	}
