@@ -129,8 +129,13 @@ func TestPluginRefusesToTakeOverFromAShimResourceOutsideItsDomainOverSockets(t *
 	go func() {
 		exited <- RunWithClients(klog.NewContext(ctx, klog.FromContext(ctx)), Clients{Prepare: api, Background: api}, args, func(string) string { return "" }, &bytes.Buffer{}, &stderr)
 	}()
+	// The plugin's exit is received once: here, or by the wait below.
+	stopped := false
 	defer func() {
 		cancel()
+		if stopped {
+			return
+		}
 		select {
 		case <-exited:
 		case <-time.After(time.Minute):
@@ -144,6 +149,7 @@ func TestPluginRefusesToTakeOverFromAShimResourceOutsideItsDomainOverSockets(t *
 	}
 	select {
 	case code := <-exited:
+		stopped = true
 		if code != 1 || !strings.Contains(stderr.String(), "team-a/legacy") {
 			t.Errorf("exit %d, stderr:\n%s\nwant a refusal naming the shim's pod", code, stderr.String())
 		}
