@@ -14,6 +14,7 @@ import (
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/containeredits"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/inventory"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mig"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
@@ -57,7 +58,7 @@ type MIG struct {
 }
 
 // migClaim is the journal's claim of a seat's instance.
-func migClaim(seatID string) types.UID { return types.UID("device-plugin/" + seatID) }
+func migClaim(seatID string) types.UID { return types.UID(driver.ShimMIGClaimPrefix + seatID) }
 
 // migLayout chooses each MIG profile's seats, by resource: per GPU, at most the
 // profile's seats, at placements disjoint from every other seat on the

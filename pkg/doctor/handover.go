@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 )
 
@@ -30,13 +31,20 @@ func (e *examination) checkHandover(ctx context.Context) {
 			"mount the kubelet's pod-resources directory and set --pod-resources-socket to its kubelet.sock (or empty where the node is known to be drained of the shim's pods): the plugin refuses to start while it cannot ask")
 		return
 	}
-	var resources []string
+	var resources, ids, claims []string
 	if e.node != nil {
 		for _, prof := range e.node.Plan.Profiles {
 			resources = append(resources, prof.Resource)
 		}
+		ids = e.node.Plan.ShimDeviceIDs()
 	}
-	if holders := l.ResourceHolders(driver.ShimResource(resources)); len(holders) > 0 {
+	// As the plugin asks (its handover check): the MIG journal's seats of
+	// the shim too; a journal that cannot be read is the MIG checks'.
+	records, _, _ := miginstance.ReadJournal(driver.PluginDir(e.opts.PluginsDir))
+	for _, r := range records {
+		claims = append(claims, string(r.Claim))
+	}
+	if holders := l.Holders(driver.ShimDevices(resources, ids, claims)); len(holders) > 0 {
 		fail(fmt.Sprintf("%d containers hold GPUs the device-plugin shim handed out", len(holders)), holders,
 			"drain the node of these pods (kubectl drain <node> --ignore-daemonsets, or delete them) before the DRA plugin takes it over: the plugin refuses to start until then, since it would hand their GPUs out again and destroy the MIG instances of their seats")
 		return

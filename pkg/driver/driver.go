@@ -85,6 +85,36 @@ func ShimResource(configured []string) func(resource string) bool {
 	}
 }
 
+// ShimMIGClaimPrefix begins the MIG journal's claim of an instance the
+// shim made or adopted for a seat: device-plugin/<seat ID>.
+const ShimMIGClaimPrefix = "device-plugin/"
+
+// ShimDevices says whether a container's device-plugin devices (their
+// resource and IDs, as the kubelet lists them) are seats the shim handed
+// out: of a resource ShimResource(configured) accepts, or, whatever the
+// resource, with an ID among seatIDs (planner.Plan.ShimDeviceIDs) or
+// named by one of migClaims (the MIG journal's records' claims, those of
+// the shim's seats ShimMIGClaimPrefix and the seat's ID). The shim serves
+// any resource name its configuration gives (nvidia.com/mig-1g.10gb keeps
+// NVIDIA's device plugin's workloads unchanged), and the configuration may
+// change between the shim and the DRA plugin; a seat's ID is the shim's
+// own, and names the DRA plugin's device over the same GPU or instance.
+func ShimDevices(configured, seatIDs, migClaims []string) func(resource string, ids []string) bool {
+	shim := ShimResource(configured)
+	seats := map[string]bool{}
+	for _, id := range seatIDs {
+		seats[id] = true
+	}
+	for _, c := range migClaims {
+		if id, ok := strings.CutPrefix(c, ShimMIGClaimPrefix); ok {
+			seats[id] = true
+		}
+	}
+	return func(resource string, ids []string) bool {
+		return shim(resource) || slices.ContainsFunc(ids, func(id string) bool { return seats[id] })
+	}
+}
+
 // maxHolders bounds the containers an error names.
 const maxHolders = 10
 

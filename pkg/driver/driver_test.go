@@ -44,3 +44,29 @@ func TestShimResource(t *testing.T) {
 		}
 	}
 }
+
+// A container's device-plugin devices are the shim's by their resource,
+// or, whatever the resource, by an ID that names one of the plan's seats
+// or MIG devices or that a MIG journal record of the shim's names.
+func TestShimDevices(t *testing.T) {
+	shim := ShimDevices([]string{"example.com/gpu-seat"}, []string{"g0-1x-seat-0", "g0-mig-1g-10gb-6"},
+		[]string{"device-plugin/g1-mig-1g-10gb-2", "8f9e0c4a-claim-uid"})
+	for _, tt := range []struct {
+		resource string
+		ids      []string
+		want     bool
+	}{
+		{"kyb.ai/gpu-1x-seat", []string{"g7-1x-seat-0"}, true},
+		{"example.com/gpu-seat", []string{"anything"}, true},
+		{"nvidia.com/mig-1g.10gb", []string{"g0-mig-1g-10gb-6"}, true},
+		{"nvidia.com/gpu", []string{"GPU-a", "g0-1x-seat-0"}, true},
+		{"nvidia.com/mig-1g.10gb", []string{"g1-mig-1g-10gb-2"}, true},
+		{"nvidia.com/gpu", []string{"GPU-a"}, false},
+		{"nvidia.com/mig-1g.10gb", []string{"8f9e0c4a-claim-uid"}, false},
+		{"example.com/other", []string{"g1-mig-1g-10gb-3"}, false},
+	} {
+		if got := shim(tt.resource, tt.ids); got != tt.want {
+			t.Errorf("ShimDevices(%q, %q) = %v, want %v", tt.resource, tt.ids, got, tt.want)
+		}
+	}
+}

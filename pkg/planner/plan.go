@@ -99,6 +99,24 @@ func (g *Group) SeatID(n int) string {
 	return g.DeviceName() + "-seat-" + strconv.Itoa(n)
 }
 
+// ShimDeviceIDs are the device IDs the device-plugin shim exports for the
+// plan, whatever resource names it serves them under: each seat of each
+// group (SeatID) and each MIG device's name.
+func (p *Plan) ShimDeviceIDs() []string {
+	var out []string
+	for _, prof := range p.Profiles {
+		for _, g := range prof.Groups {
+			for n := range prof.SeatsPerGroup {
+				out = append(out, g.SeatID(n))
+			}
+		}
+	}
+	for _, d := range p.MIGDevices() {
+		out = append(out, d.DeviceName())
+	}
+	return out
+}
+
 // GPUList renders the GPU indices as "0,1".
 func (g *Group) GPUList() string {
 	parts := make([]string, len(g.GPUs))

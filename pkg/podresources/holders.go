@@ -15,9 +15,15 @@ import (
 // the resources match accepts, one line each, such as
 // "ns/pod container app: kyb.ai/gpu-1x-seat g2-1x-seat-0".
 func (l Listing) ResourceHolders(match func(resource string) bool) []string {
+	return l.Holders(func(resource string, _ []string) bool { return match(resource) })
+}
+
+// Holders is ResourceHolders for a match that is told the devices' IDs
+// too.
+func (l Listing) Holders(match func(resource string, ids []string) bool) []string {
 	var out []string
 	for _, a := range l.Assignments {
-		if match(a.Resource) {
+		if match(a.Resource, a.IDs) {
 			out = append(out, fmt.Sprintf("%s container %s: %s %s", a.Pod, a.Container, a.Resource, strings.Join(a.IDs, ",")))
 		}
 	}

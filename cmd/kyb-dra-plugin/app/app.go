@@ -213,7 +213,7 @@ func (o *options) run(ctx context.Context) error {
 		}
 		defer pr.Close()
 	}
-	if err := checkShimDrained(ctx, pr, node.Plan); err != nil {
+	if err := checkShimDrained(ctx, pr, node.Plan, driver.PluginDir(o.dirs.pluginsDir)); err != nil {
 		return err
 	}
 

@@ -7,18 +7,23 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/miginstance"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 )
 
 // checkShimDrained refuses to take the node over while the kubelet lists a
-// container holding devices of the device-plugin shim's resources: the
-// shim gone, its pods keep their GPUs, which the plugin would hand out
-// again, and its start destroy the MIG instances the shim made for their
-// seats (no claim holds them). pr nil: not asked.
-func checkShimDrained(ctx context.Context, pr *podresources.Client, plan *planner.Plan) error {
+// container holding devices of the device-plugin shim: the shim gone, its
+// pods keep their GPUs, which the plugin would hand out again, and its
+// start destroy the MIG instances the shim made for their seats (no claim
+// holds them). A container's devices are the shim's by their resource, or
+// by their IDs whatever the resource (driver.ShimDevices): the plan's
+// seats and MIG devices, and the seats the MIG journal in pluginDir names.
+// pr nil: not asked.
+func checkShimDrained(ctx context.Context, pr *podresources.Client, plan *planner.Plan, pluginDir string) error {
+	logger := klog.FromContext(ctx)
 	if pr == nil {
-		klog.FromContext(ctx).Info("Not checking that no pod of the device-plugin shim holds a GPU", "warning", "--pod-resources-socket is empty; drain the node before the plugin takes it over from the shim")
+		logger.Info("Not checking that no pod of the device-plugin shim holds a GPU", "warning", "--pod-resources-socket is empty; drain the node before the plugin takes it over from the shim")
 		return nil
 	}
 	l, err := podresources.ListWhenServed(ctx, podresources.StartWait, pr.List)
@@ -29,5 +34,15 @@ func checkShimDrained(ctx context.Context, pr *podresources.Client, plan *planne
 	for i, prof := range plan.Profiles {
 		resources[i] = prof.Resource
 	}
-	return driver.CheckNoShimPods(l.ResourceHolders(driver.ShimResource(resources)))
+	// A journal that cannot be read is settled at start, where an
+	// instance no record names is left as one the plugin did not make.
+	records, _, err := miginstance.ReadJournal(pluginDir)
+	if err != nil {
+		logger.Info("The shim's MIG seats are told by their resources and the plan's device names alone", "reason", err.Error())
+	}
+	claims := make([]string, len(records))
+	for i, r := range records {
+		claims[i] = string(r.Claim)
+	}
+	return driver.CheckNoShimPods(l.Holders(driver.ShimDevices(resources, plan.ShimDeviceIDs(), claims)))
 }
