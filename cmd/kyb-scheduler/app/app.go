@@ -24,6 +24,7 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/apis/config/scheme"
 
 	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-scheduler/placement"
+	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-scheduler/room"
 )
 
 // DefaultGates are the feature gates kyb-scheduler turns on where
@@ -49,7 +50,10 @@ func NewCommand(m *placement.Metrics) (*cobra.Command, error) {
 		}
 	}
 	RegisterDefaults(scheme.Scheme)
-	cmd := schedulerapp.NewSchedulerCommand(schedulerapp.WithPlugin(placement.Name, placement.Factory(m)))
+	cmd := schedulerapp.NewSchedulerCommand(
+		schedulerapp.WithPlugin(placement.Name, placement.Factory(m)),
+		schedulerapp.WithPlugin(room.Name, room.Factory),
+	)
 	cmd.Use = "kyb-scheduler"
 	// The command line's feature gates are set in PersistentPreRunE;
 	// gang scheduling then follows what the API server serves, checked

@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-scheduler/placement"
+	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-scheduler/room"
 )
 
 // SchedulerName is the profile pods name in spec.schedulerName, and the
@@ -33,7 +34,7 @@ const PlacementWeight = 5
 // configuration names none (no --config, or a file without profiles):
 // kube-scheduler's default plugins, the placement score at
 // PlacementWeight with the pack policy (its PreFilter before the others'),
-// and NodeResourcesFit scoring
+// KybPreemption in DefaultPreemption's place, and NodeResourcesFit scoring
 // MostAllocated. Its default, LeastAllocated, spreads pods by CPU and
 // memory, counting a pod without requests at 100m and 200Mi: on nodes
 // alike it would send consecutive seat pods to different nodes, the
@@ -44,9 +45,15 @@ func DefaultProfile() configv1.KubeSchedulerProfile {
 	return configv1.KubeSchedulerProfile{
 		SchedulerName: ptr.To(SchedulerName),
 		Plugins: &configv1.Plugins{
-			MultiPoint: configv1.PluginSet{Enabled: []configv1.Plugin{
-				{Name: placement.Name, Weight: ptr.To[int32](PlacementWeight)},
-			}},
+			MultiPoint: configv1.PluginSet{
+				Enabled: []configv1.Plugin{
+					{Name: placement.Name, Weight: ptr.To[int32](PlacementWeight)},
+					// DefaultPreemption's preemption, with a victim search
+					// that frees devices (room/plugin.go).
+					{Name: room.Name},
+				},
+				Disabled: []configv1.Plugin{{Name: names.DefaultPreemption}},
+			},
 			// Named at PreFilter too, so that its PreFilter runs first: it
 			// leaves the device order the DynamicResources plugin's
 			// PreFilter hands the allocator (placement/order.go).

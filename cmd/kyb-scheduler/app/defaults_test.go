@@ -20,11 +20,13 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/names"
 
 	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-scheduler/placement"
+	"github.com/kyb-ai/kyb-dra-driver/cmd/kyb-scheduler/room"
 )
 
 // With no --config, kyb-scheduler runs one valid profile, kyb-scheduler:
 // kube-scheduler's plugins (gang scheduling among them), the placement
-// score at its weight with pack, NodeResourcesFit scoring MostAllocated,
+// score at its weight with pack, KybPreemption in DefaultPreemption's
+// place, NodeResourcesFit scoring MostAllocated,
 // and a leader election lease of its own.
 func TestDefaultConfiguration(t *testing.T) {
 	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.GenericWorkload, true)
@@ -58,6 +60,13 @@ func checkKybProfile(t *testing.T, p config.KubeSchedulerProfile) {
 	}
 	if _, ok := enabled[names.GangScheduling]; !ok {
 		t.Errorf("GangScheduling is not enabled: %v", enabled)
+	}
+	// Preemption that frees devices, in DefaultPreemption's place.
+	if _, ok := enabled[room.Name]; !ok {
+		t.Errorf("%s is not enabled: %v", room.Name, enabled)
+	}
+	if _, ok := enabled[names.DefaultPreemption]; ok {
+		t.Errorf("%s is enabled beside %s: two PostFilters would preempt", names.DefaultPreemption, room.Name)
 	}
 	for _, pc := range p.PluginConfig {
 		switch pc.Name {

@@ -454,6 +454,10 @@ profiles:
         enabled:
           - name: KybPlacement
             weight: {{ int .Values.scheduler.weight }}
+          # Preemption that frees the devices of the pods it evicts.
+          - name: KybPreemption
+        disabled:
+          - name: DefaultPreemption
       # Its PreFilter first: it leaves the order in which the
       # DynamicResources plugin's allocator tries a node's devices.
       preFilter:

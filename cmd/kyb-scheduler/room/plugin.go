@@ -1,0 +1,361 @@
+package room
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	policy "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/klog/v2"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/defaultpreemption"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
+	"k8s.io/kubernetes/pkg/scheduler/framework/preemption"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+	"k8s.io/kubernetes/pkg/scheduler/util"
+)
+
+// Name is the plugin's name in the scheduler's configuration.
+const Name = "KybPreemption"
+
+// Preemption is kube-scheduler's DefaultPreemption with a victim search
+// that frees devices: for a pod whose claims the allocator must allocate,
+// a node's victims are the fewest lower-priority pods (a gang whole)
+// whose release lets the allocator allocate them there (Search), and its
+// PreFilterExtensions release a removed pod's claims for the
+// DynamicResources plugin's Filter and keep the devices of the pod a
+// preemption nominated to a node from lower-priority pods. Everything
+// else is DefaultPreemption's: who may preempt whom, the nodes it
+// dry-runs, PodDisruptionBudgets, the eviction and the nomination. Pods
+// without claims to allocate get DefaultPreemption's search.
+type Preemption struct {
+	*defaultpreemption.DefaultPreemption
+	fh   fwk.Handle
+	dra  fwk.SharedDRAManager
+	pods corelisters.PodLister
+	kept *keptDevices
+	// gang is the release of a pod group preemption's dry run (gang.go).
+	gang *gangRelease
+}
+
+var (
+	_ fwk.PreFilterPlugin          = &Preemption{}
+	_ fwk.PreFilterExtensions      = &Preemption{}
+	_ fwk.PostFilterPlugin         = &Preemption{}
+	_ fwk.PodGroupPostFilterPlugin = &Preemption{}
+	_ fwk.SignPlugin               = &Preemption{}
+	_ preemption.Interface         = &Preemption{}
+)
+
+// Factory is the plugin's factory, for app.WithPlugin, with the process's
+// feature gates.
+func Factory(ctx context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
+	return New(ctx, obj, fh, feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate))
+}
+
+// New returns the plugin.
+func New(ctx context.Context, obj runtime.Object, fh fwk.Handle, fts feature.Features) (*Preemption, error) {
+	args, err := DecodeArgs(obj)
+	if err != nil {
+		return nil, err
+	}
+	dp, err := defaultpreemption.New(ctx, args, fh, fts)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", Name, err)
+	}
+	dra := fh.SharedDRAManager()
+	if dra == nil {
+		return nil, fmt.Errorf("%s needs the scheduler's DRA manager: is the DynamicResourceAllocation feature gate off?", Name)
+	}
+	pl := &Preemption{
+		DefaultPreemption: dp, fh: fh, dra: dra,
+		pods: fh.SharedInformerFactory().Core().V1().Pods().Lister(),
+		kept: newKeptDevices(),
+		gang: &gangRelease{},
+	}
+	// The evaluator runs DefaultPreemption's preemption with this
+	// plugin's search and node order.
+	dp.Evaluator = preemption.NewEvaluator(Name, fh, pl, dp.Executor)
+	return pl, nil
+}
+
+// Factory is also usable where a registry wants the older signature.
+var _ frameworkruntime.PluginFactory = Factory
+
+// Name returns the plugin's name.
+func (pl *Preemption) Name() string { return Name }
+
+// SignPod adds nothing to a pod's signature: the plugin changes no
+// pod's feasibility but through the nominated pods, which the framework
+// accounts for every pod alike.
+func (pl *Preemption) SignPod(context.Context, *v1.Pod) ([]fwk.SignFragment, *fwk.Status) {
+	return nil, nil
+}
+
+// PreFilter has nothing to check. It runs so that the framework calls the
+// plugin's AddPod and RemovePod for the pod (a plugin that skips PreFilter
+// is skipped there too), and, within a pod group preemption's dry run,
+// releases the victims' claims for the group's pods (gang.go).
+func (pl *Preemption) PreFilter(ctx context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	pl.gang.apply(cs, pl.dra)
+	return nil, nil
+}
+
+// PreFilterExtensions are AddPod and RemovePod.
+func (pl *Preemption) PreFilterExtensions() fwk.PreFilterExtensions { return pl }
+
+// RemovePod releases, for the cycle's Filter, the claims that only the
+// removed pods use (preemption's dry run removes its candidate victims).
+func (pl *Preemption) RemovePod(_ context.Context, cs fwk.CycleState, _ *v1.Pod, podInfoToRemove fwk.PodInfo, _ fwk.NodeInfo) *fwk.Status {
+	c := newChanges(cs, pl.dra)
+	pod := podInfoToRemove.GetPod()
+	if c == nil || len(podClaims(pl.dra, pod)) == 0 {
+		return nil
+	}
+	c.without(pod).write(cs)
+	return nil
+}
+
+// AddPod gives a removed pod its claims back; for a nominated pod that
+// Filter adds to its node (the framework adds those of the priority of
+// the pod it filters and above), it takes the devices the preemption
+// that nominated it found for it, so that no pod of a lower or the same
+// priority takes them while its victims terminate.
+func (pl *Preemption) AddPod(_ context.Context, cs fwk.CycleState, _ *v1.Pod, podInfoToAdd fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
+	c := newChanges(cs, pl.dra)
+	if c == nil {
+		return nil
+	}
+	pod := podInfoToAdd.GetPod()
+	if _, removed := c.removed[pod.UID]; removed {
+		c.with(pod, nil).write(cs)
+		return nil
+	}
+	if allocation, ok := pl.kept.get(pod.UID, nodeInfo.Node().Name); ok {
+		c.with(pod, allocation).write(cs)
+	}
+	return nil
+}
+
+// PostFilter is DefaultPreemption's, with this plugin's search; where it
+// nominates the pod to a node, the devices its search found for the pod
+// there are kept for it (AddPod).
+func (pl *Preemption) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, m fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
+	pl.kept.prune(pl.pods)
+	found := newAllocationRecord()
+	state.Write(foundKey, &foundData{found})
+	result, status := pl.DefaultPreemption.PostFilter(ctx, state, pod, m)
+	if status.IsSuccess() && result != nil && result.NominatingInfo != nil && result.NominatedNodeName != "" {
+		if allocation, ok := found.get(result.NominatedNodeName); ok {
+			pl.kept.set(pod, result.NominatedNodeName, allocation)
+		}
+	}
+	return result, status
+}
+
+// foundKey holds the allocations the searches of a PostFilter found, by
+// node (SelectVictimsOnNode runs on clones of the cycle state).
+const foundKey fwk.StateKey = Name + "/found"
+
+type foundData struct{ *allocationRecord }
+
+func (d *foundData) Clone() fwk.StateData { return d }
+
+// SelectVictimsOnNode finds the fewest victims on a node (Search) for a
+// pod with claims to allocate, DefaultPreemption's otherwise. The victims
+// are the lower-priority pods DefaultPreemption would consider, a gang's
+// pods as one (gang.go); each set the search proposes is judged by every
+// Filter plugin, the allocator among them, with exactly that set removed
+// (its claims released where no staying pod uses them).
+func (pl *Preemption) SelectVictimsOnNode(ctx context.Context, state fwk.CycleState, preemptor *v1.Pod, nodeInfo fwk.NodeInfo,
+	allPossibleVictims []*preemption.DomainVictim, pdbs []*policy.PodDisruptionBudget) ([]*v1.Pod, int, *fwk.Status) {
+	c := newChanges(state, pl.dra)
+	if c == nil {
+		return pl.DefaultPreemption.SelectVictimsOnNode(ctx, state, preemptor, nodeInfo, allPossibleVictims, pdbs)
+	}
+	logger := klog.FromContext(ctx)
+	node := nodeInfo.Node().Name
+	victims := pl.victims(preemptor, allPossibleVictims)
+	if len(victims) == 0 {
+		return nil, 0, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "No preemption victims found for incoming pod")
+	}
+	units := make([]Unit, len(victims))
+	for i, v := range victims {
+		units[i] = Unit{Pods: podsOf(v), Priority: v.Priority()}
+	}
+	search, err := NewSearch(pl.dra, c.base, node, units)
+	if err != nil {
+		return nil, 0, fwk.AsStatus(err)
+	}
+	search.Violations = func(idx []int) int {
+		violating, _ := preemption.FilterVictimsWithPDBViolation(pick(victims, idx), pdbs)
+		n := 0
+		for _, v := range violating {
+			n += v.ViolateCount
+		}
+		return n
+	}
+	var filterStatus *fwk.Status
+	fit := func(ctx context.Context, released []int) ([]resourceapi.AllocationResult, bool, error) {
+		allocation, status := pl.fit(ctx, state, preemptor, nodeInfo, pick(victims, released))
+		if status.IsSuccess() {
+			return allocation, true, nil
+		}
+		if !status.IsRejected() {
+			return nil, false, status.AsError()
+		}
+		filterStatus = status
+		return nil, false, nil
+	}
+	res, err := search.Run(ctx, fit)
+	if err != nil {
+		return nil, 0, fwk.AsStatus(err)
+	}
+	if res == nil {
+		return nil, 0, filterStatus
+	}
+	if d, err := state.Read(foundKey); err == nil {
+		d.(*foundData).set(node, res.Allocation)
+	}
+	var pods []*v1.Pod
+	for _, i := range res.Victims {
+		pods = append(pods, units[i].Pods...)
+	}
+	logger.V(4).Info("Victims found on node", "pod", klog.KObj(preemptor), "node", node, "victims", klog.KObjSlice(pods), "allocatorRuns", res.Fits)
+	return pods, res.Violations, nil
+}
+
+// fit runs the Filter plugins for the preemptor on the node with the
+// victims removed, as DefaultPreemption's dry run does (nominated pods of
+// its priority and above included), and returns what the DynamicResources
+// plugin's allocator gave its claims there.
+func (pl *Preemption) fit(ctx context.Context, state fwk.CycleState, preemptor *v1.Pod, nodeInfo fwk.NodeInfo, victims []*victim) ([]resourceapi.AllocationResult, *fwk.Status) {
+	logger := klog.FromContext(ctx)
+	s := state.Clone()
+	main := nodeInfo.Snapshot()
+	node := main.Node().Name
+	record := newAllocationRecord()
+	c := newChanges(s, pl.dra)
+	c.recording(record).write(s)
+	for _, v := range victims {
+		for name, other := range v.nodes {
+			if name == node {
+				other = main
+			}
+			for _, pi := range v.Pods() {
+				if pi.GetPod().Spec.NodeName != name {
+					continue
+				}
+				if name == node {
+					if err := main.RemovePod(logger, pi.GetPod()); err != nil {
+						return nil, fwk.AsStatus(err)
+					}
+				}
+				if status := pl.fh.RunPreFilterExtensionRemovePod(ctx, s, preemptor, pi, other); !status.IsSuccess() {
+					return nil, status
+				}
+			}
+		}
+	}
+	status := pl.fh.RunFilterPluginsWithNominatedPods(ctx, s, preemptor, main)
+	if !status.IsSuccess() {
+		return nil, status
+	}
+	allocation, _ := record.get(node)
+	return allocation, nil
+}
+
+// victims are the candidates DefaultPreemption would consider: of a lower
+// priority than the preemptor and eligible on every node they run on;
+// the pods of a gang are one candidate (gang.go).
+func (pl *Preemption) victims(preemptor *v1.Pod, all []*preemption.DomainVictim) []*victim {
+	priority := corev1helpers.PodPriority(preemptor)
+	var out []*victim
+	for _, v := range pl.wholeGangs(all) {
+		if v.Priority() >= priority {
+			continue
+		}
+		eligible := true
+		for _, ni := range v.nodes {
+			if !pl.IsEligiblePod(ni, v, preemptor) {
+				eligible = false
+				break
+			}
+		}
+		if eligible {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// OrderedScoreFuncs choose the node among the candidates: the fewest
+// PodDisruptionBudgets violated, then the fewest victims, then the lowest
+// highest priority, the lowest sum of priorities, the latest start.
+// DefaultPreemption puts the highest priority before the number of
+// victims.
+func (pl *Preemption) OrderedScoreFuncs(_ context.Context, nodesToVictims map[string]*extenderv1.Victims) []func(node string) int64 {
+	return []func(string) int64{
+		func(n string) int64 { return -nodesToVictims[n].NumPDBViolations },
+		func(n string) int64 { return -int64(len(nodesToVictims[n].Pods)) },
+		func(n string) int64 {
+			highest := int32(math.MinInt32)
+			for _, p := range nodesToVictims[n].Pods {
+				highest = max(highest, corev1helpers.PodPriority(p))
+			}
+			return -int64(highest)
+		},
+		func(n string) int64 {
+			var sum int64
+			for _, p := range nodesToVictims[n].Pods {
+				sum += int64(corev1helpers.PodPriority(p)) + int64(math.MaxInt32+1)
+			}
+			return -sum
+		},
+		func(n string) int64 {
+			if t := util.GetEarliestPodStartTime(nodesToVictims[n]); t != nil {
+				return t.UnixNano()
+			}
+			return math.MinInt64
+		},
+	}
+}
+
+func pick[T any](all []T, idx []int) []T {
+	out := make([]T, 0, len(idx))
+	for _, i := range idx {
+		out = append(out, all[i])
+	}
+	return out
+}
+
+func podsOf(v preemption.Victim) []*v1.Pod {
+	out := make([]*v1.Pod, 0, len(v.Pods()))
+	for _, pi := range v.Pods() {
+		out = append(out, pi.GetPod())
+	}
+	slices.SortFunc(out, func(a, b *v1.Pod) int {
+		if a.Namespace != b.Namespace {
+			if a.Namespace < b.Namespace {
+				return -1
+			}
+			return 1
+		}
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
