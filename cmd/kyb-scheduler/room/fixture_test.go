@@ -353,8 +353,10 @@ func (f *fixture) start() {
 			return defaultpreemption.New(ctx, defaultPreemptionArgs(), fh, fts)
 		},
 	}
+	preFilter := []config.Plugin{{Name: dynamicresources.Name}, {Name: Name}}
 	if f.stock {
 		preemptionName = defaultpreemption.Name
+		preFilter = preFilter[:1]
 	}
 	draArgs := &kubeschedulerconfigv1.DynamicResourcesArgs{}
 	configv1.SetDefaults_DynamicResourcesArgs(draArgs)
@@ -366,7 +368,7 @@ func (f *fixture) start() {
 		SchedulerName: "kyb-scheduler",
 		Plugins: &config.Plugins{
 			QueueSort:  config.PluginSet{Enabled: []config.Plugin{{Name: queuesort.Name}}},
-			PreFilter:  config.PluginSet{Enabled: []config.Plugin{{Name: dynamicresources.Name}, {Name: preemptionName}}},
+			PreFilter:  config.PluginSet{Enabled: preFilter},
 			Filter:     config.PluginSet{Enabled: []config.Plugin{{Name: dynamicresources.Name}}},
 			PostFilter: config.PluginSet{Enabled: []config.Plugin{{Name: dynamicresources.Name}, {Name: preemptionName}}},
 			Reserve:    config.PluginSet{Enabled: []config.Plugin{{Name: dynamicresources.Name}}},
@@ -590,4 +592,40 @@ func (n *nominator) NominatedPodsForNode(node string) []fwk.PodInfo {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return slices.Clone(n.byNode[node])
+}
+
+// pendingOn is pending with a claim for one seat of class on the given
+// GPUs (any where empty).
+func (f *fixture) pendingOn(name, class, gpus string, opts ...podOpt) *v1.Pod {
+	f.t.Helper()
+	pod := newPod(name, opts...)
+	var mutate []func(*resourceapi.DeviceRequest)
+	if gpus != "" {
+		mutate = append(mutate, schedulertest.WithSelector(`device.attributes["gpu.kyb.ai"].gpuIndices == "`+gpus+`"`))
+	}
+	claim := schedulertest.Claim(name+"-gpu", class, 1, mutate...)
+	f.create(claim)
+	f.waitFor("claim "+claim.Name, func() bool { _, err := f.dra.ResourceClaims().Get(claim.Namespace, claim.Name); return err == nil })
+	withClaim(pod, claim.Name)
+	return f.submit(pod)
+}
+
+// reserve runs Reserve for a pod that fits node, as the scheduler does for
+// the node it picks, and returns the device the DynamicResources plugin
+// took for the pod's first claim (in flight), then un-reserves it.
+func (f *fixture) reserve(state fwk.CycleState, pod *v1.Pod, node string) string {
+	f.t.Helper()
+	if st := f.fw.RunReservePluginsReserve(f.ctx, state, pod, node); !st.IsSuccess() {
+		f.t.Fatalf("Reserve %s on %s: %v", pod.Name, node, st)
+	}
+	defer f.fw.RunReservePluginsUnreserve(f.ctx, state, pod, node)
+	claim, err := f.dra.ResourceClaims().Get(pod.Namespace, *pod.Spec.ResourceClaims[0].ResourceClaimName)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	a := f.dra.ResourceClaims().GetPendingAllocation(claim.UID)
+	if a == nil || len(a.Devices.Results) == 0 {
+		f.t.Fatalf("Reserve left %s no allocation in flight", claim.Name)
+	}
+	return a.Devices.Results[0].Device
 }
