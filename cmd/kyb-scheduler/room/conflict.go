@@ -64,7 +64,7 @@ func newUsage(dra fwk.SharedDRAManager, state *structured.AllocatedState, inv *i
 				seen.Insert(claim.UID)
 				h := holding{claim: claim}
 				for _, r := range claim.Status.ReservedFor {
-					if i := unitOf[r.UID]; !slices.Contains(h.units, i) {
+					if i, ok := unitOf[r.UID]; ok && !slices.Contains(h.units, i) {
 						h.units = append(h.units, i)
 					}
 				}

@@ -231,6 +231,8 @@ func (f *fixture) runningExtended(name, node string, resourceName v1.ResourceNam
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	// Named as the scheduler names the request of a pod's only container.
+	claim.Spec.Devices.Requests[0].Name = "container-0-request-0"
 	f.allocatedClaimFrom(claim, node, gpus, pod)
 	claim.Annotations = map[string]string{"resource.kubernetes.io/extended-resource-claim": "true"}
 	claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true)}}
@@ -628,4 +630,17 @@ func (f *fixture) reserve(state fwk.CycleState, pod *v1.Pod, node string) string
 		f.t.Fatalf("Reserve left %s no allocation in flight", claim.Name)
 	}
 	return a.Devices.Results[0].Device
+}
+
+// sharing adds pods bound to node that share one claim for a device of
+// class on the given GPUs.
+func (f *fixture) sharing(claim, node, class, gpus string, pods ...*v1.Pod) {
+	f.t.Helper()
+	c := f.allocatedClaim(claim, node, class, 1, gpus, pods...)
+	for _, p := range pods {
+		p.Spec.NodeName = node
+		p.Status.Phase = v1.PodRunning
+		withClaim(p, c.Name)
+		f.pods = append(f.pods, p)
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+
+	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
 
 // On a node whose 1x seats of GPUs 0, 1, 2, 4 and 5 are held by
@@ -86,5 +88,124 @@ func TestNominatedPodKeepsItsDevices(t *testing.T) {
 	}
 	if got := f.reserve(state, train, "node-a"); got != "g0123-4x" {
 		t.Errorf("%s takes %s, want g0123-4x", train.Name, got)
+	}
+}
+
+// A claim that a staying pod also uses is not released by evicting the
+// pods of lower priority that use it: a group it blocks stays blocked. A
+// claim two victims share is released only with both.
+func TestSharedClaims(t *testing.T) {
+	t.Run("shared with a pod that stays", func(t *testing.T) {
+		f := newFixture(t, threeProfiles, "node-a")
+		for _, gpu := range []string{"0", "1", "2", "5"} {
+			f.running("low-gpu"+gpu, "node-a", class1x, 1, gpu)
+		}
+		f.sharing("gpu4", "node-a", class1x, "4", newPod("low-share"), newPod("high-share", priority(1000)))
+		f.start()
+		out := f.preempt(f.pending("train", class4x, 1, priority(100)))
+		if want := []string{"low-gpu0", "low-gpu1", "low-gpu2"}; out.nominated != "node-a" || !slices.Equal(out.victims, want) {
+			t.Errorf("nominated %q evicting %v (%v), want node-a evicting %v", out.nominated, out.victims, out.status, want)
+		}
+	})
+	t.Run("shared by two victims", func(t *testing.T) {
+		f := newFixture(t, threeProfiles, "node-a")
+		for _, gpu := range []string{"0", "1", "2"} {
+			f.running("gpu"+gpu, "node-a", class1x, 1, gpu, priority(10))
+		}
+		f.running("low-gpu5", "node-a", class1x, 1, "5")
+		f.sharing("gpu4", "node-a", class1x, "4", newPod("share-a"), newPod("share-b"))
+		f.start()
+		out := f.preempt(f.pending("train", class4x, 1, priority(100)))
+		// Three pods either way: those of the lowest priorities go.
+		if want := []string{"low-gpu5", "share-a", "share-b"}; out.nominated != "node-a" || !slices.Equal(out.victims, want) {
+			t.Errorf("nominated %q evicting %v (%v), want node-a evicting %v", out.nominated, out.victims, out.status, want)
+		}
+	})
+}
+
+// PodDisruptionBudgets count as kube-scheduler counts them: fewer
+// violated before fewer victims.
+func TestDisruptionBudgets(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		allowed int32
+		want    []string
+	}{
+		{name: "the guarded pod may not go", allowed: 0, want: []string{"low-gpu4", "low-gpu5"}},
+		{name: "the guarded pod may go", allowed: 1, want: []string{"guarded"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, threeProfiles, "node-a")
+			f.running("guarded", "node-a", class1x, 1, "0", labels("app", "guarded"))
+			f.running("low-gpu4", "node-a", class1x, 1, "4")
+			f.running("low-gpu5", "node-a", class1x, 1, "5")
+			f.pdb("guarded", tc.allowed, "app", "guarded")
+			f.start()
+			out := f.preempt(f.pending("train", class4x, 1, priority(100)))
+			if out.nominated != "node-a" || !slices.Equal(out.victims, tc.want) {
+				t.Errorf("nominated %q evicting %v (%v), want node-a evicting %v", out.nominated, out.victims, out.status, tc.want)
+			}
+		})
+	}
+}
+
+// Shares of a group: a four-GPU group is free only once every share of
+// every group on its GPUs is gone (its counters), and a request for two
+// seats of a group needs one victim where every group has one seat
+// taken (its capacity).
+func TestSharedGroups(t *testing.T) {
+	t.Run("counters", func(t *testing.T) {
+		f := newFixture(t, sharedProfiles, "node-a")
+		f.running("gpu0-a", "node-a", class1x, 1, "0")
+		f.running("gpu0-b", "node-a", class1x, 1, "0")
+		f.running("gpu4-a", "node-a", class1x, 1, "4")
+		f.running("gpu5-a", "node-a", class1x, 1, "5")
+		f.running("gpu5-b", "node-a", class1x, 1, "5")
+		f.start()
+		out := f.preempt(f.pending("train", class4x, 1, priority(100)))
+		if want := []string{"gpu0-a", "gpu0-b"}; out.nominated != "node-a" || !slices.Equal(out.victims, want) {
+			t.Errorf("nominated %q evicting %v (%v), want node-a evicting %v", out.nominated, out.victims, out.status, want)
+		}
+	})
+	t.Run("capacity", func(t *testing.T) {
+		f := newFixture(t, sharedProfiles, "node-a")
+		for gpu := range 8 {
+			f.running(fmt.Sprintf("gpu%d", gpu), "node-a", class1x, 1, fmt.Sprint(gpu), priority(int32(10-gpu)))
+		}
+		f.start()
+		pod := newPod("two-seats", priority(100))
+		claim := schedulertest.Claim("two-seats-gpu", class1x, 1, schedulertest.WithCapacity("seats", "2"))
+		f.create(claim)
+		f.waitFor("claim", func() bool { _, err := f.dra.ResourceClaims().Get(claim.Namespace, claim.Name); return err == nil })
+		withClaim(pod, claim.Name)
+		out := f.preempt(f.submit(pod))
+		// One victim, of the lowest priority.
+		if want := []string{"gpu7"}; out.nominated != "node-a" || !slices.Equal(out.victims, want) {
+			t.Errorf("nominated %q evicting %v (%v), want node-a evicting %v", out.nominated, out.victims, out.status, want)
+		}
+	})
+}
+
+// Pods that ask for our extended resources (kyb.ai/gpu-1x-seat in their
+// limits, served through the claim the scheduler makes) are victims as
+// pods with claims are, and preempt as they do.
+func TestExtendedResources(t *testing.T) {
+	f := newFixture(t, threeProfiles, "node-a")
+	for _, gpu := range []string{"0", "1", "2"} {
+		f.running("claim-gpu"+gpu, "node-a", class1x, 1, gpu)
+	}
+	f.runningExtended("ext-gpu4", "node-a", "kyb.ai/gpu-1x-seat", 1, "4")
+	f.runningExtended("ext-gpu5", "node-a", "kyb.ai/gpu-1x-seat", 1, "5")
+	f.start()
+	train := f.submit(extendedPod("train", "kyb.ai/gpu-4x-seat", 1, priority(100)))
+	out := f.preempt(train)
+	if want := []string{"ext-gpu4", "ext-gpu5"}; out.nominated != "node-a" || !slices.Equal(out.victims, want) {
+		t.Fatalf("nominated %q evicting %v (%v), want node-a evicting %v", out.nominated, out.victims, out.status, want)
+	}
+	// What it found is kept for it: a seat on GPU 6 does not fit.
+	f.release(out.victims...)
+	fits, _, _ := f.schedule(f.pendingOn("seat-gpu6", class1x, "6"))
+	if len(fits) != 0 {
+		t.Errorf("a seat on GPU 6 fits %v while the 4x pod's victims terminate", fits)
 	}
 }
