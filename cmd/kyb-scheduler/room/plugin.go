@@ -105,7 +105,7 @@ func (pl *Preemption) SignPod(context.Context, *v1.Pod) ([]fwk.SignFragment, *fw
 // is skipped there too), and, within a pod group preemption's dry run,
 // releases the victims' claims for the group's pods (gang.go).
 func (pl *Preemption) PreFilter(ctx context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	pl.gang.apply(cs, pl.dra)
+	pl.gang.apply(cs, pod, pl.dra)
 	return nil, nil
 }
 

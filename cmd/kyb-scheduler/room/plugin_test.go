@@ -5,6 +5,10 @@ import (
 	"slices"
 	"testing"
 
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	featuregatetesting "k8s.io/component-base/featuregate/testing"
+	"k8s.io/kubernetes/pkg/features"
+
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
 
@@ -207,5 +211,29 @@ func TestExtendedResources(t *testing.T) {
 	fits, _, _ := f.schedule(f.pendingOn("seat-gpu6", class1x, "6"))
 	if len(fits) != 0 {
 		t.Errorf("a seat on GPU 6 fits %v while the 4x pod's victims terminate", fits)
+	}
+}
+
+// A gang is evicted whole or not at all: its pod on a node stands for
+// every pod of the group, on whatever node. Here the gang's pod on
+// node-b blocks a four-GPU group there; evicting the gang (two pods, one
+// on node-a) is cheaper than any set on node-a (three pods).
+func TestGangEvictedWhole(t *testing.T) {
+	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.GenericWorkload, true)
+	f := newFixture(t, threeProfiles, "node-a", "node-b")
+	f.gang("batch", 2, 0)
+	f.running("batch-0", "node-a", class1x, 1, "4", inGroup("batch"))
+	f.running("batch-1", "node-b", class1x, 1, "0", inGroup("batch"))
+	f.running("low-gpu5", "node-a", class1x, 1, "5")
+	for _, gpu := range []string{"0", "1", "2"} {
+		f.running("mid-gpu"+gpu, "node-a", class1x, 1, gpu, priority(10))
+	}
+	for _, gpu := range []string{"4", "5"} {
+		f.running("high-gpu"+gpu, "node-b", class1x, 1, gpu, priority(1000))
+	}
+	f.start()
+	out := f.preempt(f.pending("train", class4x, 1, priority(100)))
+	if want := []string{"batch-0", "batch-1"}; out.nominated != "node-b" || !slices.Equal(out.victims, want) {
+		t.Errorf("nominated %q evicting %v (%v), want node-b evicting %v", out.nominated, out.victims, out.status, want)
 	}
 }

@@ -30,8 +30,10 @@ type changes struct {
 	removed map[types.UID]*v1.Pod
 	// added are the allocations kept for nominated pods, by pod UID.
 	added map[types.UID][]resourceapi.AllocationResult
-	// record, where set, is told what Filter allocated.
-	record *allocationRecord
+	// record, where set, is told what Filter allocated; so is
+	// allocated.
+	record    *allocationRecord
+	allocated func(node string, results []resourceapi.AllocationResult)
 
 	once  sync.Once
 	state *structured.AllocatedState
@@ -50,6 +52,9 @@ func (c *changes) Additive() bool { return len(c.removed) == 0 }
 func (c *changes) Allocated(node string, results []resourceapi.AllocationResult) {
 	if c.record != nil {
 		c.record.set(node, results)
+	}
+	if c.allocated != nil {
+		c.allocated(node, results)
 	}
 }
 
@@ -131,7 +136,7 @@ func (c *changes) recording(r *allocationRecord) *changes {
 
 func (c *changes) copy() *changes {
 	return &changes{
-		base: c.base, dra: c.dra, record: c.record,
+		base: c.base, dra: c.dra, record: c.record, allocated: c.allocated,
 		removed: maps.Clone(c.removed), added: maps.Clone(c.added),
 	}
 }
