@@ -1,7 +1,7 @@
 package room
 
 import (
-	"context"
+	"maps"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
@@ -24,13 +24,12 @@ type victim struct {
 // group, on whatever node, and is evicted with them or not at all.
 // DefaultPreemption does so only for groups with the disruption mode
 // All; a gang below its minimum count would hold its devices idle.
-func (pl *Preemption) wholeGangs(all []*preemption.DomainVictim) []*victim {
+func (pl *Preemption) wholeGangs(all []*victim) []*victim {
 	snapshot := pl.fh.SnapshotSharedLister()
 	seen := sets.New[fwk.EntityKey]()
 	var out []*victim
-	for _, dv := range all {
-		v := &victim{Victim: dv, nodes: dv.AffectedNodes()}
-		pods := dv.Pods()
+	for _, v := range all {
+		pods := v.Pods()
 		if len(pods) != 1 || pods[0].GetPod().Spec.SchedulingGroup == nil || pods[0].GetPod().Spec.SchedulingGroup.PodGroupName == nil {
 			out = append(out, v)
 			continue
@@ -64,65 +63,12 @@ func (pl *Preemption) wholeGangs(all []*preemption.DomainVictim) []*victim {
 				nodes[member.Spec.NodeName] = ni
 			}
 		}
-		gang, err := preemption.NewVictim(infos, dv.Priority(), fwk.PodGroupKeyType)
+		gang, err := preemption.NewVictim(infos, v.Priority(), fwk.PodGroupKeyType)
 		if err != nil {
 			out = append(out, v)
 			continue
 		}
 		out = append(out, &victim{Victim: gang, nodes: nodes})
-	}
-	return out
-}
-
-// PodGroupPostFilter is DefaultPreemption's preemption for a pod group:
-// the group preempts as one, so that a gang member preempts only for its
-// whole gang. kube-scheduler removes every lower-priority pod from its
-// snapshot and schedules the group's pods again (schedule), then puts
-// back what it can, the most important first. Pods removed from the
-// snapshot keep their devices for the DynamicResources plugin, whose
-// state comes from the claims: so while schedule runs, the claims that
-// only removed pods use are released for the group's pods (PreFilter), and
-// the devices found for each pod are kept for it where it is nominated.
-func (pl *Preemption) PodGroupPostFilter(ctx context.Context, state fwk.PodGroupCycleState, pgInfo fwk.PodGroupInfo, schedule fwk.PodGroupSchedulingFunc) (*fwk.PodGroupPostFilterResult, *fwk.Status) {
-	nodes := pl.fh.MutableSnapshotSharedLister().NodeInfos()
-	before := podsOnNodes(nodes)
-	defer pl.gang.end()
-	release := func(ctx context.Context) (*fwk.PodGroupAssignments, *fwk.Status) {
-		removed := map[types.UID]*v1.Pod{}
-		now := podsOnNodes(nodes)
-		for uid, p := range before {
-			if _, ok := now[uid]; !ok {
-				removed[uid] = p
-			}
-		}
-		pl.gang.begin(removed)
-		return schedule(ctx)
-	}
-	res, status := pl.DefaultPreemption.PodGroupPostFilter(ctx, state, pgInfo, release)
-	if status.IsSuccess() && res != nil {
-		for _, pod := range pgInfo.GetUnscheduledPods() {
-			info := res.NominatingInfos[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}]
-			if info == nil || info.NominatedNodeName == "" {
-				continue
-			}
-			if allocation, ok := pl.gang.found(pod.UID, info.NominatedNodeName); ok {
-				pl.kept.set(pod, info.NominatedNodeName, allocation)
-			}
-		}
-	}
-	return res, status
-}
-
-func podsOnNodes(nodes fwk.NodeInfoLister) map[types.UID]*v1.Pod {
-	out := map[types.UID]*v1.Pod{}
-	list, err := nodes.List()
-	if err != nil {
-		return out
-	}
-	for _, ni := range list {
-		for _, pi := range ni.GetPods() {
-			out[pi.GetPod().UID] = pi.GetPod()
-		}
 	}
 	return out
 }
@@ -139,18 +85,20 @@ type gangRelease struct {
 	// and filters again, and the last allocation that fits is one with
 	// the victims that stay.
 	allocated map[types.UID]map[string][]resourceapi.AllocationResult
+	// reserved are the nodes the group's pods were reserved on.
+	reserved map[types.UID]string
 }
 
 func (g *gangRelease) begin(removed map[types.UID]*v1.Pod) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.active, g.removed, g.allocated = true, removed, map[types.UID]map[string][]resourceapi.AllocationResult{}
+	g.active, g.removed, g.allocated, g.reserved = true, removed, map[types.UID]map[string][]resourceapi.AllocationResult{}, map[types.UID]string{}
 }
 
 func (g *gangRelease) end() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.active, g.removed, g.allocated = false, nil, nil
+	g.active, g.removed, g.allocated, g.reserved = false, nil, nil, nil
 }
 
 // apply writes the release into a group pod's cycle state, where a dry
@@ -158,7 +106,7 @@ func (g *gangRelease) end() {
 func (g *gangRelease) apply(cs fwk.CycleState, pod *v1.Pod, dra fwk.SharedDRAManager) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.active || len(g.removed) == 0 {
+	if !g.active {
 		return
 	}
 	c := newChanges(cs, dra)
@@ -168,6 +116,13 @@ func (g *gangRelease) apply(cs fwk.CycleState, pod *v1.Pod, dra fwk.SharedDRAMan
 	c = c.copy()
 	for uid, p := range g.removed {
 		c.removed[uid] = p
+	}
+	// The group's pods reserved before this one hold their devices in
+	// flight; a device of a released claim is theirs now.
+	for uid, node := range g.reserved {
+		if uid != pod.UID && g.allocated[uid][node] != nil {
+			c.added[uid] = g.allocated[uid][node]
+		}
 	}
 	c.allocated = func(node string, results []resourceapi.AllocationResult) {
 		g.mu.Lock()
@@ -188,4 +143,29 @@ func (g *gangRelease) found(pod types.UID, node string) ([]resourceapi.Allocatio
 	defer g.mu.Unlock()
 	a, ok := g.allocated[pod][node]
 	return a, ok
+}
+
+// allocations are what Filter allocated for the group's pods, by pod and
+// node.
+func (g *gangRelease) allocations() map[types.UID]map[string][]resourceapi.AllocationResult {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return maps.Clone(g.allocated)
+}
+
+// reserve records the node a group's pod was reserved on, in a dry run.
+func (g *gangRelease) reserve(pod types.UID, node string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.active {
+		g.reserved[pod] = node
+	}
+}
+
+func (g *gangRelease) unreserve(pod types.UID) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.active {
+		delete(g.reserved, pod)
+	}
 }

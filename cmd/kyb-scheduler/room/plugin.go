@@ -50,6 +50,7 @@ var (
 	_ fwk.PreFilterPlugin          = &Preemption{}
 	_ fwk.PreFilterExtensions      = &Preemption{}
 	_ fwk.PostFilterPlugin         = &Preemption{}
+	_ fwk.ReservePlugin            = &Preemption{}
 	_ fwk.PodGroupPostFilterPlugin = &Preemption{}
 	_ fwk.SignPlugin               = &Preemption{}
 	_ preemption.Interface         = &Preemption{}
@@ -143,6 +144,19 @@ func (pl *Preemption) AddPod(_ context.Context, cs fwk.CycleState, _ *v1.Pod, po
 		c.with(pod, allocation).write(cs)
 	}
 	return nil
+}
+
+// Reserve notes, in a pod group preemption's dry run, the node a pod of
+// the group is reserved on: the devices Filter found for it there are
+// then its, for the group's next pods (gang.go).
+func (pl *Preemption) Reserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod, node string) *fwk.Status {
+	pl.gang.reserve(pod.UID, node)
+	return nil
+}
+
+// Unreserve forgets what Reserve noted.
+func (pl *Preemption) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod, _ string) {
+	pl.gang.unreserve(pod.UID)
 }
 
 // PostFilter is DefaultPreemption's, with this plugin's search; where it
@@ -279,7 +293,11 @@ func (pl *Preemption) fit(ctx context.Context, state fwk.CycleState, preemptor *
 func (pl *Preemption) victims(preemptor *v1.Pod, all []*preemption.DomainVictim) []*victim {
 	priority := corev1helpers.PodPriority(preemptor)
 	var out []*victim
-	for _, v := range pl.wholeGangs(all) {
+	candidates := make([]*victim, len(all))
+	for i, dv := range all {
+		candidates[i] = &victim{Victim: dv, nodes: dv.AffectedNodes()}
+	}
+	for _, v := range pl.wholeGangs(candidates) {
 		if v.Priority() >= priority {
 			continue
 		}

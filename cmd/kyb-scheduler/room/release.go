@@ -92,6 +92,11 @@ func (c *changes) apply() *structured.AllocatedState {
 			forEachDevice(results[i].Devices.Results,
 				func(id structured.DeviceID) { out.AllocatedDevices.Insert(id) },
 				func(id structured.SharedDeviceID, consumed structured.DeviceConsumedCapacity) {
+					// Share IDs are unique per allocation: one the state
+					// holds is counted already (an allocation in flight).
+					if out.AllocatedSharedDeviceIDs.Has(id) {
+						return
+					}
 					out.AllocatedSharedDeviceIDs.Insert(id)
 					if consumed.ConsumedCapacity == nil {
 						return
