@@ -146,6 +146,26 @@ func (pl *Preemption) AddPod(_ context.Context, cs fwk.CycleState, _ *v1.Pod, po
 	return nil
 }
 
+// EventsToRegister are DefaultPreemption's, and a claim's update or
+// deletion. With asynchronous preemption, a preemptor is gated (PreEnqueue)
+// while its victims are evicted, and a gated pod is tried again only on an
+// event its gating plugin registered; DefaultPreemption registers a pod's
+// deletion, but a pod with claims waits for its victims' claims to be
+// released, which comes after: a release seen while the last victim was
+// still being evicted would leave the preemptor gated with nothing to
+// wake it. The hints of the plugins that rejected the pod decide, as for
+// a pod's deletion.
+func (pl *Preemption) EventsToRegister(ctx context.Context) ([]fwk.ClusterEventWithHint, error) {
+	events, err := pl.DefaultPreemption.EventsToRegister(ctx)
+	if err != nil || len(events) == 0 {
+		return events, err
+	}
+	return append(events, fwk.ClusterEventWithHint{
+		Event:          fwk.ClusterEvent{Resource: fwk.ResourceClaim, ActionType: fwk.Update | fwk.Delete},
+		QueueingHintFn: func(klog.Logger, *v1.Pod, any, any) (fwk.QueueingHint, error) { return fwk.QueueSkip, nil },
+	}), nil
+}
+
 // Reserve notes, in a pod group preemption's dry run, the node a pod of
 // the group is reserved on: the devices Filter found for it there are
 // then its, for the group's next pods (gang.go).

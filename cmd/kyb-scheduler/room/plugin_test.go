@@ -7,6 +7,7 @@ import (
 
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	featuregatetesting "k8s.io/component-base/featuregate/testing"
+	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/features"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
@@ -236,4 +237,30 @@ func TestGangEvictedWhole(t *testing.T) {
 	if want := []string{"batch-0", "batch-1"}; out.nominated != "node-b" || !slices.Equal(out.victims, want) {
 		t.Errorf("nominated %q evicting %v (%v), want node-b evicting %v", out.nominated, out.victims, out.status, want)
 	}
+}
+
+// With asynchronous preemption the preemptor is gated while its victims
+// are evicted, and a gated pod is woken only by events its gating plugin
+// registered: the release of a victim's claim must be one, or a release
+// seen before the last eviction leaves the preemptor waiting for the
+// scheduler's periodic flush.
+func TestGatedPreemptorWakesOnClaimRelease(t *testing.T) {
+	f := newFixture(t, threeProfiles, "node-a")
+	f.start()
+	fts := f.fts
+	fts.EnableAsyncPreemption = true
+	pl, err := New(f.ctx, nil, f.fw, fts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := pl.EventsToRegister(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events {
+		if e.Event.Resource == fwk.ResourceClaim && e.Event.ActionType&fwk.Update != 0 {
+			return
+		}
+	}
+	t.Errorf("events %v: no ResourceClaim update", events)
 }
