@@ -50,6 +50,10 @@ type KybSchedOptions struct {
 	// BurstWait is how long the burst study waits for its pods, in
 	// seconds, before it counts those left pending.
 	BurstWait int
+	// PreemptNodes are the preemption study's nodes, all full;
+	// Preemptions its high-priority pods per round under kyb-scheduler;
+	// PreemptWait how long it waits for each to be bound, in seconds.
+	PreemptNodes, Preemptions, PreemptWait int
 }
 
 // Scheduler names the pods of each process use.

@@ -106,3 +106,38 @@ scheduler_schedule_attempts_total_other{result="scheduled"} 9
 		t.Error("a line without a value parsed")
 	}
 }
+
+// TestKybPreemptStudyAtSmallSize runs the preemption study on four full
+// nodes: kyb-scheduler binds each high-priority pod, evicting the fewest
+// possible; stock kube-scheduler binds none and evicts none; the table
+// renders.
+func TestKybPreemptStudyAtSmallSize(t *testing.T) {
+	c := harness.Start(t, KybSchedClusterOptions())
+	opts := KybSchedOptions{
+		Rounds: 1, Preset: "dgx-h100", KybScheduler: c.KybSchedulerBinary(), KubeScheduler: os.Getenv("KUBE_SCHEDULER"),
+		PreemptNodes: 4, Preemptions: 2, PreemptWait: 30,
+	}
+	st, err := RunKybPreempt(c.Ctx, c, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stock, kyb := st.Results[0], st.Results[1]
+	if len(stock.Bound) != 1 || stock.Bound[0] != 0 || stock.Victims[0] != 0 {
+		t.Errorf("stock kube-scheduler: bound after %v, %v victims; want one pod, not bound, none evicted", stock.Bound, stock.Victims)
+	}
+	if len(kyb.Bound) != 2 {
+		t.Fatalf("kyb-scheduler ran %d pods, want 2; left pending: %q", len(kyb.Bound), kyb.Pending)
+	}
+	for i := range kyb.Bound {
+		if kyb.Bound[i] == 0 || kyb.Victims[i] != kyb.Fewest[i] || kyb.Fewest[i] < 2 {
+			t.Errorf("kyb-scheduler's pod %d: bound after %v, %d victims, fewest possible %d; want bound, the fewest (2 to 4)",
+				i, kyb.Bound[i], kyb.Victims[i], kyb.Fewest[i])
+		}
+	}
+	var out bytes.Buffer
+	st.Table().Write(&out)
+	if !strings.Contains(out.String(), "| kyb-scheduler (built-in profile: score on, pack) | 2 |") {
+		t.Errorf("preemption table:\n%s", out.String())
+	}
+	t.Log(out.String())
+}

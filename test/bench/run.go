@@ -13,7 +13,7 @@ import (
 
 // Options choose the studies and their sizes.
 type Options struct {
-	// Studies to run: alloc, allocpatch, sched, kybsched, kybburst,
+	// Studies to run: alloc, allocpatch, sched, kybsched, kybburst, kybpreempt,
 	// prepare, footprint, shim-footprint; alloc-figures and decisions are
 	// allocpatch's child process's.
 	Studies []string
@@ -76,7 +76,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 			return err
 		}
 	}
-	needCluster := has("prepare") || has("burst") || has("sched") || has("footprint") || has("kybsched") || has("kybburst")
+	needCluster := has("prepare") || has("burst") || has("sched") || has("footprint") || has("kybsched") || has("kybburst") || has("kybpreempt")
 	if !needCluster {
 		return nil
 	}
@@ -101,7 +101,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 func runWithCluster(ctx context.Context, tb *harness.ProcessTB, opts Options, out io.Writer) error {
 	has := func(s string) bool { return slices.Contains(opts.Studies, s) }
 	copts := harness.Options{}
-	if has("kybsched") || has("kybburst") {
+	if has("kybsched") || has("kybburst") || has("kybpreempt") {
 		copts = KybSchedClusterOptions()
 	}
 	c := harness.Start(tb, copts)
@@ -130,6 +130,17 @@ func runWithCluster(ctx context.Context, tb *harness.ProcessTB, opts Options, ou
 		if err := runStudy(opts, out, study.name, study.run); err != nil {
 			return err
 		}
+	}
+	if has("kybpreempt") {
+		start := time.Now()
+		k := opts.KybSched
+		k.Rounds = opts.Rounds
+		st, err := RunKybPreempt(ctx, c, k)
+		if err != nil {
+			return fmt.Errorf("kyb-scheduler preemption study: %w", err)
+		}
+		st.Table().Write(out)
+		fmt.Fprintf(opts.Log, "kyb-scheduler preemption study: %v\n", time.Since(start).Round(time.Second))
 	}
 	return nil
 }

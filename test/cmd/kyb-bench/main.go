@@ -25,7 +25,7 @@ import (
 
 func main() {
 	var opts bench.Options
-	studies := flag.String("studies", "alloc,allocpatch,prepare,burst,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, allocpatch, prepare, burst, footprint, shim-footprint, sched, kybsched, kybburst (alloc-figures and decisions: allocpatch's child process)")
+	studies := flag.String("studies", "alloc,allocpatch,prepare,burst,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, allocpatch, prepare, burst, footprint, shim-footprint, sched, kybsched, kybburst, kybpreempt (alloc-figures and decisions: allocpatch's child process)")
 	flag.IntVar(&opts.Rounds, "rounds", 3, "rounds of each study; figures are medians over rounds")
 	flag.IntVar(&opts.Alloc.RejectNodes, "reject-nodes", 50, "allocator study: full nodes each reject measurement tries")
 	flag.IntVar(&opts.Alloc.FirstFitNodes, "firstfit-nodes", 500, "allocator study: nodes of the first-fit run")
@@ -56,6 +56,9 @@ func main() {
 	flag.StringVar(&opts.KybSched.KubeScheduler, "kube-scheduler", "", "kyb-scheduler studies: stock kube-scheduler of the test module's Kubernetes as a binary; empty: stock kube-scheduler in this process")
 	flag.IntVar(&opts.KybSched.BurstNodes, "kybburst-nodes", 10, "kyb-scheduler burst study: nodes, all but one full")
 	flag.IntVar(&opts.KybSched.BurstWait, "kybburst-wait", 60, "kyb-scheduler burst study: seconds to wait for the burst's pods before counting those left pending")
+	flag.IntVar(&opts.KybSched.PreemptNodes, "kybpreempt-nodes", 100, "kyb-scheduler preemption study: nodes, all full of low-priority seats")
+	flag.IntVar(&opts.KybSched.Preemptions, "kybpreempt-pods", 5, "kyb-scheduler preemption study: high-priority 4x pods per round under kyb-scheduler")
+	flag.IntVar(&opts.KybSched.PreemptWait, "kybpreempt-wait", 60, "kyb-scheduler preemption study: seconds to wait for each high-priority pod to be bound")
 	flag.StringVar(&opts.Footprint.Plugin, "plugin", "bin/kyb-dra-plugin", "footprint study: the plugin binary")
 	flag.IntVar(&opts.Footprint.Cycles, "cycles", 1000, "footprint study: prepare/unprepare cycles")
 	flag.StringVar(&opts.ShimFootprint.Shim, "shim", "bin/kyb-device-plugin", "shim footprint study: the shim binary")
