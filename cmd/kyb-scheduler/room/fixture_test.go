@@ -102,6 +102,8 @@ type fixture struct {
 	snapshot *internalcache.Snapshot
 	// stock runs kube-scheduler's DefaultPreemption instead.
 	stock bool
+	// mutating is set once forget changed the snapshot.
+	mutating bool
 }
 
 func newFixture(t *testing.T, config string, nodes ...string) *fixture {
@@ -642,5 +644,27 @@ func (f *fixture) sharing(claim, node, class, gpus string, pods ...*v1.Pod) {
 		p.Status.Phase = v1.PodRunning
 		withClaim(p, c.Name)
 		f.pods = append(f.pods, p)
+	}
+}
+
+// forget removes pods from the scheduler's snapshot, as the next cycle's
+// snapshot has them gone once deleted. The snapshot stays mutated for
+// the rest of the test.
+func (f *fixture) forget(pods ...string) {
+	f.t.Helper()
+	if !f.mutating {
+		if err := f.snapshot.StartMutations(); err != nil {
+			f.t.Fatal(err)
+		}
+		f.mutating = true
+	}
+	for _, name := range pods {
+		for _, p := range f.pods {
+			if p.Name == name {
+				if err := f.snapshot.RemovePod(klog.FromContext(f.ctx), p, p.Spec.NodeName); err != nil {
+					f.t.Fatal(err)
+				}
+			}
+		}
 	}
 }

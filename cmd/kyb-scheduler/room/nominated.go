@@ -49,6 +49,13 @@ func (k *keptDevices) get(pod types.UID, node string) ([]resourceapi.AllocationR
 	return d.allocation, true
 }
 
+// node is the node a pod's devices are kept on, "" for none.
+func (k *keptDevices) node(pod types.UID) string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.byPod[pod].node
+}
+
 // prune forgets the pods that are gone or bound: a bound pod's claims
 // are allocated, and count as such.
 func (k *keptDevices) prune(pods corelisters.PodLister) {

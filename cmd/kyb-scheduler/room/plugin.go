@@ -13,6 +13,7 @@ import (
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -144,6 +145,74 @@ func (pl *Preemption) AddPod(_ context.Context, cs fwk.CycleState, _ *v1.Pod, po
 		c.with(pod, allocation).write(cs)
 	}
 	return nil
+}
+
+// PodEligibleToPreemptOthers is DefaultPreemption's, which lets a pod
+// nominated to a node preempt again once no victim terminates there; a
+// victim's devices are free only once its claims are released, after the
+// pod is gone. Until then the pod waits too: else, tried again in that
+// gap, it would evict a second set of victims on another node. The node
+// it is nominated to is its status's, or, before that is written, the
+// one its last preemption chose.
+func (pl *Preemption) PodEligibleToPreemptOthers(ctx context.Context, pod *v1.Pod, nominatedNodeStatus *fwk.Status) (bool, string) {
+	if ok, msg := pl.DefaultPreemption.PodEligibleToPreemptOthers(ctx, pod, nominatedNodeStatus); !ok {
+		return ok, msg
+	}
+	node := pod.Status.NominatedNodeName
+	switch {
+	case node == "":
+		node = pl.kept.node(pod.UID)
+	case nominatedNodeStatus.Code() == fwk.UnschedulableAndUnresolvable:
+		// Filter says the node cannot take the pod whatever leaves it.
+		return true, ""
+	}
+	if node == "" {
+		return true, ""
+	}
+	if pl.releasing(node) {
+		return false, "not eligible due to claims of evicted pods on the nominated node not yet released."
+	}
+	return true, ""
+}
+
+// releasing reports whether an allocated claim on the node is reserved
+// only for pods that are gone or terminating: the resource-claim
+// controller is about to release it.
+func (pl *Preemption) releasing(node string) bool {
+	ni, err := pl.fh.SnapshotSharedLister().NodeInfos().Get(node)
+	if err != nil || ni.Node() == nil {
+		return false
+	}
+	claims, err := pl.dra.ResourceClaims().List()
+	if err != nil {
+		return false
+	}
+	for _, claim := range claims {
+		a := claim.Status.Allocation
+		if a == nil || a.NodeSelector == nil || len(claim.Status.ReservedFor) == 0 {
+			continue
+		}
+		sel, err := nodeaffinity.NewNodeSelector(a.NodeSelector)
+		if err != nil || !sel.Match(ni.Node()) {
+			continue
+		}
+		leaving := true
+		for _, r := range claim.Status.ReservedFor {
+			if r.APIGroup != "" || r.Resource != "pods" {
+				leaving = false
+				break
+			}
+			p, err := pl.pods.Pods(claim.Namespace).Get(r.Name)
+			if err == nil && p.UID == r.UID && p.DeletionTimestamp == nil {
+				leaving = false
+				break
+			}
+		}
+		if leaving {
+			return true
+		}
+	}
+	return false
 }
 
 // EventsToRegister are DefaultPreemption's, and a claim's update or

@@ -264,3 +264,38 @@ func TestGatedPreemptorWakesOnClaimRelease(t *testing.T) {
 	}
 	t.Errorf("events %v: no ResourceClaim update", events)
 }
+
+// Between its victims' going and the release of their claims, a pod
+// nominated to a node does not preempt again: tried in that gap, it would
+// find no room there yet, no victim terminating, and evict a second set
+// of pods on the other node.
+func TestNoSecondPreemptionWhileClaimsAreReleased(t *testing.T) {
+	f := newFixture(t, threeProfiles, "node-a", "node-b")
+	for _, node := range []string{"node-a", "node-b"} {
+		for _, gpu := range []string{"0", "1", "2", "4", "5"} {
+			f.running(node+"-gpu"+gpu, node, class1x, 1, gpu)
+		}
+	}
+	f.start()
+	train := f.pending("train", class4x, 1, priority(100))
+	first := f.preempt(train)
+	if len(first.victims) != 2 {
+		t.Fatalf("the first preemption evicted %v (%v), want two pods", first.victims, first.status)
+	}
+	lister := f.fw.SharedInformerFactory().Core().V1().Pods().Lister()
+	f.waitFor("the victims gone from the scheduler's cache", func() bool {
+		for _, v := range first.victims {
+			if _, err := lister.Pods("default").Get(v); err == nil {
+				return false
+			}
+		}
+		return true
+	})
+	// The scheduler's snapshot has them gone; their claims are still
+	// allocated: the resource-claim controller has not released them yet.
+	f.forget(first.victims...)
+	second := f.preempt(train)
+	if len(second.victims) != 0 || second.status.IsSuccess() {
+		t.Errorf("tried again before the victims' claims are released, the pod evicted %v (%v), want none", second.victims, second.status)
+	}
+}
