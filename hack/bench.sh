@@ -60,6 +60,10 @@ part kybsched bin/kyb-bench -rounds "$ROUNDS" -studies kybsched -kyb-scheduler b
   -log "$out/kybsched-control-plane.log"
 part kybburst bin/kyb-bench -rounds "$ROUNDS" -studies kybburst -kyb-scheduler bin/kyb-scheduler -kube-scheduler bin/kube-scheduler \
   -log "$out/kybburst-control-plane.log"
+# Preemption for a 4x seat on 100 nodes full of low-priority seats: time
+# to binding and victims against the fewest possible (stock preempts none).
+part kybpreempt bin/kyb-bench -rounds "$ROUNDS" -studies kybpreempt -kyb-scheduler bin/kyb-scheduler -kube-scheduler bin/kube-scheduler \
+  -log "$out/kybpreempt-control-plane.log"
 part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
 
 {
@@ -78,6 +82,8 @@ part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
   cat "$out/kybsched.md"
   echo
   cat "$out/kybburst.md"
+  echo
+  cat "$out/kybpreempt.md"
   echo
   echo "## Placement study"
   cat "$out/placement.md"

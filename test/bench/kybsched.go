@@ -144,6 +144,7 @@ func schedulerProcess(ctx context.Context, c *harness.Cluster, o harness.KybSche
 		attempts: func(ctx context.Context) (map[string]float64, error) { return settledAttempts(ctx, k) },
 		costs:    func(ctx context.Context) (cycleCosts, error) { return processCycleCosts(ctx, k.Metrics) },
 		cpu:      func(ctx context.Context) (float64, error) { return processCPUSeconds(ctx, k.Metrics) },
+		metrics:  k.Metrics,
 	}, k.Stop
 }
 

@@ -157,6 +157,9 @@ type schedTarget struct {
 	// (process_cpu_seconds_total); nil for the in-process scheduler, which
 	// shares its process with the API server.
 	cpu func(ctx context.Context) (float64, error)
+	// metrics, for a scheduler process, reads its metrics page; nil for
+	// the in-process scheduler.
+	metrics func(ctx context.Context) ([]byte, error)
 }
 
 // roundResult is what one round measured: pods/s, scheduling attempts,
