@@ -100,8 +100,10 @@ type fixture struct {
 	dra      *dynamicresources.DefaultDRAManager
 	fw       framework.Framework
 	snapshot *internalcache.Snapshot
-	// stock runs kube-scheduler's DefaultPreemption instead.
-	stock bool
+	// stock runs kube-scheduler's DefaultPreemption instead; with
+	// stockReleases, KybPreemption's RemovePod and AddPod release claims
+	// for it.
+	stock, stockReleases bool
 	// mutating is set once forget changed the snapshot.
 	mutating bool
 }
@@ -152,6 +154,11 @@ func newFixture(t *testing.T, config string, nodes ...string) *fixture {
 type podOpt func(*v1.Pod)
 
 func priority(p int32) podOpt { return func(pod *v1.Pod) { pod.Spec.Priority = &p } }
+
+// started sets the pod's start time.
+func started(t time.Time) podOpt {
+	return func(pod *v1.Pod) { pod.Status.StartTime = &metav1.Time{Time: t} }
+}
 
 func labels(kv ...string) podOpt {
 	return func(pod *v1.Pod) {
@@ -360,7 +367,9 @@ func (f *fixture) start() {
 	preFilter := []config.Plugin{{Name: dynamicresources.Name}, {Name: Name}}
 	if f.stock {
 		preemptionName = defaultpreemption.Name
-		preFilter = preFilter[:1]
+		if !f.stockReleases {
+			preFilter = preFilter[:1]
+		}
 	}
 	draArgs := &kubeschedulerconfigv1.DynamicResourcesArgs{}
 	configv1.SetDefaults_DynamicResourcesArgs(draArgs)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	featuregatetesting "k8s.io/component-base/featuregate/testing"
@@ -33,6 +34,35 @@ func TestFewestVictims(t *testing.T) {
 	}
 	if out.nominated != "node-a" || !slices.Equal(out.victims, []string{"a-gpu4", "a-gpu5"}) {
 		t.Errorf("nominated %q evicting %v, want node-a evicting [a-gpu4 a-gpu5]", out.nominated, out.victims)
+	}
+}
+
+// DefaultPreemption's search, even with the victims' claims released,
+// removes every candidate and puts them back the most important first
+// while the pod fits: with the pods of GPUs 4 and 5 the oldest (the most
+// important among equal priorities), it puts those back first and
+// evicts the three of GPUs 0-2. KybPreemption evicts two whatever the
+// order.
+func TestDefaultPreemptionsSearchDependsOnOrder(t *testing.T) {
+	now := time.Now()
+	for _, stock := range []bool{true, false} {
+		f := newFixture(t, threeProfiles, "node-a")
+		f.stock, f.stockReleases = stock, true
+		for _, gpu := range []string{"0", "1", "2"} {
+			f.running("gpu"+gpu, "node-a", class1x, 1, gpu, started(now.Add(-time.Minute)))
+		}
+		for _, gpu := range []string{"4", "5"} {
+			f.running("gpu"+gpu, "node-a", class1x, 1, gpu, started(now.Add(-time.Hour)))
+		}
+		f.start()
+		out := f.preempt(f.pending("train", class4x, 1, priority(100)))
+		want := []string{"gpu4", "gpu5"}
+		if stock {
+			want = []string{"gpu0", "gpu1", "gpu2"}
+		}
+		if !slices.Equal(out.victims, want) {
+			t.Errorf("stock %t: evicted %v (%v), want %v", stock, out.victims, out.status, want)
+		}
 	}
 }
 
