@@ -10,6 +10,8 @@ import (
 	policy "k8s.io/api/policy/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
@@ -45,6 +47,11 @@ type Preemption struct {
 	kept *keptDevices
 	// gang is the release of a pod group preemption's dry run (gang.go).
 	gang *gangRelease
+	// wakes are the preemptors to try again once their preemption ends.
+	wakes *wakes
+	// evict is the executor's eviction of a victim; a pod group's
+	// preemption evicts in its cycle, and wakes nothing.
+	evict func(context.Context, preemption.Candidate, preemption.ExecutorPreemptor, *v1.Pod, string) (bool, error)
 }
 
 var (
@@ -81,11 +88,22 @@ func New(ctx context.Context, obj runtime.Object, fh fwk.Handle, fts feature.Fea
 		DefaultPreemption: dp, fh: fh, dra: dra,
 		pods: fh.SharedInformerFactory().Core().V1().Pods().Lister(),
 		kept: newKeptDevices(),
-		gang: &gangRelease{},
+		gang:  &gangRelease{},
+		wakes: &wakes{waiting: sets.New[types.UID]()},
 	}
 	// The evaluator runs DefaultPreemption's preemption with this
 	// plugin's search and node order.
 	dp.Evaluator = preemption.NewEvaluator(Name, fh, pl, dp.Executor)
+	pl.evict = dp.Executor.PreemptPod
+	if fts.EnableAsyncPreemption {
+		dp.Executor.PreemptPod = func(ctx context.Context, c preemption.Candidate, preemptor preemption.ExecutorPreemptor, victim *v1.Pod, plugin string) (bool, error) {
+			inMemory, err := pl.evict(ctx, c, preemptor, victim, plugin)
+			if err == nil {
+				pl.wakes.after(ctx, pl, preemptor)
+			}
+			return inMemory, err
+		}
+	}
 	return pl, nil
 }
 

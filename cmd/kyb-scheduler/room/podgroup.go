@@ -118,7 +118,7 @@ func (pl *Preemption) PodGroupPostFilter(ctx context.Context, state fwk.PodGroup
 	preemptor := &groupPreemptor{pg: pg, pods: pods}
 	c := &groupCandidate{victims: &extenderv1.Victims{Pods: victimPods}}
 	for _, p := range victimPods {
-		if _, err := pl.Executor.PreemptPod(ctx, c, preemptor, p, Name); err != nil {
+		if _, err := pl.evict(ctx, c, preemptor, p, Name); err != nil {
 			return nil, fwk.AsStatus(fmt.Errorf("pod group preemption: %w", err))
 		}
 	}
