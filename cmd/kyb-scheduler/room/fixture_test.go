@@ -95,6 +95,7 @@ type fixture struct {
 	pdbs      []*policyv1.PodDisruptionBudget
 	podGroups []*schedulingv1beta1.PodGroup
 	nominator *nominator
+	activator *activator
 
 	// After start:
 	dra      *dynamicresources.DefaultDRAManager
@@ -117,7 +118,7 @@ func newFixture(t *testing.T, config string, nodes ...string) *fixture {
 	// Evictions in the cycle, so that a test reads them when PostFilter
 	// returns.
 	fts.EnableAsyncPreemption = false
-	f := &fixture{t: t, ctx: ctx, fts: fts, client: fake.NewClientset(), sim: schedulertest.New(schedulertest.SchedulerFeatures()), nominator: &nominator{}}
+	f := &fixture{t: t, ctx: ctx, fts: fts, client: fake.NewClientset(), sim: schedulertest.New(schedulertest.SchedulerFeatures()), nominator: &nominator{}, activator: &activator{}}
 	sim, err := simnode.Load("dgx-h100", "node")
 	if err != nil {
 		t.Fatal(err)
@@ -398,6 +399,7 @@ func (f *fixture) start() {
 		frameworkruntime.WithSnapshotSharedLister(f.snapshot),
 		frameworkruntime.WithMutableSnapshotLister(f.snapshot),
 		frameworkruntime.WithPodNominator(f.nominator),
+		frameworkruntime.WithPodActivator(f.activator),
 		frameworkruntime.WithLogger(klog.FromContext(ctx)),
 		frameworkruntime.WithWaitingPods(frameworkruntime.NewWaitingPodsMap()),
 		frameworkruntime.WithPodsInPreBind(frameworkruntime.NewPodsInPreBindMap()),
@@ -676,4 +678,24 @@ func (f *fixture) forget(pods ...string) {
 			}
 		}
 	}
+}
+
+// activator records the pods the framework activates.
+type activator struct {
+	mu   sync.Mutex
+	pods []string
+}
+
+func (a *activator) Activate(_ klog.Logger, pods map[string]*v1.Pod) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, p := range pods {
+		a.pods = append(a.pods, p.Name)
+	}
+}
+
+func (a *activator) activated() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.pods)
 }

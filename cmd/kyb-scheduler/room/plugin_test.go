@@ -329,3 +329,20 @@ func TestNoSecondPreemptionWhileClaimsAreReleased(t *testing.T) {
 		t.Errorf("tried again before the victims' claims are released, the pod evicted %v (%v), want none", second.victims, second.status)
 	}
 }
+
+// With asynchronous preemption, the preemptor is activated once its
+// preemption ends: a victim's claim may be seen released while the
+// preemptor is still gated, and nothing would wake it then.
+func TestPreemptorActivatedWhenItsPreemptionEnds(t *testing.T) {
+	f := newFixture(t, threeProfiles, "node-a")
+	f.fts.EnableAsyncPreemption = true
+	for _, gpu := range []string{"0", "1", "2", "4", "5"} {
+		f.running("gpu"+gpu, "node-a", class1x, 1, gpu)
+	}
+	f.start()
+	out := f.preempt(f.pending("train", class4x, 1, priority(100)))
+	if out.nominated != "node-a" {
+		t.Fatalf("nominated %q (%v), want node-a", out.nominated, out.status)
+	}
+	f.waitFor("the preemptor activated", func() bool { return slices.Contains(f.activator.activated(), "train") })
+}
