@@ -2,11 +2,13 @@ package room
 
 import (
 	"sync"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	fwk "k8s.io/kube-scheduler/framework"
 )
 
 // keptDevices are the devices preemptions found for the pods they
@@ -26,16 +28,64 @@ type keptDevices struct {
 type kept struct {
 	namespace, name, node string
 	allocation            []resourceapi.AllocationResult
+	// victims are those the preemption evicts, and since when.
+	victims []*v1.Pod
+	since   time.Time
 }
+
+// victimsGoWithin is how long a victim may stay without being deleted
+// before its preemption counts as failed (the eviction's API call did
+// not go through): the pod may then preempt again. A victim deleted, or
+// marked for deletion by the preemption, counts until it goes however
+// long its grace period.
+const victimsGoWithin = 10 * time.Second
 
 func newKeptDevices() *keptDevices {
 	return &keptDevices{byPod: map[types.UID]kept{}}
 }
 
-func (k *keptDevices) set(pod *v1.Pod, node string, allocation []resourceapi.AllocationResult) {
+func (k *keptDevices) set(pod *v1.Pod, node string, allocation []resourceapi.AllocationResult, victims []*v1.Pod) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.byPod[pod.UID] = kept{namespace: pod.Namespace, name: pod.Name, node: node, allocation: allocation}
+	k.byPod[pod.UID] = kept{namespace: pod.Namespace, name: pod.Name, node: node, allocation: allocation, victims: victims, since: time.Now()}
+}
+
+// leaving reports whether a victim of the pod's last preemption is still
+// there, or a claim of one still allocated to it.
+func (k *keptDevices) leaving(pod types.UID, pods corelisters.PodLister, dra fwk.SharedDRAManager) bool {
+	k.mu.Lock()
+	d, ok := k.byPod[pod]
+	k.mu.Unlock()
+	if !ok {
+		return false
+	}
+	for _, v := range d.victims {
+		if p, err := pods.Pods(v.Namespace).Get(v.Name); err == nil && p.UID == v.UID {
+			if p.DeletionTimestamp != nil || disruptedByPreemption(p) || time.Since(d.since) < victimsGoWithin {
+				return true
+			}
+			continue
+		}
+		for _, claim := range podClaims(dra, v) {
+			for _, r := range claim.Status.ReservedFor {
+				if r.UID == v.UID {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// disruptedByPreemption reports whether the scheduler marked the pod a
+// preemption's victim (the condition it sets before the deletion).
+func disruptedByPreemption(p *v1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.DisruptionTarget && c.Status == v1.ConditionTrue && c.Reason == v1.PodReasonPreemptionByScheduler {
+			return true
+		}
+	}
+	return false
 }
 
 // get returns the devices kept for a pod on a node.
@@ -47,13 +97,6 @@ func (k *keptDevices) get(pod types.UID, node string) ([]resourceapi.AllocationR
 		return nil, false
 	}
 	return d.allocation, true
-}
-
-// node is the node a pod's devices are kept on, "" for none.
-func (k *keptDevices) node(pod types.UID) string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.byPod[pod].node
 }
 
 // prune forgets the pods that are gone or bound: a bound pod's claims

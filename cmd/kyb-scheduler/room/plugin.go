@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	policy "k8s.io/api/policy/v1"
@@ -86,8 +87,8 @@ func New(ctx context.Context, obj runtime.Object, fh fwk.Handle, fts feature.Fea
 	}
 	pl := &Preemption{
 		DefaultPreemption: dp, fh: fh, dra: dra,
-		pods: fh.SharedInformerFactory().Core().V1().Pods().Lister(),
-		kept: newKeptDevices(),
+		pods:  fh.SharedInformerFactory().Core().V1().Pods().Lister(),
+		kept:  newKeptDevices(),
 		gang:  &gangRelease{},
 		wakes: &wakes{waiting: sets.New[types.UID]()},
 	}
@@ -125,6 +126,7 @@ func (pl *Preemption) SignPod(context.Context, *v1.Pod) ([]fwk.SignFragment, *fw
 // is skipped there too), and, within a pod group preemption's dry run,
 // releases the victims' claims for the group's pods (gang.go).
 func (pl *Preemption) PreFilter(ctx context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	cs.Write(scopeKey, &scope{dra: pl.dra})
 	pl.gang.apply(cs, pod, pl.dra)
 	return nil, nil
 }
@@ -169,22 +171,21 @@ func (pl *Preemption) AddPod(_ context.Context, cs fwk.CycleState, _ *v1.Pod, po
 // nominated to a node preempt again once no victim terminates there; a
 // victim's devices are free only once its claims are released, after the
 // pod is gone. Until then the pod waits too: else, tried again in that
-// gap, it would evict a second set of victims on another node. The node
-// it is nominated to is its status's, or, before that is written, the
-// one its last preemption chose.
+// gap, it would evict a second set of victims on another node. The
+// victims are those of the pod's last preemption (which the scheduler's
+// informer may not show terminating yet), or, after a restart, any pod
+// gone or terminating whose claim on the nominated node is not yet
+// released.
 func (pl *Preemption) PodEligibleToPreemptOthers(ctx context.Context, pod *v1.Pod, nominatedNodeStatus *fwk.Status) (bool, string) {
 	if ok, msg := pl.DefaultPreemption.PodEligibleToPreemptOthers(ctx, pod, nominatedNodeStatus); !ok {
 		return ok, msg
 	}
-	node := pod.Status.NominatedNodeName
-	switch {
-	case node == "":
-		node = pl.kept.node(pod.UID)
-	case nominatedNodeStatus.Code() == fwk.UnschedulableAndUnresolvable:
-		// Filter says the node cannot take the pod whatever leaves it.
-		return true, ""
+	if pl.kept.leaving(pod.UID, pl.pods, pl.dra) {
+		return false, "not eligible due to the victims of its last preemption not gone yet, or their claims not released."
 	}
-	if node == "" {
+	node := pod.Status.NominatedNodeName
+	if node == "" || nominatedNodeStatus.Code() == fwk.UnschedulableAndUnresolvable {
+		// Filter says the node cannot take the pod whatever leaves it.
 		return true, ""
 	}
 	if pl.releasing(node) {
@@ -271,24 +272,45 @@ func (pl *Preemption) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod
 // there are kept for it (AddPod).
 func (pl *Preemption) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, m fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	pl.kept.prune(pl.pods)
-	found := newAllocationRecord()
-	state.Write(foundKey, &foundData{found})
+	found := &foundData{byNode: map[string]foundOnNode{}}
+	state.Write(foundKey, found)
 	result, status := pl.DefaultPreemption.PostFilter(ctx, state, pod, m)
 	if status.IsSuccess() && result != nil && result.NominatingInfo != nil && result.NominatedNodeName != "" {
-		if allocation, ok := found.get(result.NominatedNodeName); ok {
-			pl.kept.set(pod, result.NominatedNodeName, allocation)
+		if f, ok := found.get(result.NominatedNodeName); ok {
+			pl.kept.set(pod, result.NominatedNodeName, f.allocation, f.victims)
 		}
 	}
 	return result, status
 }
 
-// foundKey holds the allocations the searches of a PostFilter found, by
-// node (SelectVictimsOnNode runs on clones of the cycle state).
+// foundKey holds what the searches of a PostFilter found, by node
+// (SelectVictimsOnNode runs on clones of the cycle state).
 const foundKey fwk.StateKey = Name + "/found"
 
-type foundData struct{ *allocationRecord }
+type foundData struct {
+	mu     sync.Mutex
+	byNode map[string]foundOnNode
+}
+
+type foundOnNode struct {
+	allocation []resourceapi.AllocationResult
+	victims    []*v1.Pod
+}
 
 func (d *foundData) Clone() fwk.StateData { return d }
+
+func (d *foundData) set(node string, f foundOnNode) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.byNode[node] = f
+}
+
+func (d *foundData) get(node string) (foundOnNode, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f, ok := d.byNode[node]
+	return f, ok
+}
 
 // SelectVictimsOnNode finds the fewest victims on a node (Search) for a
 // pod with claims to allocate, DefaultPreemption's otherwise. The victims
@@ -343,12 +365,12 @@ func (pl *Preemption) SelectVictimsOnNode(ctx context.Context, state fwk.CycleSt
 	if res == nil {
 		return nil, 0, filterStatus
 	}
-	if d, err := state.Read(foundKey); err == nil {
-		d.(*foundData).set(node, res.Allocation)
-	}
 	var pods []*v1.Pod
 	for _, i := range res.Victims {
 		pods = append(pods, units[i].Pods...)
+	}
+	if d, err := state.Read(foundKey); err == nil {
+		d.(*foundData).set(node, foundOnNode{allocation: res.Allocation, victims: pods})
 	}
 	logger.V(4).Info("Victims found on node", "pod", klog.KObj(preemptor), "node", node, "victims", klog.KObjSlice(pods), "allocatorRuns", res.Fits)
 	return pods, res.Violations, nil

@@ -21,8 +21,9 @@ import (
 // removed pods use, plus the devices kept for nominated pods. It is the
 // cycle's dynamicresources.AllocatedStateOverride. A value is never
 // changed once written to a cycle state (clones share it): RemovePod and
-// AddPod write a new one. The state is computed on first use, so that a
-// dry run that removes several pods builds it once.
+// AddPod write a new one. The state is computed on first use per node,
+// so that a dry run that removes several pods builds it once, from the
+// node's part of the gathered state (scope).
 type changes struct {
 	base *structured.AllocatedState
 	dra  fwk.SharedDRAManager
@@ -35,8 +36,11 @@ type changes struct {
 	record    *allocationRecord
 	allocated func(node string, results []resourceapi.AllocationResult)
 
-	once  sync.Once
-	state *structured.AllocatedState
+	// scope, the cycle's, has the state by node; nil: the whole state.
+	scope *scope
+
+	mu     sync.Mutex
+	byNode map[string]*structured.AllocatedState
 }
 
 var _ dynamicresources.AllocatedStateOverride = &changes{}
@@ -58,18 +62,32 @@ func (c *changes) Allocated(node string, results []resourceapi.AllocationResult)
 	}
 }
 
-// AllocatedState is the gathered state with the changes applied.
-func (c *changes) AllocatedState(context.Context) (*structured.AllocatedState, error) {
-	c.once.Do(func() { c.state = c.apply() })
-	return c.state, nil
+// AllocatedState is the gathered state with the changes applied, as the
+// node's allocator reads it.
+func (c *changes) AllocatedState(_ context.Context, node *v1.Node) (*structured.AllocatedState, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st, ok := c.byNode[node.Name]; ok {
+		return st, nil
+	}
+	base := c.base
+	if c.scope != nil {
+		base = c.scope.forNode(c.base, node.Name)
+	}
+	st := c.apply(base)
+	if c.byNode == nil {
+		c.byNode = map[string]*structured.AllocatedState{}
+	}
+	c.byNode[node.Name] = st
+	return st, nil
 }
 
-func (c *changes) apply() *structured.AllocatedState {
+func (c *changes) apply(base *structured.AllocatedState) *structured.AllocatedState {
 	out := &structured.AllocatedState{
-		AllocatedDevices:         c.base.AllocatedDevices.Clone(),
-		AllocatedSharedDeviceIDs: c.base.AllocatedSharedDeviceIDs.Clone(),
+		AllocatedDevices:         base.AllocatedDevices.Clone(),
+		AllocatedSharedDeviceIDs: base.AllocatedSharedDeviceIDs.Clone(),
 		// Entries are cloned where they change.
-		AggregatedCapacity: maps.Clone(c.base.AggregatedCapacity),
+		AggregatedCapacity: maps.Clone(base.AggregatedCapacity),
 	}
 	for _, claim := range releasedClaims(c.dra, c.removed) {
 		forEachDevice(claim.Status.Allocation.Devices.Results,
@@ -141,7 +159,7 @@ func (c *changes) recording(r *allocationRecord) *changes {
 
 func (c *changes) copy() *changes {
 	return &changes{
-		base: c.base, dra: c.dra, record: c.record, allocated: c.allocated,
+		base: c.base, dra: c.dra, record: c.record, allocated: c.allocated, scope: c.scope,
 		removed: maps.Clone(c.removed), added: maps.Clone(c.added),
 	}
 }
@@ -162,7 +180,7 @@ func newChanges(cs fwk.CycleState, dra fwk.SharedDRAManager) *changes {
 		return nil
 	}
 	return &changes{
-		base: gathered.State, dra: dra,
+		base: gathered.State, dra: dra, scope: readScope(cs),
 		removed: map[types.UID]*v1.Pod{}, added: map[types.UID][]resourceapi.AllocationResult{},
 	}
 }

@@ -43,7 +43,8 @@ type Fit func(ctx context.Context, released []int) (allocation []resourceapi.All
 // them released. Each unit of a candidate is then kept in turn, and the
 // allocator asked again without it, which finds the allocation that
 // avoids that unit's devices (a four-GPU group elsewhere); and so on,
-// depth first, within Budget allocator runs. Where the pod fits with a
+// depth first, within Budget allocator runs, an allocation met before
+// not expanded again. Where the pod fits with a
 // set S released, there is an allocation that takes nothing from the
 // units outside S; keeping only units outside S, the search reaches it.
 // Last, every unit of the best candidate is tried without (the most
@@ -147,6 +148,7 @@ func (s *Search) Run(ctx context.Context, fit Fit) (*Result, error) {
 	stack := []frame{{alloc: alloc}}
 	seenKept := sets.New(key(nil))
 	tried := sets.New(key(all))
+	expanded := sets.New[string]()
 	for len(stack) > 0 && runs < budget {
 		f := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
@@ -183,7 +185,13 @@ func (s *Search) Run(ctx context.Context, fit Fit) (*Result, error) {
 			}
 		}
 		// Keep each unit of the candidate in turn, the least important
-		// tried last, so first on the stack.
+		// tried last, so first on the stack. An allocation met before was
+		// expanded then: keeping its units again mostly finds the same.
+		ak := allocationKey(f.alloc)
+		if expanded.Has(ak) {
+			continue
+		}
+		expanded.Insert(ak)
 		byImportance := slices.Clone(candidate)
 		slices.SortStableFunc(byImportance, func(a, b int) int { return s.cost([]int{a}).compare(s.cost([]int{b})) })
 		for _, u := range byImportance {
@@ -235,4 +243,16 @@ func key(units []int) string {
 		fmt.Fprintf(&b, "%d,", i)
 	}
 	return b.String()
+}
+
+// allocationKey names the devices an allocation takes.
+func allocationKey(alloc []resourceapi.AllocationResult) string {
+	var ids []string
+	for i := range alloc {
+		for _, r := range alloc[i].Devices.Results {
+			ids = append(ids, r.Driver+"/"+r.Pool+"/"+r.Device)
+		}
+	}
+	slices.Sort(ids)
+	return strings.Join(ids, ",")
 }
