@@ -5,8 +5,10 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
 )
 
 // PodEligibleToPreemptOthers is DefaultPreemption's, which lets a pod
@@ -22,7 +24,7 @@ func (pl *Preemption) PodEligibleToPreemptOthers(ctx context.Context, pod *v1.Po
 	if ok, msg := pl.DefaultPreemption.PodEligibleToPreemptOthers(ctx, pod, nominatedNodeStatus); !ok {
 		return ok, msg
 	}
-	if pl.kept.leaving(pod.UID, pl.pods, pl.dra) {
+	if pl.kept.leaving(pod.UID, pl.pods, pl.dra, gatheredFrom(ctx)) {
 		return false, "not eligible due to the victims of its last preemption not gone yet, or their claims not released."
 	}
 	node := pod.Status.NominatedNodeName
@@ -94,4 +96,25 @@ func (pl *Preemption) EventsToRegister(ctx context.Context) ([]fwk.ClusterEventW
 		Event:          fwk.ClusterEvent{Resource: fwk.ResourceClaim, ActionType: fwk.Update | fwk.Delete},
 		QueueingHintFn: func(klog.Logger, *v1.Pod, any, any) (fwk.QueueingHint, error) { return fwk.QueueSkip, nil },
 	}), nil
+}
+
+// gatheredKey carries, in PostFilter's context, the allocated state its
+// cycle gathered: the preemption's eligibility is judged by what the
+// cycle saw.
+type gatheredKey struct{}
+
+func withGathered(ctx context.Context, cs fwk.CycleState) context.Context {
+	d, err := cs.Read(dynamicresources.AllocatedStateKey)
+	if err != nil {
+		return ctx
+	}
+	if g, ok := d.(*dynamicresources.AllocatedStateData); ok && g.State != nil {
+		return context.WithValue(ctx, gatheredKey{}, g.State)
+	}
+	return ctx
+}
+
+func gatheredFrom(ctx context.Context) *structured.AllocatedState {
+	st, _ := ctx.Value(gatheredKey{}).(*structured.AllocatedState)
+	return st
 }

@@ -103,6 +103,9 @@ type fixture struct {
 	stock, stockReleases bool
 	// mutating is set once forget changed the snapshot.
 	mutating bool
+	// beforePostFilter, if set, runs between a cycle's Filter and its
+	// PostFilter.
+	beforePostFilter func()
 }
 
 func newFixture(t *testing.T, config string, nodes ...string) *fixture {
@@ -358,6 +361,9 @@ func (f *fixture) schedule(pod *v1.Pod) (fits []string, out outcome, state fwk.C
 	slices.Sort(fits)
 	if len(fits) > 0 {
 		return fits, outcome{}, state
+	}
+	if f.beforePostFilter != nil {
+		f.beforePostFilter()
 	}
 	before := f.podNames()
 	result, st := f.fw.RunPostFilterPlugins(f.ctx, state, pod, m)

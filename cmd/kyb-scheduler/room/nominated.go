@@ -8,6 +8,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/dynamic-resource-allocation/structured"
 	fwk "k8s.io/kube-scheduler/framework"
 )
 
@@ -28,9 +29,47 @@ type keptDevices struct {
 type kept struct {
 	namespace, name, node string
 	allocation            []resourceapi.AllocationResult
-	// victims are those the preemption evicts, and since when.
+	// victims are those the preemption evicts, and since when; held,
+	// what their claims held then.
 	victims []*v1.Pod
+	held    held
 	since   time.Time
+}
+
+// held are devices and shares claims hold.
+type held struct {
+	devices []structured.DeviceID
+	shares  []structured.SharedDeviceID
+}
+
+// heldBy is what the pods' allocated claims hold.
+func heldBy(dra fwk.SharedDRAManager, pods []*v1.Pod) held {
+	var h held
+	for _, p := range pods {
+		for _, claim := range podClaims(dra, p) {
+			forEachDevice(claim.Status.Allocation.Devices.Results,
+				func(id structured.DeviceID) { h.devices = append(h.devices, id) },
+				func(id structured.SharedDeviceID, _ structured.DeviceConsumedCapacity) {
+					h.shares = append(h.shares, id)
+				})
+		}
+	}
+	return h
+}
+
+// in reports whether the state still holds any of it.
+func (h held) in(state *structured.AllocatedState) bool {
+	for _, id := range h.devices {
+		if state.AllocatedDevices.Has(id) {
+			return true
+		}
+	}
+	for _, id := range h.shares {
+		if state.AllocatedSharedDeviceIDs.Has(id) {
+			return true
+		}
+	}
+	return false
 }
 
 // victimsGoWithin is how long a victim may stay without being deleted
@@ -44,15 +83,18 @@ func newKeptDevices() *keptDevices {
 	return &keptDevices{byPod: map[types.UID]kept{}}
 }
 
-func (k *keptDevices) set(pod *v1.Pod, node string, allocation []resourceapi.AllocationResult, victims []*v1.Pod) {
+func (k *keptDevices) set(pod *v1.Pod, node string, allocation []resourceapi.AllocationResult, victims []*v1.Pod, h held) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.byPod[pod.UID] = kept{namespace: pod.Namespace, name: pod.Name, node: node, allocation: allocation, victims: victims, since: time.Now()}
+	k.byPod[pod.UID] = kept{namespace: pod.Namespace, name: pod.Name, node: node, allocation: allocation, victims: victims, held: h, since: time.Now()}
 }
 
 // leaving reports whether a victim of the pod's last preemption is still
-// there, or a claim of one still allocated to it.
-func (k *keptDevices) leaving(pod types.UID, pods corelisters.PodLister, dra fwk.SharedDRAManager) bool {
+// there, or what its claims held is still allocated: in gathered, the
+// allocated state the pod's cycle judged it by, where given (the claims
+// may have been released since, and the next cycle will see the room),
+// else now.
+func (k *keptDevices) leaving(pod types.UID, pods corelisters.PodLister, dra fwk.SharedDRAManager, gathered *structured.AllocatedState) bool {
 	k.mu.Lock()
 	d, ok := k.byPod[pod]
 	k.mu.Unlock()
@@ -66,6 +108,9 @@ func (k *keptDevices) leaving(pod types.UID, pods corelisters.PodLister, dra fwk
 			}
 			continue
 		}
+		if gathered != nil {
+			continue
+		}
 		for _, claim := range podClaims(dra, v) {
 			for _, r := range claim.Status.ReservedFor {
 				if r.UID == v.UID {
@@ -74,7 +119,7 @@ func (k *keptDevices) leaving(pod types.UID, pods corelisters.PodLister, dra fwk
 			}
 		}
 	}
-	return false
+	return gathered != nil && d.held.in(gathered)
 }
 
 // disruptedByPreemption reports whether the scheduler marked the pod a

@@ -183,10 +183,10 @@ func (pl *Preemption) PostFilter(ctx context.Context, state fwk.CycleState, pod 
 	pl.kept.prune(pl.pods)
 	found := &foundData{byNode: map[string]foundOnNode{}}
 	state.Write(foundKey, found)
-	result, status := pl.DefaultPreemption.PostFilter(ctx, state, pod, m)
+	result, status := pl.DefaultPreemption.PostFilter(withGathered(ctx, state), state, pod, m)
 	if status.IsSuccess() && result != nil && result.NominatingInfo != nil && result.NominatedNodeName != "" {
 		if f, ok := found.get(result.NominatedNodeName); ok {
-			pl.kept.set(pod, result.NominatedNodeName, f.allocation, f.victims)
+			pl.kept.set(pod, result.NominatedNodeName, f.allocation, f.victims, heldBy(pl.dra, f.victims))
 		}
 	}
 	return result, status

@@ -328,6 +328,17 @@ func TestNoSecondPreemptionWhileClaimsAreReleased(t *testing.T) {
 	if len(second.victims) != 0 || second.status.IsSuccess() {
 		t.Errorf("tried again before the victims' claims are released, the pod evicted %v (%v), want none", second.victims, second.status)
 	}
+	// Released between the cycle's PreFilter, which saw them held, and
+	// its PostFilter: the next cycle finds the room.
+	f.beforePostFilter = func() { f.release(first.victims...) }
+	third := f.preempt(train)
+	if len(third.victims) != 0 || third.status.IsSuccess() {
+		t.Errorf("with the claims released during the cycle, the pod evicted %v (%v), want none", third.victims, third.status)
+	}
+	f.beforePostFilter = nil
+	if fits, _, _ := f.schedule(train); !slices.Equal(fits, []string{first.nominated}) {
+		t.Errorf("once its victims' claims are released the pod fits %v, want %s", fits, first.nominated)
+	}
 }
 
 // With asynchronous preemption, the preemptor is activated once its

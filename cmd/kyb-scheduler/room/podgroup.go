@@ -126,7 +126,7 @@ func (pl *Preemption) PodGroupPostFilter(ctx context.Context, state fwk.PodGroup
 	for _, a := range best.assignments {
 		nominated[types.NamespacedName{Namespace: a.pod.Namespace, Name: a.pod.Name}] = &fwk.NominatingInfo{NominatingMode: fwk.ModeOverride, NominatedNodeName: a.node}
 		if allocation, ok := best.allocated[a.pod.UID][a.node]; ok {
-			pl.kept.set(a.pod, a.node, allocation, nil)
+			pl.kept.set(a.pod, a.node, allocation, nil, held{})
 		}
 	}
 	logger.V(2).Info("Pod group preemption", "podGroup", klog.KObj(pg), "victims", klog.KObjSlice(victimPods), "groupRuns", run.runs)
