@@ -138,13 +138,6 @@ func (g *gangRelease) apply(cs fwk.CycleState, pod *v1.Pod, dra fwk.SharedDRAMan
 	c.write(cs)
 }
 
-func (g *gangRelease) found(pod types.UID, node string) ([]resourceapi.AllocationResult, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	a, ok := g.allocated[pod][node]
-	return a, ok
-}
-
 // allocations are what Filter allocated for the group's pods, by pod and
 // node.
 func (g *gangRelease) allocations() map[types.UID]map[string][]resourceapi.AllocationResult {
