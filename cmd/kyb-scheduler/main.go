@@ -1,6 +1,6 @@
 // Command kyb-scheduler is kube-scheduler with the driver's placement
-// score for GPU seats, gang scheduling on, and the allocator patches
-// (package app; docs/kyb-scheduler.md).
+// score for GPU seats, preemption that frees devices, gang scheduling
+// on, and the allocator patches (package app; docs/kyb-scheduler.md).
 package main
 
 import (

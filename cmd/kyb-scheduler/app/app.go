@@ -1,8 +1,9 @@
 // Package app is kyb-scheduler: kube-scheduler's own command
 // (k8s.io/kubernetes/cmd/kube-scheduler/app), built against the patched
 // allocator and scheduler (hack/kyb-scheduler-patch.sh), with the
-// KybPlacement score registered, gang scheduling on, and defaults that
-// make `schedulerName: kyb-scheduler` work without a configuration file.
+// KybPlacement score and KybPreemption (preemption that frees devices)
+// registered, gang scheduling on, and defaults that make
+// `schedulerName: kyb-scheduler` work without a configuration file.
 // Every kube-scheduler flag works as it does there.
 //
 // Why a scheduler build and not an extender: the score must see the
