@@ -150,3 +150,45 @@ func TestAPrepareReadsAsManyClaimsWhateverTheNodeHolds(t *testing.T) {
 		t.Errorf("a prepare read %d claims, want at most 2", n)
 	}
 }
+
+// The reservations of the standalone claims a node holds are read without
+// reading the rest of their namespace: a namespace holds the claims of
+// every node of the cluster, thousands in a large one, and any tenant
+// with the right to create claims there adds to them. Where the kubelet
+// cannot say who holds a claim, a prepare beside two standalone claims
+// the node holds reads those, not every claim of the namespace.
+func TestAPrepareDoesNotReadTheWholeNamespace(t *testing.T) {
+	var api *prepareClient
+	e := newEnv(t, "nvlink-2x4", seed, withPrepareClient(&api, 1000, 1000))
+	for i := range 2 {
+		e.prepareOK(e.reserveFor(e.standaloneClaim(class1x), fmt.Sprintf("pod-s%d", i)))
+	}
+	// Claims of other nodes' pods in the same namespace.
+	const others = 500
+	for i := range others {
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("other-node-claim-%d", i)}}
+		if _, err := e.client.ResourceV1().ResourceClaims("default").Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	read := 0 // claims the prepare client's answers held
+	api.PrependReactor("*", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		obj, err := e.client.Invokes(action, nil)
+		mu.Lock()
+		defer mu.Unlock()
+		switch o := obj.(type) {
+		case *resourceapi.ResourceClaimList:
+			read += len(o.Items)
+		case *resourceapi.ResourceClaim:
+			read++
+		}
+		return true, obj, err
+	})
+	e.prepareOK(e.reserveFor(e.claim(class1x), "pod-new"))
+	mu.Lock()
+	defer mu.Unlock()
+	if read > 10 {
+		t.Errorf("a prepare beside 2 standalone claims of the node read %d claims of a namespace of %d; want the few it needs, not the namespace", read, others+3)
+	}
+}
