@@ -180,3 +180,34 @@ func TestMIGInstanceMemoryFaultTaintsOverlappingPlacementsOverSockets(t *testing
 		t.Errorf("the allocator gave the next 2g claim %s, whose memory slice 4 had the ECC error", got)
 	}
 }
+
+// A GPU may serve MIG profiles and whole-GPU groups at once: once its
+// instances are released, a group of it is allocated and the GPU is
+// handed out whole, every memory slice of it. A memory fault of one of its
+// instances is in memory that group holds too, so the group is tainted
+// like every placement that shares the faulty slice, and the allocator
+// does not give the next one-GPU claim that GPU while the fault stands.
+func TestMIGInstanceMemoryFaultTaintsTheGPUsWholeGroupsOverSockets(t *testing.T) {
+	fc := testingclock.NewFakeClock(time.Now())
+	var mon *health.Monitor
+	e := newEnv(t, "dgx-h100", migConfig, withMIG(&crashPoint{}), withMonitor(fc, &mon))
+	claim := e.migClaimOn(classMIG1g, "g0-mig-1g-10gb-4")
+	e.prepareOK(claim)
+	id := e.gpu0InstanceID(4)
+	if err := e.sim.Inject(simnode.Event{GPU: 0, Type: nvml.EventTypeDoubleBitEccError, Instance: &simnode.EventInstance{GPUInstance: id, ComputeInstance: 0}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the taints of the placements that share memory slice 4", func() bool { return len(taints(t, e)) >= 2 })
+	if r := e.unprepare(claim)[string(claim.UID)]; r == nil || r.Error != "" {
+		t.Fatalf("unprepare: %+v", r)
+	}
+	cluster := e.published()
+	next := schedulertest.Claim("next-1x", class1x, 1, schedulertest.WithSelector(`device.attributes["gpu.kyb.ai"].gpuIndices == "0"`))
+	alloc, err := cluster.Allocate(e.ctx, next, nodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alloc != nil {
+		t.Errorf("the allocator gave a one-GPU claim GPU 0 whole (%s) while the ECC error of its memory slice 4 stands; taints %v", alloc.Devices.Results[0].Device, taints(t, e))
+	}
+}
