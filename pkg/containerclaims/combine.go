@@ -236,6 +236,24 @@ func CombinedInSpec(c *checkpoint.Claim, env map[string]map[string]string) (int,
 	return n, n > 0 && (unasked || n > most || len(perRequest) > 1 && !RequestsApart(c))
 }
 
+// NamesEveryGPU reports whether a claim's spec on disk (env, by CDI
+// device) names every GPU of a node of nodeGPUs by index in each of its
+// devices, as a claim combined over every GPU's does: no other claim a
+// container holds beside it can widen it.
+func NamesEveryGPU(env map[string]map[string]string, nodeGPUs int) bool {
+	every := make([]string, nodeGPUs)
+	for i := range every {
+		every[i] = strconv.Itoa(i)
+	}
+	want := strings.Join(every, ",")
+	for _, e := range env {
+		if e["CUDA_VISIBLE_DEVICES"] != want {
+			return false
+		}
+	}
+	return len(env) > 0 && nodeGPUs > 0
+}
+
 // Combined reports whether c's spec names GPUs as a combined claim's
 // does. The ledger marks a claim combined where a container holds it
 // beside another, or holds several of its requests (Combine). An entry it

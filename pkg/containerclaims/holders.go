@@ -43,7 +43,16 @@ type Held interface {
 	// PreparedUIDs are the UIDs of the recorded claims.
 	PreparedUIDs() []types.UID
 	// StandaloneClaims are the standalone claims the node holds.
-	StandaloneClaims(ctx context.Context) ([]types.NamespacedName, error)
+	StandaloneClaims(ctx context.Context) ([]HeldClaim, error)
+}
+
+// HeldClaim is a standalone claim the node holds.
+type HeldClaim struct {
+	types.NamespacedName
+	// EveryGPU says its spec on the node names every GPU of the node by
+	// index (NamesEveryGPU), the widest a spec gets: found beside a claim
+	// of a call, it needs nothing more.
+	EveryGPU bool
 }
 
 // Finder finds the containers that hold a prepare call's claims: it asks
@@ -92,7 +101,7 @@ func (f *Finder) Holders(ctx context.Context, claims []*resourceapi.ResourceClai
 		}
 	}
 	if len(unknown) > 0 {
-		h.Beside, h.BesideHeld = f.besideStandalone(ctx, unknown)
+		h.Beside, h.BesideHeld = f.besideStandalone(ctx, unknown, len(claims) >= 2)
 	}
 	return h
 }
@@ -222,16 +231,30 @@ func (f *fallbackLog) note(ctx context.Context, claim *resourceapi.ResourceClaim
 // (standaloneReservations). A claim that cannot be read counts as
 // referenced, so the specs err on the side that is right for every
 // container.
-func (f *Finder) besideStandalone(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]bool, []types.NamespacedName) {
+//
+// It reads only what can change a spec: a claim of the call that is
+// combined over every GPU whatever its pod references (its call holds
+// several claims, or it is standalone) needs no answer, and neither does
+// a held claim whose spec names every GPU already. So a run of standalone
+// claims prepared one after another, each combined so at its own prepare,
+// reads none of them, however many the node holds. Whether a spec names
+// every GPU is read from the spec on disk (HeldClaim.EveryGPU): it is what
+// containers get, and a rewrite that failed may have left it behind what
+// the ledger recorded.
+func (f *Finder) besideStandalone(ctx context.Context, claims []*resourceapi.ResourceClaim, several bool) (map[types.UID]bool, []types.NamespacedName) {
 	held, err := f.held.StandaloneClaims(ctx)
 	if err != nil || len(held) == 0 {
 		// The reservation reports a checkpoint that cannot be read.
 		return nil, nil
 	}
+	// Combined over every GPU whatever its pod references (Combine).
+	wide := func(c *resourceapi.ResourceClaim) bool { return several || Standalone(c) }
 	// A pod references claims of its own namespace only.
 	candidates := map[string][]string{}
 	for _, h := range held {
-		if slices.ContainsFunc(claims, func(c *resourceapi.ResourceClaim) bool { return c.Namespace == h.Namespace && c.Name != h.Name }) {
+		if slices.ContainsFunc(claims, func(c *resourceapi.ResourceClaim) bool {
+			return c.Namespace == h.Namespace && c.Name != h.Name && (!h.EveryGPU || !wide(c))
+		}) {
 			candidates[h.Namespace] = append(candidates[h.Namespace], h.Name)
 		}
 	}

@@ -2,6 +2,7 @@ package draplugin_test
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draplugin"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/podresources/podresourcestest"
@@ -347,5 +349,42 @@ func TestSpecsWhereTheKubeletCannotSay(t *testing.T) {
 	env, _ = e.container(e.prepareOK(early)...)
 	if got, want := env["CUDA_VISIBLE_DEVICES"], "0,1,2,3,4,5,6,7"; got != want {
 		t.Errorf("a pod the kubelet lists without the claim: CUDA_VISIBLE_DEVICES=%s, want %s", got, want)
+	}
+}
+
+// Where the kubelet cannot say, a standalone claim the node holds is left
+// unread only where its spec on the node names every GPU already, not
+// where its record says so: the plugin may have stopped after recording
+// it combined and before writing its spec again. A pod that references it
+// beside a standalone claim of its own then gets it written again.
+func TestAHeldClaimWhoseSpecLagsItsRecordIsWrittenAgain(t *testing.T) {
+	var kubelet *podresourcestest.Server
+	e := newEnv(t, "nvlink-2x4", seed, withPodResources(t, &kubelet))
+	held := e.reserveFor(e.standaloneClaim(class1x), "pod-a")
+	kubelet.SetPod(held.Namespace, "pod-a", ctr("app", held))
+	heldIDs := e.prepareOK(held)
+	spec := filepath.Join(e.dirs.cdi, cdi.SpecName(held.UID)+".json")
+	narrow, err := os.ReadFile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// pod-b, which the kubelet does not know yet, references it beside a
+	// standalone claim of its own: it is combined over every GPU.
+	e.reserveFor(held, "pod-b")
+	e.prepareOK(e.reserveFor(e.standaloneClaim(class1x), "pod-b"))
+	every := "0,1,2,3,4,5,6,7"
+	if env, _ := e.container(heldIDs...); env["CUDA_VISIBLE_DEVICES"] != every {
+		t.Fatalf("the held claim beside pod-b's: CUDA_VISIBLE_DEVICES=%s, want %s", env["CUDA_VISIBLE_DEVICES"], every)
+	}
+	// Its spec as it was before, its record combined.
+	e.stop()
+	if err := os.WriteFile(spec, narrow, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	e.reserveFor(held, "pod-c")
+	e.prepareOK(e.reserveFor(e.standaloneClaim(class1x), "pod-c"))
+	if env, _ := e.container(heldIDs...); env["CUDA_VISIBLE_DEVICES"] != every {
+		t.Errorf("the held claim beside pod-c's, its spec behind its record: CUDA_VISIBLE_DEVICES=%s, want %s", env["CUDA_VISIBLE_DEVICES"], every)
 	}
 }

@@ -106,22 +106,36 @@ func (l *Ledger) ReserveFor(ctx context.Context, claims []*resourceapi.ResourceC
 	return r
 }
 
-// StandaloneClaims lists the standalone claims the node holds.
-func (l *Ledger) StandaloneClaims(ctx context.Context) ([]types.NamespacedName, error) {
+// StandaloneClaims lists the standalone claims the node holds, and
+// whether the spec of each names every GPU of the node already (read from
+// disk, outside the ledger's lock, for those recorded so: the spec is what
+// containers get, and a rewrite that failed may have left it narrower).
+func (l *Ledger) StandaloneClaims(ctx context.Context) ([]containerclaims.HeldClaim, error) {
 	unlock, err := l.rec.lock()
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
 	st, err := l.rec.state(ctx)
 	if err != nil {
+		unlock()
 		return nil, err
 	}
-	var out []types.NamespacedName
-	for _, c := range st.Claims {
-		if c.Standalone {
-			out = append(out, types.NamespacedName{Namespace: c.Namespace, Name: c.Name})
+	gpus := len(l.opts.Inventory.GPUs)
+	var out []containerclaims.HeldClaim
+	recorded := map[int]types.UID{} // of out, those recorded as naming every GPU
+	for uid, c := range st.Claims {
+		if !c.Standalone {
+			continue
 		}
+		if c.Combined && c.IndexedGPUs(gpus) == gpus {
+			recorded[len(out)] = uid
+		}
+		out = append(out, containerclaims.HeldClaim{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}})
+	}
+	unlock()
+	for i, uid := range recorded {
+		env, ok, err := l.opts.Specs.ReadEnv(uid)
+		out[i].EveryGPU = ok && err == nil && containerclaims.NamesEveryGPU(env, gpus)
 	}
 	return out, nil
 }
