@@ -297,33 +297,65 @@ func (f *Finder) besideStandalone(ctx context.Context, claims []*resourceapi.Res
 // claims of namespace ns now (a pod that references one beside a claim of
 // its own was added to its reservations after its prepare, which the
 // kubelet does not repeat), by name; a claim that is gone is left out.
-// One read, whatever their number: a GET for one claim, else one LIST of
-// the namespace. A GET each made every prepare's reads, through the
-// plugin's rate-limited client, grow with the standalone claims the node
-// holds, and a run of prepares quadratic. Both are consistent reads, as
-// the reservation of the pod being prepared needs.
+//
+// What it reads does not grow with the namespace, which holds every
+// node's claims and grows with whatever its tenants create: a GET for one
+// claim; for several, one LIST page of at most listPage claims, in name
+// order as the API server lists them, and a GET for each named claim that
+// sorts past a page the namespace did not fit in. In a namespace of up to
+// listPage claims that is one request whatever the node holds (a GET for
+// each claim made every prepare's requests, through the plugin's
+// rate-limited client, grow with the standalone claims the node holds, and
+// a run of prepares quadratic); past it, at most one more per named claim.
+// All are consistent reads, as the reservation of the pod being prepared
+// needs.
 func (f *Finder) standaloneReservations(ctx context.Context, ns string, names []string) (map[string][]types.UID, error) {
 	api := f.claims.ResourceClaims(ns)
 	out := make(map[string][]types.UID, len(names))
-	if len(names) == 1 {
-		c, err := api.Get(ctx, names[0], metav1.GetOptions{})
+	get := func(name string) error {
+		c, err := api.Get(ctx, name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
-			return out, nil
+			return nil
 		case err != nil:
-			return nil, err
+			return err
 		}
 		out[c.Name] = ReservingPods(c)
+		return nil
+	}
+	if len(names) == 1 {
+		if err := get(names[0]); err != nil {
+			return nil, err
+		}
 		return out, nil
 	}
-	list, err := api.List(ctx, metav1.ListOptions{})
+	page, err := api.List(ctx, metav1.ListOptions{Limit: listPage})
 	if err != nil {
 		return nil, fmt.Errorf("list the claims of namespace %s: %w", ns, err)
 	}
-	for i := range list.Items {
-		if c := &list.Items[i]; slices.Contains(names, c.Name) {
+	last := ""
+	for i := range page.Items {
+		c := &page.Items[i]
+		last = max(last, c.Name)
+		if slices.Contains(names, c.Name) {
 			out[c.Name] = ReservingPods(c)
+		}
+	}
+	if page.Continue == "" {
+		return out, nil
+	}
+	// A name the page did not reach may still be there.
+	for _, name := range names {
+		if _, seen := out[name]; !seen && name > last {
+			if err := get(name); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return out, nil
 }
+
+// listPage bounds the claims one LIST answers (ListOptions.Limit): a
+// namespace of this many claims is read in one request, and no prepare
+// reads more of one, however large it grows.
+const listPage = 100

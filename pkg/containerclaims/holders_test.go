@@ -2,7 +2,9 @@ package containerclaims
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -20,17 +22,42 @@ func (h heldClaims) PreparedUIDs() []types.UID { return []types.UID{"held"} }
 
 func (h heldClaims) StandaloneClaims(context.Context) ([]HeldClaim, error) { return h, nil }
 
-// claimsAPI is an API server of ResourceClaims that records the requests
-// it answers.
-func claimsAPI(t *testing.T, objs ...runtime.Object) (*fake.Clientset, *[]string) {
+// claimsAPI is an API server of ResourceClaims that pages a LIST with a
+// limit as the real one does (name order, a continue token), which the
+// fake one does not, and records the requests it answers ("verb name")
+// and the claims their answers held.
+func claimsAPI(t *testing.T, objs ...runtime.Object) (client *fake.Clientset, requests *[]string, read *int) {
 	t.Helper()
-	client := fake.NewClientset(objs...)
-	var requests []string
+	client = fake.NewClientset(objs...)
+	requests, read = new([]string), new(int)
+	gvr := resourceapi.SchemeGroupVersion.WithResource("resourceclaims")
 	client.PrependReactor("*", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		requests = append(requests, action.GetVerb())
+		switch a := action.(type) {
+		case k8stesting.GetActionImpl:
+			*requests = append(*requests, "get "+a.Name)
+			obj, err := client.Tracker().Get(gvr, a.Namespace, a.Name)
+			if err == nil {
+				*read++
+			}
+			return true, obj, err
+		case k8stesting.ListActionImpl:
+			*requests = append(*requests, "list")
+			obj, err := client.Tracker().List(gvr, resourceapi.SchemeGroupVersion.WithKind("ResourceClaim"), a.Namespace)
+			if err != nil {
+				return true, nil, err
+			}
+			list := obj.(*resourceapi.ResourceClaimList)
+			slices.SortFunc(list.Items, func(a, b resourceapi.ResourceClaim) int { return strings.Compare(a.Name, b.Name) })
+			if limit := int(a.ListOptions.Limit); limit > 0 && len(list.Items) > limit {
+				list.Items = list.Items[:limit]
+				list.Continue = list.Items[limit-1].Name
+			}
+			*read += len(list.Items)
+			return true, list, nil
+		}
 		return false, nil, nil
 	})
-	return client, &requests
+	return client, requests, read
 }
 
 // claimReserved is a claim of namespace ns reserved for pods.
@@ -71,7 +98,7 @@ func TestHeldStandaloneClaimsAreReadOnlyWhereTheyCanChangeASpec(t *testing.T) {
 		{"a pod's own claim beside wide ones", wide, []*resourceapi.ResourceClaim{podsClaim("new", "pod")}, true, []types.NamespacedName{name("s2")}},
 		{"a standalone claim beside a narrow one", narrow, []*resourceapi.ResourceClaim{claimReserved("new", "pod")}, true, []types.NamespacedName{name("s2")}},
 	} {
-		client, requests := claimsAPI(t, claimReserved("s1", "other"), claimReserved("s2", "other", "pod"))
+		client, requests, _ := claimsAPI(t, claimReserved("s1", "other"), claimReserved("s2", "other", "pod"))
 		h := NewFinder(nil, client.ResourceV1(), tc.held).Holders(t.Context(), tc.call)
 		if got := len(*requests) > 0; got != tc.reads {
 			t.Errorf("%s: read the API server %v (%q), want %v", tc.name, got, *requests, tc.reads)
@@ -79,6 +106,32 @@ func TestHeldStandaloneClaimsAreReadOnlyWhereTheyCanChangeASpec(t *testing.T) {
 		if !slices.Equal(h.BesideHeld, tc.beside) {
 			t.Errorf("%s: held claims beside the call's %v, want %v", tc.name, h.BesideHeld, tc.beside)
 		}
+	}
+}
+
+// A namespace larger than one LIST page: the reservations of the
+// standalone claims the node holds are read from the first page and, for
+// a claim that sorts past it, with a GET; a claim the page would have
+// held is gone, and is not asked for.
+func TestStandaloneReservationsReadOnePage(t *testing.T) {
+	objs := []runtime.Object{claimReserved("a-held", "other-pod"), claimReserved("z-held", "pod")}
+	for i := range 2 * listPage {
+		objs = append(objs, claimReserved(fmt.Sprintf("m-%03d", i)))
+	}
+	client, requests, read := claimsAPI(t, objs...)
+	name := func(n string) types.NamespacedName { return types.NamespacedName{Namespace: "ns", Name: n} }
+	held := heldClaims{{NamespacedName: name("a-held")}, {NamespacedName: name("m-050a")}, {NamespacedName: name("z-held")}}
+	own := podsClaim("own", "pod")
+	h := NewFinder(nil, client.ResourceV1(), held).Holders(t.Context(), []*resourceapi.ResourceClaim{own})
+
+	if !h.Beside[own.UID] || !slices.Equal(h.BesideHeld, []types.NamespacedName{name("z-held")}) {
+		t.Errorf("beside %v, held beside %v; want the claim beside ns/z-held, which its pod also reserves", h.Beside, h.BesideHeld)
+	}
+	if want := []string{"list", "get z-held"}; !slices.Equal(*requests, want) {
+		t.Errorf("requests %q, want %q: one page, and a GET for the held claim past it only", *requests, want)
+	}
+	if *read > listPage+1 {
+		t.Errorf("read %d claims of a namespace of %d, want at most %d", *read, len(objs), listPage+1)
 	}
 }
 

@@ -64,51 +64,67 @@ func BenchmarkPrepareAsksTheKubelet(b *testing.B) {
 // through a prepare client limited as kyb-dra-plugin's is by default
 // (client-go's token bucket: a burst of 64, then 20 a second), with the
 // kubelet's PodResources API (over a real unix socket) and without it
-// (each prepare then reads the reservations of the standalone claims the
-// node holds). One op is the 32 prepares, from a full bucket; the claims
-// are made before and released after, outside the timer. The goal is
-// under 1 s an op either way; requests/op counts what the prepare client
-// sent.
+// (each prepare then decides what it must of the standalone claims the
+// node holds), in a namespace of their own and in one holding 1,000
+// claims of other nodes besides (more than one LIST page). One op is the
+// 32 prepares, from a full bucket; the claims are made before and
+// released after, outside the timer. The goal is under 1 s an op either
+// way; requests/op counts what the prepare client sent, claims/op the
+// claims its answers held.
 func BenchmarkThirtyTwoPreparesOneAfterAnother(b *testing.B) {
-	for _, asked := range []bool{false, true} {
-		b.Run(fmt.Sprintf("podResources=%v", asked), func(b *testing.B) {
-			var kubelet *podresourcestest.Server
-			var api *prepareClient
-			var opts []envOption
-			if asked {
-				opts = append(opts, withPodResources(b, &kubelet))
-			}
-			opts = append(opts, withPrepareClient(&api, prepareQPS, prepareBurst))
-			e := newEnv(b, "nvlink-2x4", seed, opts...)
-			requests := 0
-			b.ResetTimer()
-			for n := range b.N {
-				b.StopTimer()
-				claims := make([]*resourceapi.ResourceClaim, 32)
-				for i := range claims {
-					pod := fmt.Sprintf("pod-%d-%d", n, i)
-					claims[i] = e.reserveFor(e.standaloneClaim(class1x), pod)
-					if kubelet != nil {
-						kubelet.SetPod(claims[i].Namespace, pod, ctr("app", claims[i]))
-					}
-				}
-				api.reset(prepareQPS, prepareBurst)
-				b.StartTimer()
-				for _, c := range claims {
-					e.prepareOK(c)
-				}
-				b.StopTimer()
-				requests += api.total()
-				e.unprepare(claims...)
-				for _, c := range claims {
-					e.cluster.Release(c.Status.Allocation)
-					if err := e.client.ResourceV1().ResourceClaims(c.Namespace).Delete(e.ctx, c.Name, metav1.DeleteOptions{}); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StartTimer()
-			}
-			b.ReportMetric(float64(requests)/float64(b.N), "requests/op")
-		})
+	for _, others := range []int{0, 1000} {
+		for _, asked := range []bool{false, true} {
+			b.Run(fmt.Sprintf("otherClaims=%d/podResources=%v", others, asked), func(b *testing.B) {
+				benchmarkThirtyTwoPrepares(b, others, asked)
+			})
+		}
 	}
+}
+
+func benchmarkThirtyTwoPrepares(b *testing.B, others int, asked bool) {
+	var kubelet *podresourcestest.Server
+	var api *prepareClient
+	var opts []envOption
+	if asked {
+		opts = append(opts, withPodResources(b, &kubelet))
+	}
+	opts = append(opts, withPrepareClient(&api, prepareQPS, prepareBurst))
+	e := newEnv(b, "nvlink-2x4", seed, opts...)
+	for i := range others {
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("another-node-%04d", i)}}
+		if _, err := e.client.ResourceV1().ResourceClaims(c.Namespace).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	requests, claims := 0, 0
+	b.ResetTimer()
+	for n := range b.N {
+		b.StopTimer()
+		batch := make([]*resourceapi.ResourceClaim, 32)
+		for i := range batch {
+			pod := fmt.Sprintf("pod-%d-%d", n, i)
+			batch[i] = e.reserveFor(e.standaloneClaim(class1x), pod)
+			if kubelet != nil {
+				kubelet.SetPod(batch[i].Namespace, pod, ctr("app", batch[i]))
+			}
+		}
+		api.reset(prepareQPS, prepareBurst)
+		b.StartTimer()
+		for _, c := range batch {
+			e.prepareOK(c)
+		}
+		b.StopTimer()
+		requests += api.total()
+		claims += api.claimsRead()
+		e.unprepare(batch...)
+		for _, c := range batch {
+			e.cluster.Release(c.Status.Allocation)
+			if err := e.client.ResourceV1().ResourceClaims(c.Namespace).Delete(e.ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(requests)/float64(b.N), "requests/op")
+	b.ReportMetric(float64(claims)/float64(b.N), "claims/op")
 }

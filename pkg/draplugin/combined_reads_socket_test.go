@@ -2,6 +2,7 @@ package draplugin_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,12 +22,14 @@ import (
 // it: every request waits for client-go's token bucket first, as a REST
 // client's does, and is counted; it reaches the API server of the env's
 // client, which serves the plugin's background work unlimited (the
-// command gives that a client and a limit of its own).
+// command gives that a client and a limit of its own). It pages a LIST
+// of ResourceClaims as the API server does, which the fake one does not.
 type prepareClient struct {
 	*fake.Clientset
 	mu       sync.Mutex
 	limiter  flowcontrol.RateLimiter
 	requests map[string]int // "verb resource"
+	claims   int            // ResourceClaims its answers held
 }
 
 // The command's defaults (kyb-dra-plugin --kube-api-qps, --kube-api-burst).
@@ -45,6 +48,10 @@ func withPrepareClient(pc **prepareClient, qps float32, burst int) envOption {
 		c.PrependReactor("*", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
 			c.charge(action)
 			obj, err := api.Invokes(action, nil)
+			if l, ok := action.(k8stesting.ListActionImpl); ok && err == nil {
+				obj = page(obj, l.ListOptions)
+			}
+			c.count(obj)
 			return true, obj, err
 		})
 		c.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
@@ -72,12 +79,62 @@ func (c *prepareClient) charge(action k8stesting.Action) {
 	limiter.Accept()
 }
 
+// count counts the ResourceClaims of an answer.
+func (c *prepareClient) count(obj runtime.Object) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch o := obj.(type) {
+	case *resourceapi.ResourceClaimList:
+		c.claims += len(o.Items)
+	case *resourceapi.ResourceClaim:
+		c.claims++
+	}
+}
+
+// page answers a LIST of ResourceClaims with a limit as the API server
+// does: in name order (the order of its storage keys within a namespace),
+// at most Limit claims from the continue token on, with a token for the
+// rest.
+func page(obj runtime.Object, opts metav1.ListOptions) runtime.Object {
+	list, ok := obj.(*resourceapi.ResourceClaimList)
+	if !ok || opts.Limit <= 0 {
+		return obj
+	}
+	items := slices.Clone(list.Items)
+	slices.SortFunc(items, func(a, b resourceapi.ResourceClaim) int { return strings.Compare(a.Name, b.Name) })
+	if opts.Continue != "" {
+		i := slices.IndexFunc(items, func(c resourceapi.ResourceClaim) bool { return c.Name > opts.Continue })
+		if i < 0 {
+			i = len(items)
+		}
+		items = items[i:]
+	}
+	out := list.DeepCopy()
+	if int64(len(items)) > opts.Limit {
+		rest := int64(len(items)) - opts.Limit
+		items = items[:opts.Limit]
+		out.Continue = items[len(items)-1].Name
+		out.RemainingItemCount = &rest
+	}
+	out.Items = items
+	return out
+}
+
 // reset gives the client a full bucket and forgets what it counted.
 func (c *prepareClient) reset(qps float32, burst int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.limiter = flowcontrol.NewTokenBucketRateLimiter(qps, burst)
 	clear(c.requests)
+	c.claims = 0
+}
+
+// claimsRead are the ResourceClaims the client's answers held since the
+// last reset.
+func (c *prepareClient) claimsRead() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.claims
 }
 
 // claimReads are the reads of ResourceClaims counted since the last reset.
@@ -156,7 +213,8 @@ func TestAPrepareReadsAsManyClaimsWhateverTheNodeHolds(t *testing.T) {
 // every node of the cluster, thousands in a large one, and any tenant
 // with the right to create claims there adds to them. Where the kubelet
 // cannot say who holds a claim, a prepare beside two standalone claims
-// the node holds reads those, not every claim of the namespace.
+// the node holds reads as many claims in a namespace of 503 as in one of
+// 2,004: one LIST page and its own claim.
 func TestAPrepareDoesNotReadTheWholeNamespace(t *testing.T) {
 	var api *prepareClient
 	e := newEnv(t, "nvlink-2x4", seed, withPrepareClient(&api, 1000, 1000))
@@ -164,31 +222,26 @@ func TestAPrepareDoesNotReadTheWholeNamespace(t *testing.T) {
 		e.prepareOK(e.reserveFor(e.standaloneClaim(class1x), fmt.Sprintf("pod-s%d", i)))
 	}
 	// Claims of other nodes' pods in the same namespace.
-	const others = 500
-	for i := range others {
-		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("other-node-claim-%d", i)}}
-		if _, err := e.client.ResourceV1().ResourceClaims("default").Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
+	others := 0
+	grow := func(n int) {
+		for range n {
+			c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("other-node-claim-%d", others)}}
+			if _, err := e.client.ResourceV1().ResourceClaims("default").Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			others++
 		}
 	}
-	var mu sync.Mutex
-	read := 0 // claims the prepare client's answers held
-	api.PrependReactor("*", "resourceclaims", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		obj, err := e.client.Invokes(action, nil)
-		mu.Lock()
-		defer mu.Unlock()
-		switch o := obj.(type) {
-		case *resourceapi.ResourceClaimList:
-			read += len(o.Items)
-		case *resourceapi.ResourceClaim:
-			read++
-		}
-		return true, obj, err
-	})
-	e.prepareOK(e.reserveFor(e.claim(class1x), "pod-new"))
-	mu.Lock()
-	defer mu.Unlock()
-	if read > 10 {
-		t.Errorf("a prepare beside 2 standalone claims of the node read %d claims of a namespace of %d; want the few it needs, not the namespace", read, others+3)
+	var read, size []int
+	for i, n := range []int{500, 1500} {
+		grow(n)
+		api.reset(1000, 1000)
+		e.prepareOK(e.reserveFor(e.claim(class1x), fmt.Sprintf("pod-new-%d", i)))
+		read = append(read, api.claimsRead())
+		size = append(size, others+2+i+1) // and the held ones, the call's
+	}
+	// The page: 100 claims (containerclaims' listPage), the call's claim.
+	if read[0] > 101 || read[1] != read[0] {
+		t.Errorf("a prepare beside 2 standalone claims of the node read %d claims of a namespace of %d and %d of one of %d; want one page of at most 100 and its own claim, whatever the namespace holds", read[0], size[0], read[1], size[1])
 	}
 }
