@@ -49,7 +49,8 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 
 // healthReports is the health of every device published last. A MIG
 // device is as healthy as its instance and its GPU; a group device as its
-// GPUs (a fault of one MIG instance leaves them alone).
+// GPUs and the memory of their instances (another fault of one MIG
+// instance leaves it alone).
 func (p *publisher) healthReports(now time.Time) []kubeletplugin.DeviceHealth {
 	bad := p.health.faults()
 	badInstances := p.health.view.InstanceFaults()
@@ -61,7 +62,7 @@ func (p *publisher) healthReports(now time.Time) []kubeletplugin.DeviceHealth {
 			LastUpdated: now, HealthCheckTimeout: healthCheckTimeout,
 		}
 		if ref, ok := p.node.Index[name]; ok {
-			healthy, msg := health.OfGPUs(ref.Group.GPUs, bad)
+			healthy, msg := health.OfGroup(ref.Group.GPUs, bad, badInstances)
 			if ref.MIG != nil {
 				healthy, msg = health.OfInstance(instanceOf(*ref.MIG), bad, badInstances)
 				if li, ok := lost[name]; ok {
@@ -84,16 +85,19 @@ func instanceOf(d planner.MIGDevice) health.Instance {
 	return health.Instance{GPU: d.GPU.Index(), Placement: d.Placement}
 }
 
-// taintInstances taints the MIG devices of res that an unhealthy
-// instance's fault reaches (health.Instance.Reaches): every profile's
-// device at the instance's placement, since whichever is allocated next
-// gets the same memory slices, and for a memory fault every device whose
-// placement shares one of them. A device reached by several faults takes
-// the value of its own placement's, else of the first in placement order.
-// A device its GPU's fault tainted already keeps that taint alone (one
-// taint per key: a GPU fault is at least as strong). Instance faults are
-// never a loss: NoSchedule.
-func (h healthTaints) taintInstances(res resourceslice.DriverResources, plan *planner.Plan) {
+// taintInstances taints the devices of res that an unhealthy instance's
+// fault reaches (health.Instance.Reaches): every profile's MIG device at
+// the instance's placement, since whichever is allocated next gets the
+// same memory slices, and for a memory fault every MIG device whose
+// placement shares one of them and every group device (of either layout,
+// index) holding the instance's GPU whole (health.MemoryFaults), which
+// hands out all its memory once the instance is gone. A MIG device
+// reached by several faults takes the value of its own placement's, else
+// of the first in placement order; a group device the first in GPU and
+// placement order. A device its GPU's fault tainted already keeps that
+// taint alone (one taint per key: a GPU fault is at least as strong).
+// Instance faults are never a loss: NoSchedule.
+func (h healthTaints) taintInstances(res resourceslice.DriverResources, plan *planner.Plan, index map[string]draresources.DeviceRef) {
 	bad := h.view.InstanceFaults()
 	if len(bad) == 0 {
 		return
@@ -102,6 +106,14 @@ func (h healthTaints) taintInstances(res resourceslice.DriverResources, plan *pl
 	for _, d := range plan.MIGDevices() {
 		if reaching := health.Reaching(instanceOf(d), bad); len(reaching) > 0 {
 			taints[d.DeviceName()] = instanceTaint(bad[reaching[0]])
+		}
+	}
+	for name, ref := range index {
+		if ref.MIG != nil {
+			continue
+		}
+		if memory := health.MemoryFaults(ref.Group.GPUs, bad); len(memory) > 0 {
+			taints[name] = instanceTaint(bad[memory[0]])
 		}
 	}
 	draresources.TaintDevices(res, taints)
@@ -141,15 +153,20 @@ func (p *publisher) instanceHealthEvents(ctx context.Context, before, after map[
 		switch {
 		case isBad && (!wasBad || was.Reason != is.Reason):
 			taint := instanceTaint(is)
-			others := "the GPU's other instances are not"
+			devices, others := strings.Join(p.devicesOf(in, is), " "), "the GPU's other instances are not"
 			if is.Memory() {
-				others = "a memory fault reaches every placement that shares a memory slice with the instance; the GPU's other placements are not tainted"
+				devices += p.wholeGroupsOf(in)
+				others = "a memory fault reaches every placement that shares a memory slice with the instance, and every group holding the GPU whole; the GPU's other placements are not tainted"
 			}
 			p.events.Warning(ctx, nodeevents.ReasonGPUUnhealthy, fmt.Sprintf("MIG instance at %s of GPU %d (%s) is unhealthy: %s. Its devices %s are tainted %s=%s:%s; %s",
-				in.Placement, in.GPU, uuid, is.Message, strings.Join(p.devicesOf(in, is), " "), taint.Key, taint.Value, taint.Effect, others))
+				in.Placement, in.GPU, uuid, is.Message, devices, taint.Key, taint.Value, taint.Effect, others))
 		case wasBad && !isBad:
+			devices := strings.Join(p.devicesOf(in, was), " ")
+			if was.Memory() {
+				devices += p.wholeGroupsOf(in)
+			}
 			p.events.Normal(ctx, nodeevents.ReasonGPUHealthy, fmt.Sprintf("MIG instance at %s of GPU %d (%s) is healthy again after %s; the taint is removed from its devices %s",
-				in.Placement, in.GPU, uuid, was.Reason, strings.Join(p.devicesOf(in, was), " ")))
+				in.Placement, in.GPU, uuid, was.Reason, devices))
 		}
 	}
 }
@@ -165,4 +182,15 @@ func (p *publisher) devicesOf(in health.Instance, f health.Fault) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// wholeGroupsOf names, for an event, the groups holding an instance's GPU
+// whole, which a memory fault of the instance taints (taintInstances):
+// " and the groups G0 G01 holding GPU 0 whole", or nothing.
+func (p *publisher) wholeGroupsOf(in health.Instance) string {
+	groups := p.groupsOf(in.GPU)
+	if len(groups) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" and the groups %s holding GPU %d whole", strings.Join(groups, " "), in.GPU)
 }

@@ -131,9 +131,10 @@ func (e *env) published() *schedulertest.Cluster {
 }
 
 // An ECC error of the 1g instance at memory slice 4 taints the devices of
-// every placement that shares that slice (the 2g at 4-5 too), keeps them
-// tainted after the instance's claim is released, and the scheduler's
-// allocator places the next 2g claim elsewhere.
+// every placement that shares that slice (the 2g at 4-5 too) and the
+// group holding GPU 0 whole, keeps them tainted after the instance's claim
+// is released, and the scheduler's allocator places the next 2g claim
+// elsewhere.
 func TestMIGInstanceMemoryFaultTaintsOverlappingPlacementsOverSockets(t *testing.T) {
 	fc := testingclock.NewFakeClock(time.Now())
 	var mon *health.Monitor
@@ -151,15 +152,16 @@ func TestMIGInstanceMemoryFaultTaintsOverlappingPlacementsOverSockets(t *testing
 		t.Fatal(err)
 	}
 	want := []string{
+		"g0-1x gpu.kyb.ai/unhealthy=double-bit-ecc:NoSchedule",
 		"g0-mig-1g-10gb-4 gpu.kyb.ai/unhealthy=double-bit-ecc:NoSchedule",
 		"g0-mig-2g-20gb-4 gpu.kyb.ai/unhealthy=double-bit-ecc:NoSchedule",
 	}
-	waitFor(t, "the taints of the placements that share memory slice 4", func() bool { return slices.Equal(taints(t, e), want) })
+	waitFor(t, "the taints of the placements that share memory slice 4 and of GPU 0's group", func() bool { return slices.Equal(taints(t, e), want) })
 	msg := fmt.Sprintf("GPU 0 MIG instance at {4}:1: double-bit (uncorrectable) ECC error (GPU instance %d)", id)
-	streamUntil(t, stream, []string{"g0-mig-1g-10gb-4 UNHEALTHY: " + msg, "g0-mig-2g-20gb-4 UNHEALTHY: " + msg})
+	streamUntil(t, stream, []string{"g0-1x UNHEALTHY: " + msg, "g0-mig-1g-10gb-4 UNHEALTHY: " + msg, "g0-mig-2g-20gb-4 UNHEALTHY: " + msg})
 	waitFor(t, "a GPUUnhealthy event", func() bool { return nodeEvent(t, e, "GPUUnhealthy") != "" })
-	if got := nodeEvent(t, e, "GPUUnhealthy"); !strings.Contains(got, "Its devices g0-mig-1g-10gb-4 g0-mig-2g-20gb-4 are tainted gpu.kyb.ai/unhealthy=double-bit-ecc:NoSchedule; a memory fault reaches") {
-		t.Errorf("event %q, want it to name both devices and say why", got)
+	if got := nodeEvent(t, e, "GPUUnhealthy"); !strings.Contains(got, "Its devices g0-mig-1g-10gb-4 g0-mig-2g-20gb-4 and the groups G0 holding GPU 0 whole are tainted gpu.kyb.ai/unhealthy=double-bit-ecc:NoSchedule; a memory fault reaches") {
+		t.Errorf("event %q, want it to name the devices and the group and say why", got)
 	}
 
 	// The claim goes, its instance with it; the memory slice stays bad
@@ -209,5 +211,23 @@ func TestMIGInstanceMemoryFaultTaintsTheGPUsWholeGroupsOverSockets(t *testing.T)
 	}
 	if alloc != nil {
 		t.Errorf("the allocator gave a one-GPU claim GPU 0 whole (%s) while the ECC error of its memory slice 4 stands; taints %v", alloc.Devices.Results[0].Device, taints(t, e))
+	}
+
+	// Once the fault recovers, so does the group.
+	waitFor(t, "the taints to go", func() bool {
+		if len(taints(t, e)) == 0 {
+			return true
+		}
+		if fc.HasWaiters() {
+			fc.Step(mon.RecoveryPeriod())
+		}
+		return false
+	})
+	if alloc, err := e.published().Allocate(e.ctx, next, nodeName); err != nil || alloc == nil {
+		t.Errorf("after the fault recovered: allocate a one-GPU claim of GPU 0: %v %v", alloc, err)
+	}
+	waitFor(t, "a GPUHealthy event", func() bool { return nodeEvent(t, e, "GPUHealthy") != "" })
+	if got := nodeEvent(t, e, "GPUHealthy"); !strings.HasSuffix(got, "the taint is removed from its devices g0-mig-1g-10gb-4 g0-mig-2g-20gb-4 and the groups G0 holding GPU 0 whole") {
+		t.Errorf("event %q, want it to name the group", got)
 	}
 }

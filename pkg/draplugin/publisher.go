@@ -134,7 +134,7 @@ func (p *publisher) resources() resourceslice.DriverResources {
 	}
 	p.metrics.hidden.Set(float64(hidden))
 	draresources.Taint(res, node.Plan, p.health.taints())
-	p.health.taintInstances(res, node.Plan)
+	p.health.taintInstances(res, node.Plan, node.Index)
 	migseats.TaintLost(res, p.mig.LostDevices())
 	draresources.Fence(res, node.Plan, fenced)
 	var names []string

@@ -22,9 +22,12 @@ package health
 // memory slices the instance holds, not in the instance: an instance made
 // next at any placement that shares one of those slices (a 2g at slices
 // 4-5 after a faulty 1g at 4) gets the same memory. It reaches the MIG
-// devices of every such placement (Instance.Reaches). Any other fault
-// (an engine's XID, a GSP error naming the instance) is the instance's
-// own and reaches the devices at its placement only.
+// devices of every such placement (Instance.Reaches), and every group of
+// whole GPUs that holds the instance's GPU (MemoryFaults): once the
+// instance is gone, such a group hands out the GPU whole, every memory
+// slice of it. Any other fault (an engine's XID, a GSP error naming the
+// instance) is the instance's own and reaches the devices at its
+// placement only.
 //
 // An unhealthy instance recovers as a GPU does: once its GPU has answered
 // its probes for the recovery period after the instance's last fault.
@@ -99,9 +102,28 @@ func Reaching(at Instance, instances map[Instance]Fault) []Instance {
 			}
 			return 1
 		}
-		return cmp.Or(cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.Placement.Start, b.Placement.Start), cmp.Compare(a.Placement.Size, b.Placement.Size))
+		return compareInstances(a, b)
 	})
 	return out
+}
+
+// MemoryFaults lists the unhealthy instances on gpus whose fault is in
+// memory, in GPU and placement order: they reach every group that holds
+// one of those GPUs whole.
+func MemoryFaults(gpus []int, instances map[Instance]Fault) []Instance {
+	var out []Instance
+	for in, f := range instances {
+		if f.Memory() && slices.Contains(gpus, in.GPU) {
+			out = append(out, in)
+		}
+	}
+	slices.SortFunc(out, compareInstances)
+	return out
+}
+
+// compareInstances orders instances by GPU, then placement.
+func compareInstances(a, b Instance) int {
+	return cmp.Or(cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.Placement.Start, b.Placement.Start), cmp.Compare(a.Placement.Size, b.Placement.Size))
 }
 
 // OfInstance reports whether the MIG devices of an instance are healthy
@@ -113,6 +135,24 @@ func OfInstance(in Instance, gpus map[int]Fault, instances map[Instance]Fault) (
 		msgs = append(msgs, fmt.Sprintf("GPU %d: %s", in.GPU, f.Message))
 	}
 	for _, bad := range Reaching(in, instances) {
+		msgs = append(msgs, fmt.Sprintf("%s: %s", bad, instances[bad].Message))
+	}
+	if len(msgs) == 0 {
+		return true, ""
+	}
+	return false, strings.Join(msgs, "; ")
+}
+
+// OfGroup reports whether a group of whole GPUs is healthy and, if not,
+// why: it is as healthy as its GPUs and the memory their instances hold
+// (MemoryFaults).
+func OfGroup(gpus []int, faults map[int]Fault, instances map[Instance]Fault) (bool, string) {
+	healthy, msg := OfGPUs(gpus, faults)
+	msgs := []string{}
+	if !healthy {
+		msgs = append(msgs, msg)
+	}
+	for _, bad := range MemoryFaults(gpus, instances) {
 		msgs = append(msgs, fmt.Sprintf("%s: %s", bad, instances[bad].Message))
 	}
 	if len(msgs) == 0 {

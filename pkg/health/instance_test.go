@@ -222,8 +222,8 @@ func TestMIGEventOnAMIGDeviceHandleIsItsInstances(t *testing.T) {
 }
 
 // A memory fault of an instance reaches the MIG devices of every
-// placement that shares one of its memory slices; any other fault only
-// those at its own placement.
+// placement that shares one of its memory slices, and every group holding
+// its GPU whole; any other fault only the devices at its own placement.
 func TestMIGInstanceMemoryFaultReachesOverlappingPlacements(t *testing.T) {
 	pl := func(start, size int) Instance {
 		return Instance{GPU: 2, Placement: mig.Placement{Start: start, Size: size}}
@@ -234,13 +234,15 @@ func TestMIGInstanceMemoryFaultReachesOverlappingPlacements(t *testing.T) {
 		// unhealthy are the placements of GPU 2 whose devices the fault
 		// reaches, among {4}:1, {5}:1, {4}:2, {4}:4, {0}:8, {2}:2, {3}:1.
 		unhealthy []Instance
+		// groups: the groups of whole GPUs 2 and 2-3 are unhealthy.
+		groups bool
 	}{
-		{"double-bit ECC event", "ecc 2 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}},
-		{"XID 48, double-bit ECC", "xid 2 48 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}},
-		{"XID 95, uncontained ECC", "xid 2 95 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}},
-		{"XID 64, row remapping failed", "xid 2 64 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}},
-		{"XID 79 is the instance's own", "xid 2 79 %d", []Instance{pl(4, 1)}},
-		{"XID 119 is the instance's own", "xid 2 119 %d", []Instance{pl(4, 1)}},
+		{"double-bit ECC event", "ecc 2 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}, true},
+		{"XID 48, double-bit ECC", "xid 2 48 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}, true},
+		{"XID 95, uncontained ECC", "xid 2 95 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}, true},
+		{"XID 64, row remapping failed", "xid 2 64 %d", []Instance{pl(4, 1), pl(4, 2), pl(4, 4), pl(0, 8)}, true},
+		{"XID 79 is the instance's own", "xid 2 79 %d", []Instance{pl(4, 1)}, false},
+		{"XID 119 is the instance's own", "xid 2 119 %d", []Instance{pl(4, 1)}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -257,6 +259,17 @@ func TestMIGInstanceMemoryFaultReachesOverlappingPlacements(t *testing.T) {
 			}
 			if ok, _ := OfInstance(Instance{GPU: 3, Placement: mig.Placement{Start: 4, Size: 1}}, r.m.Faults(), r.m.InstanceFaults()); !ok {
 				t.Error("another GPU's instance at {4}:1 is unhealthy")
+			}
+			for _, g := range [][]int{{2}, {2, 3}} {
+				ok, msg := OfGroup(g, r.m.Faults(), r.m.InstanceFaults())
+				if ok == tt.groups {
+					t.Errorf("group of GPUs %v: healthy %v (%q), want %v", g, ok, msg, !tt.groups)
+				} else if tt.groups && !strings.HasPrefix(msg, "GPU 2 MIG instance at {4}:1: ") {
+					t.Errorf("group of GPUs %v: %q, want the message of the instance at {4}:1", g, msg)
+				}
+			}
+			if ok, msg := OfGroup([]int{3}, r.m.Faults(), r.m.InstanceFaults()); !ok {
+				t.Errorf("the group of GPU 3: unhealthy (%q)", msg)
 			}
 		})
 	}
