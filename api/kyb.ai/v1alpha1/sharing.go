@@ -17,7 +17,7 @@ const (
 	// SharingMPS runs one MPS control daemon per group in use, the group's
 	// GPUs in compute mode EXCLUSIVE_PROCESS unless MPSConfig.ComputeMode
 	// keeps it: a claim holding k of a group's S seats gets k/S of its SMs
-	// and of each GPU's memory.
+	// and of each GPU's memory, or, on a sized profile, the size it asked.
 	SharingMPS SharingStrategy = "mps"
 )
 
@@ -64,6 +64,14 @@ type Sharing struct {
 	TimeSlicing *TimeSlicingConfig `json:"timeSlicing,omitempty"`
 	// MPS tunes the mps strategy.
 	MPS *MPSConfig `json:"mps,omitempty"`
+	// Sized, with strategy mps, lets each claim ask its size: device
+	// memory on each GPU of its group and a share of their SMs, which its
+	// MPS client is held to, instead of an equal share of the group.
+	// seatsPerGroup is then the most claims (MPS clients) a group serves.
+	Sized bool `json:"sized,omitempty"`
+	// Sizes bound what a sized profile's claims may ask and say what one
+	// that asks nothing gets (sizes.go).
+	Sizes *SeatSizes `json:"sizes,omitempty"`
 }
 
 // MPSConfig tunes MPS.
@@ -139,6 +147,7 @@ func validateSharing(p *Profile, path *field.Path, errs *FieldErrors) {
 	if s.TimeSlicing != nil && s.TimeSlicing.Interval != "" && !slices.Contains(TimeSliceIntervals, s.TimeSlicing.Interval) {
 		errs.Add(path.Child("timeSlicing", "interval"), "must be Default, Short, Medium or Long, not %q", s.TimeSlicing.Interval)
 	}
+	validateSized(p, path, errs)
 }
 
 // validateSharingTogether refuses profiles whose groups could be in use on
