@@ -60,6 +60,7 @@ func New(inv *inventory.Inventory, cfg *v1alpha1.NodeConfig) (*Plan, error) {
 		if len(prof.Groups) == 0 {
 			plan.Warnings = append(plan.Warnings, fmt.Sprintf("profile %s has no groups on this node (%d GPUs, %d per group)", prof.Name, len(allowed), prof.Size))
 		}
+		checkSizes(prof, paths[pi], &errs)
 	}
 	if len(errs) > 0 {
 		return nil, errs
@@ -196,7 +197,16 @@ func fromConfig(p v1alpha1.Profile) *Profile {
 		TimeSlice:          p.TimeSliceInterval(),
 		MPSComputeMode:     p.MPSComputeMode(),
 		MIG:                migSeats(p),
+		Sizes:              sizeRules(p),
 	}
+}
+
+func sizeRules(p v1alpha1.Profile) *v1alpha1.SizeRules {
+	r, ok := p.SizeRules()
+	if !ok {
+		return nil
+	}
+	return &r
 }
 
 func migSeats(p v1alpha1.Profile) *MIGSeats {
@@ -292,7 +302,9 @@ func describeGroup(inv *inventory.Inventory, g *Group) {
 	g.Interconnect = inventory.ClassNone
 	g.NUMANode = inv.GPUs[g.GPUs[0]].NUMANode
 	g.PCIeRoot = inv.GPUs[g.GPUs[0]].PCIeRoot
+	g.MemoryMiB = inv.GPUs[g.GPUs[0]].MemoryMiB
 	for _, x := range g.GPUs[1:] {
+		g.MemoryMiB = min(g.MemoryMiB, inv.GPUs[x].MemoryMiB)
 		if inv.GPUs[x].NUMANode != g.NUMANode {
 			g.NUMANode = -1
 		}

@@ -156,7 +156,9 @@ func lessKey(a, b linkKey) bool {
 // chosen and why. It is the layout for schedulers that cannot keep
 // overlapping groups exclusive: clusters without consumable capacity, and
 // the device-plugin shim, where the kubelet counts each resource on its own.
-// MIG profiles keep no seats in it.
+// MIG profiles keep no seats in it, nor do sized ones: a seat without
+// consumable capacity cannot carry the size its claim asks, and equal
+// seats would hand claims a size they did not ask for.
 //
 // Profiles are served largest first; each takes whole groups, in pack
 // order, until it holds about an equal share of the GPUs not yet taken
@@ -166,6 +168,7 @@ func lessKey(a, b linkKey) bool {
 func (p *Plan) ExclusiveLayout() (*Plan, string) {
 	out := &Plan{GPUs: p.GPUs, Policy: p.Policy, Attributes: p.Attributes, HideBlocked: p.HideBlocked, Warnings: slices.Clone(p.Warnings), links: p.links}
 	var exclusive []*Profile
+	var sized []string
 	copies := map[*Profile]*Profile{}
 	for _, prof := range p.Profiles {
 		c := *prof
@@ -175,6 +178,13 @@ func (p *Plan) ExclusiveLayout() (*Plan, string) {
 		// A MIG profile's instances exclude each other and the groups on
 		// their GPUs through counters only: without them it has no seats.
 		if prof.MIG != nil {
+			continue
+		}
+		if prof.Sizes != nil {
+			if len(prof.Groups) > 0 {
+				sized = append(sized, prof.Name)
+				out.Warnings = append(out.Warnings, fmt.Sprintf("profile %s is sized and has no seats in the exclusive layout: a seat without consumable capacity cannot carry a size", prof.Name))
+			}
 			continue
 		}
 		if prof.AllowOverprovision {
@@ -240,5 +250,8 @@ func (p *Plan) ExclusiveLayout() (*Plan, string) {
 	}
 	reason := "no GPU serves two profiles that exclude each other: " + strings.Join(parts, "; ") +
 		" (largest profile first, each about an equal share of the GPUs; set profiles[].gpus to choose)"
+	if len(sized) > 0 {
+		reason += "; sized profile(s) " + strings.Join(sized, ", ") + " get no seats: a seat without consumable capacity cannot carry the size its claim asks"
+	}
 	return out, reason
 }

@@ -57,6 +57,9 @@ type Profile struct {
 	// MPSComputeMode, for mps, says whether a group's daemon puts its
 	// GPUs in EXCLUSIVE_PROCESS or keeps their compute mode.
 	MPSComputeMode v1alpha1.MPSComputeMode
+	// Sizes, for a sized mps profile, are the rules of what its claims
+	// may ask (Group.Sizes); nil for any other profile.
+	Sizes *v1alpha1.SizeRules
 	// Groups in canonical order: by their lowest GPU index. A MIG
 	// profile has none: its GPUs are in MIG (mig.go).
 	Groups []*Group
@@ -82,6 +85,9 @@ type Group struct {
 	NUMANode int
 	// PCIeRoot is the PCIe root all GPUs share, or "".
 	PCIeRoot string
+	// MemoryMiB is the memory of the group's smallest GPU: what each of
+	// its GPUs has for a sized seat.
+	MemoryMiB int64
 }
 
 // Seats is the number of seats of the group.
