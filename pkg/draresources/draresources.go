@@ -9,6 +9,8 @@
 // profile overprovisions. The allocator charges counters on a shared
 // device's first seat only, so overlapping groups exclude each other while
 // one is in use, and later seats of the same group only consume "seats".
+// A sized profile's device adds "memory" and "compute", which its claims
+// ask in the sizes they need (sized.go).
 //
 // MIG profiles add one device per instance they may take and counters per
 // memory slice (mig.go).
@@ -41,7 +43,8 @@ const (
 	// CounterSet is the name of the node's counter set: one counter per GPU.
 	CounterSet = "gpus"
 	// SeatsCapacity is the capacity a seat consumes. It is the only
-	// capacity: on a shared device every capacity is consumable, and one
+	// capacity of a profile that is not sized (sized.go adds memory and
+	// compute): on a shared device every capacity is consumable, and one
 	// without a request policy would be taken whole by the first seat.
 	SeatsCapacity resourceapi.QualifiedName = "seats"
 	// MaxDevicesPerSlice is the API limit for slices with counters or
@@ -134,6 +137,9 @@ func sharedDevice(g *planner.Group, inv *inventory.Inventory, attrs []v1alpha1.A
 		seats.RequestPolicy = seatsPolicy()
 	}
 	d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{SeatsCapacity: seats}
+	if sizes, sized := g.Sizes(); sized {
+		d.Capacity = sizedCapacities(sizes)
+	}
 	if !g.Profile.AllowOverprovision {
 		counters := map[string]resourceapi.Counter{}
 		// On a GPU with MIG profiles, the GPU's whole: all its memory
