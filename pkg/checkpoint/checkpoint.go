@@ -27,7 +27,7 @@
 // (converting on read), and writes the oldest version that holds the
 // state, so that a rollback to an older plugin keeps working unless the
 // state uses what only a newer plugin understands (fenced devices need
-// v2, admin-access devices v3); it refuses to overwrite a file of a newer
+// v2, admin-access devices v3, sized seats v4); it refuses to overwrite a file of a newer
 // version, so a rollback never silently drops state it cannot read.
 package checkpoint
 
@@ -41,14 +41,18 @@ import (
 )
 
 // The versions of the format. A file is written in the oldest that holds
-// its state: V2 where a device is fenced, V3 where one has admin access.
+// its state: V2 where a device is fenced, V3 where one has admin access,
+// V4 where one holds a sized seat.
 const (
 	V1 = "v1"
 	V2 = "v2"
 	// V3 holds devices allocated with admin access (no seats).
 	V3 = "v3"
+	// V4 holds sized seats: an older plugin would read them as equal
+	// shares of their group and give their containers other limits.
+	V4 = "v4"
 	// Version is the newest format this plugin reads and writes.
-	Version = V3
+	Version = V4
 )
 
 // FileName is the checkpoint's file name in the plugin data directory.

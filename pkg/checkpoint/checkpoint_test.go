@@ -437,3 +437,60 @@ func TestAdminAccessIsVersion3(t *testing.T) {
 		t.Errorf("v2 with admin access: %v", err)
 	}
 }
+
+// A sized seat needs version 4: an older plugin would read it as an
+// equal share of its group, so a file holding one is written so, and a
+// v3 file claiming one is corrupt.
+func TestSizedSeatsAreVersion4(t *testing.T) {
+	st := sample()
+	st.Claims["uid-1"].Devices[0].Size = &v1alpha1.SeatSize{MemoryBytes: 20 << 30, ComputePercent: 25}
+	raw, err := Encode(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(raw, []byte(`"version":"v4"`)) || !bytes.Contains(raw, []byte(`"size":{"memoryBytes":21474836480,"computePercent":25}`)) {
+		t.Fatalf("a sized seat encoded as %s", raw)
+	}
+	back, err := Decode(raw, "x")
+	if err != nil || !reflect.DeepEqual(back, st) {
+		t.Fatalf("decode: %v", err)
+	}
+	data, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v3 := `{"version":"v3","checksum":"` + checksum(data) + `","sum":"` + sum("v3", data) + `","data":` + string(data) + `}`
+	if _, err := Decode([]byte(v3), "x"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "a v3 file cannot hold sized seats") {
+		t.Errorf("v3 with a sized seat: %v", err)
+	}
+}
+
+func TestSizesThatContradictTheSeatAreCorrupt(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(d *Device)
+		want   string
+	}{
+		{"two seats of one size", func(d *Device) {
+			d.Seats, d.Generations = []int{0, 1}, []int64{3, 1}
+		}, "a sized seat's device holds one seat, not 2"},
+		{"no memory", func(d *Device) { d.Size.MemoryBytes = 0 }, "want memory of 1 byte or more and compute between 1 and 100"},
+		{"compute past the SMs", func(d *Device) { d.Size.ComputePercent = 101 }, "want memory of 1 byte or more and compute between 1 and 100"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := sample()
+			st.Generations["g01-2x/1"] = 1
+			d := &st.Claims["uid-1"].Devices[0]
+			d.Size = &v1alpha1.SeatSize{MemoryBytes: 20 << 30, ComputePercent: 25}
+			tt.change(d)
+			raw, err := Encode(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Decode(raw, "x"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("decode: %v, want it corrupt: %q", err, tt.want)
+			}
+		})
+	}
+}

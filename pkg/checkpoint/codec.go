@@ -33,7 +33,7 @@ func Decode(raw []byte, name string) (*State, error) {
 // validates it.
 func convert(version string, data []byte) (*State, error) {
 	switch version {
-	case V1, V2, V3:
+	case V1, V2, V3, V4:
 		st := New()
 		if err := json.Unmarshal(data, st); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
@@ -47,8 +47,11 @@ func convert(version string, data []byte) (*State, error) {
 		if version == V1 && st.fenced() {
 			return nil, fmt.Errorf("%w: a %s file cannot hold fenced devices", ErrCorrupt, V1)
 		}
-		if version != V3 && st.adminAccess() {
+		if (version == V1 || version == V2) && st.adminAccess() {
 			return nil, fmt.Errorf("%w: a %s file cannot hold devices with admin access", ErrCorrupt, version)
+		}
+		if version != V4 && st.sized() {
+			return nil, fmt.Errorf("%w: a %s file cannot hold sized seats", ErrCorrupt, version)
 		}
 		if err := st.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
@@ -65,6 +68,9 @@ func (st *State) fenced() bool { return st.anyDevice(func(d Device) bool { retur
 func (st *State) adminAccess() bool {
 	return st.anyDevice(func(d Device) bool { return d.AdminAccess })
 }
+
+// sized reports whether any device holds a sized seat.
+func (st *State) sized() bool { return st.anyDevice(func(d Device) bool { return d.Size != nil }) }
 
 // anyDevice reports whether a device of any claim satisfies f.
 func (st *State) anyDevice(f func(Device) bool) bool {
@@ -87,6 +93,8 @@ func Encode(st *State) ([]byte, error) {
 	}
 	version := V1
 	switch {
+	case st.sized():
+		version = V4
 	case st.adminAccess():
 		version = V3
 	case st.fenced():

@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cdi"
 )
 
@@ -100,6 +101,14 @@ func (d *Device) validate() error {
 	for _, g := range d.Generations {
 		if g < 1 {
 			return fmt.Errorf("generations %v: a seat handed out has a generation of 1 or more", d.Generations)
+		}
+	}
+	if s := d.Size; s != nil {
+		switch {
+		case len(d.Seats) != 1:
+			return fmt.Errorf("a sized seat's device holds one seat, not %d", len(d.Seats))
+		case s.MemoryBytes < 1 || s.ComputePercent < 1 || s.ComputePercent > v1alpha1.MaxCompute:
+			return fmt.Errorf("size %+v: want memory of 1 byte or more and compute between 1 and %d", *s, v1alpha1.MaxCompute)
 		}
 	}
 	return nil
