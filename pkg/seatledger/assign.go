@@ -104,6 +104,7 @@ func (a assigner) result(st *checkpoint.State, uid types.UID, configs []resource
 	if holder, fenced := st.FencedBy(groupDevice); fenced && holder != uid {
 		return checkpoint.Device{}, fmt.Errorf("group %s is fenced: the seats claim %s holds on it could not be recovered, so none is handed out until that claim is released", group.Name, describeClaim(st, holder))
 	}
+	var size *v1alpha1.SeatSize
 	var seats []int
 	if ref.Seat >= 0 {
 		if holder, held := st.Holders(groupDevice)[ref.Seat]; held && holder != uid {
@@ -111,6 +112,9 @@ func (a assigner) result(st *checkpoint.State, uid types.UID, configs []resource
 		}
 		seats = []int{ref.Seat}
 	} else {
+		if size, err = sizeOf(st, result, group); err != nil {
+			return checkpoint.Device{}, err
+		}
 		n, err := seatsConsumed(result, group)
 		if err != nil {
 			return checkpoint.Device{}, err
@@ -119,7 +123,7 @@ func (a assigner) result(st *checkpoint.State, uid types.UID, configs []resource
 			return checkpoint.Device{}, fmt.Errorf("group %s: %w; the scheduler counts seats, so another claim holds more than it should", group.Name, err)
 		}
 	}
-	status := v1alpha1.SeatStatus{Profile: group.Profile.Name, Group: group.Name, GPUs: slices.Clone(group.GPUs), GPUUUIDs: a.gpuUUIDs(group.GPUs), Seats: seats}
+	status := v1alpha1.SeatStatus{Profile: group.Profile.Name, Group: group.Name, GPUs: slices.Clone(group.GPUs), GPUUUIDs: a.gpuUUIDs(group.GPUs), Seats: seats, Size: size}
 	for _, s := range seats {
 		status.Generations = append(status.Generations, st.NextGeneration(groupDevice, s))
 	}

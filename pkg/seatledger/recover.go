@@ -219,6 +219,16 @@ func (rc *recoverer) recordedDevice(claim *resourceapi.ResourceClaim, result res
 	if err != nil {
 		return checkpoint.Device{}, err
 	}
+	// A sized seat's size is what its allocation consumed, whatever a
+	// record says.
+	s.Size = nil
+	if sizes, sized := g.Sizes(); sized && ref.Seat < 0 {
+		size, err := draresources.ConsumedSize(result, sizes)
+		if err != nil {
+			return checkpoint.Device{}, err
+		}
+		s.Size = &size
+	}
 	return newDevice(result, g, cfg, s), nil
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/nodeevents"
@@ -35,17 +36,29 @@ type Usage struct {
 	// the claims holding them are released, with why (Fence*).
 	Fenced map[int]string
 	// Largest is, per group device, the most seats one claim holds there
-	// (all of them for a fenced device): the share an MPS daemon of the
-	// group must allow.
+	// (all of them for a fenced device), sized seats left out: the share
+	// an MPS daemon of the group must allow.
 	Largest map[string]int
+	// Sizes is, per group device, the most memory and, on its own, the
+	// most compute one claim's sized seats hold there: the limits an MPS
+	// daemon of a sized group must allow.
+	Sizes map[string]v1alpha1.SeatSize
 }
 
 func (u Usage) clone() Usage {
-	return Usage{Held: maps.Clone(u.Held), Fenced: maps.Clone(u.Fenced), Largest: maps.Clone(u.Largest)}
+	return Usage{Held: maps.Clone(u.Held), Fenced: maps.Clone(u.Fenced), Largest: maps.Clone(u.Largest), Sizes: maps.Clone(u.Sizes)}
 }
 
 func (u Usage) equal(o Usage) bool {
-	return maps.Equal(u.Held, o.Held) && maps.Equal(u.Fenced, o.Fenced) && maps.Equal(u.Largest, o.Largest)
+	return maps.Equal(u.Held, o.Held) && maps.Equal(u.Fenced, o.Fenced) && maps.Equal(u.Largest, o.Largest) && maps.Equal(u.Sizes, o.Sizes)
+}
+
+// InUse are the group devices a claim holds a seat of, sized or not,
+// sorted.
+func (u Usage) InUse() []string {
+	names := slices.Concat(slices.Collect(maps.Keys(u.Largest)), slices.Collect(maps.Keys(u.Sizes)))
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 // fence is why a held device fences its GPUs, and the note an operator
@@ -60,11 +73,22 @@ type fence struct {
 // configuration changed under a held claim: exclusivity is judged by the
 // GPUs recorded for the claim), or when its seats are not known.
 func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fence) {
-	u := Usage{Held: draresources.Held{}, Fenced: map[int]string{}, Largest: map[string]int{}}
+	u := Usage{Held: draresources.Held{}, Fenced: map[int]string{}, Largest: map[string]int{}, Sizes: map[string]v1alpha1.SeatSize{}}
 	fences := map[types.UID]fence{}
 	for _, uid := range slices.Sorted(maps.Keys(st.Claims)) {
 		c := st.Claims[uid]
 		own := map[string]int{}
+		ownSize := map[string]v1alpha1.SeatSize{}
+		// hold counts a device's seats: the seats held, and a claim's
+		// share (its size, on a sized group).
+		hold := func(dev checkpoint.Device) {
+			u.Held[dev.GroupDevice] += max(len(dev.Seats), 1)
+			if dev.Size != nil {
+				ownSize[dev.GroupDevice] = ownSize[dev.GroupDevice].Add(*dev.Size)
+				return
+			}
+			own[dev.GroupDevice] += max(len(dev.Seats), 1)
+		}
 		for _, dev := range c.Devices {
 			if dev.AdminAccess {
 				continue // no seat, no fence: monitoring keeps nobody off
@@ -81,8 +105,7 @@ func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fen
 				fences[uid] = fence{FenceSeatsUnknown, fmt.Sprintf("the seats claim %s/%s (%s) holds on group %s (GPUs %s) could not be recovered after the plugin's checkpoint was lost; no seat of the group, and no group sharing its GPUs, is handed out until the claim is released (delete its pods)",
 					c.Namespace, c.Name, uid, dev.Group, gpuList(dev.GPUs))}
 			case earlierConfiguration(plan, dev):
-				u.Held[dev.GroupDevice] += max(len(dev.Seats), 1)
-				own[dev.GroupDevice] += max(len(dev.Seats), 1)
+				hold(dev)
 				now := "no longer defines it"
 				if today != nil {
 					now = "defines it on GPUs " + gpuList(today.GPUs)
@@ -90,8 +113,7 @@ func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fen
 				fences[uid] = fence{FenceEarlierConfiguration, fmt.Sprintf("claim %s/%s (%s) holds group %s on GPUs %s as an earlier configuration defined it; the configuration now %s. GPUs %s stay fenced (no group containing them is handed out) until the claim is released",
 					c.Namespace, c.Name, uid, dev.Group, gpuList(dev.GPUs), now, gpuList(dev.GPUs))}
 			default:
-				u.Held[dev.GroupDevice] += max(len(dev.Seats), 1)
-				own[dev.GroupDevice] += max(len(dev.Seats), 1)
+				hold(dev)
 				continue
 			}
 			for _, x := range dev.GPUs {
@@ -102,6 +124,9 @@ func usageOf(plan *planner.Plan, st *checkpoint.State) (Usage, map[types.UID]fen
 		}
 		for gd, n := range own {
 			u.Largest[gd] = max(u.Largest[gd], n)
+		}
+		for gd, size := range ownSize {
+			u.Sizes[gd] = u.Sizes[gd].Max(size)
 		}
 	}
 	// A fenced device holds its whole group, whatever else does.
