@@ -29,6 +29,12 @@ const (
 	// access (monitoring): it sees its groups' GPUs but holds no seat, so
 	// KYB_GPU_SEAT and KYB_SEAT_GEN are not set.
 	EnvAdminAccess = "KYB_ADMIN_ACCESS"
+	// EnvSeatMemory and EnvSeatCompute are a sized seat's size: its
+	// memory in bytes on each GPU of its group, and its per cent of their
+	// SMs, one entry per seat in the order of KYB_GPU_SEAT. Set only where
+	// every seat is sized.
+	EnvSeatMemory  = "KYB_SEAT_MEMORY"
+	EnvSeatCompute = "KYB_SEAT_COMPUTE"
 )
 
 // ControlDevices are the device nodes every CUDA process needs besides its
@@ -52,6 +58,8 @@ type Seat struct {
 	// MIG, for a seat on a MIG instance, is the instance; GPUs is then
 	// its parent GPU.
 	MIG *MIGDevice
+	// Size, for a sized seat, is what each of Seats holds.
+	Size *v1alpha1.SeatSize
 }
 
 // MIGDevice is a MIG instance a container is given: CUDA and the NVIDIA
@@ -156,7 +164,8 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 		return nil, fmt.Errorf("no seats")
 	}
 	var gpus []inventory.GPU
-	var groups, seatIDs, gens, migUUIDs, capNodes []string
+	var groups, seatIDs, gens, migUUIDs, capNodes, memory, compute []string
+	sized := true
 	admin := seats[0].AdminAccess
 	for _, s := range seats {
 		if len(s.Seats) != len(s.Generations) {
@@ -173,7 +182,12 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 			groups = append(groups, s.Group)
 			seatIDs = append(seatIDs, strconv.Itoa(s.Seats[i]))
 			gens = append(gens, strconv.FormatInt(s.Generations[i], 10))
+			if s.Size != nil {
+				memory = append(memory, strconv.FormatInt(s.Size.MemoryBytes, 10))
+				compute = append(compute, strconv.FormatInt(s.Size.ComputePercent, 10))
+			}
 		}
+		sized = sized && s.Size != nil
 		for _, g := range s.GPUs {
 			if !slices.ContainsFunc(gpus, func(x inventory.GPU) bool { return x.UUID == g.UUID }) {
 				gpus = append(gpus, g)
@@ -197,6 +211,10 @@ func Build(seats []Seat, opts Options) (*Edits, error) {
 		EnvGroup:                strings.Join(groups, ","),
 		EnvSeat:                 strings.Join(seatIDs, ","),
 		EnvGeneration:           strings.Join(gens, ","),
+	}
+	if sized && len(memory) > 0 {
+		env[EnvSeatMemory] = strings.Join(memory, ",")
+		env[EnvSeatCompute] = strings.Join(compute, ",")
 	}
 	if admin {
 		delete(env, EnvSeat)

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
@@ -260,12 +261,17 @@ func (d *Driver) result(uid types.UID, c *checkpoint.Claim, plan *specPlan) kube
 }
 
 // describePrepared says where a claim's seats are, for its Prepared event:
-// "seat 2 (generation 7) of G0 (g0-1x: GPU 0) on node-1".
+// "seat 2 (generation 7) of G0 (g0-1x: GPU 0) on node-1", with a sized
+// seat's size: "seat 2 (generation 7; 20Gi per GPU, 25 % of SMs)".
 func describePrepared(c *checkpoint.Claim, nodeName string) string {
 	var parts []string
 	for _, dev := range c.Devices {
 		var seats []string
 		for i, s := range dev.Seats {
+			if sz := dev.Size; sz != nil {
+				seats = append(seats, fmt.Sprintf("%d (generation %d; %s per GPU, %d %% of SMs)", s, dev.Generations[i], resource.NewQuantity(sz.MemoryBytes, resource.BinarySI), sz.ComputePercent))
+				continue
+			}
 			seats = append(seats, fmt.Sprintf("%d (generation %d)", s, dev.Generations[i]))
 		}
 		what := "seat " + strings.Join(seats, ", ")
@@ -299,6 +305,11 @@ const (
 	metaSharing      = "sharing"
 	metaMPSThreadPct = "mpsActiveThreadPercentage"
 	metaMPSMemMiB    = "mpsPinnedDeviceMemLimitMiB"
+	// A sized seat's size, the device's own (its request's MPS limits
+	// add up the sizes of the request's seats): memory in bytes on each
+	// GPU of its group, and per cent of their SMs.
+	metaSeatMemory  = "seatMemory"
+	metaSeatCompute = "seatCompute"
 )
 
 // metadata is what a container learns of a prepared device from its
@@ -328,6 +339,11 @@ func metadataOf(node draresources.Node, dev checkpoint.Device, plan *specPlan) *
 	if dev.AdminAccess {
 		admin := true
 		attrs[metaAdminAccess] = resourceapi.DeviceAttribute{BoolValue: &admin}
+	}
+	if sz := dev.Size; sz != nil {
+		memory, compute := sz.MemoryBytes, sz.ComputePercent
+		attrs[metaSeatMemory] = resourceapi.DeviceAttribute{IntValue: &memory}
+		attrs[metaSeatCompute] = resourceapi.DeviceAttribute{IntValue: &compute}
 	}
 	if g := node.Group(dev.GroupDevice); g != nil {
 		strategy := string(g.Profile.Sharing)

@@ -61,7 +61,7 @@ func (p *specPlan) request(dev checkpoint.Device) *seatkind.Request {
 func (s *claimSpecs) plan(uid types.UID, c *checkpoint.Claim) (*specPlan, error) {
 	p := &specPlan{requests: map[string]*seatkind.Request{}}
 	for _, dev := range c.Devices {
-		seat := containeredits.Seat{Group: dev.Group, Seats: dev.Seats, Generations: dev.Generations, AdminAccess: dev.AdminAccess}
+		seat := containeredits.Seat{Group: dev.Group, Seats: dev.Seats, Generations: dev.Generations, AdminAccess: dev.AdminAccess, Size: dev.Size}
 		for i, x := range dev.GPUs {
 			gpu, err := s.gpu(x, dev.GPUUUIDs[i])
 			if err != nil {

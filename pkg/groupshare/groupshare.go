@@ -78,13 +78,24 @@ func (h *Hardware) Want(g *planner.Group, k int) (mps.Limits, bool) {
 	return h.Share(g, k), k > 0
 }
 
+// Sized is what a holder of size on g's sized seats gets: its compute,
+// and its memory on each of g's GPUs.
+func (h *Hardware) Sized(g *planner.Group, size v1alpha1.SeatSize) mps.Limits {
+	return mps.Sized(size.MemoryBytes, size.ComputePercent, len(g.GPUs))
+}
+
 // Client is what makes a container holding k of g's seats a client of
 // g's daemon.
 func (h *Hardware) Client(g *planner.Group, k int) (*containeredits.MPS, error) {
+	return h.ClientWith(g, h.Share(g, k))
+}
+
+// ClientWith is what makes a container a client of g's daemon with
+// limits l (a sized seat's, or an equal share's).
+func (h *Hardware) ClientWith(g *planner.Group, l mps.Limits) (*containeredits.MPS, error) {
 	if h.MPS == nil {
 		return nil, ErrNoMPS(g)
 	}
-	l := h.Share(g, k)
 	dir := h.MPS.Dir(g.DeviceName())
 	return &containeredits.MPS{
 		HostPipeDir:            filepath.Join(dir, mps.PipeDir),

@@ -30,6 +30,18 @@ func Share(k, seats int, memoryMiB []int64) Limits {
 	return l
 }
 
+// Sized is what a claim holding a size gets on a group of gpus GPUs: its
+// compute as the active thread percentage (at most 100: several sized
+// seats of one request add up), and its memory, in whole MiB, on each
+// GPU (a sized seat's memory is per GPU of its group).
+func Sized(memoryBytes, computePercent int64, gpus int) Limits {
+	l := Limits{ActiveThreadPercentage: int(min(computePercent, 100))}
+	for range gpus {
+		l.PinnedMemMiB = append(l.PinnedMemMiB, memoryBytes>>20)
+	}
+	return l
+}
+
 // Max is the larger share of each limit.
 func Max(a, b Limits) Limits {
 	out := Limits{ActiveThreadPercentage: max(a.ActiveThreadPercentage, b.ActiveThreadPercentage)}

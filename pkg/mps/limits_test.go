@@ -38,3 +38,26 @@ func TestParseMemLimit(t *testing.T) {
 		}
 	}
 }
+
+func TestSizedLimitsAreTheSizeOnEachGPUOfTheGroup(t *testing.T) {
+	tests := []struct {
+		name            string
+		memory, compute int64
+		gpus            int
+		wantPct         int
+		wantEnv         string
+	}{
+		{"20Gi and 25 % of one GPU", 20 << 30, 25, 1, 25, "0=20480M"},
+		{"20Gi and 25 % of a pair: 20Gi on each", 20 << 30, 25, 2, 25, "0=20480M,1=20480M"},
+		{"a part of a MiB is not given", 20<<30 + 1<<19, 1, 1, 1, "0=20480M"},
+		{"two seats' compute past all SMs", 8 << 30, 120, 1, 100, "0=8192M"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l := Sized(tc.memory, tc.compute, tc.gpus)
+			if l.ActiveThreadPercentage != tc.wantPct || l.MemLimitEnv() != tc.wantEnv {
+				t.Errorf("Sized = %d%% %s, want %d%% %s", l.ActiveThreadPercentage, l.MemLimitEnv(), tc.wantPct, tc.wantEnv)
+			}
+		})
+	}
+}

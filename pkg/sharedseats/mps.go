@@ -84,7 +84,7 @@ type MPS struct {
 	// settled is, per group, the largest share its daemon was last
 	// settled for: a group whose largest share differs is settled after
 	// a release.
-	settled map[string]int
+	settled map[string]share
 	// down are the MPS groups with a lost GPU, whose daemons are halted
 	// until the GPU comes back.
 	down map[string]bool
@@ -102,7 +102,7 @@ func NewMPS(opts Options) (*MPS, error) {
 		opts.WatchInterval = 5 * time.Second
 	}
 	hw := hardware(opts)
-	s := &MPS{opts: opts, hw: hw, mps: hw.MPS, settled: map[string]int{}, down: map[string]bool{}, failing: map[string]*watchFailure{},
+	s := &MPS{opts: opts, hw: hw, mps: hw.MPS, settled: map[string]share{}, down: map[string]bool{}, failing: map[string]*watchFailure{},
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kyb_mps_daemon_restarts_total", Help: "MPS control daemons started again after they ended while their group was in use, by group.",
 		}, []string{"group"})}
@@ -120,16 +120,34 @@ func hardware(opts Options) *groupshare.Hardware {
 	return &groupshare.Hardware{Inv: opts.Node.Inv}
 }
 
+// share is the largest share the claims on a group hold: the most seats
+// of an equal share one claim holds, and the most memory and compute one
+// claim's sized seats hold. Both are held only where a configuration
+// changed whether the group is sized under held claims.
+type share struct {
+	seats int
+	size  v1alpha1.SeatSize
+}
+
+func shareOf(u seatledger.Usage, name string) share {
+	return share{seats: u.Largest[name], size: u.Sizes[name]}
+}
+
+func (sh share) inUse() bool { return sh.seats > 0 || !sh.size.IsZero() }
+
 // want is what g's daemon must hold now: the largest share a claim holds
 // there, read afresh.
 func (s *MPS) want(ctx context.Context, g *planner.Group) mps.Want {
 	return func() (mps.Limits, bool, error) {
-		k, err := s.largest(ctx, g.DeviceName())
+		sh, err := s.largest(ctx, g.DeviceName())
 		if err != nil {
 			return mps.Limits{}, false, err
 		}
-		limits, inUse := s.hw.Want(g, k)
-		return limits, inUse, nil
+		limits, _ := s.hw.Want(g, sh.seats)
+		if !sh.size.IsZero() {
+			limits = mps.Max(limits, s.hw.Sized(g, sh.size))
+		}
+		return limits, sh.inUse(), nil
 	}
 }
 
@@ -137,23 +155,23 @@ func (s *MPS) want(ctx context.Context, g *planner.Group) mps.Want {
 // of a group that no longer uses MPS stays for its containers.
 func (s *MPS) held(ctx context.Context, name string) func() (bool, error) {
 	return func() (bool, error) {
-		k, err := s.largest(ctx, name)
-		return k > 0, err
+		sh, err := s.largest(ctx, name)
+		return sh.inUse(), err
 	}
 }
 
-// largest is the most seats one claim holds of the group now, noted as
+// largest is the largest share a claim holds of the group now, noted as
 // what its daemon is settled for.
-func (s *MPS) largest(ctx context.Context, name string) (int, error) {
+func (s *MPS) largest(ctx context.Context, name string) (share, error) {
 	u, err := s.opts.Usage.Fresh(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("read which claims hold group %s from the checkpoint shared with the other plugin instance: %w", name, err)
+		return share{}, fmt.Errorf("read which claims hold group %s from the checkpoint shared with the other plugin instance: %w", name, err)
 	}
-	k := u.Largest[name]
+	sh := shareOf(u, name)
 	s.mu.Lock()
-	s.settled[name] = k
+	s.settled[name] = sh
 	s.mu.Unlock()
-	return k, nil
+	return sh, nil
 }
 
 func (s *MPS) isDown(name string) bool {
@@ -184,10 +202,12 @@ func (s *MPS) Prepare(ctx context.Context, _ types.UID, c *checkpoint.Claim) err
 // its groups use MPS. A container reaches one daemon only (one
 // CUDA_MPS_PIPE_DIRECTORY), so a request holding seats of an MPS group
 // holds seats of that group only. The client's share is the request's
-// seats of the group's: computed here once per spec, and what the
-// request's device metadata says.
+// seats of the group's, or on a sized group the sizes of its seats added
+// up: computed here once per spec, and what the request's device metadata
+// says.
 func (s *MPS) Edit(_ types.UID, req seatkind.Request) error {
 	var g *planner.Group
+	var size v1alpha1.SeatSize
 	k := 0
 	usesMPS := false
 	for _, dev := range req.Devices {
@@ -203,11 +223,18 @@ func (s *MPS) Edit(_ types.UID, req seatkind.Request) error {
 		}
 		g = dg
 		k += len(dev.Seats)
+		if dev.Size != nil {
+			size = size.Add(*dev.Size)
+		}
 	}
 	if !usesMPS || k == 0 {
 		return nil
 	}
-	client, err := s.hw.Client(g, k)
+	limits := s.hw.Share(g, k)
+	if !size.IsZero() {
+		limits = s.hw.Sized(g, size)
+	}
+	client, err := s.hw.ClientWith(g, limits)
 	if err != nil {
 		return err
 	}
@@ -245,8 +272,8 @@ func (s *MPS) Settle(ctx context.Context, all bool) {
 	}
 	s.mu.Lock()
 	var names []string
-	for _, gd := range slices.Concat(slices.Collect(maps.Keys(s.settled)), slices.Collect(maps.Keys(u.Largest))) {
-		if s.settled[gd] != u.Largest[gd] {
+	for _, gd := range slices.Concat(slices.Collect(maps.Keys(s.settled)), u.InUse()) {
+		if s.settled[gd] != shareOf(u, gd) {
 			names = append(names, gd)
 		}
 	}
@@ -256,7 +283,7 @@ func (s *MPS) Settle(ctx context.Context, all bool) {
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Cannot list MPS daemons")
 		}
-		names = append(append(names, dirs...), slices.Collect(maps.Keys(u.Largest))...)
+		names = append(append(names, dirs...), u.InUse()...)
 	}
 	slices.Sort(names)
 	for _, name := range slices.Compact(names) {
@@ -286,7 +313,7 @@ func (s *MPS) Settle(ctx context.Context, all bool) {
 func (s *MPS) retire(ctx context.Context, name string, g *planner.Group) error {
 	u, _ := s.opts.Usage.Last()
 	s.mu.Lock()
-	s.settled[name] = u.Largest[name]
+	s.settled[name] = shareOf(u, name)
 	s.mu.Unlock()
 	if !s.mps.Has(name) {
 		return nil

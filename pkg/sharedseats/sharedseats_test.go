@@ -32,6 +32,11 @@ func device(groupDevice string, request string, seats ...int) checkpoint.Device 
 
 func node(t *testing.T) (draresources.Node, *groupshare.Hardware, *[][]int) {
 	t.Helper()
+	return nodeWith(t, config)
+}
+
+func nodeWith(t *testing.T, config string) (draresources.Node, *groupshare.Hardware, *[][]int) {
+	t.Helper()
 	sn := simnodetest.New(t, "nvlink-2x4", config)
 	m, err := mps.NewManager(mps.Options{Root: t.TempDir(), Control: []string{"nvidia-cuda-mps-control"}, SetExclusive: func(context.Context, string, bool) error { return nil }, ShmTmpfsMiB: mps.DefaultShmTmpfsMiB})
 	if err != nil {

@@ -3,7 +3,6 @@ package sharedseats
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -108,7 +107,7 @@ func (s *MPS) checkDaemons(ctx context.Context) {
 	if !known {
 		return
 	}
-	names := slices.Collect(maps.Keys(u.Largest))
+	names := u.InUse()
 	dirs, err := s.mps.Known()
 	if err != nil {
 		logger.Error(err, "Cannot list MPS daemons")
