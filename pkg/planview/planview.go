@@ -39,9 +39,12 @@ type ProfileView struct {
 	Sharing            string `json:"sharing"`
 	TimeSlice          string `json:"timeSlice,omitempty"`
 	// MPSComputeMode, for mps, is exclusiveProcess or keep.
-	MPSComputeMode string      `json:"mpsComputeMode,omitempty"`
-	Seats          int         `json:"seats"`
-	Groups         []GroupView `json:"groups"`
+	MPSComputeMode string `json:"mpsComputeMode,omitempty"`
+	// Sized says the profile's claims ask their seats' sizes (its
+	// groups' sizes are in the published devices).
+	Sized  bool        `json:"sized,omitempty"`
+	Seats  int         `json:"seats"`
+	Groups []GroupView `json:"groups"`
 	// MIG is the MIG profile whose instances are the seats, and MIGGPUs
 	// the GPUs they are made on; such a profile has no whole-GPU groups.
 	MIG     string   `json:"mig,omitempty"`
@@ -84,6 +87,7 @@ func NewView(node, source string, inv *inventory.Inventory, plan *planner.Plan) 
 		}
 		if prof.Sharing == v1alpha1.SharingMPS {
 			pv.MPSComputeMode = string(prof.MPSComputeMode)
+			pv.Sized = prof.Sizes != nil
 		}
 		if prof.MIG != nil {
 			pv.Sharing, pv.MIG = "mig", prof.MIG.Profile
@@ -177,6 +181,9 @@ func WriteTable(w io.Writer, node, source string, inv *inventory.Inventory, plan
 		sharing := string(p.Sharing)
 		if p.TimeSlice != "" {
 			sharing += " (" + string(p.TimeSlice) + ")"
+		}
+		if p.Sizes != nil {
+			sharing += " (sized)"
 		}
 		if p.Sharing == v1alpha1.SharingMPS && p.MPSComputeMode == v1alpha1.MPSComputeModeKeep {
 			sharing += " (compute mode kept)"
