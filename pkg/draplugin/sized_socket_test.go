@@ -3,11 +3,15 @@ package draplugin_test
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/api/metadata"
 
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
@@ -167,4 +171,40 @@ func TestSizedClaimsBeyondWhatAGroupPublishesFailTheirPrepareOnly(t *testing.T) 
 	// The node serves on: the first claim again, and a claim that fits.
 	e.prepareOK(first)
 	e.prepareOK(e.claim(classSized, sized("20Gi", "50")))
+}
+
+// Without consumable capacity a sized profile cannot be published: the
+// per-seat fallback leaves it out, and the Node's fallback event says so.
+func TestSizedProfilesHaveNoSeatsAfterTheFallback(t *testing.T) {
+	e := newEnv(t, "nvlink-2x4", `
+profiles:
+- {resource: kyb.ai/gpu-1x-sized, seatsPerGroup: 4, gpus: [0, 1, 2, 3], sharing: {strategy: mps, sized: true}}
+- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 2, gpus: [4, 5, 6, 7]}
+`, withClient(func(c *fake.Clientset) {
+		c.PrependReactor("create", "resourceslices", dropAdvancedFields)
+		c.PrependReactor("update", "resourceslices", dropAdvancedFields)
+	}))
+	want := []string{"g4-1x-seat-0", "g4-1x-seat-1", "g5-1x-seat-0", "g5-1x-seat-1", "g6-1x-seat-0", "g6-1x-seat-1", "g7-1x-seat-0", "g7-1x-seat-1"}
+	var devices []string
+	var event string
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && (!slices.Equal(devices, want) || event == "") {
+		time.Sleep(50 * time.Millisecond)
+		devices = publishedDevices(t, e)
+		events, err := e.client.EventsV1().Events("").List(e.ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range events.Items {
+			if ev.Reason == "SeatLayoutFallback" && ev.Regarding.Kind == "Node" {
+				event = ev.Note
+			}
+		}
+	}
+	if !slices.Equal(devices, want) {
+		t.Errorf("published after the fallback: %v, want the equal seats only: %v", devices, want)
+	}
+	if !strings.Contains(event, "sized profile(s) 1x-sized get no seats: a seat without consumable capacity cannot carry the size its claim asks") {
+		t.Errorf("fallback event on the Node: %q", event)
+	}
 }
