@@ -17,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
@@ -24,8 +26,8 @@ import (
 )
 
 // The MPS soak: random prepares and releases of one- and two-seat MPS
-// claims and time-sliced pairs, plugin restarts, profile changes between
-// mps and timeSlicing, daemons killed, and a tenant's worst with the pipe
+// claims, sized ones, and time-sliced pairs, plugin restarts, profile
+// changes between mps, timeSlicing and sized mps, daemons killed, and a tenant's worst with the pipe
 // directory mounted read-write: its control socket removed, or replaced by
 // a link to another group's, and the daemon stopped (SIGSTOP, and SIGCONT
 // later). It ends with a final settle (every daemon free to end, the
@@ -83,22 +85,39 @@ func add(sum *[3]int, f [3]int) {
 type soak struct {
 	*mpsNode
 	rng    *rand.Rand
-	log    string
-	mpsNow bool
-	held   []*resourceapi.ResourceClaim
+	log string
+	// mode is how the 1x groups are shared from the plugin's last start
+	// on: modes[mode].
+	mode int
+	held []*resourceapi.ResourceClaim
 	// stopped are daemons stopped with SIGSTOP.
 	stopped []int
 	stats   soakStats
 }
 
 type soakStats struct {
-	prepares, refused, releases, restarts, profileChanges, tamperings, kills int
+	prepares, sized, refused, releases, restarts, profileChanges, tamperings, kills int
 }
 
 func (s soakStats) String() string {
-	return fmt.Sprintf("%d prepares (%d refused), %d releases, %d restarts, %d profile changes, %d tamperings, %d daemons killed",
-		s.prepares, s.refused, s.releases, s.restarts, s.profileChanges, s.tamperings, s.kills)
+	return fmt.Sprintf("%d prepares (%d sized, %d refused), %d releases, %d restarts, %d profile changes, %d tamperings, %d daemons killed",
+		s.prepares, s.sized, s.refused, s.releases, s.restarts, s.profileChanges, s.tamperings, s.kills)
 }
+
+// sharingConfigSized sizes the 1x groups' MPS seats, under the names the
+// other modes give them.
+const sharingConfigSized = `
+profiles:
+- resource: kyb.ai/gpu-1x-seat
+  seatsPerGroup: 4
+  sharing: {strategy: mps, sized: true}
+- resource: kyb.ai/gpu-2x-seat
+  seatsPerGroup: 2
+  sharing: {timeSlicing: {interval: Long}}
+`
+
+// modes are the soak's configurations, in the order it switches them.
+var modes = []string{sharingConfig, sharingConfigTimeSliced, sharingConfigSized}
 
 func newSoak(t *testing.T, rng *rand.Rand) *soak {
 	log := filepath.Join(t.TempDir(), "daemons.log")
@@ -116,7 +135,7 @@ func newSoak(t *testing.T, rng *rand.Rand) *soak {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
-	return &soak{mpsNode: n, rng: rng, log: log, mpsNow: true}
+	return &soak{mpsNode: n, rng: rng, log: log}
 }
 
 func (s *soak) step() {
@@ -149,6 +168,11 @@ func (s *soak) prepare() {
 		class = class2x
 	case 1:
 		mutate = append(mutate, seats(2))
+	case 2:
+		if modes[s.mode] == sharingConfigSized {
+			mutate = append(mutate, sized([]string{"", "8Gi", "16Gi", "30Gi"}[s.rng.Intn(4)], []string{"", "10", "25", "40"}[s.rng.Intn(4)]))
+			s.stats.sized++
+		}
 	}
 	c := schedulertest.Claim(fmt.Sprintf("soak-%d", s.claimN), class, 1, mutate...)
 	c.UID = types.UID(fmt.Sprintf("soak-%d", s.claimN))
@@ -195,15 +219,13 @@ func (s *soak) releaseAll() {
 	}
 }
 
-// switchProfile shares the 1x groups by MPS or by time-slicing from the
-// next plugin start on; the claims that hold them keep them.
+// switchProfile shares the 1x groups by MPS, by time-slicing or by sized
+// MPS seats from the next plugin start on, which the scheduler sees in
+// the node's slices; the claims that hold them keep them.
 func (s *soak) switchProfile() {
-	s.mpsNow = !s.mpsNow
-	config := sharingConfig
-	if !s.mpsNow {
-		config = sharingConfigTimeSliced
-	}
-	s.plan = simnodetest.New(s.t, "nvlink-2x4", config).Plan
+	s.mode = (s.mode + 1) % len(modes)
+	s.plan = simnodetest.New(s.t, "nvlink-2x4", modes[s.mode]).Plan
+	s.cluster.SetNode(nodeName, draresources.Resources(s.plan, s.inv, nodeName, draresources.LayoutShared), driver.Name)
 	s.stats.profileChanges++
 	s.restart()
 }
