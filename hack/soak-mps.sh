@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# make soak-mps: the MPS soak. Random prepares and releases of MPS and
-# time-sliced claims, plugin restarts, profile changes between mps and
-# timeSlicing, daemons killed, and a tenant's tampering with a read-write
-# pipe directory (control socket removed or replaced by a link to another
-# group's, daemon stopped with SIGSTOP and continued later), over the
+# make soak-mps: the MPS soak. Random prepares and releases of MPS (sized
+# ones among them) and time-sliced claims, plugin restarts, profile changes
+# between mps, timeSlicing and sized mps, daemons killed, and a tenant's
+# tampering with a read-write pipe directory (control socket removed or
+# replaced by a link to another group's, daemon stopped with SIGSTOP and
+# continued later), over the
 # simulated node and the simulated nvidia-cuda-mps-control. It ends with
 # the daemons leaked, the daemons of another group touched and the GPUs in
 # the wrong compute mode after a final settle: all three must be 0.

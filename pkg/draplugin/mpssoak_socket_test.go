@@ -84,7 +84,7 @@ func add(sum *[3]int, f [3]int) {
 
 type soak struct {
 	*mpsNode
-	rng    *rand.Rand
+	rng *rand.Rand
 	log string
 	// mode is how the 1x groups are shared from the plugin's last start
 	// on: modes[mode].
