@@ -145,11 +145,12 @@ func decodeStrict(data []byte, name string, out any) (*Source, FieldErrors, erro
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
 			path := pathAtOffset(jsonData, typeErr.Offset)
-			// A type's own UnmarshalJSON (a duration) reports an offset
-			// into its value alone; its field path is then the better
-			// guide, without list indices.
+			// A type's own UnmarshalJSON (a duration, a quantity)
+			// reports an offset into its value alone; its field path is
+			// then the better guide, without list indices, which the
+			// document's one field of that path gives back.
 			if typeErr.Field != "" && withoutIndices(path) != typeErr.Field {
-				path = typeErr.Field
+				path = src.onlyPath(typeErr.Field)
 			}
 			return src, nil, src.Annotate(FieldErrors{{Path: path, Detail: fmt.Sprintf("expected %s, got %s", typeName(typeErr.Type), valueName(typeErr.Value))}})
 		}
@@ -376,6 +377,26 @@ func pathAtOffset(data []byte, offset int64) string {
 		}
 		last = render()
 	}
+}
+
+// onlyPath is the path of the document's one field whose path without
+// list indices is field (a list's items are not fields); field itself
+// where none or several are.
+func (s *Source) onlyPath(field string) string {
+	found := ""
+	for p := range s.lines {
+		if strings.HasSuffix(p, "]") || withoutIndices(p) != field {
+			continue
+		}
+		if found != "" {
+			return field
+		}
+		found = p
+	}
+	if found == "" {
+		return field
+	}
+	return found
 }
 
 // withoutIndices drops the list indices of a field path: a[1].b -> a.b.

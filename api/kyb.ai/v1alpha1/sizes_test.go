@@ -103,6 +103,18 @@ func TestSizedProfilesWhoseSizesDoNotAddUpAreRefusedWithTheField(t *testing.T) {
     sizes:
       compute: {default: "25"}
 `, []string{`c.yaml:8: profiles[0].sharing.sizes.compute.default: expected an integer, got a string`}},
+		{"memory given as a list", `profiles:
+- resource: kyb.ai/gpu-1x-seat
+  seatsPerGroup: 2
+  sharing: {strategy: mps, sized: true}
+- resource: kyb.ai/gpu-2x-seat
+  seatsPerGroup: 2
+  sharing:
+    strategy: mps
+    sized: true
+    sizes:
+      memory: {default: [16Gi]}
+`, []string{`c.yaml:11: profiles[1].sharing.sizes.memory.default: expected a string, got a list`}},
 		{"a field of its own that is unknown", `profiles:
 - resource: kyb.ai/gpu-1x-seat
   seatsPerGroup: 2
