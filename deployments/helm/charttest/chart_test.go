@@ -31,7 +31,7 @@ type wantProfile struct {
 	size          int
 	seats         int
 	overprovision bool
-	sharing       string // strategy, and /interval where one is set
+	sharing       string // strategy, and /interval where one is set, /sized for a sized profile
 }
 
 // chartCase is one set of values and what the rendered chart must then say.
@@ -148,6 +148,13 @@ var cases = []chartCase{
 		deviceMode: true, driverMount: hostUsr,
 		privileged: true, mps: true,
 		profiles: []wantProfile{{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 4, sharing: "mps"}, {resource: "kyb.ai/gpu-2x-seat", name: "2x", size: 2, seats: 2, sharing: "timeSlicing/Long"}},
+	},
+	{
+		name:     "sized MPS seats",
+		files:    []string{"testdata/sized-values.yaml"},
+		extended: true, seamless: true, driverMount: hostUsr,
+		privileged: true, mps: true,
+		profiles: []wantProfile{{resource: "kyb.ai/gpu-1x-seat", name: "1x", size: 1, seats: 4, sharing: "mps"}, {resource: "kyb.ai/gpu-1x-sized", name: "1x-sized", size: 1, seats: 8, sharing: "mps/sized"}},
 	},
 	{
 		name:     "MIG",
@@ -291,6 +298,9 @@ func checkConfigMap(t *testing.T, m *manifest, tc chartCase) {
 			w.sharing = string(p.SharingStrategy())
 			if i := p.TimeSliceInterval(); i != "" {
 				w.sharing += "/" + string(i)
+			}
+			if p.IsSized() {
+				w.sharing += "/sized"
 			}
 		}
 		got = append(got, w)
