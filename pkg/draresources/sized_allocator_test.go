@@ -222,3 +222,20 @@ func TestConsumedSizeReadsWhatTheAllocatorGave(t *testing.T) {
 		}
 	}
 }
+
+// A request's devices are distinct devices: count: 2 takes two groups,
+// never two shares of one group (so it is no way to a larger size).
+func TestASizedRequestOfTwoTakesTwoGroupsNeverTwoSharesOfOne(t *testing.T) {
+	n := newNode(t, "dgx-h200", sizedConfig, draresources.LayoutShared)
+	if r, err := n.cluster.Allocate(ctx, schedulertest.Claim("two", classSized, 2, size("20Gi", "25")...), "node-1"); err != nil || r != nil {
+		t.Errorf("two 20Gi shares of the one sized group: %v %v, want no fit", r, err)
+	}
+	n = newNode(t, "dgx-h200", `
+profiles:
+- {resource: kyb.ai/gpu-1x-sized, seatsPerGroup: 8, gpus: [0, 1], sharing: {strategy: mps, sized: true}}
+`, draresources.LayoutShared)
+	r, err := n.cluster.Allocate(ctx, schedulertest.Claim("two", classSized, 2, size("20Gi", "25")...), "node-1")
+	if err != nil || r == nil || len(r.Devices.Results) != 2 || r.Devices.Results[0].Device == r.Devices.Results[1].Device {
+		t.Errorf("two 20Gi shares over two sized groups: %+v %v, want one on each", r, err)
+	}
+}
