@@ -287,20 +287,24 @@ func waitForGPUPodPolicies(t *testing.T, c *harness.Cluster) {
 		}
 		return c.Client.CoreV1().Pods("default").Create(c.Ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	}
+	// The API server loads each policy on its own: the validating one
+	// may refuse an unnamed pod before the mutating one names
+	// kyb-scheduler for it. Until both hold, a refusal is a wait.
 	var mutated string
-	var refused error
+	var unnamedErr, refused error
 	err := wait.PollUntilContextTimeout(c.Ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		pod, err := probe("")
+		unnamedErr = err
 		if err != nil {
-			return false, fmt.Errorf("a pod with a claim, no scheduler named: %w", err)
+			return false, nil
 		}
 		mutated = pod.Spec.SchedulerName
 		_, refused = probe("batch-scheduler")
 		return mutated == kybScheduler && refused != nil, nil
 	})
 	if err != nil {
-		t.Fatalf("the chart's policies are not enforced after %v: a pod with a claim that names no scheduler gets %q (want %s); one naming batch-scheduler: %v (want refused): %v",
-			timeout, mutated, kybScheduler, refused, err)
+		t.Fatalf("the chart's policies are not enforced after %v: a pod with a claim that names no scheduler gets %q (want %s), last error %v; one naming batch-scheduler: %v (want refused): %v",
+			timeout, mutated, kybScheduler, unnamedErr, refused, err)
 	}
 }
 
