@@ -9,6 +9,8 @@ import (
 	"text/tabwriter"
 	"unicode/utf8"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/kyb-ai/kyb-dra-driver/pkg/fragmentation"
 )
 
@@ -25,14 +27,18 @@ func WriteJSON(w io.Writer, v *View) error {
 // interconnect, the taints and the seats' generations. Where a node
 // publishes MIG devices, a MIG column gives each one's MIG profile and
 // placement, and a held seat its MIG device's UUID ("-" until the plugin
-// has written the claim's status). Every cell is escaped (see cell): text
+// has written the claim's status). Where a node publishes sized groups,
+// MEMORY and COMPUTE give each one's held and published memory (per GPU)
+// and compute, a held seat its size, and a table after the free seats
+// what is free per sized profile. Every cell is escaped (see cell): text
 // from the API cannot add rows or columns.
 func WriteTable(w io.Writer, v *View, wide bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	withMIG := false
+	withMIG, withSizes := false, false
 	for _, n := range v.Nodes {
 		for _, g := range n.Groups {
 			withMIG = withMIG || g.MIG != nil
+			withSizes = withSizes || g.Sizes != nil
 		}
 	}
 	for i, n := range v.Nodes {
@@ -55,7 +61,11 @@ func WriteTable(w io.Writer, v *View, wide bool) error {
 		if wide {
 			header = append(header, "INTERCONNECT")
 		}
-		header = append(header, "SEATS", "HELD", "STATE")
+		header = append(header, "SEATS", "HELD")
+		if withSizes {
+			header = append(header, "MEMORY", "COMPUTE")
+		}
+		header = append(header, "STATE")
 		if wide {
 			header = append(header, "TAINTS")
 		}
@@ -69,7 +79,11 @@ func WriteTable(w io.Writer, v *View, wide bool) error {
 			if wide {
 				cells = append(cells, dash(g.Interconnect))
 			}
-			cells = append(cells, strconv.Itoa(g.Seats), strconv.Itoa(g.HeldSeats), state(g))
+			cells = append(cells, strconv.Itoa(g.Seats), strconv.Itoa(g.HeldSeats))
+			if withSizes {
+				cells = append(cells, memoryCell(g.Sizes), computeCell(g.Sizes))
+			}
+			cells = append(cells, state(g))
 			if wide {
 				cells = append(cells, dash(strings.Join(g.Taints, ",")))
 			}
@@ -84,6 +98,14 @@ func WriteTable(w io.Writer, v *View, wide bool) error {
 	fmt.Fprintln(tw, "FREE SEATS\tFREE\tTOTAL")
 	for _, p := range v.Free {
 		row(tw, p.Profile, strconv.Itoa(p.Free), strconv.Itoa(p.Total))
+	}
+	if len(v.Sizes) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "FREE SIZES\tMEMORY FREE\tMOST ON ONE GROUP\tMEMORY\tCOMPUTE FREE\tMOST ON ONE GROUP\tCOMPUTE")
+		for _, p := range v.Sizes {
+			row(tw, p.Profile, quantity(p.FreeMemoryBytes), quantity(p.LargestFreeMemoryBytes), quantity(p.MemoryBytes),
+				percent(p.FreeComputePercent), percent(p.LargestFreeComputePercent), percent(p.ComputePercent))
+		}
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "FRAGMENTATION\tFREE GPUS\tLARGEST GROUP\tIN FREE LARGEST GROUPS\tFRAGMENTED")
@@ -171,6 +193,9 @@ func heldBy(g Group, wide bool) string {
 		if g.MIG != nil {
 			text += " " + dash(h.MIGDeviceUUID)
 		}
+		if h.Size != nil {
+			text += " " + quantity(h.Size.MemoryBytes) + " " + percent(h.Size.ComputePercent)
+		}
 		parts = append(parts, text)
 	}
 	if hidden := g.HeldSeats - len(g.Held); hidden > 0 && len(parts) < g.HeldSeats {
@@ -191,6 +216,32 @@ func migCell(m *MIGInstance) string {
 		cell += " static"
 	}
 	return cell
+}
+
+// memoryCell renders a sized group's memory held and published, per
+// GPU: 76Gi/80Gi.
+func memoryCell(s *Sizes) string {
+	if s == nil {
+		return "-"
+	}
+	return quantity(s.HeldMemoryBytes) + "/" + quantity(s.MemoryBytes)
+}
+
+// computeCell renders a sized group's compute held and published: 65/100 %.
+func computeCell(s *Sizes) string {
+	if s == nil {
+		return "-"
+	}
+	return strconv.FormatInt(s.HeldComputePercent, 10) + "/" + percent(s.ComputePercent)
+}
+
+// quantity renders a size as the API writes a quantity: 20Gi, 143771Mi.
+func quantity(n int64) string {
+	return resource.NewQuantity(n, resource.BinarySI).String()
+}
+
+func percent(n int64) string {
+	return strconv.FormatInt(n, 10) + " %"
 }
 
 func ints(xs []int) string {

@@ -1,7 +1,9 @@
 // Package seatview is the cluster's seats as an operator asks about them:
 // per node, every group the node publishes, with its profile, GPUs, seats
 // and state (free, in use, full, blocked by which group, unhealthy with
-// which taint), who holds each seat, and the free seats per profile. It is
+// which taint), who holds each seat, and the free seats per profile; of a
+// sized profile's group, its memory and compute held and free, and each
+// seat's size (sizes.go). It is
 // computed from the API alone (the driver's ResourceSlices and the
 // ResourceClaims with the seat data the plugin writes into their status),
 // so that kubectl-kyb needs no access to the nodes. It relies on slices
@@ -44,6 +46,9 @@ type View struct {
 	// Free is the free seats per profile across the nodes shown. Profiles
 	// share GPUs: taking a free seat of one may block groups of another.
 	Free []ProfileSeats `json:"free"`
+	// Sizes is, per sized profile, its groups' memory and compute free
+	// and in all across the nodes shown.
+	Sizes []ProfileSizes `json:"sizes"`
 	// Fragmentation is the nodes' fragmentation added up: free GPUs, and
 	// of them those outside every free group of their node's largest
 	// size. Its largestGroup is the largest of the nodes'.
@@ -88,6 +93,9 @@ type Group struct {
 	// MIG is set for a MIG device: one instance of a MIG profile at one
 	// placement of its GPU, a group of one seat.
 	MIG *MIGInstance `json:"mig,omitempty"`
+	// Sizes is set for a sized profile's group: its memory and compute,
+	// held and free.
+	Sizes *Sizes `json:"sizes,omitempty"`
 }
 
 // MIGInstance is the MIG instance a device stands for, from its published
@@ -120,6 +128,9 @@ type Seat struct {
 	// MIGDeviceUUID is the MIG device made for the seat of a MIG device
 	// (MIG-…), once the plugin has written the claim's status.
 	MIGDeviceUUID string `json:"migDeviceUUID,omitempty"`
+	// Size is a sized seat's memory (per GPU of its group) and compute:
+	// what its claim's allocation consumed.
+	Size *v1alpha1.SeatSize `json:"size,omitempty"`
 }
 
 // ProfileSeats counts seats of one profile.
@@ -212,6 +223,9 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 						g.MIG.Static = *a.BoolValue
 					}
 				}
+				if seat < 0 {
+					g.Sizes = deviceSizes(d)
+				}
 				groups[key] = g
 				devices[name] = append(devices[name], device)
 				needs[key] = consumption(d)
@@ -236,7 +250,7 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 		}
 	}
 	holders(groups, seatDevices, claims, opts)
-	v := &View{Nodes: []Node{}, Free: []ProfileSeats{}}
+	v := &View{Nodes: []Node{}, Free: []ProfileSeats{}, Sizes: []ProfileSizes{}}
 	free := map[string]*ProfileSeats{}
 	var profiles []string
 	inUse := map[string][]groupKey{}
@@ -261,6 +275,10 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 			key := groupKey{name, device}
 			g := groups[key]
 			settle(g, key, inUse[name], needs, caps[name], used[name])
+			if g.Sizes != nil {
+				g.Sizes.settleFree(g.State)
+				v.Sizes = addSizes(v.Sizes, g.Profile, g.Sizes)
+			}
 			n.Groups = append(n.Groups, *g)
 			p := free[g.Profile]
 			if p == nil {
@@ -292,6 +310,7 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 	for _, p := range profiles {
 		v.Free = append(v.Free, *free[p])
 	}
+	slices.SortFunc(v.Sizes, func(a, b ProfileSizes) int { return compareProfiles(a.Profile, b.Profile) })
 	return v
 }
 
@@ -330,6 +349,12 @@ func holders(groups map[groupKey]*Group, seatDevices map[groupKey]map[string]int
 				n = int(q.Value())
 			}
 			g.HeldSeats += n
+			var size *v1alpha1.SeatSize
+			if g.Sizes != nil {
+				s := g.Sizes.consumed(r)
+				g.Sizes.hold(s)
+				size = &s
+			}
 			if opts.Namespace != "" && cl.Namespace != opts.Namespace {
 				continue
 			}
@@ -341,13 +366,13 @@ func holders(groups map[groupKey]*Group, seatDevices map[groupKey]map[string]int
 			switch {
 			case ok && len(status.Seats) == len(status.Generations):
 				for i, s := range status.Seats {
-					g.Held = append(g.Held, Seat{Seat: &s, Generation: status.Generations[i], Claim: name, Pods: pods, MIGDeviceUUID: status.MIGDeviceUUID})
+					g.Held = append(g.Held, Seat{Seat: &s, Generation: status.Generations[i], Claim: name, Pods: pods, MIGDeviceUUID: status.MIGDeviceUUID, Size: size})
 				}
 			case perSeatIndex >= 0:
 				g.Held = append(g.Held, Seat{Seat: &perSeatIndex, Claim: name, Pods: pods})
 			default:
 				for range n {
-					g.Held = append(g.Held, Seat{Claim: name, Pods: pods})
+					g.Held = append(g.Held, Seat{Claim: name, Pods: pods, Size: size})
 				}
 			}
 		}
@@ -386,8 +411,9 @@ func seatData(cl resourceapi.ResourceClaim) map[string]deviceStatus {
 }
 
 // settle decides a group's state: unhealthy first (no new claim lands
-// there), then full, in use, blocked by a held group that shares a counter
-// (a GPU), or free.
+// there), then full (every seat held, or on a sized group no memory or
+// compute left for another claim), in use, blocked by a held group that
+// shares a counter (a GPU), or free.
 func settle(g *Group, key groupKey, inUse []groupKey, needs map[groupKey]counterUse, caps, used counterUse) {
 	for _, t := range g.Taints {
 		if strings.HasSuffix(t, ":NoSchedule") || strings.HasSuffix(t, ":NoExecute") {
@@ -396,7 +422,7 @@ func settle(g *Group, key groupKey, inUse []groupKey, needs map[groupKey]counter
 		}
 	}
 	switch {
-	case g.HeldSeats >= g.Seats:
+	case g.HeldSeats >= g.Seats || g.Sizes.exhausted():
 		g.State = StateFull
 		return
 	case g.HeldSeats > 0:

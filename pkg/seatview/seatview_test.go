@@ -49,12 +49,11 @@ func newCluster(t *testing.T, layout draresources.Layout, nodes ...string) *clus
 	return c
 }
 
-// allocate allocates a claim of class with selector on node, reserved for
-// pod, and writes the seat data the plugin writes after prepare when
+// allocate allocates a claim of class with selector on node, its request
+// changed by mutate, reserved for pod, and writes the seat data the plugin writes after prepare when
 // seats is not nil.
-func (c *cluster) allocate(ns, name, class, selector, node, pod string, seats []int) *resourceapi.AllocationResult {
+func (c *cluster) allocate(ns, name, class, selector, node, pod string, seats []int, mutate ...func(*resourceapi.DeviceRequest)) *resourceapi.AllocationResult {
 	c.t.Helper()
-	var mutate []func(*resourceapi.DeviceRequest)
 	if selector != "" {
 		mutate = append(mutate, schedulertest.WithSelector(selector))
 	}

@@ -30,13 +30,16 @@ blocked by which group, unhealthy) and, per held seat, the claim and its
 pods; then the free seats per profile across the nodes shown, and each
 node's fragmentation: its free GPUs, and how many of them are outside
 every free group of its largest size (which a request of that size cannot
-use), with the nodes' total. It reads ResourceSlices and ResourceClaims
-from the API server and needs no access to the nodes. Install: put
-kubectl-kyb on your PATH.
+use), with the nodes' total. A sized profile's group shows its memory
+(per GPU) and compute held of what it publishes, each holder its size,
+and a table the memory and compute free per sized profile. It reads
+ResourceSlices and ResourceClaims from the API server and needs no access
+to the nodes. Install: put kubectl-kyb on your PATH.
 
   kubectl kyb seats -A
   kubectl kyb seats --node gpu-node-7 -o wide
   kubectl kyb seats -A -o json | jq '.free'
+  kubectl kyb seats -A -o json | jq '.sizes'
 
 Seats held by claims of other namespaces than -n count in HELD but are
 not named; -A names every holder. A seat's number appears once the plugin

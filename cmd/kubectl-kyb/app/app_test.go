@@ -11,8 +11,10 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -132,6 +134,59 @@ func BenchmarkSeats500Nodes(b *testing.B) {
 		}
 		if err := seatview.WriteTable(&bytes.Buffer{}, v, false); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// A sized group's memory and compute come from the slices' capacities and
+// the claims' allocations as the API server holds them: what each
+// consumed, and a capacity a result does not name at the group's default
+// (an H200's 143771Mi over 8 seats: 17Gi, and 12 %).
+func TestSizedSeatsFromTheAPI(t *testing.T) {
+	sn := simnodetest.New(t, "dgx-h200", `
+profiles:
+- resource: kyb.ai/gpu-1x-sized
+  seatsPerGroup: 8
+  sharing: {strategy: mps, sized: true}
+`)
+	var objs []runtime.Object
+	for j, s := range draresources.ResourceSlices(draresources.Resources(sn.Plan, sn.Inv, "node-a", draresources.LayoutShared), "node-a") {
+		s.Name = fmt.Sprintf("node-a-%d", j)
+		objs = append(objs, s)
+	}
+	claim := func(name, share string, consumed map[resourceapi.QualifiedName]resource.Quantity) *resourceapi.ResourceClaim {
+		c := &resourceapi.ResourceClaim{}
+		c.Namespace, c.Name = "team-a", name
+		id := types.UID(share)
+		c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+			{Request: "gpu", Driver: "gpu.kyb.ai", Pool: "node-a", Device: "g3-1x-sized", ShareID: &id, ConsumedCapacity: consumed},
+		}}}
+		c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: name}}
+		return c
+	}
+	objs = append(objs,
+		claim("infer", "3a4f4b8e-5c1c-4d55-9bb6-0c1a8d1f0001", map[resourceapi.QualifiedName]resource.Quantity{
+			"seats": resource.MustParse("1"), "memory": resource.MustParse("100Gi"), "compute": resource.MustParse("60")}),
+		claim("plain", "3a4f4b8e-5c1c-4d55-9bb6-0c1a8d1f0002", nil))
+	v, err := Seats(context.Background(), fake.NewClientset(objs...), "", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := seatview.WriteTable(&out, v, false); err != nil {
+		t.Fatal(err)
+	}
+	// Columns are aligned by tabwriter: compare word by word.
+	got := strings.Join(strings.Fields(out.String()), " ")
+	for _, line := range []string{
+		"g3-1x-sized G3 1x-sized 3 8 2 117Gi/143771Mi 72/100 % in use ?: team-a/infer (team-a/infer) 100Gi 60 %; ?: team-a/plain (team-a/plain) 17Gi 12 %",
+		"g4-1x-sized G4 1x-sized 4 8 0 0/143771Mi 0/100 % free -",
+		// 8 GPUs of 143771Mi (1150168Mi), 117Gi (119808Mi) and 72 %
+		// held on one: the most free is an idle GPU's.
+		"1x-sized 1030360Mi 143771Mi 1150168Mi 728 % 100 % 800 %",
+	} {
+		if !strings.Contains(got, line) {
+			t.Errorf("table lacks\n%s\n%s", line, out.String())
 		}
 	}
 }
