@@ -22,6 +22,15 @@ var (
 	containerProcsDesc = prometheus.NewDesc("kyb_container_gpu_processes",
 		"Processes of the container running on the GPU.",
 		containerLabels, nil)
+	// A sized seat's size, beside its use: a panel divides one by the
+	// other. Served for the containers whose use is, on the GPUs of sized
+	// groups.
+	containerMemorySizeDesc = prometheus.NewDesc("kyb_container_gpu_memory_size_bytes",
+		"GPU memory the container's sized seats hold on the GPU, which their MPS limits enforce: the memory their claims consumed, added up; served beside kyb_container_gpu_memory_used_bytes where the container holds sized seats.",
+		containerLabels, nil)
+	containerComputeSizeDesc = prometheus.NewDesc("kyb_container_gpu_compute_size_ratio",
+		"Share of the GPU's SMs the container's sized seats hold, which their MPS active thread percentage enforces (0-1): the compute their claims consumed, added up to at most 1; served beside kyb_container_gpu_sm_utilization_ratio where the container holds sized seats.",
+		containerLabels, nil)
 	gpuMemoryDesc = prometheus.NewDesc("kyb_gpu_memory_used_bytes",
 		"GPU memory in use, by every process.", gpuLabels, nil)
 	gpuMemoryTotalDesc = prometheus.NewDesc("kyb_gpu_memory_total_bytes",
@@ -44,7 +53,7 @@ func (u *Usage) Collector() prometheus.Collector { return usageCollector{u} }
 type usageCollector struct{ u *Usage }
 
 func (c usageCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{containerMemoryDesc, containerSMDesc, containerProcsDesc, gpuMemoryDesc, gpuMemoryTotalDesc, gpuSMDesc, migMemoryDesc, migMemoryTotalDesc, unattributedDesc} {
+	for _, d := range []*prometheus.Desc{containerMemoryDesc, containerSMDesc, containerProcsDesc, containerMemorySizeDesc, containerComputeSizeDesc, gpuMemoryDesc, gpuMemoryTotalDesc, gpuSMDesc, migMemoryDesc, migMemoryTotalDesc, unattributedDesc} {
 		ch <- d
 	}
 }
@@ -72,5 +81,9 @@ func (c usageCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(containerMemoryDesc, prometheus.GaugeValue, float64(use.memory), labels...)
 		ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, use.sm/100, labels...)
 		ch <- prometheus.MustNewConstMetric(containerProcsDesc, prometheus.GaugeValue, float64(use.processes), labels...)
+		if !use.size.IsZero() {
+			ch <- prometheus.MustNewConstMetric(containerMemorySizeDesc, prometheus.GaugeValue, float64(use.size.MemoryBytes), labels...)
+			ch <- prometheus.MustNewConstMetric(containerComputeSizeDesc, prometheus.GaugeValue, float64(use.size.ComputePercent)/100, labels...)
+		}
 	}
 }

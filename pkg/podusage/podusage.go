@@ -1,6 +1,7 @@
 // Package podusage is the per-pod GPU metrics of the DRA plugin: what each
 // container holding a seat uses of its GPUs, which dcgm-exporter cannot
-// attribute for a driver other than NVIDIA's. It samples the GPUs'
+// attribute for a driver other than NVIDIA's, and beside it the size its
+// sized seats hold there. It samples the GPUs'
 // processes and gives each to the seat its container holds, reading the
 // held claims from the seat ledger (Ledger) and everything else from the
 // node itself: the process's cgroup, the container runtime's CRI API, the
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/cri"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
@@ -111,6 +113,10 @@ type containerUse struct {
 	memory    uint64
 	sm        float64
 	processes int
+	// size is what the container's sized seats hold on the GPU: their
+	// memory on each GPU of the group and their share of its SMs, added
+	// up as their MPS limits are; zero for other seats.
+	size v1alpha1.SeatSize
 }
 
 type unattributedKey struct {
@@ -295,7 +301,7 @@ func (u *Usage) attribute(gpus []gpuusage.Usage) usageSnapshot {
 	snap := usageSnapshot{gpus: gpus, containers: map[containerKey]*containerUse{}, unattributed: map[unattributedKey]uint64{}}
 	for _, g := range gpus {
 		for _, p := range g.Processes {
-			key, ok := u.seatOf(p, g.GPU.Index, held)
+			key, size, ok := u.seatOf(p, g.GPU.Index, held)
 			if !ok {
 				reason := noSeatHere
 				if !p.InPod {
@@ -306,7 +312,7 @@ func (u *Usage) attribute(gpus []gpuusage.Usage) usageSnapshot {
 			}
 			use := snap.containers[key]
 			if use == nil {
-				use = &containerUse{}
+				use = &containerUse{size: size}
 				snap.containers[key] = use
 			}
 			use.memory += p.MemoryBytes
@@ -317,13 +323,16 @@ func (u *Usage) attribute(gpus []gpuusage.Usage) usageSnapshot {
 	return snap
 }
 
-func (u *Usage) seatOf(p gpuusage.Process, gpu int, held map[types.NamespacedName]*checkpoint.Claim) (containerKey, bool) {
+// seatOf is the container, group and seats a process's use goes to, and
+// the size the container's sized seats hold there.
+func (u *Usage) seatOf(p gpuusage.Process, gpu int, held map[types.NamespacedName]*checkpoint.Claim) (containerKey, v1alpha1.SeatSize, bool) {
+	var size v1alpha1.SeatSize
 	if !p.InPod {
-		return containerKey{}, false
+		return containerKey{}, size, false
 	}
 	info, ok := u.containers[p.Container]
 	if !ok {
-		return containerKey{}, false
+		return containerKey{}, size, false
 	}
 	group, seats, admin := "", map[int]bool{}, false
 	for _, use := range info.uses {
@@ -340,16 +349,22 @@ func (u *Usage) seatOf(p gpuusage.Process, gpu int, held map[types.NamespacedNam
 			for _, s := range dev.Seats {
 				seats[s] = true
 			}
+			if dev.Size != nil {
+				size = size.Add(*dev.Size)
+			}
 		}
 	}
 	if group == "" {
-		return containerKey{}, false
+		return containerKey{}, size, false
 	}
 	key := containerKey{namespace: info.namespace, pod: info.pod, container: info.name, group: group, seat: seatLabel(seats, admin), gpu: gpu}
 	if p.Instance != nil {
 		key.migUUID, key.placement = p.Instance.UUID, p.Instance.Placement.String()
 	}
-	return key, true
+	// Several sized seats of a group add up, at most all of the SMs, as
+	// the container's MPS limits do.
+	size.ComputePercent = min(size.ComputePercent, v1alpha1.MaxCompute)
+	return key, size, true
 }
 
 // inDevice reports whether a process can be a claim device's: one in a
