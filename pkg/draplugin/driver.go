@@ -274,6 +274,9 @@ func (d *Driver) open(ctx context.Context) error {
 	if err := d.openLedger(ctx, feed); err != nil {
 		return err
 	}
+	if err := d.metrics.registry.Register(sizeCollector{p: d.publisher, ledger: d.ledger}); err != nil {
+		return fmt.Errorf("register the sized seat metrics: %w", err)
+	}
 	d.holders = containerclaims.NewFinder(opts.PodResources, opts.Client.ResourceV1(), d.ledger)
 	d.kinds.mig.Start(ctx, d.ledger, d.specs)
 	d.statuses = newStatusWriter(opts.BackgroundClient.ResourceV1(), d.ledger, d.kinds.mig, d.metrics, func() { d.hooks.run(HookAfterStatusWrite) })
