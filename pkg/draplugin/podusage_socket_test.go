@@ -213,11 +213,17 @@ func TestPerPodGPUUsageOverSockets(t *testing.T) {
 
 // Every metric the chart's Grafana dashboard queries is one the plugin
 // serves, with the labels the queries select on, but kyb-scheduler's
-// (kyb_placement_*).
+// (kyb_placement_*). The node has a sized profile beside equal seats, as
+// the dashboard's sized panels need.
 func TestTheDashboardQueriesWhatThePluginServes(t *testing.T) {
 	var e *env
 	file := filepath.Join(t.TempDir(), "processes")
-	e = newEnv(t, "nvlink-2x4", seed, func(x *env) { e = x; withUsage(x, file, &usageNode{})(x) })
+	e = newEnv(t, "nvlink-2x4", `
+profiles:
+- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 4}
+- {resource: kyb.ai/gpu-2x-seat, seatsPerGroup: 3}
+- {resource: kyb.ai/gpu-1x-sized, seatsPerGroup: 4, gpus: [7], sharing: {strategy: mps, sized: true}}
+`, func(x *env) { e = x; withUsage(x, file, &usageNode{})(x) })
 	raw, err := os.ReadFile("../../deployments/helm/kyb-dra-driver/dashboards/kyb-gpu-seats.json")
 	if err != nil {
 		t.Fatal(err)
@@ -257,7 +263,7 @@ func TestTheDashboardQueriesWhatThePluginServes(t *testing.T) {
 		labels[f.GetName()] = set
 	}
 	// Families that have no series until a container holds a seat.
-	for _, name := range []string{"kyb_container_gpu_memory_used_bytes", "kyb_container_gpu_sm_utilization_ratio"} {
+	for _, name := range []string{"kyb_container_gpu_memory_used_bytes", "kyb_container_gpu_sm_utilization_ratio", "kyb_container_gpu_memory_size_bytes", "kyb_container_gpu_compute_size_ratio"} {
 		labels[name] = map[string]bool{"node": true, "namespace": true, "pod": true, "container": true, "group": true, "seat": true, "gpu": true}
 	}
 	metric := regexp.MustCompile(`\b(kyb_[a-z_]+)(\{([^}]*)\})?`)
