@@ -15,7 +15,8 @@ type Limits struct {
 	PinnedMemMiB           []int64 `json:"pinnedMemMiB"`
 }
 
-func (l Limits) equal(o Limits) bool {
+// Equal reports whether two limits are the same.
+func (l Limits) Equal(o Limits) bool {
 	return l.ActiveThreadPercentage == o.ActiveThreadPercentage && slices.Equal(l.PinnedMemMiB, o.PinnedMemMiB)
 }
 

@@ -49,7 +49,7 @@ type record struct {
 
 // limited tells whether the daemon holds limits already.
 func (r *record) limited(l Limits) bool {
-	return r.Limits != nil && r.Limits.equal(l)
+	return r.Limits != nil && r.Limits.Equal(l)
 }
 
 // socketID names one control socket: a socket bound again at the same
