@@ -2,7 +2,9 @@
 // is not, what is wrong and what to do: NVML and the GPUs, the plan, the
 // driver files a container would get, the CDI and kubelet directories, the
 // container runtime's CDI setting, the checkpoint, and whether pods of the
-// device-plugin shim still hold GPUs (the kubelet's PodResources API). `kyb-dra-plugin doctor`
+// device-plugin shim still hold GPUs (the kubelet's PodResources API), and
+// what the groups of sized profiles publish, hold and have their MPS
+// daemons enforce. `kyb-dra-plugin doctor`
 // prints its report; the chart runs it as an init container, so that a
 // broken node says why in `kubectl logs`.
 //
@@ -100,6 +102,9 @@ type Options struct {
 	// CheckTimeout bounds each step of the examination (the probe's step:
 	// beyond the probe's own timeout); 0: DefaultCheckTimeout.
 	CheckTimeout time.Duration
+	// MPSRoot is the plugin's --mps-root, where its MPS daemons' records
+	// are; empty: its default, <plugin directory>/mps.
+	MPSRoot string
 	// Host, when set, is the node's GPUs already opened (a simulated
 	// node whose MIG state a caller made), examined instead of opening
 	// them from Node; the caller closes it.
@@ -158,6 +163,9 @@ func Run(ctx context.Context, opts Options) *Report {
 	}
 	for _, s := range steps {
 		e.step(ctx, timeout, s.checks, s.run)
+	}
+	if e.hasSizes() {
+		e.step(ctx, timeout, []string{"sized-seats"}, (*examination).checkSizedSeats)
 	}
 	if opts.PodResourcesSocket != "" {
 		e.step(ctx, timeout, []string{"handover"}, (*examination).checkHandover)

@@ -23,7 +23,9 @@ Examines this node as the plugin would serve it and says, check by check,
 ok, warn or fail, and what to do: NVML and the driver, the GPUs and their
 links, the configuration and plan, the driver files a container would get,
 NVIDIA's CDI spec, the CDI directory, the kubelet's plugin directories, the
-container runtime's CDI setting, the plugin's checkpoint, and with
+container runtime's CDI setting, the plugin's checkpoint, the sized
+profiles' groups (what each publishes, what its claims hold, and whether
+its MPS daemon holds the largest size held), and with
 --pod-resources-socket whether pods of the device-plugin shim still hold
 GPUs (drain them before the plugin takes the node over). With --probe it
 also runs a CUDA probe in a sandbox built only from a seat's CDI spec: what
@@ -56,6 +58,7 @@ func Doctor(ctx context.Context, args []string, getenv func(string) string, stdo
 	var bootID nodesetup.BootIDFlag
 	bootID.AddFlags(f)
 	f.StringVar(&opts.PodResourcesSocket, "pod-resources-socket", "POD_RESOURCES_SOCKET", "", "the kubelet's PodResources API, as the plugin's flag: where set, whether pods of the device-plugin shim still hold GPUs (the plugin refuses to take the node over until it is drained of them); empty: not asked")
+	f.StringVar(&opts.MPSRoot, "mps-root", "KYB_MPS_ROOT", "", "the plugin's --mps-root: where the records of its MPS daemons are, whose limits the sized-seats check holds against the sizes held; default: <plugin directory>/mps")
 	f.StringVar(&opts.HostRoot, "host-root", "KYB_HOST_ROOT", "/", "where the host's root file system is, as the doctor sees it; the container runtime's configuration is read under it")
 	f.StringVar(&opts.ContainerdConfig, "containerd-config", "KYB_CONTAINERD_CONFIG", "/etc/containerd/config.toml", "containerd's configuration file on the host")
 	f.StringVar(&opts.CRIOConfig, "crio-config", "KYB_CRIO_CONFIG", "/etc/crio/crio.conf", "CRI-O's configuration file on the host; its drop-ins in <file>.d are read too")
