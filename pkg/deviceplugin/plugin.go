@@ -23,6 +23,8 @@
 //     registers again (see registration.go).
 //   - Seat generations (KYB_SEAT_GEN) count hand-outs in memory, since the
 //     kubelet never reports a release (see allocate.go).
+//   - A sized profile is not served (sized.go): the kubelet's integer
+//     resources cannot tie a seat's memory and compute to its group.
 package deviceplugin
 
 import (
@@ -288,6 +290,10 @@ func (p *Plugin) makeEndpoints(ctx context.Context, instances *miginstance.Manag
 	}
 	blocked := surveyMIG(ctx, instances, p.opts.MIG.NVML, p.opts.Inventory, migSeats, listing)
 	for _, prof := range p.layout.Profiles {
+		if prof.Sizes != nil {
+			logger.Info("Not serving a sized profile", "resource", prof.Resource, "profile", prof.Name, "why", notServedSized)
+			continue
+		}
 		var res *resource
 		switch {
 		case prof.MIG != nil && len(migSeats[prof.Resource]) > 0:
@@ -310,6 +316,9 @@ func (p *Plugin) makeEndpoints(ctx context.Context, instances *miginstance.Manag
 		p.endpoints = append(p.endpoints, e)
 	}
 	if len(p.endpoints) == 0 {
+		if sized := sizedProfiles(p.layout); len(sized) > 0 {
+			return fmt.Errorf("no profile has groups on this node (%s), and sized profile(s) %s are not served through the device-plugin API (%s): nothing to serve", p.opts.Inventory.Summary(), strings.Join(sized, ", "), notServedSized)
+		}
 		return fmt.Errorf("no profile has groups on this node (%s): nothing to serve", p.opts.Inventory.Summary())
 	}
 	return nil
