@@ -35,6 +35,7 @@ type Panel struct {
 		X, Y, W, H int
 	} `json:"gridPos"`
 	Targets []struct {
+		RefID        string `json:"refId"`
 		Expr         string `json:"expr"`
 		LegendFormat string `json:"legendFormat"`
 		Instant      bool   `json:"instant"`
@@ -43,7 +44,49 @@ type Panel struct {
 		Defaults struct {
 			Unit string `json:"unit"`
 		} `json:"defaults"`
+		// Overrides set a table column's unit, by the column's name.
+		Overrides []struct {
+			Matcher struct {
+				ID      string `json:"id"`
+				Options string `json:"options"`
+			} `json:"matcher"`
+			Properties []struct {
+				ID    string `json:"id"`
+				Value any    `json:"value"`
+			} `json:"properties"`
+		} `json:"overrides"`
 	} `json:"fieldConfig"`
+	// Transformations name a table's value columns ("Value #A": the
+	// column of query A).
+	Transformations []struct {
+		ID      string `json:"id"`
+		Options struct {
+			RenameByName map[string]string `json:"renameByName"`
+		} `json:"options"`
+	} `json:"transformations"`
+}
+
+// column is the name a table gives the values of query refID, and their
+// unit.
+func (p Panel) column(refID string) (name, unit string) {
+	name = "Value #" + refID
+	for _, t := range p.Transformations {
+		if n, ok := t.Options.RenameByName[name]; ok {
+			name = n
+		}
+	}
+	unit = p.FieldConfig.Defaults.Unit
+	for _, o := range p.FieldConfig.Overrides {
+		if o.Matcher.ID != "byName" || o.Matcher.Options != name {
+			continue
+		}
+		for _, prop := range o.Properties {
+			if u, ok := prop.Value.(string); ok && prop.ID == "unit" {
+				unit = u
+			}
+		}
+	}
+	return name, unit
 }
 
 // Load reads a dashboard file.

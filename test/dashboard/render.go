@@ -130,12 +130,14 @@ func table(ctx context.Context, b *strings.Builder, p Panel, prom Prometheus, en
 		values []string
 	}
 	rows := map[string]*row{}
-	var keys, cols []string
+	var keys []string
+	present := map[string]bool{}
 	for i, t := range p.Targets {
 		res, err := prom.Query(ctx, t.Expr, end, end, 0)
 		if err != nil {
 			return err
 		}
+		_, unit := p.column(t.RefID)
 		for _, s := range res {
 			k := Legend("", s.Labels)
 			r := rows[k]
@@ -144,20 +146,28 @@ func table(ctx context.Context, b *strings.Builder, p Panel, prom Prometheus, en
 				rows[k] = r
 				keys = append(keys, k)
 			}
-			unit := "bytes"
-			if i > 0 {
-				unit = "percentunit"
+			for l := range s.Labels {
+				present[l] = true
 			}
 			r.values[i] = Format(s.Values[0], unit)
 		}
 	}
 	sort.Strings(keys)
-	cols = []string{"node", "namespace", "pod", "container", "group", "seat"}
+	var cols []string
+	for _, c := range []string{"node", "namespace", "pod", "container", "group", "seat", "gpu"} {
+		if present[c] {
+			cols = append(cols, c)
+		}
+	}
 	b.WriteString(`<table><tr>`)
 	for _, c := range cols {
 		fmt.Fprintf(b, `<th>%s</th>`, c)
 	}
-	b.WriteString(`<th>memory</th><th>SM</th></tr>`)
+	for _, t := range p.Targets {
+		name, _ := p.column(t.RefID)
+		fmt.Fprintf(b, `<th>%s</th>`, html.EscapeString(name))
+	}
+	b.WriteString(`</tr>`)
 	for _, k := range keys {
 		r := rows[k]
 		b.WriteString(`<tr>`)
