@@ -37,7 +37,6 @@ declare -A banned=(
 )
 # Exceptions to a binary's bans.
 declare -A allowed=(
-	[kubectl-kyb]=$both'|^k8s.io/dynamic-resource-allocation/(kubeletplugin|resourceslice)(/.*)?$|^github.com/NVIDIA/|^google.golang.org/grpc$|^'$module'/pkg/(draplugin|draresources|seatledger|planner|inventory|gpuhost|health|checkpoint|cdi)(/.*)?$'
 	[kyb-cuda-probe]='^'$module'/pkg/(sandbox|cudaprobe|cudaprobe/driverapi)$'
 )
 status=0
