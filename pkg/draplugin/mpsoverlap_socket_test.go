@@ -9,6 +9,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/kyb-ai/kyb-dra-driver/pkg/mps/mpstest"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/simnode"
 )
 
@@ -47,9 +48,7 @@ func TestMPSGroupsThatShareAGPUNeverRunDaemonsAtOnce(t *testing.T) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
-	if err := syscall.Kill(widePIDs[0], syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	mpstest.Stop(t, widePIDs[0])
 	if r := n.unprepare(wide)[string(wide.UID)]; r == nil || r.Error != "" {
 		t.Fatalf("release of the wide claim: %+v", r)
 	}

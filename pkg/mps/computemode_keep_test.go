@@ -34,7 +34,7 @@ func TestAKeptDaemonBesideAnUnfinishedExclusiveStopLeavesNoGPUExclusive(t *testi
 		t.Fatal(err)
 	}
 	widePIDs := daemonsOf(t, control, root, wide.Name)
-	signalAll(t, widePIDs, syscall.SIGSTOP)
+	mpstest.Stop(t, widePIDs...)
 	if err := m.Settle(ctx, wide, mps.Unused()); err == nil {
 		t.Fatal("the stop of a SIGSTOPped daemon was reported done")
 	}

@@ -39,7 +39,7 @@ func TestADaemonDoesNotStartOnAGPUWhereAnotherGroupsStopIsPending(t *testing.T) 
 		t.Fatal(err)
 	}
 	widePIDs := daemonsOf(t, control, root, wide.Name)
-	signalAll(t, widePIDs, syscall.SIGSTOP)
+	mpstest.Stop(t, widePIDs...)
 	if err := m.Settle(ctx, wide, mps.Unused()); err == nil {
 		t.Fatal("the stop of a SIGSTOPped daemon was reported done")
 	}
@@ -84,7 +84,7 @@ func TestAStopLeavesExclusiveTheGPUsAnotherGroupsDaemonServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	widePIDs := daemonsOf(t, control, root, wide.Name)
-	signalAll(t, widePIDs, syscall.SIGSTOP)
+	mpstest.Stop(t, widePIDs...)
 	if err := m.Settle(ctx, wide, mps.Unused()); err == nil {
 		t.Fatal("the stop of a SIGSTOPped daemon was reported done")
 	}

@@ -130,7 +130,7 @@ func TestADaemonThatDoesNotEndIsNotReportedStopped(t *testing.T) {
 	}
 	pids := daemonsOf(t, control, root, g.Name)
 	t.Cleanup(func() { _ = syscall.Kill(pids[0], syscall.SIGKILL) })
-	signalAll(t, pids, syscall.SIGSTOP)
+	mpstest.Stop(t, pids...)
 
 	err := m.Settle(ctx, g, mps.Unused())
 	if err == nil || !strings.Contains(err.Error(), "still runs") {

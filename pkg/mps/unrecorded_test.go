@@ -142,7 +142,7 @@ func TestNoDaemonStartsBesideAnUnrecordedOneThatDoesNotAnswer(t *testing.T) {
 	signalAll(t, daemonsOf(t, control, root, g.Name), syscall.SIGKILL)
 	waitUntil(t, "the killed daemon to end", func() bool { return len(daemonsOf(t, control, root, g.Name)) == 0 })
 	orphan := startUnrecorded(t, control, root, g)
-	signalAll(t, []int{orphan}, syscall.SIGSTOP)
+	mpstest.Stop(t, orphan)
 
 	next, _ := managerOn(t, control, root)
 	err := next.Ensure(ctx, g, limits)

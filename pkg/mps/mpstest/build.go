@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // Build builds the simulated nvidia-cuda-mps-control into the test's
@@ -177,4 +178,37 @@ func zombie(stat []byte) bool {
 	}
 	f := strings.Fields(string(stat[i+1:]))
 	return len(f) == 0 || f[0] == "Z" || f[0] == "X"
+}
+
+// Stop stops each process with SIGSTOP and returns once /proc shows it
+// stopped: kill(2) returns before every thread of the process has
+// stopped, and a daemon that still answers a command in that window is
+// not the stopped daemon a test means.
+func Stop(t testing.TB, pids ...int) {
+	t.Helper()
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatalf("stop PID %d: %v", pid, err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range pids {
+		for !stopped(pid) {
+			if time.Now().After(deadline) {
+				t.Fatalf("PID %d is not stopped 10s after SIGSTOP", pid)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// stopped tells whether /proc/<pid>/stat gives the process's state as
+// stopped (T).
+func stopped(pid int) bool {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'T'
 }
