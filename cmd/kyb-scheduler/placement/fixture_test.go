@@ -20,6 +20,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/deviceclass/extendedresourcecache"
 	resourceslicetracker "k8s.io/dynamic-resource-allocation/resourceslice/tracker"
 	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/dynamic-resource-allocation/structured/schedulerapi"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -373,11 +374,30 @@ func (f *fixture) allocateWith(a structured.Allocator, claim *resourceapi.Resour
 	if _, err := f.client.ResourceV1().ResourceClaims(claim.Namespace).UpdateStatus(f.ctx, allocated, metav1.UpdateOptions{}); err != nil {
 		f.t.Fatal(err)
 	}
+	// The claim's cache and the allocated-device tracker that PreFilter
+	// gathers from follow the informer each on its own: a score read
+	// before the tracker has the devices would count them free.
 	f.waitFor("the allocation of "+claim.Name, func() bool {
 		c, err := f.dra.ResourceClaims().Get(claim.Namespace, claim.Name)
-		return err == nil && c.Status.Allocation != nil
+		if err != nil || c.Status.Allocation == nil {
+			return false
+		}
+		gathered, err := f.dra.ResourceClaims().GatherAllocatedState()
+		return err == nil && holds(gathered, r)
 	})
 	return r
+}
+
+// holds tells whether the allocated state has every device of an
+// allocation, whole or as a share.
+func holds(state *structured.AllocatedState, r *resourceapi.AllocationResult) bool {
+	for _, res := range r.Devices.Results {
+		id := schedulerapi.MakeDeviceID(res.Driver, res.Pool, res.Device)
+		if !state.AllocatedDevices.Has(id) && !state.AllocatedSharedDeviceIDs.Has(schedulerapi.MakeSharedDeviceID(id, res.ShareID)) {
+			return false
+		}
+	}
+	return true
 }
 
 // snapshot is what the DynamicResources plugin's PreFilter reads for a
