@@ -85,6 +85,9 @@ func TestSizedReconfigurationDoesNotHandOutMoreMemoryThanTheGPUHas(t *testing.T)
 				}
 				r := e.prepare(c)[string(c.UID)]
 				if r == nil || r.Error != "" {
+					if r == nil || !strings.Contains(r.Error, "seat of its earlier configuration") {
+						t.Errorf("prepare of %s after the change: %+v, want a refusal naming the earlier configuration's seat", c.Name, r)
+					}
 					log = append(log, c.Name+" refused")
 					return false
 				}

@@ -104,6 +104,9 @@ func (a assigner) result(st *checkpoint.State, uid types.UID, configs []resource
 	if holder, fenced := st.FencedBy(groupDevice); fenced && holder != uid {
 		return checkpoint.Device{}, fmt.Errorf("group %s is fenced: the seats claim %s holds on it could not be recovered, so none is handed out until that claim is released", group.Name, describeClaim(st, holder))
 	}
+	if err := checkSizing(st, uid, group); err != nil {
+		return checkpoint.Device{}, err
+	}
 	var size *v1alpha1.SeatSize
 	var seats []int
 	if ref.Seat >= 0 {

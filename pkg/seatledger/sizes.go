@@ -5,6 +5,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/checkpoint"
@@ -35,6 +36,32 @@ func sizeOf(st *checkpoint.State, result resourceapi.DeviceRequestAllocationResu
 			group.Name, quantity(size.MemoryBytes), size.ComputePercent, quantity(held.MemoryBytes), held.ComputePercent, quantity(sizes.Memory.Capacity), sizes.Compute.Capacity)
 	}
 	return &size, nil
+}
+
+// checkSizing refuses a seat on a group whose profile was made sized, or
+// plain, while seats of the other kind are held there: the seats of one
+// kind count neither in the other's sizes nor in its equal shares, so
+// together they could give the GPU's memory out more than once. The group
+// serves again once those seats are released.
+func checkSizing(st *checkpoint.State, uid types.UID, group *planner.Group) error {
+	_, sized := group.Sizes()
+	groupDevice := group.DeviceName()
+	for holder, c := range st.Claims {
+		if holder == uid {
+			continue
+		}
+		for _, d := range c.Devices {
+			if d.GroupDevice != groupDevice || d.AdminAccess || d.Fenced || (d.Size != nil) == sized {
+				continue
+			}
+			then, now := "sized", "plain"
+			if sized {
+				then, now = "plain", "sized"
+			}
+			return fmt.Errorf("group %s is %s now, and claim %s holds a %s seat of its earlier configuration there: no seat of the group is handed out until that claim is released", group.Name, now, describeClaim(st, holder), then)
+		}
+	}
+	return nil
 }
 
 // heldSize is the sum of the sizes the state's claims hold on a group
