@@ -71,7 +71,10 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 		APIServerFlags: []string{"--authorization-mode=Node,RBAC",
 			"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-mode=blocking", "--audit-log-format=json"},
 		Nodes: []harness.NodeOptions{
-			{Name: "node-a", Preset: "single-gpu", NoPlugin: true, Metrics: true},
+			// With the per-pod GPU metrics on, as the chart runs them:
+			// each container with a seat runs a process on its GPU.
+			{Name: "node-a", Preset: "single-gpu", NoPlugin: true, Metrics: true,
+				GPUUse: func(*corev1.Pod, string) (uint64, uint32, bool) { return 1000, 10, true }},
 			{Name: "node-b", Preset: "single-gpu"},
 		},
 	})
@@ -114,10 +117,7 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 	}
 
 	nodeA := c.Node("node-a")
-	// With the per-pod GPU metrics on, as the chart runs them: a pod's
-	// workload on its seat is found from the node alone.
 	nodeA.Options.PluginArgs = []string{"--kubeconfig", kubeconfig}
-	nodeA.Options.GPUUse = func(*corev1.Pod, string) (uint64, uint32, bool) { return 1000, 10, true }
 	nodeA.StartPlugin()
 	nodeA.WaitForPlugin()
 
@@ -133,7 +133,8 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 	if len(claimA.Status.Devices) != 1 {
 		t.Fatalf("the plugin could not write the seat status with the chart's RBAC: %+v\n%s", claimA.Status.Devices, nodeA.PluginLog.Tail(20))
 	}
-	// The pod's GPU use is its seat's, with no pod read from the API.
+	// The pod's GPU use is its seat's, found from the node alone: no pod
+	// read from the API.
 	err = wait.PollUntilContextTimeout(c.Ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		for _, s := range scrape(t, nodeA.MetricsURL, "kyb_container_gpu_memory_used_bytes")["kyb_container_gpu_memory_used_bytes"] {
 			if s.labels["pod"] == "on-a" && s.labels["container"] == "app" && s.labels["seat"] == ctrs["app"].Env["KYB_GPU_SEAT"] {
@@ -143,7 +144,7 @@ func TestChartRBACIsEnoughAndNodeScoped(t *testing.T) {
 		return false, nil
 	})
 	if err != nil {
-		t.Errorf("the pod's GPU use is not on its seat: %v\n%s", scrape(t, nodeA.MetricsURL, "kyb_container_gpu_memory_used_bytes"), nodeA.PluginLog.Tail(20))
+		t.Errorf("the pod's GPU use is not on its seat: %v", scrape(t, nodeA.MetricsURL, "kyb_container_gpu_memory_used_bytes", "kyb_gpu_memory_used_bytes", "kyb_gpu_unattributed_memory_used_bytes"))
 	}
 
 	// The same credentials, aimed at node-b: refused.

@@ -52,7 +52,8 @@ type NodeOptions struct {
 	Metrics bool
 	// GPUUse runs simulated workloads: a process on each GPU of each
 	// container that has seats, in the container's cgroup, using what
-	// GPUUse says (see workload.go). nil: no processes.
+	// GPUUse says (see workload.go). nil: no processes. AddNode takes it:
+	// setting Node.Options.GPUUse later changes nothing.
 	GPUUse GPUUse
 }
 
