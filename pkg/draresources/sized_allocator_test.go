@@ -7,7 +7,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
+	"github.com/kyb-ai/kyb-dra-driver/pkg/planner"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/schedulertest"
 )
 
@@ -237,5 +239,71 @@ profiles:
 	r, err := n.cluster.Allocate(ctx, schedulertest.Claim("two", classSized, 2, size("20Gi", "25")...), "node-1")
 	if err != nil || r == nil || len(r.Devices.Results) != 2 || r.Devices.Results[0].Device == r.Devices.Results[1].Device {
 		t.Errorf("two 20Gi shares over two sized groups: %+v %v, want one on each", r, err)
+	}
+}
+
+// What kyb-scheduler predicts a sized claim consumes (v1alpha1's
+// SizeRule.Consumed, over the sizes the device publishes) is what the
+// allocator consumes: as asked, off the step, below the minimum,
+// fractional, left out, under the default rules and under steps of their
+// own.
+func TestConsumedIsWhatTheAllocatorConsumes(t *testing.T) {
+	const stepped = `
+profiles:
+- resource: kyb.ai/gpu-1x-sized
+  seatsPerGroup: 8
+  sharing:
+    strategy: mps
+    sized: true
+    sizes:
+      memory: {default: 14Gi, min: 2Gi, step: 4Gi}
+      compute: {default: 10, min: 5, step: 5}
+`
+	requests := [][2]string{
+		{"", ""}, {"20Gi", "25"}, {"20.5Gi", "12.5"}, {"100Mi", "0"}, {"3Gi", "7"},
+		{"8Gi", ""}, {"", "0.5"}, {"14Gi", "10"}, {"1", "1"}, {"40000Mi", "99.9"},
+	}
+	for _, config := range []string{sizedConfig, stepped} {
+		for _, req := range requests {
+			n := newNode(t, "dgx-h200", config, draresources.LayoutShared)
+			r := n.allocate(t, "a", classSized, size(req[0], req[1])...)
+			if r == nil {
+				t.Errorf("memory %q, compute %q: fits no group", req[0], req[1])
+				continue
+			}
+			res := r.Devices.Results[0]
+			var d *resourceapi.Device
+			for _, s := range n.cluster.Slices() {
+				for i := range s.Spec.Devices {
+					if s.Spec.Devices[i].Name == res.Device {
+						d = &s.Spec.Devices[i]
+					}
+				}
+			}
+			sizes, ok := draresources.DeviceSizes(*d)
+			if !ok {
+				t.Fatalf("%s publishes no sizes", res.Device)
+			}
+			for _, c := range []struct {
+				name  resourceapi.QualifiedName
+				asked string
+				rule  planner.SizeRange
+			}{{draresources.MemoryCapacity, req[0], sizes.Memory}, {draresources.ComputeCapacity, req[1], sizes.Compute}} {
+				var requested int64
+				if c.asked != "" {
+					q := resource.MustParse(c.asked)
+					requested = q.Value()
+				}
+				rule := v1alpha1.SizeRule{Default: c.rule.Default, Min: c.rule.Min, Step: c.rule.Step}
+				got := rule.Consumed(requested, c.asked != "")
+				took := res.ConsumedCapacity[c.name]
+				if took.CmpInt64(got) != 0 {
+					t.Errorf("memory %q, compute %q: %s consumed %s by the allocator, %d by SizeRule.Consumed", req[0], req[1], c.name, took.String(), got)
+				}
+				if !rule.Allows(got) {
+					t.Errorf("memory %q, compute %q: %s %d consumed is not allowed by the rule", req[0], req[1], c.name, got)
+				}
+			}
+		}
 	}
 }

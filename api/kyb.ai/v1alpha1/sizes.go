@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"reflect"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -173,6 +174,43 @@ func bytesOf(q Quantity) (int64, bool) {
 // OnStep reports whether v is min plus a whole number of steps.
 func OnStep(v, min, step int64) bool {
 	return v >= min && step > 0 && (v-min)%step == 0
+}
+
+// Consumed is what a claim consumes of a capacity under the rule, as the
+// scheduler's allocator computes it (k8s.io/dynamic-resource-allocation,
+// structured, consumable capacity: fillEmptyRequest, roundUpRange): the
+// default where the claim asks nothing (asked false), the minimum where
+// it asks less, else what it asks rounded up to min plus a whole number
+// of steps. requested is in the capacity's unit, a fraction rounded up
+// (Quantity.Value): with a whole min and step the next step is the same.
+// A size past what an int64 holds is math.MaxInt64, which no capacity
+// fits (the allocator refuses such a request outright).
+//
+// kyb-scheduler predicts with it which group the allocator gives a sized
+// claim; docs/design.md ("Sized seats") says what the allocator does.
+func (r SizeRule) Consumed(requested int64, asked bool) int64 {
+	switch {
+	case !asked:
+		return r.Default
+	case requested <= r.Min:
+		return r.Min
+	case r.Step <= 0:
+		return requested
+	}
+	n := (requested - r.Min) / r.Step
+	if (requested-r.Min)%r.Step != 0 {
+		n++
+	}
+	if r.Min >= 0 && n > (math.MaxInt64-r.Min)/r.Step {
+		return math.MaxInt64
+	}
+	return r.Min + n*r.Step
+}
+
+// Allows reports whether v passes the rule as the allocator's request
+// policy does: the default always, else min plus whole steps.
+func (r SizeRule) Allows(v int64) bool {
+	return v == r.Default || OnStep(v, r.Min, r.Step)
 }
 
 // EqualShare is 1/seats of capacity rounded down to the rule's step, at

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"math"
 	"strings"
 	"testing"
 )
@@ -209,5 +210,40 @@ func TestEqualShareIsRoundedDownToTheStepAndNeverBelowTheMinimum(t *testing.T) {
 		if got := tc.rule.EqualShare(tc.capacity, tc.seats); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+func TestConsumedIsTheRequestRoundedUpToTheNextStep(t *testing.T) {
+	const gib = 1 << 30
+	mem := SizeRule{Default: 17 * gib, Min: gib, Step: gib}
+	tests := []struct {
+		name      string
+		rule      SizeRule
+		requested int64
+		asked     bool
+		want      int64
+	}{
+		{"nothing asked: the default", mem, 0, false, 17 * gib},
+		{"on the step", mem, 20 * gib, true, 20 * gib},
+		{"off the step: the next one", mem, 20*gib + gib/2, true, 21 * gib},
+		{"one byte past a step", mem, 20*gib + 1, true, 21 * gib},
+		{"below the minimum", mem, 100 << 20, true, gib},
+		{"zero", mem, 0, true, gib},
+		{"steps of 4Gi above 2Gi", SizeRule{Default: 2 * gib, Min: 2 * gib, Step: 4 * gib}, 7 * gib, true, 10 * gib},
+		{"no step: as asked", SizeRule{Min: 5}, 12, true, 12},
+		{"past an int64", SizeRule{Min: 1, Step: 1 << 62}, math.MaxInt64, true, math.MaxInt64},
+	}
+	for _, tc := range tests {
+		if got := tc.rule.Consumed(tc.requested, tc.asked); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	for v, want := range map[int64]bool{17 * gib: true, gib: true, 21 * gib: true, 21*gib + 1: false, gib / 2: false} {
+		if got := mem.Allows(v); got != want {
+			t.Errorf("Allows(%d) = %t, want %t", v, got, want)
+		}
+	}
+	if off := (SizeRule{Default: 10, Min: 4, Step: 4}); !off.Allows(10) || off.Allows(14) {
+		t.Errorf("a default off the step is allowed, other sizes off it are not")
 	}
 }
