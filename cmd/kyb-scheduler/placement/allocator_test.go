@@ -164,9 +164,13 @@ func firstAvailable(classes ...string) func(*resourceapi.DeviceRequest) {
 func TestPredictionsTakeWhatTheAllocatorTakes(t *testing.T) {
 	f := newFixture(t, Args{DefaultPolicy: Pack},
 		nodeSpec{"node-a", "dgx-h100", threeProfiles}, nodeSpec{"node-b", "dgx-h100", sharedSeats},
-		nodeSpec{"node-c", "dgx-h100", migAndWhole}, nodeSpec{"node-d", "dgx-h100", threeProfiles})
+		nodeSpec{"node-c", "dgx-h100", migAndWhole}, nodeSpec{"node-d", "dgx-h100", threeProfiles},
+		nodeSpec{"node-e", "dgx-h100", sizedGroups}, nodeSpec{"node-f", "dgx-h200", sizedGroups})
 	f.waitFor("the MIG class", func() bool { return f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb") != nil })
 	mig := f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb").Name
+	ask := func(memory, compute string) []func(*resourceapi.DeviceRequest) {
+		return []func(*resourceapi.DeviceRequest){sized(memory, compute)}
+	}
 	type shape struct {
 		name   string
 		class  string
@@ -183,6 +187,21 @@ func TestPredictionsTakeWhatTheAllocatorTakes(t *testing.T) {
 		{name: "two MIG", class: mig, count: 2},
 		{name: "2x, else 1x", class: class2x, count: 1, mutate: []func(*resourceapi.DeviceRequest){firstAvailable(class2x, class1x)}},
 		{name: "MIG, else 1x", class: mig, count: 1, mutate: []func(*resourceapi.DeviceRequest){firstAvailable(mig, class1x)}},
+		// Sized seats of mixed sizes: the default, small and large ones,
+		// off the step, below the minimum, compute-bound, two of them, a
+		// pair's, and a size asked first of a profile that is not sized
+		// (no group there has the capacity).
+		{name: "sized, default", class: classSized, count: 1},
+		{name: "sized 4Gi", class: classSized, count: 1, mutate: ask("4Gi", "")},
+		{name: "sized 10Gi 10%", class: classSized, count: 1, mutate: ask("10Gi", "10")},
+		{name: "sized 24.5Gi", class: classSized, count: 1, mutate: ask("24.5Gi", "")},
+		{name: "sized 40Gi 30%", class: classSized, count: 1, mutate: ask("40Gi", "30")},
+		{name: "sized 70Gi", class: classSized, count: 1, mutate: ask("70Gi", "")},
+		{name: "sized 100Mi 60%", class: classSized, count: 1, mutate: ask("100Mi", "60")},
+		{name: "two sized 16Gi", class: classSized, count: 2, mutate: ask("16Gi", "")},
+		{name: "sized pair 30Gi", class: classSized2x, count: 1, mutate: ask("30Gi", "25")},
+		{name: "sized 2x 50Gi, else 1x", class: classSized2x, count: 1, mutate: []func(*resourceapi.DeviceRequest){firstAvailable(classSized2x, classSized), sizedSubRequests("50Gi")}},
+		{name: "1x 8Gi, else sized", class: class1x, count: 1, mutate: []func(*resourceapi.DeviceRequest){firstAvailable(class1x, classSized), sizedSubRequests("8Gi")}},
 	}
 	policies := []Policy{Pack, Topology, Spread}
 	var held []*resourceapi.AllocationResult
@@ -194,7 +213,7 @@ func TestPredictionsTakeWhatTheAllocatorTakes(t *testing.T) {
 	// then with the other kind of 1x groups, its allocations staying.
 	f.republish(nodeSpec{"node-d", "dgx-h100", threeProfiles}, "node-d", "node-d-1")
 	configs := []string{sharedSeats, threeProfiles}
-	for step := range 150 {
+	for step := range 300 {
 		if step%30 == 29 {
 			f.republish(nodeSpec{"node-b", "dgx-h100", configs[(step/30+1)%2]}, "node-b")
 		}

@@ -97,6 +97,9 @@ func TestPublishedNamesAreTheDriversOwn(t *testing.T) {
 	if counterSet != draresources.CounterSet {
 		t.Errorf("counter set %q, the driver publishes %q", counterSet, draresources.CounterSet)
 	}
+	if memoryCapacity != draresources.MemoryCapacity || computeCapacity != draresources.ComputeCapacity {
+		t.Errorf("sized capacities %q and %q, the driver publishes %q and %q", memoryCapacity, computeCapacity, draresources.MemoryCapacity, draresources.ComputeCapacity)
+	}
 	if seatsCapacity != draresources.SeatsCapacity {
 		t.Errorf("seats capacity %q, the driver publishes %q", seatsCapacity, draresources.SeatsCapacity)
 	}

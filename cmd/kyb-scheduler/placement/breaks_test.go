@@ -64,12 +64,13 @@ func TestDeviceOrderWorkGrowsWithThePool(t *testing.T) {
 	visits := map[int]int{}
 	for _, n := range []int{2048, 32768} {
 		p := parsePool("node-a", repeatedGroups("node-a", n, 32))
-		inUse := make([]bool, len(p.devices))
+		var a allocs
+		a.reset(len(p.devices))
 		for i, d := range p.devices[:60] {
-			inUse[i] = d.size == 1 && d.gpus.bound() <= 8
+			a.inUse[i] = d.size == 1 && d.gpus.bound() <= 8
 		}
 		s := &scratch{}
-		o := p.reorder(inUse, make([]int64, len(p.devices)), s)
+		o := p.reorder(&a, s)
 		if len(o.order) != n {
 			t.Fatalf("%d devices ordered of %d", len(o.order), n)
 		}

@@ -135,7 +135,14 @@ func newFixture(t testing.TB, args Args, nodes ...nodeSpec) *fixture {
 		s, err := f.dra.ResourceSlices().ListWithDeviceTaintRules()
 		return err == nil && len(s) == len(f.sim.Slices())
 	})
-	f.waitFor("the classes", func() bool { return f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/gpu-1x-seat") != nil })
+	f.waitFor("the classes", func() bool {
+		for _, c := range classes {
+			if r := c.Spec.ExtendedResourceName; r != nil && f.dra.DeviceClassResolver().GetDeviceClass(v1.ResourceName(*r)) == nil {
+				return false
+			}
+		}
+		return true
+	})
 	f.plugin = NewWithManager(args, f.dra)
 	return f
 }

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -94,9 +95,8 @@ func (o *deviceOrder) OrderDevices(ctx context.Context, state *structured.Alloca
 // ordered is a pool's state under the allocations it was computed for:
 // its device order, and the predictions made from it.
 type ordered struct {
-	// inUse and seats: the allocations (nodeUse's) the order is for.
-	inUse []bool
-	seats []int64
+	// allocs: the allocations the order is for.
+	allocs
 	// order: the pool's device indices, each slice's in its new order.
 	order []int
 	// copies: the reordered copy of each slice whose order changed, by
@@ -108,10 +108,10 @@ type ordered struct {
 	predictions map[string]outcome
 }
 
-// reorder makes the pool's state under the allocations inUse and seats
-// (the pool's part of a poolView), and keeps it as the pool's last.
-func (p *pool) reorder(inUse []bool, seats []int64, s *scratch) *ordered {
-	o := &ordered{inUse: slices.Clone(inUse), seats: slices.Clone(seats)}
+// reorder makes the pool's state under the allocations a (the pool's
+// part of a poolView), and keeps it as the pool's last.
+func (p *pool) reorder(a *allocs, s *scratch) *ordered {
+	o := &ordered{allocs: a.clone()}
 	s.use.restore(p, o)
 	o.order = p.preferred(&s.use, s)
 	for j, sp := range p.spans {
@@ -139,25 +139,34 @@ func (p *pool) reorder(inUse []bool, seats []int64, s *scratch) *ordered {
 // should try them under use, slice by slice and, within a slice, profile
 // by profile as published: devices with room for a seat first, among
 // them those that join GPUs in use, then those that break the fewest
-// idle larger groups (breaks.go); the published order breaks ties. A
-// device never moves ahead of another profile's: the allocator evaluates
-// the request's selectors on every device it tries, and a device of
-// another profile is one more evaluation that cannot match.
+// idle larger groups (breaks.go), then sized groups by the memory they
+// have left, least first, and the compute; the published order breaks
+// ties. The allocator takes the first sized group with room for a claim:
+// in this order, the one the claim leaves the least memory on (best
+// fit), whatever its size. A device never moves ahead of another
+// profile's: the allocator evaluates the request's selectors on every
+// device it tries, and a device of another profile is one more
+// evaluation that cannot match.
 func (p *pool) preferred(use *nodeUse, s *scratch) []int {
 	type rank struct {
-		block  int
-		full   bool
-		broken int
-		joined bool
+		block           int
+		full            bool
+		broken          int
+		joined          bool
+		memory, compute int64
 	}
 	s.broken = s.breaks.count(p, use.busy, s.broken)
 	ranks := make([]rank, len(p.devices))
 	for i, d := range p.devices {
 		ranks[i] = rank{
 			block:  d.block,
-			full:   !use.fits(i, d, 1),
+			full:   !use.fits(i, d, &smallest),
 			broken: s.broken[i],
 			joined: d.joins(use.inUse[i], use.busy),
+		}
+		if d.sized != nil {
+			ranks[i].memory = d.sized.memory.value - use.memory[i]
+			ranks[i].compute = d.sized.compute.value - use.compute[i]
 		}
 	}
 	buf := slices.Clone(p.identity)
@@ -171,8 +180,10 @@ func (p *pool) preferred(use *nodeUse, s *scratch) []int {
 				return boolOrder(ra.full)
 			case ra.joined != rb.joined:
 				return boolOrder(rb.joined)
-			default:
+			case ra.broken != rb.broken:
 				return ra.broken - rb.broken
+			default:
+				return cmp.Or(cmp.Compare(ra.memory, rb.memory), cmp.Compare(ra.compute, rb.compute))
 			}
 		})
 	}

@@ -23,14 +23,14 @@ func BenchmarkDeviceOrderOfALargePool(b *testing.B) {
 	for _, n := range []int{2048, 8192, 32768} {
 		b.Run(fmt.Sprintf("devices=%d", n), func(b *testing.B) {
 			p := parsePool("node-a", repeatedGroups("node-a", n, 32))
-			inUse := make([]bool, len(p.devices))
+			var a allocs
+			a.reset(len(p.devices))
 			for i, d := range p.devices[:60] {
-				inUse[i] = d.size == 1 && d.gpus.bound() <= 8
+				a.inUse[i] = d.size == 1 && d.gpus.bound() <= 8
 			}
-			seats := make([]int64, len(p.devices))
 			s := &scratch{}
 			for b.Loop() {
-				p.reorder(inUse, seats, s)
+				p.reorder(&a, s)
 			}
 		})
 	}

@@ -216,8 +216,8 @@ func TestPreScorePredictsFromTheCyclesOrder(t *testing.T) {
 	}
 	var v poolView
 	v.gather(set, gathered)
-	lo, hi := set.base[k], set.base[k+1]
-	fresh := p.reorder(v.inUse[lo:hi], v.seats[lo:hi], &scratch{})
+	a := v.sub(set.base[k], set.base[k+1])
+	fresh := p.reorder(&a, &scratch{})
 	reqs := podRequests(pod, f.dra)
 	restored := predict(f.ctx, f.plugin.cel, p, reqs, true, ord, &scratch{})
 	looked := predict(f.ctx, f.plugin.cel, p, reqs, true, fresh, &scratch{})

@@ -31,6 +31,7 @@ package placement
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"sync"
 	"time"
 
@@ -267,7 +268,7 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		ours = ours || o.ours
 		if loggerV.Enabled() && o.ours {
 			loggerV.Info("Placement predicted", "pod", klog.KObj(pod), "node", name, "policy", policy, "key", s.keys[name],
-				"predicted", o.predicted, "gpus", o.gpus, "busyGPUs", o.busy, "devices", o.picks, "joinedGroups", o.joined, "brokenGroups", o.broken)
+				"predicted", o.predicted, "gpus", o.gpus, "busyGPUs", o.busy, "devices", o.picks, "joinedGroups", o.joined, "brokenGroups", o.broken, "sizedGroups", o.sized, "memoryLeftMiB", o.leftMiB)
 		}
 	}
 	if !ours {
@@ -338,7 +339,12 @@ func normalize(list fwk.NodeScoreList) {
 			list[i].Score = 0
 			continue
 		}
-		list[i].Score = (list[i].Score - lo) * fwk.MaxScore / (hi - lo)
+		// Keys reach 2^62: the product takes 128 bits. Keys are never
+		// negative, so that hi-lo fits an int64 and the quotient is at
+		// most MaxScore.
+		h, l := bits.Mul64(uint64(list[i].Score-lo), uint64(fwk.MaxScore))
+		q, _ := bits.Div64(h, l, uint64(hi-lo))
+		list[i].Score = int64(q)
 	}
 }
 

@@ -217,7 +217,15 @@ func TestPodsWithoutDevicesSkipTheScore(t *testing.T) {
 	}
 }
 
+// largestKey is the largest key any policy gives: topology's, of a node
+// in use where a sized pod breaks nothing, joins a group in use and
+// leaves no memory.
+var largestKey = outcome{ours: true, predicted: true, gpus: 8, busy: 8, picks: 1, joined: 1, sized: 1}.key(Topology)
+
 func TestNormalizeMapsKeysOntoTheScoreRange(t *testing.T) {
+	if largestKey <= 0 || largestKey >= 1<<62 {
+		t.Fatalf("the largest key is %d, want it below 2^62", largestKey)
+	}
 	for _, tc := range []struct {
 		name      string
 		keys, out []int64
@@ -225,6 +233,7 @@ func TestNormalizeMapsKeysOntoTheScoreRange(t *testing.T) {
 		{"ordered", []int64{10, 30, 20}, []int64{0, 100, 50}},
 		{"all equal: no preference", []int64{7, 7}, []int64{0, 0}},
 		{"large keys", []int64{0, 998 * packSpan, 999 * packSpan}, []int64{0, 99, 100}},
+		{"the largest keys", []int64{largestKey - 1, 0, largestKey, largestKey / 2}, []int64{99, 0, 100, 49}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			list := make(fwk.NodeScoreList, len(tc.keys))

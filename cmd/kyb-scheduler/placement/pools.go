@@ -70,6 +70,9 @@ type device struct {
 	// partial: it takes part of a GPU (a MIG instance: less than the GPU's
 	// counter holds), so another device can join it on that GPU.
 	partial bool
+	// sized: a sized group's memory and compute (sizes.go), nil for any
+	// other device.
+	sized *sizedCapacities
 	// tainted with NoSchedule or NoExecute: the allocator takes it only
 	// for a request that tolerates the taint, which the score does not
 	// predict, so it counts as unavailable.
@@ -509,6 +512,7 @@ func parseDevice(api *resourceapi.Device) *device {
 		d.seats = c.Value.Value()
 		d.seatsPublished = true
 	}
+	d.sized = parseSized(api)
 	for _, t := range api.Taints {
 		if t.Effect == resourceapi.DeviceTaintEffectNoSchedule || t.Effect == resourceapi.DeviceTaintEffectNoExecute {
 			d.tainted = true

@@ -37,12 +37,15 @@ type outcome struct {
 	// takenBelow[j]: the GPUs the pod's devices of fewer than
 	// largerSizes[j] GPUs take, for the bound on a node's word (trust.go).
 	takenBelow [len(largerSizes)]int
+	// sized: the sized groups the pod takes; leftMiB, the memory they
+	// have left after it, in MiB (sizes.go).
+	sized   int
+	leftMiB int64
 }
 
 // nodeUse is the allocation state of one pool while a pod is placed on it.
 type nodeUse struct {
-	inUse []bool
-	seats []int64
+	allocs
 	// busy: GPUs of devices in use.
 	busy gpuSet
 	// used is what the devices in use consume of each counter; capacity
@@ -53,8 +56,7 @@ type nodeUse struct {
 // restore makes u the pool's state before the pod from the allocations
 // an order was computed for, in u's own buffers, without looking them up.
 func (u *nodeUse) restore(p *pool, o *ordered) {
-	u.inUse = append(u.inUse[:0], o.inUse...)
-	u.seats = append(u.seats[:0], o.seats...)
+	u.assign(&o.allocs)
 	u.used = resize(u.used, len(p.capacity))
 	u.busy = resize(u.busy, 0)
 	u.capacity = p.capacity
@@ -68,8 +70,7 @@ func (u *nodeUse) restore(p *pool, o *ordered) {
 
 // copyFrom makes u a copy of o, in u's own buffers.
 func (u *nodeUse) copyFrom(o *nodeUse) {
-	u.inUse = append(u.inUse[:0], o.inUse...)
-	u.seats = append(u.seats[:0], o.seats...)
+	u.assign(&o.allocs)
 	u.used = append(u.used[:0], o.used...)
 	u.busy = append(u.busy[:0], o.busy...)
 	u.capacity = o.capacity
@@ -104,15 +105,19 @@ func (u *nodeUse) room(d *device) bool {
 	return true
 }
 
-// fits says whether device d can take another allocation of seats: a
-// shared device in use by its remaining seats (its counters were charged
-// with its first share), any other by its counters.
-func (u *nodeUse) fits(i int, d *device, seats int64) bool {
-	if d.tainted || seats > d.seats {
+// fits says whether device d can take another allocation for alt: one
+// that publishes every capacity alt names; a sized group with room for
+// its size; a shared device in use by its remaining seats (its counters
+// were charged with its first share), any other by its counters.
+func (u *nodeUse) fits(i int, d *device, alt *alternative) bool {
+	if d.tainted || alt.seats > d.seats || !d.publishes(alt.names) {
+		return false
+	}
+	if d.sized != nil && !u.sizeFits(i, d.sized, alt) {
 		return false
 	}
 	if d.shared && u.inUse[i] {
-		return u.seats[i]+seats <= d.seats
+		return u.seats[i]+alt.seats <= d.seats
 	}
 	if u.inUse[i] {
 		return false
@@ -120,11 +125,16 @@ func (u *nodeUse) fits(i int, d *device, seats int64) bool {
 	return u.room(d)
 }
 
-func (u *nodeUse) take(i int, d *device, seats int64) {
+func (u *nodeUse) take(i int, d *device, alt *alternative) {
 	first := !u.inUse[i]
 	u.inUse[i] = true
 	if d.shared {
-		u.seats[i] += seats
+		u.seats[i] += alt.seats
+	}
+	if d.sized != nil {
+		memory, compute, _ := d.sized.size(alt)
+		u.memory[i] += memory
+		u.compute[i] += compute
 	}
 	u.busy.addAll(d.gpus)
 	if first {
@@ -168,7 +178,8 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, reqs []request, 
 	for _, r := range reqs {
 		mine := false
 		placed := false
-		for _, alt := range r.alternatives {
+		for j := range r.alternatives {
+			alt := &r.alternatives[j]
 			matches := p.classMatches(ctx, celCache, alt.class, alt.classKey)
 			if anyTrue(matches) {
 				mine = true
@@ -187,13 +198,13 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, reqs []request, 
 			// not two.
 			from := 0
 			for n := int64(0); n < alt.count; n++ {
-				k := firstFit(into, p, order, from, matches, alt.seats)
+				k := firstFit(into, p, order, from, matches, alt)
 				if k < 0 {
 					break
 				}
 				i := order[k]
 				from = k + 1
-				into.take(i, p.devices[i], alt.seats)
+				into.take(i, p.devices[i], alt)
 				s.taken = append(s.taken, i)
 			}
 			if int64(len(s.taken)) == alt.count && len(s.taken) > 0 {
@@ -211,6 +222,7 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, reqs []request, 
 		o.ours = o.ours || mine
 	}
 	o.picks = len(s.picked)
+	o.leftMiB, o.sized = leftMiB(p, use, s.picked)
 	for j := range s.below {
 		s.below[j] = s.below[j][:0]
 	}
@@ -244,9 +256,9 @@ func predict(ctx context.Context, celCache *cel.Cache, p *pool, reqs []request, 
 
 // firstFit is the position in order, from on, of the first device that
 // the class selects and that has room, -1 if none.
-func firstFit(u *nodeUse, p *pool, order []int, from int, matches []bool, seats int64) int {
+func firstFit(u *nodeUse, p *pool, order []int, from int, matches []bool, alt *alternative) int {
 	for k := from; k < len(order); k++ {
-		if i := order[k]; matches[i] && u.fits(i, p.devices[i], seats) {
+		if i := order[k]; matches[i] && u.fits(i, p.devices[i], alt) {
 			return k
 		}
 	}
@@ -264,15 +276,22 @@ func anyTrue(b []bool) bool {
 
 // Keys order the nodes under a policy, larger first; NormalizeScore maps
 // them onto 0..100. Each part is in per mille (broken groups: a count up
-// to maxBroken; whether the node is in use: 0 or 1), so that a later part
-// only tells apart nodes the earlier ones find equal.
+// to maxBroken; whether the node is in use: 0 or 1; the memory a sized
+// pod leaves: MiB up to maxLeftMiB), so that a later part only tells
+// apart nodes the earlier ones find equal.
 const (
 	permilleSpan = 1001
 	maxBroken    = 999
-	// fillSpan holds fill and join; brokenSpan the broken groups above
-	// them; packSpan all of pack's key.
-	fillSpan   = permilleSpan * permilleSpan
-	brokenSpan = (maxBroken + 1) * fillSpan
+	// maxLeftMiB bounds the memory left counted: 2 TiB, more than the
+	// sized groups of one pod have.
+	maxLeftMiB = 1<<21 - 1
+	leftSpan   = maxLeftMiB + 1
+	// restSpan holds what comes after broken groups (fill and join; for
+	// a sized pod join, memory left and fill); brokenSpan the broken
+	// groups above them; packSpan all of pack's key. Topology's key, a
+	// count of broken groups above pack's, stays below 2^62.
+	restSpan   = permilleSpan * leftSpan * permilleSpan
+	brokenSpan = (maxBroken + 1) * restSpan
 	packSpan   = 2 * brokenSpan
 )
 
@@ -294,6 +313,13 @@ func permille(n, of int) int64 {
 // breaks, on it, a pair or a quad that a node a little less full would
 // have kept, and left more of the cluster's free GPUs outside any whole
 // larger group (docs/placement-study.md, "Through the real scheduler").
+//
+// A pod that takes sized groups packs by what is left: after the broken
+// groups, the node where it joins groups in use, then where its groups
+// have the least memory left after it (best fit: the groups with much
+// left stay for the large requests), then the fullest. Joining comes
+// before memory left so that a group in use on a node of larger GPUs is
+// still taken before an idle GPU elsewhere.
 func (o outcome) key(policy Policy) int64 {
 	if !o.ours {
 		return 0
@@ -308,7 +334,11 @@ func (o outcome) key(policy Policy) int64 {
 	if o.busy > 0 {
 		used = 1
 	}
-	pack := used*brokenSpan + (maxBroken-broken)*fillSpan + fill*permilleSpan + join
+	rest := fill*permilleSpan + join
+	if o.sized > 0 {
+		rest = join*leftSpan*permilleSpan + (maxLeftMiB-min(o.leftMiB, maxLeftMiB))*permilleSpan + fill
+	}
+	pack := used*brokenSpan + (maxBroken-broken)*restSpan + rest
 	switch policy {
 	case Spread:
 		return (1000-fill)*permilleSpan + (1000 - join)

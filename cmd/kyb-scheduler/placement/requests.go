@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -27,6 +28,10 @@ type alternative struct {
 	// count devices, each taking seats of a shared group.
 	count int64
 	seats int64
+	// memory and compute: what it asks of a sized group (sizes.go);
+	// names, every capacity it asks for.
+	memory, compute asked
+	names           []resourceapi.QualifiedName
 }
 
 // podRequests are the device requests the pod still needs allocated: those
@@ -111,7 +116,10 @@ func claimRequest(r resourceapi.DeviceRequest, classes fwk.DeviceClassLister) (r
 		if err != nil {
 			return
 		}
-		req.alternatives = append(req.alternatives, alternative{class: class, classKey: classKey(class), count: max(count, 1), seats: seatsOf(capacity)})
+		req.alternatives = append(req.alternatives, alternative{
+			class: class, classKey: classKey(class), count: max(count, 1), seats: seatsOf(capacity),
+			memory: askedOf(capacity, memoryCapacity), compute: askedOf(capacity, computeCapacity), names: capacityNames(capacity),
+		})
 	}
 	switch {
 	case r.Exactly != nil:
@@ -153,7 +161,8 @@ func classNames(reqs []request) []string {
 
 // predictionKey names what a prediction depends on besides the pool's
 // state: the requests' alternatives (the class's version, the count, the
-// seats) and whether the devices are tried in the cycle's order.
+// seats, the sizes, the capacities named) and whether the devices are
+// tried in the cycle's order.
 func predictionKey(reqs []request, ordered bool) string {
 	var b strings.Builder
 	if ordered {
@@ -162,7 +171,18 @@ func predictionKey(reqs []request, ordered bool) string {
 	for _, r := range reqs {
 		b.WriteByte('|')
 		for _, alt := range r.alternatives {
-			fmt.Fprintf(&b, "%s,%d,%d;", alt.classKey, alt.count, alt.seats)
+			fmt.Fprintf(&b, "%s,%d,%d", alt.classKey, alt.count, alt.seats)
+			for _, a := range []asked{alt.memory, alt.compute} {
+				if a.ok {
+					fmt.Fprintf(&b, ",%d", a.value)
+				} else {
+					b.WriteString(",-")
+				}
+			}
+			for _, n := range slices.Sorted(slices.Values(alt.names)) {
+				fmt.Fprintf(&b, ",%q", n)
+			}
+			b.WriteByte(';')
 		}
 	}
 	return b.String()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	draapi "k8s.io/dynamic-resource-allocation/api"
 	"k8s.io/dynamic-resource-allocation/structured"
 
@@ -30,10 +31,48 @@ import (
 // for allocations that only look alike.
 
 // poolView is the allocation state of every pool of a poolSet, device by
-// device: the devices in use and the seats their shares consume.
+// device, side by side.
 type poolView struct {
-	inUse []bool
-	seats []int64
+	allocs
+}
+
+// allocs are allocations device by device: the devices in use, the seats
+// their shares consume and, of a sized group, the memory and compute.
+type allocs struct {
+	inUse                  []bool
+	seats, memory, compute []int64
+}
+
+// sub is a's devices lo..hi, sharing a's arrays.
+func (a *allocs) sub(lo, hi int) allocs {
+	return allocs{inUse: a.inUse[lo:hi], seats: a.seats[lo:hi], memory: a.memory[lo:hi], compute: a.compute[lo:hi]}
+}
+
+// equal says whether a and b are the same allocations.
+func (a *allocs) equal(b *allocs) bool {
+	return slices.Equal(a.inUse, b.inUse) && slices.Equal(a.seats, b.seats) &&
+		slices.Equal(a.memory, b.memory) && slices.Equal(a.compute, b.compute)
+}
+
+// assign makes a a copy of b, in a's own buffers.
+func (a *allocs) assign(b *allocs) {
+	a.inUse = append(a.inUse[:0], b.inUse...)
+	a.seats = append(a.seats[:0], b.seats...)
+	a.memory = append(a.memory[:0], b.memory...)
+	a.compute = append(a.compute[:0], b.compute...)
+}
+
+// clone is a copy of a in arrays of its own.
+func (a *allocs) clone() allocs {
+	return allocs{inUse: slices.Clone(a.inUse), seats: slices.Clone(a.seats), memory: slices.Clone(a.memory), compute: slices.Clone(a.compute)}
+}
+
+// reset makes a n devices without allocations, in its own buffers.
+func (a *allocs) reset(n int) {
+	a.inUse = resize(a.inUse, n)
+	a.seats = resize(a.seats, n)
+	a.memory = resize(a.memory, n)
+	a.compute = resize(a.compute, n)
 }
 
 // gather reads the state's allocations of the set's devices into v, in
@@ -43,7 +82,9 @@ type poolView struct {
 // consumed capacity the state keeps by device (a share of a device that
 // publishes seats consumes at least one, its request policy's minimum);
 // only a shared device without seats needs the shares themselves, which
-// the state keys by share.
+// the state keys by share. A sized group's memory and compute are what
+// its shares consume, likewise kept by device; a whole allocation of one
+// leaves it nothing.
 //
 // An allocation's kind is the device's kind when it was made, not
 // necessarily as published now: a profile republished with more or fewer
@@ -54,8 +95,7 @@ type poolView struct {
 // GPUs' (every profile but an overprovisioning one): both are in use
 // here, whatever the slice says of the device now.
 func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
-	v.inUse = resize(v.inUse, len(ps.ids))
-	v.seats = resize(v.seats, len(ps.ids))
+	v.reset(len(ps.ids))
 	for id, c := range state.AggregatedCapacity {
 		if id.Driver != ourDriver {
 			continue
@@ -65,8 +105,13 @@ func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
 			continue
 		}
 		v.inUse[i] = true
-		if q := c[seatsCapacity]; q != nil && ps.devices[i].shared {
+		d := ps.devices[i]
+		if q := c[seatsCapacity]; q != nil && d.shared {
 			v.seats[i] = q.Value()
+		}
+		if d.sized != nil {
+			v.memory[i] = consumedValue(c[memoryCapacity])
+			v.compute[i] = consumedValue(c[computeCapacity])
 		}
 	}
 	if ps.unseatedShares {
@@ -87,11 +132,23 @@ func (v *poolView) gather(ps *poolSet, state *structured.AllocatedState) {
 		}
 		if i := ps.index(id); i >= 0 {
 			v.inUse[i] = true
-			if d := ps.devices[i]; d.shared {
+			d := ps.devices[i]
+			if d.shared {
 				v.seats[i] = d.seats
+			}
+			if d.sized != nil {
+				v.memory[i], v.compute[i] = d.sized.memory.value, d.sized.compute.value
 			}
 		}
 	}
+}
+
+// consumedValue is a consumed capacity in whole units, 0 where none.
+func consumedValue(q *resource.Quantity) int64 {
+	if q == nil {
+		return 0
+	}
+	return q.Value()
 }
 
 // ourDriver is the driver's name as the allocated state holds it.
@@ -114,16 +171,16 @@ func (pl *Plugin) poolStates(ctx context.Context, ps *poolSet, state *structured
 	out := make([]*ordered, len(ps.list))
 	var changed []int
 	for k, p := range ps.list {
-		lo, hi := ps.base[k], ps.base[k+1]
-		if out[k] = p.lastOrder(v.inUse[lo:hi], v.seats[lo:hi]); out[k] == nil {
+		a := v.sub(ps.base[k], ps.base[k+1])
+		if out[k] = p.lastOrder(&a); out[k] == nil {
 			changed = append(changed, k)
 		}
 	}
 	orderPool := func(j int) {
 		k := changed[j]
-		lo, hi := ps.base[k], ps.base[k+1]
+		a := v.sub(ps.base[k], ps.base[k+1])
 		s := pl.getScratch()
-		out[k] = ps.list[k].reorder(v.inUse[lo:hi], v.seats[lo:hi], s)
+		out[k] = ps.list[k].reorder(&a, s)
 		pl.scratch.Put(s)
 	}
 	if pl.parallel != nil && len(changed) > parallelFrom {
@@ -138,10 +195,10 @@ func (pl *Plugin) poolStates(ctx context.Context, ps *poolSet, state *structured
 
 // lastOrder returns the pool's last order if it was made for these
 // allocations, else nil.
-func (p *pool) lastOrder(inUse []bool, seats []int64) *ordered {
+func (p *pool) lastOrder(a *allocs) *ordered {
 	p.orderMu.Lock()
 	defer p.orderMu.Unlock()
-	if o := p.last; o != nil && slices.Equal(o.inUse, inUse) && slices.Equal(o.seats, seats) {
+	if o := p.last; o != nil && o.equal(a) {
 		return o
 	}
 	return nil

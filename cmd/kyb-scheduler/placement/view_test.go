@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -19,10 +20,12 @@ import (
 const sharedSeats = "profiles:\n- {resource: kyb.ai/gpu-1x-seat, seatsPerGroup: 4}\n- {resource: kyb.ai/gpu-2x-seat}\n"
 
 // cycle is what one pod's scheduling cycle made of the plugin's work: the
-// nodes' scores, the device order handed to the allocator (each slice's
-// device names, by node) and the pools' states.
+// nodes' scores and the keys they were normalized from, the device order
+// handed to the allocator (each slice's device names, by node) and the
+// pools' states.
 type cycle struct {
 	scores map[string]int64
+	keys   map[string]int64
 	order  map[string][]string
 	set    *poolSet
 	states []*ordered
@@ -57,6 +60,9 @@ func (f *fixture) runCycle(pl *Plugin, pod *v1.Pod) cycle {
 	c.scores, _ = f.scoresIn(state, pod, f.nodes)
 	if c.scores == nil {
 		f.t.Fatalf("PreScore %s failed", pod.Name)
+	}
+	if s, err := readScores(state); err == nil {
+		c.keys = s.keys
 	}
 	return c
 }
@@ -146,49 +152,78 @@ func TestOnlyNodesWhoseAllocationsChangedAreOrderedAgain(t *testing.T) {
 
 // Kept states never change what the score decides: over a random stream
 // of allocations (written and in flight, plain devices, shared groups
-// with seats, MIG instances) and releases, a plugin that has scheduled
+// with seats, MIG instances, sized seats of mixed sizes) and releases, a
+// plugin that has scheduled
 // every pod before gives each new pod (of any class, count and policy,
 // or asking for an extended resource) the scores and device order a
 // plugin started for that pod alone gives it.
 func TestKeptStatesScoreAsAFreshPlugin(t *testing.T) {
 	f := newFixture(t, Args{DefaultPolicy: Pack},
 		nodeSpec{"node-a", "dgx-h100", threeProfiles}, nodeSpec{"node-b", "dgx-h100", sharedSeats},
-		nodeSpec{"node-c", "dgx-h100", migAndWhole}, nodeSpec{"node-d", "dgx-h100", threeProfiles})
+		nodeSpec{"node-c", "dgx-h100", migAndWhole}, nodeSpec{"node-d", "dgx-h100", threeProfiles},
+		nodeSpec{"node-e", "dgx-h100", sizedGroups}, nodeSpec{"node-f", "dgx-h200", sizedGroups})
 	f.waitFor("the MIG class", func() bool { return f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb") != nil })
-	classes := []string{class1x, class2x, f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb").Name}
+	classes := []string{class1x, class2x, f.dra.DeviceClassResolver().GetDeviceClass("kyb.ai/mig-1g.10gb").Name, classSized, classSized2x}
+	// Sizes of sized claims: the default, and memory and compute of
+	// every scale.
+	sizes := [][2]string{{"", ""}, {"6Gi", ""}, {"20Gi", "25"}, {"33.5Gi", ""}, {"60Gi", "40"}, {"2Gi", "70"}}
+	sizeOf := func(class string, k int) []func(*resourceapi.DeviceRequest) {
+		if class != classSized && class != classSized2x {
+			return nil
+		}
+		return []func(*resourceapi.DeviceRequest){sized(sizes[k%len(sizes)][0], sizes[k%len(sizes)][1])}
+	}
 	policies := []Policy{Pack, Topology, Spread}
 	type held struct {
-		claim   *resourceapi.ResourceClaim
-		written bool
+		claim       *resourceapi.ResourceClaim
+		result      *resourceapi.AllocationResult
+		class, node string
+		written     bool
 	}
 	var holding []held
-	rng := rand.New(rand.NewPCG(1, 37))
-	for step := range 40 {
-		what := ""
-		if len(holding) > 0 && rng.IntN(3) == 0 {
-			i := rng.IntN(len(holding))
-			h := holding[i]
-			holding = slices.Delete(holding, i, i+1)
-			if h.written {
-				if err := f.client.ResourceV1().ResourceClaims(h.claim.Namespace).Delete(f.ctx, h.claim.Name, metav1.DeleteOptions{}); err != nil {
-					t.Fatal(err)
-				}
-				f.waitFor("the deletion of "+h.claim.Name, func() bool { _, err := f.dra.ResourceClaims().Get(h.claim.Namespace, h.claim.Name); return err != nil })
-			} else {
-				f.dra.ResourceClaims().MaybeRemoveClaimPendingAllocation(h.claim.UID, true)
+	free := func(i int) held {
+		h := holding[i]
+		holding = slices.Delete(holding, i, i+1)
+		if h.written {
+			if err := f.client.ResourceV1().ResourceClaims(h.claim.Namespace).Delete(f.ctx, h.claim.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
 			}
-			what = "freed " + h.claim.Name
+			f.waitFor("the deletion of "+h.claim.Name, func() bool { _, err := f.dra.ResourceClaims().Get(h.claim.Namespace, h.claim.Name); return err != nil })
 		} else {
+			f.dra.ResourceClaims().MaybeRemoveClaimPendingAllocation(h.claim.UID, true)
+		}
+		f.sim.Release(h.result)
+		return h
+	}
+	rng := rand.New(rand.NewPCG(1, 37))
+	for step := range 60 {
+		what := ""
+		sizedHeld := slices.IndexFunc(holding, func(h held) bool { return h.class == classSized })
+		switch {
+		case step%5 == 4 && sizedHeld >= 0:
+			// A sized share freed and another of another size taken on
+			// its group: the group's seats stay, its memory does not.
+			device := f.allocationOf(holding[sizedHeld].claim)
+			h := free(sizedHeld)
+			gpu := strings.TrimSuffix(strings.TrimPrefix(device, "g"), "-1x-sized")
+			_, claim := f.seatPod(classSized, 1, sized(fmt.Sprintf("%dGi", 1+rng.IntN(2)), "1"), onGPU(gpu))
+			r := f.allocate(claim, h.node, h.written)
+			holding = append(holding, held{claim, r, classSized, h.node, h.written})
+			what = fmt.Sprintf("swapped %s for %s on %s/%s", h.claim.Name, claim.Name, h.node, device)
+		case len(holding) > 0 && rng.IntN(3) == 0:
+			h := free(rng.IntN(len(holding)))
+			what = "freed " + h.claim.Name
+		default:
 			class := classes[rng.IntN(len(classes))]
-			_, claim := f.seatPod(class, 1)
+			_, claim := f.seatPod(class, 1, sizeOf(class, rng.IntN(len(sizes)))...)
 			nodes := f.feasible(claim)
 			if len(nodes) == 0 {
 				continue
 			}
 			node := nodes[rng.IntN(len(nodes))]
 			written := rng.IntN(2) == 0
-			f.allocate(claim, node, written)
-			holding = append(holding, held{claim, written})
+			r := f.allocate(claim, node, written)
+			holding = append(holding, held{claim, r, class, node, written})
 			what = fmt.Sprintf("%s on %s (written %t)", class, node, written)
 		}
 		// Pods of every class, of one device or two, under every policy,
@@ -197,7 +232,7 @@ func TestKeptStatesScoreAsAFreshPlugin(t *testing.T) {
 		pods := map[string]*v1.Pod{}
 		for j, class := range classes {
 			count, policy := int64(1+(step+j)%2), policies[(step+j)%len(policies)]
-			pod, _ := f.seatPod(class, count)
+			pod, _ := f.seatPod(class, count, sizeOf(class, step+j)...)
 			pod.Annotations = map[string]string{PolicyAnnotation: string(policy)}
 			pods[fmt.Sprintf("%s, %d devices, %s", class, count, policy)] = pod
 		}
@@ -206,8 +241,8 @@ func TestKeptStatesScoreAsAFreshPlugin(t *testing.T) {
 			pod := pods[name]
 			kept := f.runCycle(f.plugin, pod)
 			fresh := f.runCycle(NewWithManager(Args{DefaultPolicy: Pack}, f.dra), pod)
-			if !maps.Equal(kept.scores, fresh.scores) {
-				t.Errorf("step %d, after %s: a %s pod scored %v by the plugin that kept its states, %v by a fresh one", step, what, name, kept.scores, fresh.scores)
+			if !maps.Equal(kept.scores, fresh.scores) || !maps.Equal(kept.keys, fresh.keys) {
+				t.Errorf("step %d, after %s: a %s pod scored %v (keys %v) by the plugin that kept its states, %v (%v) by a fresh one", step, what, name, kept.scores, kept.keys, fresh.scores, fresh.keys)
 			}
 			if !maps.EqualFunc(kept.order, fresh.order, slices.Equal) {
 				t.Errorf("step %d, after %s: a %s pod's device order %v by the plugin that kept its states, %v by a fresh one", step, what, name, kept.order, fresh.order)
