@@ -197,12 +197,24 @@ func (f *fixture) waitFor(what string, cond func() bool) {
 // is created in the API server (and so reaches the claim tracker).
 func (f *fixture) seatPod(class string, count int64, mutate ...func(*resourceapi.DeviceRequest)) (*v1.Pod, *resourceapi.ResourceClaim) {
 	f.t.Helper()
+	pod, claim := f.seatPodObjects(class, count, mutate...)
+	f.create(claim)
+	f.waitForClaim(claim)
+	return pod, claim
+}
+
+// waitForClaim waits until the scheduler's claim cache has claim.
+func (f *fixture) waitForClaim(claim *resourceapi.ResourceClaim) {
+	f.t.Helper()
+	f.waitFor("claim "+claim.Name, func() bool { _, err := f.dra.ResourceClaims().Get(claim.Namespace, claim.Name); return err == nil })
+}
+
+// seatPodObjects is seatPod's pod and claim, the claim not yet created.
+func (f *fixture) seatPodObjects(class string, count int64, mutate ...func(*resourceapi.DeviceRequest)) (*v1.Pod, *resourceapi.ResourceClaim) {
 	f.n++
 	name := fmt.Sprintf("pod-%d", f.n)
 	claim := schedulertest.Claim(name+"-gpu", class, count, mutate...)
 	claim.ResourceVersion = "1"
-	f.create(claim)
-	f.waitFor("claim "+claim.Name, func() bool { _, err := f.dra.ResourceClaims().Get(claim.Namespace, claim.Name); return err == nil })
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
 		Spec: v1.PodSpec{
