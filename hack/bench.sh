@@ -48,7 +48,7 @@ done"
 make kyb-scheduler GO="$GO"
 make patched-bench GO="$GO"
 part kube bin/kyb-bench -rounds "$ROUNDS" -patched bin/kyb-bench-patched -log "$out/control-plane.log" \
-  -studies alloc,allocpatch,prepare,burst,footprint,shim-footprint
+  -studies alloc,allocpatch,allocsized,prepare,burst,footprint,shim-footprint
 # The kube-scheduler study runs in a process of its own: after the other
 # studies in the same process, its in-process scheduler once ran our shape
 # at a third of the pace it has alone, cause not yet found

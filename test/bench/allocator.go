@@ -124,7 +124,7 @@ func RejectFull(ctx context.Context, s Shape, nodes, reps int) (time.Duration, e
 const minRejectTime = 300 * time.Millisecond
 
 func timeRejects(ctx context.Context, s Shape, c *schedulertest.Cluster, nodes, reps int) (time.Duration, error) {
-	claim := schedulertest.Claim("probe", s.Class, 1)
+	claim := schedulertest.Claim("probe", s.Class, 1, s.Probe...)
 	var total time.Duration
 	r := 0
 	for ; r < reps || total < minRejectTime; r++ {
@@ -164,7 +164,7 @@ func FirstFit(ctx context.Context, s Shape, nodes, claims int) (FirstFitResult, 
 	var publishing time.Duration
 	start := time.Now()
 	for k := 0; k < claims; k++ {
-		claim := schedulertest.Claim(fmt.Sprintf("ff-%d", k), s.Class, 1)
+		claim := schedulertest.Claim(fmt.Sprintf("ff-%d", k), s.Class, 1, s.Probe...)
 		a, err := c.Allocator(ctx)
 		if err != nil {
 			return res, err

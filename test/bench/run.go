@@ -13,9 +13,10 @@ import (
 
 // Options choose the studies and their sizes.
 type Options struct {
-	// Studies to run: alloc, allocpatch, sched, kybsched, kybburst, kybpreempt,
-	// prepare, footprint, shim-footprint; alloc-figures and decisions are
-	// allocpatch's child process's.
+	// Studies to run: alloc, allocpatch, allocsized, sched, kybsched,
+	// kybburst, kybpreempt, prepare, footprint, shim-footprint;
+	// alloc-figures and decisions are allocpatch's child process's,
+	// sized-figures allocsized's.
 	Studies []string
 	// Rounds of each study; figures are medians over rounds.
 	Rounds int
@@ -54,6 +55,20 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	if has("allocpatch") {
 		if err := runStudy(opts, out, "allocator patch study", func() ([]*Table, error) { return one(RunPatch(ctx, opts.Patch, opts.Rounds)) }); err != nil {
+			return err
+		}
+	}
+	if has("allocsized") {
+		if err := runStudy(opts, out, "sized seats allocator study", func() ([]*Table, error) { return one(RunSized(ctx, opts.Patch, opts.Rounds)) }); err != nil {
+			return err
+		}
+	}
+	if has("sized-figures") {
+		f, err := MeasureSizedFigures(ctx, opts.Patch)
+		if err != nil {
+			return fmt.Errorf("sized seats allocator figures: %w", err)
+		}
+		if err := json.NewEncoder(out).Encode(f); err != nil {
 			return err
 		}
 	}

@@ -44,6 +44,10 @@ type Shape struct {
 	// PerNode is how many such claims one node holds (hand-checked by the
 	// study before it measures).
 	PerNode int
+	// Probe shapes the request of the claims measured against full nodes
+	// and placed by first fit (a sized seat's size); the claims that fill
+	// a node ask nothing beyond their class.
+	Probe []func(*resourceapi.DeviceRequest)
 	// Republish, when set, is what the node publishes while the seats
 	// held are in use: the plugin's unavailableGroups: hideBlocked. The
 	// study publishes it after every allocation on the node.

@@ -25,14 +25,14 @@ import (
 
 func main() {
 	var opts bench.Options
-	studies := flag.String("studies", "alloc,allocpatch,prepare,burst,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, allocpatch, prepare, burst, footprint, shim-footprint, sched, kybsched, kybburst, kybpreempt (alloc-figures and decisions: allocpatch's child process)")
+	studies := flag.String("studies", "alloc,allocpatch,prepare,burst,footprint,shim-footprint,sched", "studies to run, comma-separated: alloc, allocpatch, allocsized, prepare, burst, footprint, shim-footprint, sched, kybsched, kybburst, kybpreempt (alloc-figures and decisions: allocpatch's child process; sized-figures: allocsized's)")
 	flag.IntVar(&opts.Rounds, "rounds", 3, "rounds of each study; figures are medians over rounds")
 	flag.IntVar(&opts.Alloc.RejectNodes, "reject-nodes", 50, "allocator study: full nodes each reject measurement tries")
 	flag.IntVar(&opts.Alloc.FirstFitNodes, "firstfit-nodes", 500, "allocator study: nodes of the first-fit run")
 	flag.IntVar(&opts.Alloc.FirstFitClaims, "firstfit-claims", 1000, "allocator study: claims of the first-fit run")
 	flag.StringVar(&opts.Alloc.Preset, "preset", "dgx-h100", "simulated node of our shape")
-	flag.StringVar(&opts.Patch.Patched, "patched", "", "allocator patch study: kyb-bench built against the patched allocator (hack/allocator-patch.sh)")
-	flag.IntVar(&opts.Patch.Nodes, "patch-nodes", 500, "allocator patch study: nodes (full ones rejected, and of the first-fit run)")
+	flag.StringVar(&opts.Patch.Patched, "patched", "", "allocator patch and sized seats studies: kyb-bench built against the patched allocator (hack/allocator-patch.sh)")
+	flag.IntVar(&opts.Patch.Nodes, "patch-nodes", 500, "allocator patch and sized seats studies: nodes (full ones rejected, and of the first-fit run)")
 	flag.Uint64Var(&opts.Patch.Seed, "decisions-seed", 1, "allocator patch study: seed of the random pods whose decisions are compared")
 	flag.IntVar(&opts.Patch.Streams, "decisions-streams", 300, "allocator patch study: random clusters compared")
 	flag.IntVar(&opts.Patch.Steps, "decisions-steps", 40, "allocator patch study: pods and releases per random cluster")
