@@ -64,6 +64,12 @@ part kybburst bin/kyb-bench -rounds "$ROUNDS" -studies kybburst -kyb-scheduler b
 # to binding and victims against the fewest possible (stock preempts none).
 part kybpreempt bin/kyb-bench -rounds "$ROUNDS" -studies kybpreempt -kyb-scheduler bin/kyb-scheduler -kube-scheduler bin/kube-scheduler \
   -log "$out/kybpreempt-control-plane.log"
+# Sized seats: the memory a stream of mixed sizes leaves unusable under
+# first fit, a random node and kyb-scheduler's pack and spread (the real
+# allocator, patched as kyb-scheduler builds it), and a sized seat's
+# prepare beside a seat of equal shares, with the simulated MPS daemons.
+part sized-stream bash -c "cd cmd/kyb-scheduler && $GO test -run '^\$' -bench SizedStream -benchtime 1x ./placement"
+part sized-prepare $GO test -run '^$' -bench SizedPrepare -benchtime 200x ./pkg/draplugin
 part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
 
 {
@@ -84,6 +90,13 @@ part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
   cat "$out/kybburst.md"
   echo
   cat "$out/kybpreempt.md"
+  echo
+  echo "## Sized seats"
+  echo
+  echo '```'
+  grep -E '^Benchmark' "$out/sized-stream.md"
+  grep -E '^Benchmark' "$out/sized-prepare.md"
+  echo '```'
   echo
   echo "## Placement study"
   cat "$out/placement.md"
