@@ -228,3 +228,28 @@ func TestPreScorePredictsFromTheCyclesOrder(t *testing.T) {
 		t.Fatal(st)
 	}
 }
+
+// A pod whose claims a plugin gives the cycle as they will be
+// (dynamicresources.PodClaims: a pod defragmentation would move, its
+// claims made anew) is ordered for those: a running pod whose claim is
+// allocated asks for nothing, and the same pod with its claim given
+// without an allocation gets the device order for its seat.
+func TestGivenClaimsAreThePodsRequests(t *testing.T) {
+	f := newFixture(t, Args{DefaultPolicy: Pack}, nodeSpec{"node-a", "dgx-h100", threeProfiles})
+	pod, claim := f.seatPod(class1x, 1)
+	f.allocate(claim, "node-a", true)
+	if _, st := f.plugin.PreFilter(f.ctx, framework.NewCycleState(), pod, nil); st.Code() != fwk.Skip {
+		t.Fatalf("PreFilter of a pod whose claim is allocated: %v, want Skip", st)
+	}
+	fresh := claim.DeepCopy()
+	fresh.Status = resourceapi.ResourceClaimStatus{}
+	state := framework.NewCycleState()
+	state.Write(dynamicresources.PodClaimsKey, &dynamicresources.PodClaims{Claims: []*resourceapi.ResourceClaim{fresh}})
+	if _, st := f.plugin.PreFilter(f.ctx, state, pod, nil); !st.IsSuccess() {
+		t.Fatalf("PreFilter with the claim given afresh: %v", st)
+	}
+	o := cycleOrder(state)
+	if o == nil || len(o.reqs) != 1 || o.reqs[0].alternatives[0].class.Name != class1x {
+		t.Fatalf("device order %+v, want one for a seat of %s", o, class1x)
+	}
+}

@@ -123,7 +123,7 @@ func (pl *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if !needsDevices(pod, pl.dra) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
-	reqs := podRequests(pod, pl.dra)
+	reqs := cycleRequests(state, pod, pl.dra)
 	if len(reqs) == 0 {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
@@ -198,7 +198,7 @@ func (pl *Plugin) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		if !needsDevices(pod, pl.dra) {
 			return fwk.NewStatus(fwk.Skip)
 		}
-		reqs = podRequests(pod, pl.dra)
+		reqs = cycleRequests(state, pod, pl.dra)
 		if len(reqs) == 0 {
 			return fwk.NewStatus(fwk.Skip)
 		}

@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
 	schedutil "k8s.io/kubernetes/pkg/scheduler/util"
 	"k8s.io/utils/ptr"
 
@@ -40,7 +41,28 @@ type alternative struct {
 // (KEP-5004: the scheduler allocates a claim for them, extended.go). Requests of
 // classes that do not exist are left out; Filter has refused such pods.
 func podRequests(pod *v1.Pod, dra fwk.SharedDRAManager) []request {
+	return cycleRequests(nil, pod, dra)
+}
+
+// cycleRequests are podRequests, where the cycle has the pod's claims as
+// they will be (dynamicresources.PodClaims: a pod that defragmentation
+// would move, or one that does not exist yet) from those: a claim of
+// them without an allocation is to be allocated.
+func cycleRequests(state fwk.CycleState, pod *v1.Pod, dra fwk.SharedDRAManager) []request {
 	var out []request
+	if given := givenClaims(state); given != nil {
+		for _, claim := range given.Claims {
+			if claim.Status.Allocation != nil {
+				continue
+			}
+			for _, r := range claim.Spec.Devices.Requests {
+				if req, ok := claimRequest(r, dra.DeviceClasses()); ok {
+					out = append(out, req)
+				}
+			}
+		}
+		return append(out, extendedRequestsOf(pod, dra)...)
+	}
 	for _, rc := range pod.Spec.ResourceClaims {
 		name := claimName(pod, rc)
 		if name == "" {
@@ -60,11 +82,28 @@ func podRequests(pod *v1.Pod, dra fwk.SharedDRAManager) []request {
 			}
 		}
 	}
+	return append(out, extendedRequestsOf(pod, dra)...)
+}
+
+func extendedRequestsOf(pod *v1.Pod, dra fwk.SharedDRAManager) []request {
 	resolver := dra.DeviceClassResolver()
 	if resolver == nil {
-		return out
+		return nil
 	}
-	return append(out, extendedRequests(pod, resolver)...)
+	return extendedRequests(pod, resolver)
+}
+
+// givenClaims are the pod's claims a plugin gave the cycle, if any.
+func givenClaims(state fwk.CycleState) *dynamicresources.PodClaims {
+	if state == nil {
+		return nil
+	}
+	d, err := state.Read(dynamicresources.PodClaimsKey)
+	if err != nil {
+		return nil
+	}
+	c, _ := d.(*dynamicresources.PodClaims)
+	return c
 }
 
 // needsDevices says, without looking any object up, whether a pod may
