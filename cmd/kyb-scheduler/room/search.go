@@ -58,6 +58,11 @@ type Search struct {
 	// Budget bounds the allocator runs (DefaultBudget where 0); the
 	// last pass over the best candidate is not counted.
 	Budget int
+	// Accept, where set, must also take a set of units the pod fits
+	// without before it counts: a set it refuses is no candidate. It is
+	// asked only about a set that would be the best so far, and about
+	// each smaller set of the last pass.
+	Accept func(ctx context.Context, units []int, allocation []resourceapi.AllocationResult) (bool, error)
 }
 
 // Result is what a search found.
@@ -114,7 +119,7 @@ func (s *Search) cost(units []int) cost {
 }
 
 // Run searches; nil where the pod does not fit even with every unit
-// released.
+// released, or where Accept takes no set it fits without.
 func (s *Search) Run(ctx context.Context, fit Fit) (*Result, error) {
 	logger := klog.FromContext(ctx)
 	budget := cmp.Or(s.Budget, DefaultBudget)
@@ -133,13 +138,33 @@ func (s *Search) Run(ctx context.Context, fit Fit) (*Result, error) {
 	}
 	var best *Result
 	var bestCost cost
-	consider := func(victims []int, alloc []resourceapi.AllocationResult) {
-		c := s.cost(victims)
-		if best == nil || c.compare(bestCost) < 0 {
-			best, bestCost = &Result{Victims: victims, Allocation: alloc, Violations: c.violations}, c
+	accepted := map[string]bool{}
+	accept := func(victims []int, alloc []resourceapi.AllocationResult) (bool, error) {
+		if s.Accept == nil {
+			return true, nil
 		}
+		k := key(victims)
+		if ok, seen := accepted[k]; seen {
+			return ok, nil
+		}
+		ok, err := s.Accept(ctx, victims, alloc)
+		accepted[k] = ok
+		return ok, err
 	}
-	consider(all, alloc)
+	consider := func(victims []int, alloc []resourceapi.AllocationResult) error {
+		c := s.cost(victims)
+		if best != nil && c.compare(bestCost) >= 0 {
+			return nil
+		}
+		if ok, err := accept(victims, alloc); err != nil || !ok {
+			return err
+		}
+		best, bestCost = &Result{Victims: victims, Allocation: alloc, Violations: c.violations}, c
+		return nil
+	}
+	if err := consider(all, alloc); err != nil {
+		return nil, err
+	}
 
 	type frame struct {
 		kept  []int
@@ -175,7 +200,9 @@ func (s *Search) Run(ctx context.Context, fit Fit) (*Result, error) {
 			if a, ok, err := try(candidate); err != nil {
 				return nil, err
 			} else if ok {
-				consider(candidate, a)
+				if err := consider(candidate, a); err != nil {
+					return nil, err
+				}
 			} else {
 				// The allocation's own devices were not all that kept the
 				// pod out (another filter, or counters the model does
@@ -204,6 +231,9 @@ func (s *Search) Run(ctx context.Context, fit Fit) (*Result, error) {
 		}
 	}
 
+	if best == nil {
+		return nil, nil
+	}
 	// No victim whose release does not help: the most important first.
 	victims := slices.Clone(best.Victims)
 	slices.SortStableFunc(victims, func(a, b int) int { return s.cost([]int{b}).compare(s.cost([]int{a})) })
@@ -212,6 +242,11 @@ func (s *Search) Run(ctx context.Context, fit Fit) (*Result, error) {
 		a, ok, err := try(rest)
 		if err != nil {
 			return nil, err
+		}
+		if ok {
+			if ok, err = accept(rest, a); err != nil {
+				return nil, err
+			}
 		}
 		if ok {
 			victims, best.Allocation = rest, a
