@@ -2,6 +2,7 @@ package room
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/dynamic-resource-allocation/deviceclass/extendedresourcecache"
 	resourceslicetracker "k8s.io/dynamic-resource-allocation/resourceslice/tracker"
@@ -106,6 +108,14 @@ type fixture struct {
 	// beforePostFilter, if set, runs between a cycle's Filter and its
 	// PostFilter.
 	beforePostFilter func()
+	// defrag is the plugin's defragmentation.
+	defrag Defragmentation
+	// events are those the framework's recorder got; plugin is
+	// KybPreemption, once started.
+	events *eventLog
+	plugin *Preemption
+	// evicted are the pods evicted through the Eviction API, in order.
+	evicted []string
 }
 
 func newFixture(t *testing.T, config string, nodes ...string) *fixture {
@@ -117,7 +127,17 @@ func newFixture(t *testing.T, config string, nodes ...string) *fixture {
 	// Evictions in the cycle, so that a test reads them when PostFilter
 	// returns.
 	fts.EnableAsyncPreemption = false
-	f := &fixture{t: t, ctx: ctx, fts: fts, client: fake.NewClientset(), sim: schedulertest.New(schedulertest.SchedulerFeatures()), nominator: &nominator{}, activator: &activator{}}
+	f := &fixture{t: t, ctx: ctx, fts: fts, client: fake.NewClientset(), sim: schedulertest.New(schedulertest.SchedulerFeatures()), nominator: &nominator{}, activator: &activator{}, events: &eventLog{}}
+	// The Eviction API deletes the pod (the fixture's pods have no
+	// budgets the API server would check: the search checks them).
+	f.client.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if action.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		e := action.(k8stesting.CreateAction).GetObject().(*policyv1.Eviction)
+		f.evicted = append(f.evicted, e.Name)
+		return true, nil, f.client.Tracker().Delete(v1.SchemeGroupVersion.WithResource("pods"), e.Namespace, e.Name)
+	})
 	sim, err := simnode.Load("dgx-h100", "node")
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +226,9 @@ func (f *fixture) start() {
 		defaultbinder.Name:    defaultbinder.New,
 		dynamicresources.Name: frameworkruntime.FactoryAdapter(fts, dynamicresources.New),
 		Name: func(ctx context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
-			return New(ctx, obj, fh, fts)
+			pl, err := New(ctx, obj, fh, fts, f.defrag)
+			f.plugin = pl
+			return pl, err
 		},
 		defaultpreemption.Name: func(ctx context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
 			return defaultpreemption.New(ctx, defaultPreemptionArgs(), fh, fts)
@@ -240,7 +262,7 @@ func (f *fixture) start() {
 	f.fw, err = frameworkruntime.NewFramework(ctx, registry, profile,
 		frameworkruntime.WithClientSet(f.client),
 		frameworkruntime.WithInformerFactory(factory),
-		frameworkruntime.WithEventRecorder(events.NewFakeRecorder(100)),
+		frameworkruntime.WithEventRecorder(f.events),
 		frameworkruntime.WithSharedDRAManager(f.dra),
 		frameworkruntime.WithPodGroupManager(podGroupManager),
 		frameworkruntime.WithSnapshotSharedLister(f.snapshot),
@@ -519,4 +541,42 @@ func (a *activator) activated() []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.Clone(a.pods)
+}
+
+// eventLog records the events the framework's recorder gets.
+type eventLog struct {
+	mu   sync.Mutex
+	list []event
+}
+
+type event struct {
+	regarding, related, reason, note string
+}
+
+func (e *eventLog) Eventf(regarding runtime.Object, related runtime.Object, _, reason, _, note string, args ...any) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ev := event{reason: reason, note: fmt.Sprintf(note, args...)}
+	if o, ok := regarding.(metav1.Object); ok {
+		ev.regarding = o.GetName()
+	}
+	if o, ok := related.(metav1.Object); ok && related != nil {
+		ev.related = o.GetName()
+	}
+	e.list = append(e.list, ev)
+}
+
+func (e *eventLog) WithLogger(klog.Logger) events.EventRecorderLogger { return e }
+
+// with are the events of a reason.
+func (e *eventLog) with(reason string) []event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []event
+	for _, ev := range e.list {
+		if ev.reason == reason {
+			out = append(out, ev)
+		}
+	}
+	return out
 }

@@ -39,6 +39,30 @@ func labels(kv ...string) podOpt {
 	}
 }
 
+// ownedBy makes the pod a controller's: kind is ReplicaSet, StatefulSet
+// or DaemonSet (apps/v1), Job (batch/v1) or ReplicationController (v1).
+func ownedBy(kind string) podOpt {
+	apiVersion := "apps/v1"
+	switch kind {
+	case "Job":
+		apiVersion = "batch/v1"
+	case "ReplicationController":
+		apiVersion = "v1"
+	}
+	return func(pod *v1.Pod) {
+		pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: apiVersion, Kind: kind, Name: "owner", UID: "uid-owner", Controller: ptr.To(true)}}
+	}
+}
+
+func annotated(k, v string) podOpt {
+	return func(pod *v1.Pod) {
+		if pod.Annotations == nil {
+			pod.Annotations = map[string]string{}
+		}
+		pod.Annotations[k] = v
+	}
+}
+
 func inGroup(name string) podOpt {
 	return func(pod *v1.Pod) { pod.Spec.SchedulingGroup = &v1.PodSchedulingGroup{PodGroupName: &name} }
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	policy "k8s.io/api/policy/v1"
@@ -49,6 +50,11 @@ type Preemption struct {
 	// evict is the executor's eviction of a victim; a pod group's
 	// preemption evicts in its cycle, and wakes nothing.
 	evict func(context.Context, preemption.Candidate, preemption.ExecutorPreemptor, *v1.Pod, string) (bool, error)
+	// defrag is how the plugin moves pods where preemption finds no
+	// victims (defrag.go).
+	defrag Defragmentation
+	// consolidation is when the next consolidation is due (consolidate.go).
+	consolidation *consolidation
 }
 
 var (
@@ -62,16 +68,33 @@ var (
 )
 
 // Factory is the plugin's factory, for app.WithPlugin, with the process's
-// feature gates.
+// feature gates and no defragmentation.
 func Factory(ctx context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
-	return New(ctx, obj, fh, feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate))
+	return New(ctx, obj, fh, feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate), Defragmentation{Mode: Off})
+}
+
+// FactoryWith is Factory with the defragmentation d says, read when the
+// scheduler makes its plugins (after the command line is parsed).
+func FactoryWith(d *Defragmentation) frameworkruntime.PluginFactory {
+	return func(ctx context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
+		return New(ctx, obj, fh, feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate), *d)
+	}
 }
 
 // New returns the plugin.
-func New(ctx context.Context, obj runtime.Object, fh fwk.Handle, fts feature.Features) (*Preemption, error) {
+func New(ctx context.Context, obj runtime.Object, fh fwk.Handle, fts feature.Features, d Defragmentation) (*Preemption, error) {
 	args, err := DecodeArgs(obj)
 	if err != nil {
 		return nil, err
+	}
+	if d.Mode == "" {
+		d.Mode = Off
+	}
+	if d.EvictionsPerCycle == 0 {
+		d.EvictionsPerCycle = DefaultEvictionsPerCycle
+	}
+	if err := d.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", Name, err)
 	}
 	dp, err := defaultpreemption.New(ctx, args, fh, fts)
 	if err != nil {
@@ -83,10 +106,14 @@ func New(ctx context.Context, obj runtime.Object, fh fwk.Handle, fts feature.Fea
 	}
 	pl := &Preemption{
 		DefaultPreemption: dp, fh: fh, dra: dra,
-		pods:  fh.SharedInformerFactory().Core().V1().Pods().Lister(),
-		kept:  newKeptDevices(),
-		gang:  &gangRelease{},
-		wakes: &wakes{waiting: sets.New[types.UID]()},
+		pods:   fh.SharedInformerFactory().Core().V1().Pods().Lister(),
+		kept:   newKeptDevices(),
+		gang:   &gangRelease{},
+		wakes:  &wakes{waiting: sets.New[types.UID]()},
+		defrag: d,
+	}
+	if d.Mode != Off && d.Period > 0 {
+		pl.consolidation = &consolidation{period: d.Period}
 	}
 	// The evaluator runs DefaultPreemption's preemption with this
 	// plugin's search and node order.
@@ -120,8 +147,16 @@ func (pl *Preemption) SignPod(context.Context, *v1.Pod) ([]fwk.SignFragment, *fw
 // PreFilter has nothing to check. It runs so that the framework calls the
 // plugin's AddPod and RemovePod for the pod (a plugin that skips PreFilter
 // is skipped there too), and, within a pod group preemption's dry run,
-// releases the victims' claims for the group's pods (gang.go).
+// releases the victims' claims for the group's pods (gang.go). Where a
+// consolidation is due, it runs first (consolidate.go).
 func (pl *Preemption) PreFilter(ctx context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	if pl.consolidation != nil && pl.consolidation.due(time.Now()) {
+		if n, err := pl.consolidate(ctx); err != nil {
+			klog.FromContext(ctx).Error(err, "Consolidation failed")
+		} else if n > 0 {
+			klog.FromContext(ctx).V(2).Info("Consolidated", "evicted", n)
+		}
+	}
 	cs.Write(scopeKey, &scope{dra: pl.dra})
 	pl.gang.apply(cs, pod, pl.dra)
 	return nil, nil
@@ -183,13 +218,29 @@ func (pl *Preemption) PostFilter(ctx context.Context, state fwk.CycleState, pod 
 	pl.kept.prune(pl.pods)
 	found := &foundData{byNode: map[string]foundOnNode{}}
 	state.Write(foundKey, found)
-	result, status := pl.DefaultPreemption.PostFilter(withGathered(ctx, state), state, pod, m)
+	ctx = withGathered(ctx, state)
+	result, status := pl.DefaultPreemption.PostFilter(ctx, state, pod, m)
 	if status.IsSuccess() && result != nil && result.NominatingInfo != nil && result.NominatedNodeName != "" {
 		if f, ok := found.get(result.NominatedNodeName); ok {
 			pl.kept.set(pod, result.NominatedNodeName, f.allocation, f.victims, heldBy(pl.dra, f.victims))
 		}
 	}
+	if pl.defrag.Mode != Off && noCandidates(result, status) {
+		r, s := pl.defragment(ctx, state, pod, m)
+		if s.IsSuccess() || !s.IsRejected() {
+			return r, s
+		}
+		return result, fwk.NewStatus(status.Code(), status.Message()+"; "+s.Message())
+	}
 	return result, status
+}
+
+// noCandidates says whether preemption ended for want of victims, the
+// pod being eligible: it then clears the pod's nominated node. Where the
+// pod was not eligible (its policy, or the victims of its last preemption
+// or defragmentation still leaving) it returns no result.
+func noCandidates(result *fwk.PostFilterResult, status *fwk.Status) bool {
+	return status.Code() == fwk.Unschedulable && result != nil && result.NominatingInfo != nil && result.NominatedNodeName == ""
 }
 
 // foundKey holds what the searches of a PostFilter found, by node

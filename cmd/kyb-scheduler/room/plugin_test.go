@@ -279,7 +279,7 @@ func TestGatedPreemptorWakesOnClaimRelease(t *testing.T) {
 	f.start()
 	fts := f.fts
 	fts.EnableAsyncPreemption = true
-	pl, err := New(f.ctx, nil, f.fw, fts)
+	pl, err := New(f.ctx, nil, f.fw, fts, Defragmentation{})
 	if err != nil {
 		t.Fatal(err)
 	}
