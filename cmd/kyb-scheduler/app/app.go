@@ -18,6 +18,7 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/component-base/featuregate"
 	schedulerapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
@@ -45,23 +46,39 @@ var DefaultGates = map[featuregate.Feature]bool{
 // its cost in m (main registers it where kube-scheduler serves /metrics).
 // Call it once, before the command parses its flags.
 func NewCommand(m *placement.Metrics) (*cobra.Command, error) {
+	cmd, _, err := newCommand(m)
+	return cmd, err
+}
+
+// newCommand is NewCommand, with the defragmentation its flags set.
+func newCommand(m *placement.Metrics) (*cobra.Command, *room.Defragmentation, error) {
 	for name, on := range DefaultGates {
 		if err := utilfeature.DefaultMutableFeatureGate.OverrideDefault(name, on); err != nil {
-			return nil, fmt.Errorf("default feature gate %s=%t: %w", name, on, err)
+			return nil, nil, fmt.Errorf("default feature gate %s=%t: %w", name, on, err)
 		}
 	}
 	RegisterDefaults(scheme.Scheme)
+	// KybPreemption's defragmentation, set by flags of kyb-scheduler's
+	// own, which its factory reads when the scheduler makes its plugins.
+	defrag := &room.Defragmentation{}
+	defragFlags := pflag.NewFlagSet("defragmentation", pflag.ContinueOnError)
+	defrag.AddFlags(defragFlags)
 	cmd := schedulerapp.NewSchedulerCommand(
 		schedulerapp.WithPlugin(placement.Name, placement.Factory(m)),
-		schedulerapp.WithPlugin(room.Name, room.Factory),
+		schedulerapp.WithPlugin(room.Name, room.FactoryWith(defrag)),
 	)
 	cmd.Use = "kyb-scheduler"
+	cmd.Flags().AddFlagSet(defragFlags)
+	addUsage(cmd, "Defragmentation flags", defragFlags)
 	// The command line's feature gates are set in PersistentPreRunE;
 	// gang scheduling then follows what the API server serves, checked
 	// where kube-scheduler would start, not for --version or
 	// --write-config-to.
 	run := cmd.RunE
 	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if err := defrag.Validate(); err != nil {
+			return err
+		}
 		if !offline(c) {
 			ctx := c.Context()
 			if ctx == nil {
@@ -73,5 +90,25 @@ func NewCommand(m *placement.Metrics) (*cobra.Command, error) {
 		}
 		return run(c, args)
 	}
-	return cmd, nil
+	return cmd, defrag, nil
+}
+
+// addUsage appends a flag set of kyb-scheduler's own to the command's
+// usage and help, which list kube-scheduler's named flag sets.
+func addUsage(cmd *cobra.Command, title string, fs *pflag.FlagSet) {
+	usage, help := cmd.UsageFunc(), cmd.HelpFunc()
+	section := func(c *cobra.Command) {
+		fmt.Fprintf(c.OutOrStdout(), "\n%s:\n\n%s", title, fs.FlagUsages())
+	}
+	cmd.SetUsageFunc(func(c *cobra.Command) error {
+		if err := usage(c); err != nil {
+			return err
+		}
+		section(c)
+		return nil
+	})
+	cmd.SetHelpFunc(func(c *cobra.Command, args []string) {
+		help(c, args)
+		section(c)
+	})
 }

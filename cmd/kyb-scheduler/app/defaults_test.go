@@ -5,8 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	featuregatetesting "k8s.io/component-base/featuregate/testing"
@@ -150,10 +154,7 @@ func profileNames(cfg *config.KubeSchedulerConfiguration) []string {
 // turns it off. (The only test that builds the command: building it
 // twice in one process would change the gates' defaults twice.)
 func TestCommandGates(t *testing.T) {
-	cmd, err := NewCommand(placement.NewMetrics())
-	if err != nil {
-		t.Fatal(err)
-	}
+	cmd, _ := command(t)
 	if cmd.Use != "kyb-scheduler" {
 		t.Errorf("command %q", cmd.Use)
 	}
@@ -172,4 +173,51 @@ func TestCommandGates(t *testing.T) {
 	if utilfeature.DefaultFeatureGate.Enabled(features.GenericWorkload) {
 		t.Error("--feature-gates=GenericWorkload=false left it on")
 	}
+}
+
+// Defragmentation is off unless a flag turns it on; its flags reach the
+// plugin's configuration, and bad ones stop the command before it runs.
+func TestDefragmentationFlags(t *testing.T) {
+	cmd, defrag := command(t)
+	want := room.Defragmentation{Mode: room.Off, EvictionsPerCycle: room.DefaultEvictionsPerCycle}
+	if *defrag != want {
+		t.Errorf("without flags: %+v, want %+v", *defrag, want)
+	}
+	if err := cmd.ParseFlags([]string{"--defragmentation=dry-run", "--defragmentation-period=5m", "--defragmentation-evictions-per-cycle=3"}); err != nil {
+		t.Fatal(err)
+	}
+	want = room.Defragmentation{Mode: room.DryRun, Period: 5 * time.Minute, EvictionsPerCycle: 3}
+	if *defrag != want {
+		t.Errorf("with flags: %+v, want %+v", *defrag, want)
+	}
+	if err := cmd.ParseFlags([]string{"--defragmentation=aggressive"}); err == nil || !strings.Contains(err.Error(), "want off, on or dry-run") {
+		t.Errorf("--defragmentation=aggressive: %v, want an error naming the modes", err)
+	}
+	if err := cmd.ParseFlags([]string{"--defragmentation=on", "--defragmentation-evictions-per-cycle=0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.RunE(cmd, nil); err == nil || !strings.Contains(err.Error(), "--defragmentation-evictions-per-cycle=0") {
+		t.Errorf("run with --defragmentation-evictions-per-cycle=0: %v, want an error naming the flag", err)
+	}
+}
+
+// theCommand is kyb-scheduler's command, made once per process, as
+// NewCommand must be (it changes the process's default feature gates).
+var theCommand = sync.OnceValues(func() (*commandAndDefrag, error) {
+	cmd, defrag, err := newCommand(placement.NewMetrics())
+	return &commandAndDefrag{cmd, defrag}, err
+})
+
+type commandAndDefrag struct {
+	cmd    *cobra.Command
+	defrag *room.Defragmentation
+}
+
+func command(t *testing.T) (*cobra.Command, *room.Defragmentation) {
+	t.Helper()
+	c, err := theCommand()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.cmd, c.defrag
 }
