@@ -39,6 +39,8 @@ type schedulerCase struct {
 	extraArgs  []string // after the chart's own flags
 	placement  bool     // nodeSelector, tolerations and affinity from values
 	noRBAC     bool
+	defrag     []string // the defragmentation flags, before extraArgs
+	evicts     bool     // the ClusterRole grants pods/eviction
 }
 
 // kyb-scheduler's Deployment, configuration and RBAC (values scheduler):
@@ -90,6 +92,18 @@ func TestSchedulerValues(t *testing.T) {
 			extraArgs: []string{"--feature-gates=GenericWorkload=false"}, placement: true,
 		},
 		{
+			name:  "defragmentation",
+			set:   []string{"scheduler.defragmentation.mode=on", "scheduler.defragmentation.period=10m", "scheduler.defragmentation.evictionsPerCycle=3"},
+			image: "ghcr.io/kyb-ai/kyb-dra-driver:0.1.0", pullPolicy: corev1.PullIfNotPresent, replicas: 1, lease: "kyb-scheduler",
+			defrag: []string{"--defragmentation=on", "--defragmentation-period=10m", "--defragmentation-evictions-per-cycle=3"}, evicts: true,
+		},
+		{
+			name:  "defragmentation dry run",
+			set:   []string{"scheduler.defragmentation.mode=dry-run"},
+			image: "ghcr.io/kyb-ai/kyb-dra-driver:0.1.0", pullPolicy: corev1.PullIfNotPresent, replicas: 1, lease: "kyb-scheduler",
+			defrag: []string{"--defragmentation=dry-run", "--defragmentation-period=0s", "--defragmentation-evictions-per-cycle=2"},
+		},
+		{
 			name:  "without RBAC",
 			set:   []string{"rbac.create=false"},
 			image: "ghcr.io/kyb-ai/kyb-dra-driver:0.1.0", pullPolicy: corev1.PullIfNotPresent, replicas: 1, lease: "kyb-scheduler",
@@ -132,7 +146,7 @@ func checkSchedulerDeployment(t *testing.T, m *manifest, tc schedulerCase) *apps
 		"--config=/etc/kyb-scheduler/config.yaml",
 		"--leader-elect=true", "--leader-elect-resource-namespace=" + namespace, "--leader-elect-resource-name=" + tc.lease,
 		"--secure-port=10259", "--v=2",
-	}, tc.extraArgs...)
+	}, append(slices.Clone(tc.defrag), tc.extraArgs...)...)
 	if !slices.Equal(c.Args, want) {
 		t.Errorf("args\n got %q\nwant %q", c.Args, want)
 	}
@@ -275,8 +289,13 @@ func checkSchedulerRBAC(t *testing.T, m *manifest, tc schedulerCase, sa string) 
 	if cr == nil || cr.Name != "kyb-kyb-dra-driver-kyb-system-scheduler" {
 		t.Fatalf("the scheduler's ClusterRole: %+v", cr)
 	}
-	if !reflect.DeepEqual(cr.Rules, wantSchedulerClusterRules) {
-		t.Errorf("the scheduler's ClusterRole rules:\n got %+v\nwant %+v", cr.Rules, wantSchedulerClusterRules)
+	wantRules := slices.Clone(wantSchedulerClusterRules)
+	if tc.evicts {
+		// After pods/binding.
+		wantRules = slices.Insert(wantRules, 3, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/eviction"}, Verbs: []string{"create"}})
+	}
+	if !reflect.DeepEqual(cr.Rules, wantRules) {
+		t.Errorf("the scheduler's ClusterRole rules:\n got %+v\nwant %+v", cr.Rules, wantRules)
 	}
 	for _, r := range cr.Rules {
 		if slices.Contains(r.APIGroups, "coordination.k8s.io") || slices.Contains(r.Verbs, "*") || slices.Contains(r.Resources, "*") {
@@ -288,7 +307,7 @@ func checkSchedulerRBAC(t *testing.T, m *manifest, tc schedulerCase, sa string) 
 	// object exists).
 	var role rbacv1.Role
 	decode(t, m.one(t, "Role"), &role)
-	wantRules := []rbacv1.PolicyRule{
+	wantRules = []rbacv1.PolicyRule{
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{tc.lease}, Verbs: []string{"get", "update"}},
 	}
@@ -351,6 +370,12 @@ func TestSchedulerValuesRefused(t *testing.T) {
 			`scheduler.name "kyb-scheduler" names no profile of scheduler.config (profiles: other-name)`},
 		{"a flag the chart sets", []string{"scheduler.extraArgs[0]=--secure-port=10300"},
 			`scheduler.extraArgs: "--secure-port=10300" sets a flag the chart sets itself`},
+		{"an unknown defragmentation mode", []string{"scheduler.defragmentation.mode=aggressive"},
+			"at '/scheduler/defragmentation/mode': value must be one of 'off', 'on', 'dry-run'"},
+		{"a defragmentation period that is no duration", []string{"scheduler.defragmentation.period=10"},
+			"at '/scheduler/defragmentation/period'"},
+		{"defragmentation by extraArgs", []string{"scheduler.extraArgs[0]=--defragmentation=on"},
+			`scheduler.extraArgs: "--defragmentation=on": use scheduler.defragmentation`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			msg := renderError(t, namespace, []string{"--kube-version", kubeVersion}, append([]string{"scheduler.enabled=true"}, tc.set...)...)
