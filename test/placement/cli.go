@@ -64,6 +64,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	batch := fs.Float64("batch-window", 0.05, "bin-packing's batch window, in mean durations")
 	kybScheduler := fs.String("kyb-scheduler", "", "the kyb-scheduler binary for the kyb-* policies (default $KYB_SCHEDULER, else built from cmd/kyb-scheduler)")
 	settle := fs.Duration("settle", 20*time.Millisecond, "real-scheduler policies: wait after a release is seen, before the next placement")
+	defragPeriod := fs.Duration("defrag-period", 0, "-defrag policies: their scheduler also consolidates once per period of wall time (0: never)")
 	logFile := fs.String("log", "", "real-scheduler policies: where the control plane logs, etcd in FILE.etcd (default: nowhere)")
 	out := fs.String("o", "", "also write the markdown table to this file")
 	svg := fs.String("svg", "", "write a plot (SVG) to this file")
@@ -97,7 +98,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		defer closeLog()
 		defer tb.Close()
 		opts.Sched = DefaultSchedEnv(tb)
-		opts.Sched.KybScheduler, opts.Sched.Settle = *kybScheduler, *settle
+		opts.Sched.KybScheduler, opts.Sched.Settle, opts.Sched.DefragPeriod = *kybScheduler, *settle, *defragPeriod
 		opts.Sched.EtcdLog = os.DevNull
 		if *logFile != "" {
 			opts.Sched.EtcdLog = *logFile + ".etcd"

@@ -35,6 +35,9 @@ type SchedEnv struct {
 	Timeout time.Duration
 	// EtcdLog is where etcd logs; default stderr.
 	EtcdLog string
+	// DefragPeriod, where set, has the -defrag rows' scheduler also
+	// consolidate once per period of wall time (defrag.go).
+	DefragPeriod time.Duration
 }
 
 // DefaultSchedEnv has the waits kyb-sim uses.
@@ -50,13 +53,14 @@ type controlPlane struct {
 }
 
 // startControlPlane starts the cluster, with kyb-scheduler beside the
-// default scheduler if withKyb, and creates a Node object and the
+// default scheduler if withKyb (and a second one that defragments if
+// withDefrag), and creates a Node object and the
 // ResourceSlices of every node of the study: the plugin's pool of the
 // node's pack plan in the shared layout, exactly what the DRA rows
 // allocate from, created directly rather than by a running plugin (no
 // kubelet is needed: nothing runs in the pods). The scheduler sees the
 // same objects a cluster of real nodes would show it.
-func startControlPlane(ctx context.Context, env SchedEnv, nodes []*Node, withKyb bool) (cp *controlPlane, err error) {
+func startControlPlane(ctx context.Context, env SchedEnv, nodes []*Node, withKyb, withDefrag bool) (cp *controlPlane, err error) {
 	if env.TB == nil {
 		return nil, fmt.Errorf("the real-scheduler policies need a control plane, and no owner was given for it")
 	}
@@ -81,6 +85,11 @@ func startControlPlane(ctx context.Context, env SchedEnv, nodes []*Node, withKyb
 		opts.KybScheduler = &harness.KybSchedulerOptions{Binary: env.KybScheduler, Args: []string{"--feature-gates=GenericWorkload=false"}}
 	}
 	cp = &controlPlane{env: env, c: harness.Start(env.TB, opts)}
+	if withDefrag {
+		if err := startDefragScheduler(cp, env.KybScheduler, env.DefragPeriod); err != nil {
+			return nil, err
+		}
+	}
 	classes := map[string]bool{}
 	for _, n := range nodes {
 		plan := n.plans[v1alpha1.PolicyPack]

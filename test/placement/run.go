@@ -55,6 +55,7 @@ func Run(ctx context.Context, opts Options) (*Study, error) {
 	// other; kyb-scheduler runs only for the kyb rows.
 	var cp *controlPlane
 	withKyb := slices.ContainsFunc(opts.Policies, func(p string) bool { return strings.HasPrefix(p, "kyb-") })
+	withDefrag := slices.ContainsFunc(opts.Policies, isDefrag)
 	for _, name := range opts.Policies {
 		nodes, err := NewCluster(ctx, opts.Nodes, sizes)
 		if err != nil {
@@ -66,7 +67,7 @@ func Run(ctx context.Context, opts Options) (*Study, error) {
 			p, err = NewDRA(v1alpha1.AllocationPolicy(strings.TrimPrefix(name, "dra-")), nodes, opts.Workload.Seed)
 		case slices.Contains(SchedPolicies, name):
 			if cp == nil {
-				if cp, err = startControlPlane(ctx, opts.Sched, probe, withKyb); err != nil {
+				if cp, err = startControlPlane(ctx, opts.Sched, probe, withKyb, withDefrag); err != nil {
 					return nil, err
 				}
 			}
@@ -108,9 +109,13 @@ func (st *Study) Markdown(w io.Writer) {
 	// The real-scheduler rows add what shows whether the scheduler saw
 	// the cluster as it was (sched.go).
 	sched := slices.ContainsFunc(o.Policies, func(p string) bool { return slices.Contains(SchedPolicies, p) })
+	defrag := slices.ContainsFunc(o.Policies, isDefrag)
 	header, rule := "", ""
 	if sched {
 		header, rule = " rejected with room | stale rejects retried |", " --- | --- |"
+	}
+	if defrag {
+		header, rule = header+" evictions (per admitted 4x+ request) | moved, not placed again |", rule+" --- | --- |"
 	}
 	fmt.Fprintln(w, "| policy | GPU utilization | fragmentation | rejected | split across topology | mean wait | time per placement (mean / p99) |"+header)
 	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- |"+rule)
@@ -119,6 +124,13 @@ func (st *Study) Markdown(w io.Writer) {
 			100*r.Rejection, 100*r.Misaligned, r.Wait, dur(r.MeanPlace), dur(r.P99Place))
 		if sched {
 			fmt.Fprintf(w, " %d of %d | %d |", r.RejectedWithRoom, r.Rejected, r.StaleRejects)
+		}
+		if defrag {
+			per := 0.0
+			if r.AdmittedLarge > 0 {
+				per = float64(r.Evictions) / float64(r.AdmittedLarge)
+			}
+			fmt.Fprintf(w, " %d (%.2f of %d) | %d |", r.Evictions, per, r.AdmittedLarge, r.Lost)
 		}
 		fmt.Fprintln(w)
 	}
@@ -131,6 +143,15 @@ func (st *Study) Markdown(w io.Writer) {
 			"a pod with one ResourceClaim per request; time per placement is from the claim's creation to the pod bound or reported unschedulable. "+
 			"Rejected with room: rejects (counted ones) while a node had a whole free group of the request's size; "+
 			"stale rejects retried: pods first found unschedulable and bound on the scheduler's retry, over the whole stream.\n")
+	}
+	if defrag {
+		consolidation := ""
+		if o.Sched.DefragPeriod > 0 {
+			consolidation = fmt.Sprintf(" and --defragmentation-period=%v (wall time)", o.Sched.DefragPeriod)
+		}
+		fmt.Fprintf(w, "\n-defrag: a second kyb-scheduler with --defragmentation=on%s; every pod a ReplicaSet's, an evicted one created again by the study. "+
+			"Evictions: pods evicted for the counted requests, and per counted request of four GPUs or more placed; "+
+			"moved, not placed again: evicted pods whose replacement fit nowhere, over the whole stream.\n", consolidation)
 	}
 }
 
@@ -187,3 +208,6 @@ func (st *Study) SVG(w io.Writer) {
 }
 
 func esc(s string) string { return html.EscapeString(s) }
+
+// isDefrag says whether a policy's scheduler defragments.
+func isDefrag(policy string) bool { return strings.HasSuffix(policy, "-defrag") }

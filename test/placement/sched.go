@@ -55,8 +55,9 @@ import (
 
 // SchedPolicies place through a real scheduler: the harness's in-process
 // kube-scheduler, and the kyb-scheduler binary under each of its
-// policies (chosen per pod by annotation).
-var SchedPolicies = []string{"sched-stock", "kyb-pack", "kyb-topology", "kyb-spread"}
+// policies (chosen per pod by annotation); the -defrag rows through a
+// second kyb-scheduler, with --defragmentation=on (defrag.go).
+var SchedPolicies = []string{"sched-stock", "kyb-pack", "kyb-topology", "kyb-spread", "kyb-pack-defrag", "kyb-topology-defrag"}
 
 // placementAnnotation chooses kyb-scheduler's policy for a pod
 // (docs/kyb-scheduler.md).
@@ -86,6 +87,9 @@ type schedPolicy struct {
 	gone []string
 	// staleRejects counts rejects the scheduler took back on its retry.
 	staleRejects int
+	// defrag, for the rows whose scheduler moves pods, follows the moves
+	// (defrag.go).
+	defrag *moving
 }
 
 // newSched returns the named policy over nodes, placing through cp in a
@@ -99,6 +103,10 @@ func newSched(ctx context.Context, name string, cp *controlPlane, nodes []*Node)
 	case "kyb-pack", "kyb-topology", "kyb-spread":
 		p.scheduler = "kyb-scheduler"
 		p.annotation = strings.TrimPrefix(name, "kyb-")
+	case "kyb-pack-defrag", "kyb-topology-defrag":
+		p.scheduler = defragScheduler
+		p.annotation = strings.TrimSuffix(strings.TrimPrefix(name, "kyb-"), "-defrag")
+		p.defrag = &moving{running: map[string]*runningPod{}}
 	default:
 		return nil, fmt.Errorf("unknown policy %q", name)
 	}
@@ -197,29 +205,12 @@ func (p *schedPolicy) await(ctx context.Context, done func() (bool, error)) erro
 }
 
 func (p *schedPolicy) Place(ctx context.Context, r Request) (*Placement, error) {
-	class, ok := p.classes[r.Size]
-	if !ok {
-		return nil, fmt.Errorf("no profile of %d GPUs", r.Size)
-	}
 	name := fmt.Sprintf("r%d", r.ID)
-	client := p.cp.c.Client
-	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: p.ns}}
-	claim.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class}}}
-	if _, err := client.ResourceV1().ResourceClaims(p.ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("create claim %s/%s: %w", p.ns, name, err)
+	if err := p.create(ctx, name, r.Size); err != nil {
+		return nil, err
 	}
-	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: p.ns}}
-	if p.annotation != "" {
-		pod.Annotations = map[string]string{placementAnnotation: p.annotation}
-	}
-	pod.Spec.SchedulerName = p.scheduler
-	// No CPU or memory requests: the scheduler's choice among the nodes
-	// rests on the GPUs (stock kube-scheduler's LeastAllocated still
-	// counts each pod at its defaults, 100m and 200Mi).
-	pod.Spec.Containers = []v1.Container{{Name: "c", Image: "pause", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}
-	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}}
-	if _, err := client.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("create pod %s/%s: %w", p.ns, name, err)
+	if p.defrag != nil {
+		return p.placeMoving(ctx, r, name)
 	}
 	key := p.ns + "/" + name
 
@@ -244,6 +235,37 @@ func (p *schedPolicy) Place(ctx context.Context, r Request) (*Placement, error) 
 		return nil, p.remove(ctx, name)
 	}
 	return p.placed(ctx, r, name, node)
+}
+
+// create makes the claim and the pod of a request of size GPUs.
+func (p *schedPolicy) create(ctx context.Context, name string, size int) error {
+	class, ok := p.classes[size]
+	if !ok {
+		return fmt.Errorf("no profile of %d GPUs", size)
+	}
+	client := p.cp.c.Client
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: p.ns}}
+	claim.Spec.Devices.Requests = []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class}}}
+	if _, err := client.ResourceV1().ResourceClaims(p.ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create claim %s/%s: %w", p.ns, name, err)
+	}
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: p.ns}}
+	if p.annotation != "" {
+		pod.Annotations = map[string]string{placementAnnotation: p.annotation}
+	}
+	pod.Spec.SchedulerName = p.scheduler
+	// No CPU or memory requests: the scheduler's choice among the nodes
+	// rests on the GPUs (stock kube-scheduler's LeastAllocated still
+	// counts each pod at its defaults, 100m and 200Mi).
+	pod.Spec.Containers = []v1.Container{{Name: "c", Image: "pause", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}
+	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}}
+	if p.defrag != nil {
+		movable(pod)
+	}
+	if _, err := client.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create pod %s/%s: %w", p.ns, name, err)
+	}
+	return nil
 }
 
 // verdict waits until the pod is bound (it returns the node) or reported
@@ -325,7 +347,11 @@ func (p *schedPolicy) placed(ctx context.Context, r Request, name, nodeName stri
 		return nil, fmt.Errorf("node %s: the scheduler chose %s, which the plan does not know", nodeName, res.Device)
 	}
 	gpus := append([]int(nil), g.GPUs...)
-	return &Placement{Node: n, GPUs: gpus, Aligned: len(gpus) == r.Size && aligned(n, gpus), release: func() error { return p.remove(ctx, name) }}, nil
+	pl := &Placement{Node: n, GPUs: gpus, Aligned: len(gpus) == r.Size && aligned(n, gpus), release: func() error { return p.remove(ctx, name) }}
+	if p.defrag != nil {
+		p.defrag.running[name] = &runningPod{r: r, pl: pl}
+	}
+	return pl, nil
 }
 
 // remove deletes the pod and its claim, the claim's finalizer first (the
@@ -343,6 +369,9 @@ func (p *schedPolicy) remove(ctx context.Context, name string) error {
 		return fmt.Errorf("delete claim %s/%s: %w", p.ns, name, err)
 	}
 	p.gone = append(p.gone, p.ns+"/"+name)
+	if p.defrag != nil {
+		delete(p.defrag.running, name)
+	}
 	return nil
 }
 

@@ -39,6 +39,17 @@ type Result struct {
 	// releases before them (sched.go), over the whole stream, warm-up
 	// included.
 	StaleRejects int
+	// AdmittedLarge counts the placed requests of four GPUs or more;
+	// Evictions, the pods a defragmenting scheduler evicted for the
+	// counted requests (defrag.go); Lost, the moved pods whose
+	// replacement was placed nowhere, over the whole stream.
+	AdmittedLarge, Evictions, Lost int
+}
+
+// evictor is a policy whose scheduler may evict pods to place one.
+type evictor interface {
+	Evictions() int
+	Lost() int
 }
 
 // syncer is a policy that must catch up with the releases before a
@@ -70,11 +81,19 @@ func Simulate(ctx context.Context, p Policy, nodes []*Node, reqs []Request, warm
 				return fmt.Errorf("%s: before request %d: %w", p.Name(), r.ID, err)
 			}
 		}
+		ev, _ := p.(evictor)
+		evicted := 0
+		if ev != nil {
+			evicted = ev.Evictions()
+		}
 		t0 := time.Now()
 		pl, err := p.Place(ctx, r)
 		d := time.Since(t0)
 		if err != nil {
 			return fmt.Errorf("%s: request %d: %w", p.Name(), r.ID, err)
+		}
+		if ev != nil && measured {
+			res.Evictions += ev.Evictions() - evicted
 		}
 		if measured {
 			took = append(took, d)
@@ -94,6 +113,9 @@ func Simulate(ctx context.Context, p Policy, nodes []*Node, reqs []Request, warm
 		heap.Push(&s.running, running{end: at + r.Duration, p: pl})
 		if measured {
 			res.Placed++
+			if r.Size >= 4 {
+				res.AdmittedLarge++
+			}
 			waits = append(waits, at-r.Arrival)
 			if r.Size > 1 {
 				placedMulti++
@@ -152,6 +174,9 @@ func Simulate(ctx context.Context, p Policy, nodes []*Node, reqs []Request, warm
 	}
 	if sr, ok := p.(interface{ StaleRejects() int }); ok {
 		res.StaleRejects = sr.StaleRejects()
+	}
+	if ev, ok := p.(evictor); ok {
+		res.Lost = ev.Lost()
 	}
 	for _, w := range waits {
 		res.Wait += w / float64(len(waits))
