@@ -197,6 +197,10 @@ func virtualPod(class string) (*v1.Pod, *resourceapi.ResourceClaim) {
 		Spec: v1.PodSpec{
 			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(consolidationPod)}},
 			Containers:     []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}},
+			// Every taint: GPU nodes are often tainted for GPU pods, and
+			// the group is freed for whichever pod may go there (the
+			// moved pods are judged by their own tolerations).
+			Tolerations: []v1.Toleration{{Operator: v1.TolerationOpExists}},
 			// The lowest: Filter keeps the devices of every nominated pod
 			// from it.
 			Priority: ptr.To[int32](math.MinInt32),

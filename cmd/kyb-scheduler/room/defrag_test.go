@@ -270,6 +270,16 @@ func TestConsolidation(t *testing.T) {
 			f.runningSeats("a", "node-a", []string{"0"}, rs)
 			f.runningSeats("a-bare", "node-a", []string{"4", "5", "6", "7"})
 		}},
+		{name: "tainted GPU nodes", budget: 1, evicted: 1, setup: func(f *fixture) {
+			for _, n := range f.nodes {
+				n.Spec.Taints = []v1.Taint{{Key: "gpu", Value: "true", Effect: v1.TaintEffectNoSchedule}}
+			}
+			tolerates := func(pod *v1.Pod) {
+				pod.Spec.Tolerations = []v1.Toleration{{Key: "gpu", Operator: v1.TolerationOpEqual, Value: "true", Effect: v1.TaintEffectNoSchedule}}
+			}
+			f.runningSeats("a", "node-a", []string{"0", "4"}, rs, tolerates)
+			f.runningSeats("b", "node-b", []string{"0", "1", "2", "4"}, rs, tolerates)
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, threeProfiles, "node-a", "node-b")

@@ -36,6 +36,7 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/queuesort"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/tainttoleration"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 	"k8s.io/kubernetes/pkg/scheduler/util/assumecache"
 
@@ -225,6 +226,7 @@ func (f *fixture) start() {
 		queuesort.Name:        queuesort.New,
 		defaultbinder.Name:    defaultbinder.New,
 		dynamicresources.Name: frameworkruntime.FactoryAdapter(fts, dynamicresources.New),
+		tainttoleration.Name:  frameworkruntime.FactoryAdapter(fts, tainttoleration.New),
 		Name: func(ctx context.Context, obj runtime.Object, fh fwk.Handle) (fwk.Plugin, error) {
 			pl, err := New(ctx, obj, fh, fts, f.defrag)
 			f.plugin = pl
@@ -252,7 +254,7 @@ func (f *fixture) start() {
 		Plugins: &config.Plugins{
 			QueueSort:  config.PluginSet{Enabled: []config.Plugin{{Name: queuesort.Name}}},
 			PreFilter:  config.PluginSet{Enabled: preFilter},
-			Filter:     config.PluginSet{Enabled: []config.Plugin{{Name: dynamicresources.Name}}},
+			Filter:     config.PluginSet{Enabled: []config.Plugin{{Name: tainttoleration.Name}, {Name: dynamicresources.Name}}},
 			PostFilter: config.PluginSet{Enabled: []config.Plugin{{Name: dynamicresources.Name}, {Name: preemptionName}}},
 			Reserve:    config.PluginSet{Enabled: []config.Plugin{{Name: dynamicresources.Name}}},
 			Bind:       config.PluginSet{Enabled: []config.Plugin{{Name: defaultbinder.Name}}},
