@@ -115,7 +115,7 @@ func (st *Study) Markdown(w io.Writer) {
 		header, rule = " rejected with room | stale rejects retried |", " --- | --- |"
 	}
 	if defrag {
-		header, rule = header+" evictions (per admitted 4x+ request) | moved, not placed again |", rule+" --- | --- |"
+		header, rule = header+" 4x+ rejected | evictions (per admitted 4x+ request) | moved, not placed again |", rule+" --- | --- | --- |"
 	}
 	fmt.Fprintln(w, "| policy | GPU utilization | fragmentation | rejected | split across topology | mean wait | time per placement (mean / p99) |"+header)
 	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- |"+rule)
@@ -126,11 +126,14 @@ func (st *Study) Markdown(w io.Writer) {
 			fmt.Fprintf(w, " %d of %d | %d |", r.RejectedWithRoom, r.Rejected, r.StaleRejects)
 		}
 		if defrag {
-			per := 0.0
+			per, rejected := 0.0, 0.0
 			if r.AdmittedLarge > 0 {
 				per = float64(r.Evictions) / float64(r.AdmittedLarge)
 			}
-			fmt.Fprintf(w, " %d (%.2f of %d) | %d |", r.Evictions, per, r.AdmittedLarge, r.Lost)
+			if n := r.AdmittedLarge + r.RejectedLarge; n > 0 {
+				rejected = float64(r.RejectedLarge) / float64(n)
+			}
+			fmt.Fprintf(w, " %.1f %% (%d) | %d (%.2f of %d) | %d |", 100*rejected, r.RejectedLarge, r.Evictions, per, r.AdmittedLarge, r.Lost)
 		}
 		fmt.Fprintln(w)
 	}
@@ -150,7 +153,8 @@ func (st *Study) Markdown(w io.Writer) {
 			consolidation = fmt.Sprintf(" and --defragmentation-period=%v (wall time)", o.Sched.DefragPeriod)
 		}
 		fmt.Fprintf(w, "\n-defrag: a second kyb-scheduler with --defragmentation=on%s; every pod a ReplicaSet's, an evicted one created again by the study. "+
-			"Evictions: pods evicted for the counted requests, and per counted request of four GPUs or more placed; "+
+			"4x+ rejected: the counted requests of four GPUs or more rejected, as a share of those requests; "+
+			"evictions: pods evicted for the counted requests, and per counted request of four GPUs or more placed; "+
 			"moved, not placed again: evicted pods whose replacement fit nowhere, over the whole stream.\n", consolidation)
 	}
 }

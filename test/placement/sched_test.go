@@ -10,7 +10,8 @@ import (
 // as make e2e sets it, else built here). Simulate fails if a bound claim's
 // group has a GPU the mirror holds busy; every request must end placed or
 // rejected, no multi-GPU request split, and no reject made while the
-// mirror had a whole free group of the request's size.
+// mirror had a whole free group of the request's size. The -defrag rows'
+// moved pods must all be placed again.
 func TestRealSchedulersPlaceConsistently(t *testing.T) {
 	mix, err := ParseMix("1x:0.5,2x:0.3,4x:0.2")
 	if err != nil {
@@ -33,7 +34,10 @@ func TestRealSchedulersPlaceConsistently(t *testing.T) {
 	}
 	rejected := 0
 	for _, r := range st.Results {
-		t.Logf("%s: placed %d, rejected %d (with room %d), stale rejects retried %d", r.Policy, r.Placed, r.Rejected, r.RejectedWithRoom, r.StaleRejects)
+		t.Logf("%s: placed %d, rejected %d (with room %d), stale rejects retried %d, evictions %d", r.Policy, r.Placed, r.Rejected, r.RejectedWithRoom, r.StaleRejects, r.Evictions)
+		if r.Lost != 0 {
+			t.Errorf("%s: %d moved pods placed nowhere again: defragmentation evicted a pod with nowhere to go", r.Policy, r.Lost)
+		}
 		if r.Placed+r.Rejected != requests {
 			t.Errorf("%s: placed %d + rejected %d, want %d requests", r.Policy, r.Placed, r.Rejected, requests)
 		}

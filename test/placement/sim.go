@@ -39,11 +39,12 @@ type Result struct {
 	// releases before them (sched.go), over the whole stream, warm-up
 	// included.
 	StaleRejects int
-	// AdmittedLarge counts the placed requests of four GPUs or more;
+	// AdmittedLarge and RejectedLarge count the placed and rejected
+	// requests of four GPUs or more;
 	// Evictions, the pods a defragmenting scheduler evicted for the
 	// counted requests (defrag.go); Lost, the moved pods whose
 	// replacement was placed nowhere, over the whole stream.
-	AdmittedLarge, Evictions, Lost int
+	AdmittedLarge, RejectedLarge, Evictions, Lost int
 }
 
 // evictor is a policy whose scheduler may evict pods to place one.
@@ -101,6 +102,9 @@ func Simulate(ctx context.Context, p Policy, nodes []*Node, reqs []Request, warm
 		if pl == nil {
 			if measured {
 				res.Rejected++
+				if r.Size >= 4 {
+					res.RejectedLarge++
+				}
 				if slices.ContainsFunc(s.nodes, func(n *Node) bool { return len(n.freeGroups(r.Size)) > 0 }) {
 					res.RejectedWithRoom++
 				}
