@@ -39,6 +39,14 @@ sched_policies=best-fit,topology-aware,dra-pack,sched-stock,kyb-pack,kyb-topolog
 part placement-sched bash -c "cd test && for load in 0.7 1; do
   $GO run ./cmd/kyb-sim -requests 1500 -load \$load -policies $sched_policies -kyb-scheduler ../bin/kyb-scheduler -log ../$out/placement-sched-\$load.log || exit 1
 done"
+# Defragmentation (docs/placement-study.md, "Defragmentation"): the same
+# stream at full load, with 4x requests and with 8x ones, through
+# kyb-scheduler with and without --defragmentation=on.
+part placement-defrag bash -c "cd test && n=0 && for mix in 1x:0.6,2x:0.3,4x:0.1 1x:0.5,2x:0.25,4x:0.15,8x:0.1; do
+  n=\$((n+1))
+  $GO run ./cmd/kyb-sim -requests 1500 -load 1 -mix \$mix -policies best-fit,topology-aware,kyb-pack,kyb-pack-defrag,kyb-topology,kyb-topology-defrag \
+    -kyb-scheduler ../bin/kyb-scheduler -log ../$out/placement-defrag-\$n.log || exit 1
+done"
 (cd test && $GO build -ldflags "-X k8s.io/component-base/version.gitVersion=v1.37.1 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" \
   -o ../bin/kyb-bench ./cmd/kyb-bench)
 # Stock kube-scheduler of the test module's Kubernetes, as a binary: the
@@ -103,6 +111,9 @@ part fuzz env FUZZTIME="$BENCH_FUZZTIME" hack/fuzz.sh
   echo
   echo "## Placement through the real scheduler"
   cat "$out/placement-sched.md"
+  echo
+  echo "## Defragmentation in the placement study"
+  cat "$out/placement-defrag.md"
   echo
   echo "## Fuzzing"
   echo
