@@ -164,6 +164,39 @@ func TestMetricsOfAHandCheckedTrace(t *testing.T) {
 	}
 }
 
+// A reject made while the cluster had as many GPUs free as asked is
+// counted apart: there only the shape of what was free stood in the way.
+// On one 8-GPU node under topology-aware, three 2x jobs take GPUs 0-1,
+// 2-3 and 4-5; once the second ends, GPUs 2, 3, 6 and 7 are free and no
+// four-GPU group is: a 4x at 1.5 is rejected with four GPUs free. In the
+// hand-checked trace above, the 4x meets two free GPUs.
+func TestRejectsWithTheGPUsFreeAreCounted(t *testing.T) {
+	for _, tc := range []struct {
+		name                              string
+		reqs                              []Request
+		rejected, rejectedLarge, admitted int
+		rejectedFree                      int
+	}{
+		{name: "four GPUs free, no group", reqs: []Request{{0, 2, 0, 3}, {1, 2, 0.1, 1}, {2, 2, 0.2, 3}, {3, 4, 1.5, 1}, {4, 1, 4, 1}},
+			rejected: 1, rejectedLarge: 1, rejectedFree: 1},
+		{name: "two GPUs free", reqs: []Request{{0, 4, 0, 2}, {1, 2, 1, 2}, {2, 4, 1.5, 1}, {3, 1, 4, 1}},
+			rejected: 1, rejectedLarge: 1, admitted: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := cluster(t, "dgx-h100:1")
+			p, _ := NewClassic("topology-aware", nodes, 0)
+			r, err := Simulate(ctx, p, nodes, tc.reqs, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Rejected != tc.rejected || r.RejectedLarge != tc.rejectedLarge || r.AdmittedLarge != tc.admitted || r.RejectedFree != tc.rejectedFree {
+				t.Errorf("rejected %d (4x+ %d, with the GPUs free %d), 4x+ admitted %d; want %d (%d, %d), %d",
+					r.Rejected, r.RejectedLarge, r.RejectedFree, r.AdmittedLarge, tc.rejected, tc.rejectedLarge, tc.rejectedFree, tc.admitted)
+			}
+		})
+	}
+}
+
 func TestDRAPoliciesNeverDoubleBookAGPU(t *testing.T) {
 	mix, _ := ParseMix("1x:0.5,2x:0.3,4x:0.2")
 	for _, order := range []v1alpha1.AllocationPolicy{v1alpha1.PolicyPack, v1alpha1.PolicySpread} {

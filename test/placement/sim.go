@@ -45,6 +45,10 @@ type Result struct {
 	// counted requests (defrag.go); Lost, the moved pods whose
 	// replacement was placed nowhere, over the whole stream.
 	AdmittedLarge, RejectedLarge, Evictions, Lost int
+	// RejectedFree counts the rejects made while the cluster had at
+	// least the request's number of GPUs free: where only the shape of
+	// what was free stood in the way, which moving pods may mend.
+	RejectedFree int
 }
 
 // evictor is a policy whose scheduler may evict pods to place one.
@@ -104,6 +108,13 @@ func Simulate(ctx context.Context, p Policy, nodes []*Node, reqs []Request, warm
 				res.Rejected++
 				if r.Size >= 4 {
 					res.RejectedLarge++
+				}
+				free := 0
+				for _, n := range s.nodes {
+					free += n.Free()
+				}
+				if free >= r.Size {
+					res.RejectedFree++
 				}
 				if slices.ContainsFunc(s.nodes, func(n *Node) bool { return len(n.freeGroups(r.Size)) > 0 }) {
 					res.RejectedWithRoom++
