@@ -18,6 +18,7 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
@@ -37,6 +38,8 @@ import (
 // then waits for a group, defragmentation for it does the same work.
 type consolidation struct {
 	period time.Duration
+	// clock tells the time a cycle starts at.
+	clock clock.PassiveClock
 
 	mu sync.Mutex
 	// next is when the next consolidation is due; zero: one period after
@@ -45,7 +48,8 @@ type consolidation struct {
 }
 
 // due says whether a consolidation is due now, and if so sets the next.
-func (c *consolidation) due(now time.Time) bool {
+func (c *consolidation) due() bool {
+	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.next.IsZero() {

@@ -8,6 +8,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	fwk "k8s.io/kube-scheduler/framework"
+	testingclock "k8s.io/utils/clock/testing"
 )
 
 // The defragmentation tests run the real DynamicResources plugin and
@@ -305,14 +306,69 @@ func TestConsolidation(t *testing.T) {
 // A consolidation is due once per period, the first one a period after
 // the first cycle.
 func TestConsolidationIsDueOncePerPeriod(t *testing.T) {
-	c := &consolidation{period: time.Minute}
-	t0 := time.Now()
+	clock := testingclock.NewFakePassiveClock(time.Now())
+	c := &consolidation{period: time.Minute, clock: clock}
+	t0 := clock.Now()
 	for _, step := range []struct {
 		at  time.Duration
 		due bool
 	}{{0, false}, {30 * time.Second, false}, {61 * time.Second, true}, {62 * time.Second, false}, {2 * time.Minute, false}, {2*time.Minute + 2*time.Second, true}} {
-		if got := c.due(t0.Add(step.at)); got != step.due {
+		clock.SetTime(t0.Add(step.at))
+		if got := c.due(); got != step.due {
 			t.Errorf("due at +%v: %t, want %t", step.at, got, step.due)
 		}
+	}
+}
+
+// A scheduling cycle consolidates where one is due: not in the first
+// cycle, in the first a period later, not again in the same period. In
+// a dry run it says what it would move, in events on those pods, and
+// evicts nothing; off, a period consolidates nothing.
+func TestConsolidationRunsInTheCycleOncePerPeriod(t *testing.T) {
+	for _, tc := range []struct {
+		mode    Mode
+		evicted []string
+		dryRun  []string
+	}{
+		{mode: On, evicted: []string{"a-gpu0"}},
+		{mode: DryRun, dryRun: []string{"a-gpu0"}},
+		{mode: Off},
+	} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			f := newFixture(t, threeProfiles, "node-a", "node-b")
+			f.defrag = Defragmentation{Mode: tc.mode, Period: time.Minute, EvictionsPerCycle: 1}
+			rs := ownedBy("ReplicaSet")
+			f.runningSeats("a", "node-a", []string{"0", "4"}, rs)
+			f.runningSeats("b", "node-b", []string{"0", "1", "2", "4"}, rs)
+			f.start()
+			clock := testingclock.NewFakePassiveClock(time.Now())
+			if c := f.plugin.consolidation; c != nil {
+				c.clock = clock
+			} else if tc.mode != Off {
+				t.Fatalf("mode %s with a period: no consolidation", tc.mode)
+			}
+			seat := f.pending("seat", class1x, 1)
+			t0 := clock.Now()
+			for _, step := range []struct {
+				after   time.Duration
+				evicted []string
+			}{{0, nil}, {30 * time.Second, nil}, {61 * time.Second, tc.evicted}, {62 * time.Second, tc.evicted}} {
+				clock.SetTime(t0.Add(step.after))
+				f.schedule(seat)
+				if !slices.Equal(f.evicted, step.evicted) {
+					t.Errorf("after a cycle at +%v: evicted %v, want %v", step.after, f.evicted, step.evicted)
+				}
+			}
+			var dry []string
+			for _, e := range f.events.with(ReasonDefragmentationDryRun) {
+				dry = append(dry, e.regarding)
+				if !strings.Contains(e.note, "consolidation") {
+					t.Errorf("dry-run event on %s does not say it is a consolidation: %q", e.regarding, e.note)
+				}
+			}
+			if !slices.Equal(dry, tc.dryRun) {
+				t.Errorf("dry-run events on %v, want on %v", dry, tc.dryRun)
+			}
+		})
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	policy "k8s.io/api/policy/v1"
@@ -22,6 +21,7 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
 	"k8s.io/kubernetes/pkg/scheduler/framework/preemption"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+	"k8s.io/utils/clock"
 )
 
 // Name is the plugin's name in the scheduler's configuration.
@@ -113,7 +113,7 @@ func New(ctx context.Context, obj runtime.Object, fh fwk.Handle, fts feature.Fea
 		defrag: d,
 	}
 	if d.Mode != Off && d.Period > 0 {
-		pl.consolidation = &consolidation{period: d.Period}
+		pl.consolidation = &consolidation{period: d.Period, clock: clock.RealClock{}}
 	}
 	// The evaluator runs DefaultPreemption's preemption with this
 	// plugin's search and node order.
@@ -150,7 +150,7 @@ func (pl *Preemption) SignPod(context.Context, *v1.Pod) ([]fwk.SignFragment, *fw
 // releases the victims' claims for the group's pods (gang.go). Where a
 // consolidation is due, it runs first (consolidate.go).
 func (pl *Preemption) PreFilter(ctx context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	if pl.consolidation != nil && pl.consolidation.due(time.Now()) {
+	if pl.consolidation != nil && pl.consolidation.due() {
 		if n, err := pl.consolidate(ctx); err != nil {
 			klog.FromContext(ctx).Error(err, "Consolidation failed")
 		} else if n > 0 {
