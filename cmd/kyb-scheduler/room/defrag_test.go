@@ -90,6 +90,7 @@ func TestDefragmentationMovesOnlyMovablePods(t *testing.T) {
 		{name: "DaemonSet", opts: []podOpt{ownedBy("DaemonSet")}, want: []string{"a-gpu4", "a-gpu5"}},
 		{name: "movable: false", opts: []podOpt{ownedBy("ReplicaSet"), annotated(MovableAnnotation, "false")}, want: []string{"a-gpu4", "a-gpu5"}},
 		{name: "movable: no", opts: []podOpt{ownedBy("ReplicaSet"), annotated(MovableAnnotation, "no")}, want: []string{"a-gpu4", "a-gpu5"}},
+		{name: "pod group member", opts: []podOpt{ownedBy("ReplicaSet"), inGroup("batch")}, want: []string{"a-gpu4", "a-gpu5"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, threeProfiles, "node-a", "node-b")
@@ -104,6 +105,47 @@ func TestDefragmentationMovesOnlyMovablePods(t *testing.T) {
 				t.Errorf("nominated %q evicting %v (%v), want node-a evicting %v", out.nominated, f.evicted, out.status, tc.want)
 			}
 		})
+	}
+}
+
+// A pod whose claim another pod shares does not move: the claim stays
+// allocated where it is, and would hold its replacement there. The two
+// pods sharing GPU 0 stay, and the three of GPUs 4-6 move instead.
+func TestDefragmentationLeavesSharedClaims(t *testing.T) {
+	f := newFixture(t, threeProfiles, "node-a", "node-b")
+	f.defrag = Defragmentation{Mode: On}
+	rs := ownedBy("ReplicaSet")
+	f.sharing("shared", "node-a", class1x, "0", newPod("a-one", rs), newPod("a-two", rs))
+	// Any seat, as a controller's claim would ask: the claim, not its
+	// selector, ties the pods to GPU 0.
+	f.claims[len(f.claims)-1].Spec.Devices.Requests[0].Exactly.Selectors = nil
+	f.runningSeats("a", "node-a", []string{"4", "5", "6"}, rs)
+	f.runningSeats("b-bare", "node-b", []string{"0", "1", "4", "5"})
+	f.start()
+	out := f.preempt(f.pending("train", class4x, 1))
+	if want := []string{"a-gpu4", "a-gpu5", "a-gpu6"}; out.nominated != "node-a" || !slices.Equal(f.evicted, want) {
+		t.Errorf("nominated %q evicting %v (%v), want node-a evicting %v", out.nominated, f.evicted, out.status, want)
+	}
+}
+
+// Pods of our extended resources move and are moved for as claims' pods
+// are: the ReplicaSet's pod asking kyb.ai/gpu-1x-seat on GPU 0 of node-a
+// (GPUs 4-7 held) goes, the claim of its replacement made anew fitting on
+// node-b, and a 4x pod asking kyb.ai/gpu-4x-seat gets node-a.
+func TestDefragmentationOfExtendedResources(t *testing.T) {
+	f := newFixture(t, threeProfiles, "node-a", "node-b")
+	f.defrag = Defragmentation{Mode: On}
+	rs := ownedBy("ReplicaSet")
+	f.runningExtended("a-ext-gpu0", "node-a", "kyb.ai/gpu-1x-seat", 1, "0", rs)
+	f.runningSeats("a", "node-a", []string{"4", "5", "6", "7"}, rs)
+	f.runningSeats("b", "node-b", []string{"0", "1", "4", "5"}, rs)
+	f.start()
+	out := f.preempt(f.submit(extendedPod("train", "kyb.ai/gpu-4x-seat", 1)))
+	if want := []string{"a-ext-gpu0"}; out.nominated != "node-a" || !slices.Equal(f.evicted, want) {
+		t.Fatalf("nominated %q evicting %v (%v), want node-a evicting %v", out.nominated, f.evicted, out.status, want)
+	}
+	if moved := f.events.with(ReasonDefragmented); len(moved) != 1 || !strings.Contains(moved[0].note, "fits on node node-b") {
+		t.Errorf("events %s: %+v, want one saying the replacement fits on node-b", ReasonDefragmented, moved)
 	}
 }
 
