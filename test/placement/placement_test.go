@@ -169,18 +169,20 @@ func TestMetricsOfAHandCheckedTrace(t *testing.T) {
 // On one 8-GPU node under topology-aware, three 2x jobs take GPUs 0-1,
 // 2-3 and 4-5; once the second ends, GPUs 2, 3, 6 and 7 are free and no
 // four-GPU group is: a 4x at 1.5 is rejected with four GPUs free. In the
-// hand-checked trace above, the 4x meets two free GPUs.
-func TestRejectsWithTheGPUsFreeAreCounted(t *testing.T) {
+// hand-checked trace above, the 4x meets two free GPUs. Both streams ask
+// for 11 GPUs and have 4 rejected.
+func TestRejectsAndTheirGPUsAreCounted(t *testing.T) {
 	for _, tc := range []struct {
 		name                              string
 		reqs                              []Request
 		rejected, rejectedLarge, admitted int
 		rejectedFree                      int
+		requestedGPUs, rejectedGPUs       int
 	}{
 		{name: "four GPUs free, no group", reqs: []Request{{0, 2, 0, 3}, {1, 2, 0.1, 1}, {2, 2, 0.2, 3}, {3, 4, 1.5, 1}, {4, 1, 4, 1}},
-			rejected: 1, rejectedLarge: 1, rejectedFree: 1},
+			rejected: 1, rejectedLarge: 1, rejectedFree: 1, requestedGPUs: 11, rejectedGPUs: 4},
 		{name: "two GPUs free", reqs: []Request{{0, 4, 0, 2}, {1, 2, 1, 2}, {2, 4, 1.5, 1}, {3, 1, 4, 1}},
-			rejected: 1, rejectedLarge: 1, admitted: 1},
+			rejected: 1, rejectedLarge: 1, admitted: 1, requestedGPUs: 11, rejectedGPUs: 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			nodes := cluster(t, "dgx-h100:1")
@@ -192,6 +194,9 @@ func TestRejectsWithTheGPUsFreeAreCounted(t *testing.T) {
 			if r.Rejected != tc.rejected || r.RejectedLarge != tc.rejectedLarge || r.AdmittedLarge != tc.admitted || r.RejectedFree != tc.rejectedFree {
 				t.Errorf("rejected %d (4x+ %d, with the GPUs free %d), 4x+ admitted %d; want %d (%d, %d), %d",
 					r.Rejected, r.RejectedLarge, r.RejectedFree, r.AdmittedLarge, tc.rejected, tc.rejectedLarge, tc.rejectedFree, tc.admitted)
+			}
+			if r.RequestedGPUs != tc.requestedGPUs || r.RejectedGPUs != tc.rejectedGPUs {
+				t.Errorf("%d GPUs rejected of %d asked, want %d of %d", r.RejectedGPUs, r.RequestedGPUs, tc.rejectedGPUs, tc.requestedGPUs)
 			}
 		})
 	}

@@ -115,7 +115,7 @@ func (st *Study) Markdown(w io.Writer) {
 		header, rule = " rejected with room | stale rejects retried |", " --- | --- |"
 	}
 	if defrag {
-		header, rule = header+" 4x+ rejected | rejected with the GPUs free | evictions (per admitted 4x+ request) | moved, not placed again |", rule+" --- | --- | --- | --- |"
+		header, rule = header+" 4x+ rejected | rejected with the GPUs free | GPUs rejected | evictions (per admitted 4x+ request) | moved, not placed again |", rule+" --- | --- | --- | --- | --- |"
 	}
 	fmt.Fprintln(w, "| policy | GPU utilization | fragmentation | rejected | split across topology | mean wait | time per placement (mean / p99) |"+header)
 	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- |"+rule)
@@ -126,14 +126,17 @@ func (st *Study) Markdown(w io.Writer) {
 			fmt.Fprintf(w, " %d of %d | %d |", r.RejectedWithRoom, r.Rejected, r.StaleRejects)
 		}
 		if defrag {
-			per, rejected := 0.0, 0.0
+			per, rejected, gpus := 0.0, 0.0, 0.0
 			if r.AdmittedLarge > 0 {
 				per = float64(r.Evictions) / float64(r.AdmittedLarge)
 			}
 			if n := r.AdmittedLarge + r.RejectedLarge; n > 0 {
 				rejected = float64(r.RejectedLarge) / float64(n)
 			}
-			fmt.Fprintf(w, " %.1f %% (%d) | %d | %d (%.2f of %d) | %d |", 100*rejected, r.RejectedLarge, r.RejectedFree, r.Evictions, per, r.AdmittedLarge, r.Lost)
+			if r.RequestedGPUs > 0 {
+				gpus = float64(r.RejectedGPUs) / float64(r.RequestedGPUs)
+			}
+			fmt.Fprintf(w, " %.1f %% (%d) | %d | %.1f %% | %d (%.2f of %d) | %d |", 100*rejected, r.RejectedLarge, r.RejectedFree, 100*gpus, r.Evictions, per, r.AdmittedLarge, r.Lost)
 		}
 		fmt.Fprintln(w)
 	}
@@ -155,6 +158,7 @@ func (st *Study) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "\n-defrag: a second kyb-scheduler with --defragmentation=on%s; every pod a ReplicaSet's, an evicted one created again by the study. "+
 			"4x+ rejected: the counted requests of four GPUs or more rejected, as a share of those requests; "+
 			"rejected with the GPUs free: counted rejects made while the cluster had as many GPUs free as asked, on nodes or groups that did not fit; "+
+			"GPUs rejected: the GPUs of the counted requests rejected, as a share of those the counted requests asked for; "+
 			"evictions: pods evicted for the counted requests, and per counted request of four GPUs or more placed; "+
 			"moved, not placed again: evicted pods whose replacement fit nowhere, over the whole stream.\n", consolidation)
 	}

@@ -49,6 +49,10 @@ type Result struct {
 	// least the request's number of GPUs free: where only the shape of
 	// what was free stood in the way, which moving pods may mend.
 	RejectedFree int
+	// RequestedGPUs and RejectedGPUs sum the GPUs of the counted
+	// requests and of those rejected: a policy that admits large requests
+	// at the cost of small ones rejects more requests, and fewer GPUs.
+	RequestedGPUs, RejectedGPUs int
 }
 
 // evictor is a policy whose scheduler may evict pods to place one.
@@ -102,10 +106,12 @@ func Simulate(ctx context.Context, p Policy, nodes []*Node, reqs []Request, warm
 		}
 		if measured {
 			took = append(took, d)
+			res.RequestedGPUs += r.Size
 		}
 		if pl == nil {
 			if measured {
 				res.Rejected++
+				res.RejectedGPUs += r.Size
 				if r.Size >= 4 {
 					res.RejectedLarge++
 				}
