@@ -10,8 +10,8 @@ import (
 // as make e2e sets it, else built here). Simulate fails if a bound claim's
 // group has a GPU the mirror holds busy; every request must end placed or
 // rejected, no multi-GPU request split, and no reject made while the
-// mirror had a whole free group of the request's size. The -defrag rows'
-// moved pods must all be placed again.
+// mirror had a whole free group of the request's size. The -defrag rows
+// must evict, and place every moved pod again.
 func TestRealSchedulersPlaceConsistently(t *testing.T) {
 	mix, err := ParseMix("1x:0.5,2x:0.3,4x:0.2")
 	if err != nil {
@@ -32,7 +32,7 @@ func TestRealSchedulersPlaceConsistently(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rejected := 0
+	rejected, evictions := 0, 0
 	for _, r := range st.Results {
 		t.Logf("%s: placed %d, rejected %d (with room %d), stale rejects retried %d, evictions %d", r.Policy, r.Placed, r.Rejected, r.RejectedWithRoom, r.StaleRejects, r.Evictions)
 		if r.Lost != 0 {
@@ -45,6 +45,12 @@ func TestRealSchedulersPlaceConsistently(t *testing.T) {
 			t.Errorf("%s: %+v: want placements, none split, no reject while a group of the size was free", r.Policy, r)
 		}
 		rejected += r.Rejected
+		if isDefrag(r.Policy) {
+			evictions += r.Evictions
+		}
+	}
+	if evictions == 0 {
+		t.Error("no -defrag row evicted a pod: the defragmentation path went untested")
 	}
 	if rejected == 0 {
 		t.Error("no row rejected a request at 150 % offered load: the reject path went untested")
