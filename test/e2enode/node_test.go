@@ -72,6 +72,17 @@ func on(t *testing.T, c *harness.Cluster, name, class, gpus string) {
 func metadataUUIDs(t *testing.T, o output) []string {
 	t.Helper()
 	var uuids []string
+	for _, attrs := range metadataAttributes(t, o) {
+		uuids = append(uuids, attrs["gpuUUIDs"].StringValues...)
+	}
+	return uuids
+}
+
+// metadataAttributes reads the attributes of each device in a container's
+// device metadata files, in file order.
+func metadataAttributes(t *testing.T, o output) []map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	t.Helper()
+	var out []map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 	files := slices.Sorted(maps.Keys(o.metadata))
 	for _, f := range files {
 		dec := json.NewDecoder(bytes.NewReader([]byte(o.metadata[f])))
@@ -85,12 +96,12 @@ func metadataUUIDs(t *testing.T, o output) []string {
 			}
 			for _, r := range md.Requests {
 				for _, d := range r.Devices {
-					uuids = append(uuids, d.Attributes["gpuUUIDs"].StringValues...)
+					out = append(out, d.Attributes)
 				}
 			}
 		}
 	}
-	return uuids
+	return out
 }
 
 // cdiDevices returns the CDI device names of a pod's claim, read from
