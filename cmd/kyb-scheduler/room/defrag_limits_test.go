@@ -8,7 +8,13 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
 	"k8s.io/utils/ptr"
 )
 
@@ -100,5 +106,68 @@ func TestConsolidationLeavesCordonedNodes(t *testing.T) {
 	}
 	if n != 0 || len(f.evicted) > 0 {
 		t.Errorf("consolidation evicted %d (%v) to free a group on cordoned node-a, want none", n, f.evicted)
+	}
+}
+
+// The API server may refuse an eviction the search allowed (a budget
+// changed since the scheduler's informer saw it, or a pod two budgets
+// select). Where the second of two moves is refused, the first pod is
+// gone already, and its seat is kept for no one: its replacement may take
+// it back, and the waiting pod's next cycle evicts it again, and again,
+// each time for nothing.
+func TestDefragmentationEvictsNoMoreAfterARefusedEviction(t *testing.T) {
+	f := newFixture(t, threeProfiles, "node-a", "node-b")
+	f.defrag = Defragmentation{Mode: On}
+	rs := ownedBy("ReplicaSet")
+	f.runningSeats("a", "node-a", []string{"0"}, rs)
+	// Evictions go in the order of namespace and name: the refused one
+	// last.
+	f.runningSeats("z", "node-a", []string{"1"}, rs)
+	f.runningSeats("a-bare", "node-a", []string{"4", "5", "6", "7"})
+	f.runningSeats("b-bare", "node-b", []string{"0", "1", "2", "3", "4", "5"})
+	f.client.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if action.GetSubresource() != "eviction" || action.(k8stesting.CreateAction).GetObject().(*policyv1.Eviction).Name != "z-gpu1" {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 10)
+	})
+	f.start()
+	train := f.pending("train", class4x, 1)
+	first := f.preempt(train)
+	if !slices.Equal(f.evicted, []string{"a-gpu0"}) {
+		t.Fatalf("first cycle: evicted %v (%v), want a-gpu0 evicted and z-gpu1 refused", f.evicted, first.status)
+	}
+	f.release("a-gpu0")
+	f.forget("a-gpu0")
+
+	// The ReplicaSet's new pod lands on the seat a-gpu0 left, which no one
+	// keeps.
+	back := newPod("a-new", rs)
+	back.Spec.NodeName = "node-a"
+	back.Status.Phase = v1.PodRunning
+	var claim *resourceapi.ResourceClaim
+	for _, c := range f.claims {
+		if c.Name == "a-gpu0-gpu" {
+			claim = c.DeepCopy()
+		}
+	}
+	claim.Name, claim.UID, claim.ResourceVersion = "a-new-gpu", "uid-a-new-gpu", ""
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: back.Name, UID: back.UID}}
+	f.create(claim)
+	withClaim(back, claim.Name)
+	f.submit(back)
+	f.waitFor("claim "+claim.Name, func() bool { _, err := f.dra.ResourceClaims().Get(claim.Namespace, claim.Name); return err == nil })
+	pi, err := framework.NewPodInfo(back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.snapshot.AssumePod(pi); err != nil {
+		t.Fatal(err)
+	}
+
+	second := f.preempt(train)
+	if !slices.Equal(f.evicted, []string{"a-gpu0"}) {
+		t.Errorf("second cycle (%v): evicted %v in all, want only a-gpu0: the waiting pod's defragmentation evicts the pod in the seat it freed again, "+
+			"while the eviction that stopped it is refused again", second.status, f.evicted)
 	}
 }
