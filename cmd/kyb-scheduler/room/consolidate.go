@@ -93,11 +93,11 @@ func (pl *Preemption) consolidate(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	// Nodes with a free group of the size are neither freed again nor
-	// given a moved pod (which might break it).
+	// given a moved pod (which might break it); nor are closed nodes.
 	var candidates []fwk.NodeInfo
 	targets := sets.New[string]()
 	for _, ni := range infos {
-		if ni.Node() == nil {
+		if ni.Node() == nil || closed(ni.Node()) {
 			continue
 		}
 		st := pl.fh.RunFilterPluginsWithNominatedPods(ctx, state, pod, ni)
@@ -142,6 +142,23 @@ func (pl *Preemption) consolidate(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	return len(best.victims), nil
+}
+
+// closed says whether a node takes no new pods: cordoned, or tainted by
+// the node lifecycle controller. Consolidation's pod tolerates every
+// taint, so Filter would free a group there that no pod can use, and
+// evict pods an operator may have cordoned the node to let finish.
+func closed(node *v1.Node) bool {
+	if node.Spec.Unschedulable {
+		return true
+	}
+	for _, t := range node.Spec.Taints {
+		switch t.Key {
+		case v1.TaintNodeUnschedulable, v1.TaintNodeNotReady, v1.TaintNodeUnreachable:
+			return true
+		}
+	}
+	return false
 }
 
 // largestGroupClass is the DeviceClass of the driver's largest group
