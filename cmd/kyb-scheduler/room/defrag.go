@@ -202,7 +202,7 @@ func (pl *Preemption) planOn(ctx context.Context, state fwk.CycleState, pod *v1.
 		if corev1helpers.PodPriority(p) > priority || len(podClaims(pl.dra, p)) == 0 {
 			continue
 		}
-		if ok, why := movable(pl.dra, p); !ok {
+		if ok, why := movable(pl.dra, pl.jobs, p); !ok {
 			logger.V(5).Info("Not movable", "pod", klog.KObj(p), "reason", why)
 			continue
 		}

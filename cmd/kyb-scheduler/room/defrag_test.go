@@ -6,9 +6,12 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 	testingclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 )
 
 // The defragmentation tests run the real DynamicResources plugin and
@@ -79,11 +82,27 @@ func TestDefragmentationMovesOnlyMovablePods(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opts []podOpt
+		// job, where set, is the Job "owner".
+		job  *batchv1.JobSpec
 		want []string
 	}{
 		{name: "ReplicaSet", opts: []podOpt{ownedBy("ReplicaSet")}, want: []string{"a-gpu0"}},
 		{name: "StatefulSet", opts: []podOpt{ownedBy("StatefulSet")}, want: []string{"a-gpu0"}},
-		{name: "Job", opts: []podOpt{ownedBy("Job")}, want: []string{"a-gpu0"}},
+		{name: "Job", opts: []podOpt{ownedBy("Job")}, job: &batchv1.JobSpec{}, want: []string{"a-gpu0"}},
+		{name: "Job below its backoffLimit", opts: []podOpt{ownedBy("Job")}, job: &batchv1.JobSpec{BackoffLimit: ptr.To[int32](1)}, want: []string{"a-gpu0"}},
+		{name: "Job that ignores disruptions", opts: []podOpt{ownedBy("Job")}, job: &batchv1.JobSpec{
+			BackoffLimit: ptr.To[int32](0),
+			PodFailurePolicy: &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{
+				{Action: batchv1.PodFailurePolicyActionFailJob, OnExitCodes: &batchv1.PodFailurePolicyOnExitCodesRequirement{Operator: batchv1.PodFailurePolicyOnExitCodesOpIn, Values: []int32{42}}},
+				{Action: batchv1.PodFailurePolicyActionIgnore, OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: v1.DisruptionTarget, Status: v1.ConditionTrue}}},
+			}},
+		}, want: []string{"a-gpu0"}},
+		{name: "Job that fails on disruptions", opts: []podOpt{ownedBy("Job")}, job: &batchv1.JobSpec{
+			PodFailurePolicy: &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{
+				{Action: batchv1.PodFailurePolicyActionFailJob, OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: v1.DisruptionTarget, Status: v1.ConditionTrue}}},
+			}},
+		}, want: []string{"a-gpu4", "a-gpu5"}},
+		{name: "Job not known", opts: []podOpt{ownedBy("Job")}, want: []string{"a-gpu4", "a-gpu5"}},
 		{name: "ReplicationController", opts: []podOpt{ownedBy("ReplicationController")}, want: []string{"a-gpu0"}},
 		{name: "movable: true", opts: []podOpt{ownedBy("ReplicaSet"), annotated(MovableAnnotation, "true")}, want: []string{"a-gpu0"}},
 		{name: "bare pod", want: []string{"a-gpu4", "a-gpu5"}},
@@ -95,6 +114,12 @@ func TestDefragmentationMovesOnlyMovablePods(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, threeProfiles, "node-a", "node-b")
 			f.defrag = Defragmentation{Mode: On}
+			if tc.job != nil {
+				job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: "default", UID: "uid-owner"}, Spec: *tc.job}
+				if _, err := f.client.BatchV1().Jobs("default").Create(f.ctx, job, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			rs := ownedBy("ReplicaSet")
 			f.runningSeats("a", "node-a", []string{"0"}, tc.opts...)
 			f.runningSeats("a", "node-a", []string{"4", "5"}, rs)

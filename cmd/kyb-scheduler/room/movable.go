@@ -1,11 +1,15 @@
 package room
 
 import (
+	"strconv"
+
+	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	batchlisters "k8s.io/client-go/listers/batch/v1"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	fwk "k8s.io/kube-scheduler/framework"
 )
@@ -35,13 +39,14 @@ func recreates(owner *metav1.OwnerReference) bool {
 }
 
 // movable says whether defragmentation may move a running pod, and if
-// not, why: its controller recreates it, it did not opt out, it is no
+// not, why: its controller recreates it (a Job's, jobs tells:
+// jobReplaces), it did not opt out, it is no
 // member of a pod group (a gang's pods go together or not at all), it is
 // not leaving already, and every claim it has is its own, so that its new
 // claims are allocated afresh wherever it goes. A claim it shares with
 // another pod stays allocated where it is, and so would hold the pod's
 // replacement to this node.
-func movable(dra fwk.SharedDRAManager, pod *v1.Pod) (bool, string) {
+func movable(dra fwk.SharedDRAManager, jobs batchlisters.JobLister, pod *v1.Pod) (bool, string) {
 	switch {
 	case pod.DeletionTimestamp != nil:
 		return false, "terminating"
@@ -56,10 +61,80 @@ func movable(dra fwk.SharedDRAManager, pod *v1.Pod) (bool, string) {
 	if owner == nil || !recreates(owner) {
 		return false, "no controller that recreates it"
 	}
+	if owner.Kind == "Job" {
+		if ok, why := jobReplaces(jobs, pod, owner); !ok {
+			return false, why
+		}
+	}
 	if _, ok := freshClaims(dra, pod); !ok {
 		return false, "a claim it does not hold alone"
 	}
 	return true, ""
+}
+
+// jobReplaces says whether a Job makes a new pod for its evicted pod,
+// and if not, why. An eviction counts as the pod's failure, unless its
+// podFailurePolicy ignores the DisruptionTarget condition the Eviction
+// API sets: with its failures at the backoffLimit (0 and restartPolicy
+// Never is common for batch work), or its index's at
+// backoffLimitPerIndex, the Job fails instead, as it does where its
+// policy fails it on the condition. A Job the scheduler's informer does
+// not have is not read as replacing.
+func jobReplaces(jobs batchlisters.JobLister, pod *v1.Pod, owner *metav1.OwnerReference) (bool, string) {
+	if jobs == nil {
+		return false, "Job " + owner.Name + " not known"
+	}
+	job, err := jobs.Jobs(pod.Namespace).Get(owner.Name)
+	if err != nil || job.UID != owner.UID {
+		return false, "Job " + owner.Name + " not known"
+	}
+	switch onDisruption(job.Spec.PodFailurePolicy) {
+	case batchv1.PodFailurePolicyActionIgnore:
+		return true, ""
+	case batchv1.PodFailurePolicyActionFailJob, batchv1.PodFailurePolicyActionFailIndex:
+		return false, "its eviction would fail Job " + job.Name + " (podFailurePolicy)"
+	}
+	if limit := job.Spec.BackoffLimitPerIndex; limit != nil {
+		failed, err := strconv.Atoi(pod.Annotations[batchv1.JobIndexFailureCountAnnotation])
+		if err != nil || int32(failed) >= *limit {
+			return false, "its eviction would fail its index of Job " + job.Name + " (backoffLimitPerIndex)"
+		}
+		return true, ""
+	}
+	limit := int32(6) // the API server's default
+	if job.Spec.BackoffLimit != nil {
+		limit = *job.Spec.BackoffLimit
+	}
+	if job.Status.Failed >= limit {
+		return false, "its eviction would fail Job " + job.Name + " (backoffLimit)"
+	}
+	return true, ""
+}
+
+// onDisruption is what a pod failure policy does with an evicted pod's
+// failure: the action of its first rule on the DisruptionTarget
+// condition; empty (counted) where none. A rule before it on exit codes
+// other than the listed ones may match the evicted container's exit code
+// first, and its action is taken where it is not Ignore; one on listed
+// codes is taken not to match.
+func onDisruption(policy *batchv1.PodFailurePolicy) batchv1.PodFailurePolicyAction {
+	if policy == nil {
+		return ""
+	}
+	for _, r := range policy.Rules {
+		if c := r.OnExitCodes; c != nil {
+			if c.Operator == batchv1.PodFailurePolicyOnExitCodesOpNotIn && r.Action != batchv1.PodFailurePolicyActionIgnore {
+				return r.Action
+			}
+			continue
+		}
+		for _, p := range r.OnPodConditions {
+			if p.Type == v1.DisruptionTarget && p.Status == v1.ConditionTrue {
+				return r.Action
+			}
+		}
+	}
+	return ""
 }
 
 // freshClaims are the pod's claims as its replacement will have them: in

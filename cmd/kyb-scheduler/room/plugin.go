@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	batchlisters "k8s.io/client-go/listers/batch/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
@@ -42,6 +43,9 @@ type Preemption struct {
 	fh   fwk.Handle
 	dra  fwk.SharedDRAManager
 	pods corelisters.PodLister
+	// jobs tells whether a Job replaces its evicted pod (movable.go);
+	// nil where defragmentation is off.
+	jobs batchlisters.JobLister
 	kept *keptDevices
 	// gang is the release of a pod group preemption's dry run (gang.go).
 	gang *gangRelease
@@ -111,6 +115,9 @@ func New(ctx context.Context, obj runtime.Object, fh fwk.Handle, fts feature.Fea
 		gang:   &gangRelease{},
 		wakes:  &wakes{waiting: sets.New[types.UID]()},
 		defrag: d,
+	}
+	if d.Mode != Off {
+		pl.jobs = fh.SharedInformerFactory().Batch().V1().Jobs().Lister()
 	}
 	if d.Mode != Off && d.Period > 0 {
 		pl.consolidation = &consolidation{period: d.Period, clock: clock.RealClock{}}

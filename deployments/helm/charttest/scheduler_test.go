@@ -41,6 +41,7 @@ type schedulerCase struct {
 	noRBAC     bool
 	defrag     []string // the defragmentation flags, before extraArgs
 	evicts     bool     // the ClusterRole grants pods/eviction
+	readsJobs  bool     // the ClusterRole grants reading Jobs
 }
 
 // kyb-scheduler's Deployment, configuration and RBAC (values scheduler):
@@ -95,13 +96,14 @@ func TestSchedulerValues(t *testing.T) {
 			name:  "defragmentation",
 			set:   []string{"scheduler.defragmentation.mode=on", "scheduler.defragmentation.period=10m", "scheduler.defragmentation.evictionsPerCycle=3"},
 			image: "ghcr.io/kyb-ai/kyb-dra-driver:0.1.0", pullPolicy: corev1.PullIfNotPresent, replicas: 1, lease: "kyb-scheduler",
-			defrag: []string{"--defragmentation=on", "--defragmentation-period=10m", "--defragmentation-evictions-per-cycle=3"}, evicts: true,
+			defrag: []string{"--defragmentation=on", "--defragmentation-period=10m", "--defragmentation-evictions-per-cycle=3"}, evicts: true, readsJobs: true,
 		},
 		{
 			name:  "defragmentation dry run",
 			set:   []string{"scheduler.defragmentation.mode=dry-run"},
 			image: "ghcr.io/kyb-ai/kyb-dra-driver:0.1.0", pullPolicy: corev1.PullIfNotPresent, replicas: 1, lease: "kyb-scheduler",
-			defrag: []string{"--defragmentation=dry-run", "--defragmentation-period=0s", "--defragmentation-evictions-per-cycle=2"},
+			defrag:    []string{"--defragmentation=dry-run", "--defragmentation-period=0s", "--defragmentation-evictions-per-cycle=2"},
+			readsJobs: true,
 		},
 		{
 			name:  "without RBAC",
@@ -293,6 +295,11 @@ func checkSchedulerRBAC(t *testing.T, m *manifest, tc schedulerCase, sa string) 
 	if tc.evicts {
 		// After pods/binding.
 		wantRules = slices.Insert(wantRules, 3, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/eviction"}, Verbs: []string{"create"}})
+	}
+	if tc.readsJobs {
+		// After apps.
+		apps := slices.IndexFunc(wantRules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.APIGroups, "apps") })
+		wantRules = slices.Insert(wantRules, apps+1, rbacv1.PolicyRule{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"get", "list", "watch"}})
 	}
 	if !reflect.DeepEqual(cr.Rules, wantRules) {
 		t.Errorf("the scheduler's ClusterRole rules:\n got %+v\nwant %+v", cr.Rules, wantRules)
