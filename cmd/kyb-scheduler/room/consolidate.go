@@ -88,6 +88,8 @@ func (pl *Preemption) consolidate(ctx context.Context) (int, error) {
 		}
 		return 0, status.AsError()
 	}
+	pl.underway.prune(pl.pods)
+	filterState := pl.withUnderway(state, pl.underway.list())
 	infos, err := pl.fh.SnapshotSharedLister().NodeInfos().List()
 	if err != nil {
 		return 0, err
@@ -100,7 +102,7 @@ func (pl *Preemption) consolidate(ctx context.Context) (int, error) {
 		if ni.Node() == nil || closed(ni.Node()) {
 			continue
 		}
-		st := pl.fh.RunFilterPluginsWithNominatedPods(ctx, state, pod, ni)
+		st := pl.fh.RunFilterPluginsWithNominatedPods(ctx, filterState, pod, ni)
 		switch {
 		case st.IsSuccess():
 		case st.Code() == fwk.Unschedulable:
@@ -141,6 +143,7 @@ func (pl *Preemption) consolidate(ctx context.Context) (int, error) {
 	if err := pl.evictAll(ctx, nil, best); err != nil {
 		return 0, err
 	}
+	pl.underway.add(best.moves, best.victims)
 	return len(best.victims), nil
 }
 

@@ -139,6 +139,7 @@ func (pl *Preemption) defragment(ctx context.Context, state fwk.CycleState, pod 
 	if err := pl.evictAll(ctx, pod, best); err != nil {
 		return nil, fwk.AsStatus(fmt.Errorf("defragmentation: %w", err))
 	}
+	pl.underway.add(best.moves, best.victims)
 	pl.kept.set(pod, best.node, best.allocation, best.victims, heldBy(pl.dra, best.victims))
 	logger.V(2).Info("Defragmented", "pod", klog.KObj(pod), "node", best.node, "moved", klog.KObjSlice(best.victims))
 	return framework.NewPostFilterResultWithNominatedNode(best.node),
@@ -195,6 +196,9 @@ func (pl *Preemption) planOn(ctx context.Context, state fwk.CycleState, pod *v1.
 	if c == nil {
 		return nil, nil
 	}
+	// The waiting pod fits where the replacements of earlier moves leave
+	// room.
+	state = pl.withUnderway(state, pl.underway.list())
 	var victims []*victim
 	var units []Unit
 	for _, pi := range ni.GetPods() {

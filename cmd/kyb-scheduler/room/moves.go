@@ -50,7 +50,7 @@ type room struct {
 // plugins judge it (the allocator among them, allocating its claims
 // afresh): with the moved pods gone from node, the waiting pod holding
 // its devices there, and the replacements placed before it where they
-// went. The pods holding the most devices go first. Nodes are tried in
+// went, those of earlier defragmentations' moves under way first. The pods holding the most devices go first. Nodes are tried in
 // order: node itself (a seat elsewhere on it), then the nodes with the
 // most pods, as pack fills them. False where one fits nowhere.
 func (pl *Preemption) moves(ctx context.Context, r room) ([]move, bool, error) {
@@ -95,9 +95,11 @@ func (pl *Preemption) moves(ctx context.Context, r room) ([]move, bool, error) {
 		return cmp.Or(cmp.Compare(held[b.UID], held[a.UID]), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
 
+	// The replacements of earlier moves are placed before these.
+	earlier := pl.underway.list()
 	var out []move
 	for _, p := range order {
-		m, ok, err := pl.moveOne(ctx, runner, r, p, nodes, removed, out)
+		m, ok, err := pl.moveOne(ctx, runner, r, p, nodes, removed, slices.Concat(earlier, out))
 		if err != nil || !ok {
 			if err == nil {
 				logger.V(4).Info("A pod defragmentation would move fits no node", "pod", klog.KObj(p), "node", r.node, "for", klog.KObj(r.waiting))

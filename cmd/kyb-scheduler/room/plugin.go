@@ -47,6 +47,8 @@ type Preemption struct {
 	// nil where defragmentation is off.
 	jobs batchlisters.JobLister
 	kept *keptDevices
+	// underway are the moves of earlier defragmentations (underway.go).
+	underway *movesUnderway
 	// gang is the release of a pod group preemption's dry run (gang.go).
 	gang *gangRelease
 	// wakes are the preemptors to try again once their preemption ends.
@@ -110,11 +112,12 @@ func New(ctx context.Context, obj runtime.Object, fh fwk.Handle, fts feature.Fea
 	}
 	pl := &Preemption{
 		DefaultPreemption: dp, fh: fh, dra: dra,
-		pods:   fh.SharedInformerFactory().Core().V1().Pods().Lister(),
-		kept:   newKeptDevices(),
-		gang:   &gangRelease{},
-		wakes:  &wakes{waiting: sets.New[types.UID]()},
-		defrag: d,
+		pods:     fh.SharedInformerFactory().Core().V1().Pods().Lister(),
+		kept:     newKeptDevices(),
+		underway: &movesUnderway{},
+		gang:     &gangRelease{},
+		wakes:    &wakes{waiting: sets.New[types.UID]()},
+		defrag:   d,
 	}
 	if d.Mode != Off {
 		pl.jobs = fh.SharedInformerFactory().Batch().V1().Jobs().Lister()
@@ -223,6 +226,7 @@ func (pl *Preemption) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod
 // there are kept for it (AddPod).
 func (pl *Preemption) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, m fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	pl.kept.prune(pl.pods)
+	pl.underway.prune(pl.pods)
 	found := &foundData{byNode: map[string]foundOnNode{}}
 	state.Write(foundKey, found)
 	ctx = withGathered(ctx, state)
