@@ -140,11 +140,9 @@ func (pl *Preemption) consolidate(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	pl.report(ctx, nil, best, false)
-	if err := pl.evictAll(ctx, nil, best); err != nil {
-		return 0, err
-	}
-	pl.underway.add(best.moves, best.victims)
-	return len(best.victims), nil
+	evicted, err := pl.evictAll(ctx, nil, best)
+	pl.underway.add(best.moves, evicted)
+	return len(evicted), err
 }
 
 // closed says whether a node takes no new pods: cordoned, or tainted by

@@ -136,12 +136,23 @@ func (pl *Preemption) defragment(ctx context.Context, state fwk.CycleState, pod 
 		return nil, fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("defragmentation (dry run): would move %s off node %s", names(best.victims), best.node))
 	}
 	pl.report(ctx, pod, best, false)
-	if err := pl.evictAll(ctx, pod, best); err != nil {
-		return nil, fwk.AsStatus(fmt.Errorf("defragmentation: %w", err))
+	evicted, err := pl.evictAll(ctx, pod, best)
+	if len(evicted) == 0 {
+		// Refused at once: nothing moves, the refused pod stays out of
+		// the next plans for a while.
+		return nil, fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("defragmentation: %v", err))
 	}
-	pl.underway.add(best.moves, best.victims)
-	pl.kept.set(pod, best.node, best.allocation, best.victims, heldBy(pl.dra, best.victims))
-	logger.V(2).Info("Defragmented", "pod", klog.KObj(pod), "node", best.node, "moved", klog.KObjSlice(best.victims))
+	// The pods evicted are gone, whether or not all went: the pod waits
+	// for them, nominated to the node, which keeps their devices for it
+	// from their own replacements; the refused pod stays out of its next
+	// plans, and it defragments again once they are gone.
+	pl.underway.add(best.moves, evicted)
+	pl.kept.set(pod, best.node, best.allocation, evicted, heldBy(pl.dra, evicted))
+	logger.V(2).Info("Defragmented", "pod", klog.KObj(pod), "node", best.node, "moved", klog.KObjSlice(evicted), "err", err)
+	if err != nil {
+		return framework.NewPostFilterResultWithNominatedNode(best.node),
+			fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("defragmentation: moved %d of %d pod(s) off node %s: %v", len(evicted), len(best.victims), best.node, err))
+	}
 	return framework.NewPostFilterResultWithNominatedNode(best.node),
 		fwk.NewStatus(fwk.Success, fmt.Sprintf("defragmentation: moving %d pod(s) off node %s", len(best.victims), best.node))
 }
@@ -208,6 +219,10 @@ func (pl *Preemption) planOn(ctx context.Context, state fwk.CycleState, pod *v1.
 		}
 		if ok, why := movable(pl.dra, pl.jobs, p); !ok {
 			logger.V(5).Info("Not movable", "pod", klog.KObj(p), "reason", why)
+			continue
+		}
+		if pl.refused.has(p.UID) {
+			logger.V(5).Info("Not movable", "pod", klog.KObj(p), "reason", "its eviction was refused lately")
 			continue
 		}
 		v, err := preemption.NewVictim([]fwk.PodInfo{pi}, corev1helpers.PodPriority(p), fwk.PodKeyType)

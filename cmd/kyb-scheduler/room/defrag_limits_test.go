@@ -171,3 +171,38 @@ func TestDefragmentationEvictsNoMoreAfterARefusedEviction(t *testing.T) {
 			"while the eviction that stopped it is refused again", second.status, f.evicted)
 	}
 }
+
+// A pod a PodDisruptionBudget selects is evicted first: where the API
+// server refuses it (its budget changed since the informer saw it),
+// nothing has been evicted for nothing.
+func TestDefragmentationEvictsBudgetedPodsFirst(t *testing.T) {
+	f := newFixture(t, threeProfiles, "node-a", "node-b")
+	f.defrag = Defragmentation{Mode: On}
+	rs := ownedBy("ReplicaSet")
+	f.runningSeats("a", "node-a", []string{"0"}, rs)
+	f.runningSeats("z", "node-a", []string{"1"}, rs, labels("app", "z"))
+	f.pdb("z", 1, "app", "z")
+	f.runningSeats("a-bare", "node-a", []string{"4", "5", "6", "7"})
+	f.runningSeats("b-bare", "node-b", []string{"0", "1", "2", "3", "4", "5"})
+	var tried []string
+	f.client.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if action.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		name := action.(k8stesting.CreateAction).GetObject().(*policyv1.Eviction).Name
+		tried = append(tried, name)
+		if name != "z-gpu1" {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 10)
+	})
+	f.start()
+	out := f.preempt(f.pending("train", class4x, 1))
+	if len(f.evicted) > 0 || !slices.Equal(tried, []string{"z-gpu1"}) {
+		t.Errorf("tried evicting %v, evicted %v (nominated %q, %v); want z-gpu1, which its budget selects, tried first and nothing evicted",
+			tried, f.evicted, out.nominated, out.status)
+	}
+	if out.nominated != "" {
+		t.Errorf("nominated to %q with nothing evicted", out.nominated)
+	}
+}

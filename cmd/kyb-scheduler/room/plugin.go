@@ -49,6 +49,8 @@ type Preemption struct {
 	kept *keptDevices
 	// underway are the moves of earlier defragmentations (underway.go).
 	underway *movesUnderway
+	// refused are the pods whose eviction was refused lately (evict.go).
+	refused *refusals
 	// gang is the release of a pod group preemption's dry run (gang.go).
 	gang *gangRelease
 	// wakes are the preemptors to try again once their preemption ends.
@@ -115,6 +117,7 @@ func New(ctx context.Context, obj runtime.Object, fh fwk.Handle, fts feature.Fea
 		pods:     fh.SharedInformerFactory().Core().V1().Pods().Lister(),
 		kept:     newKeptDevices(),
 		underway: &movesUnderway{},
+		refused:  &refusals{},
 		gang:     &gangRelease{},
 		wakes:    &wakes{waiting: sets.New[types.UID]()},
 		defrag:   d,
@@ -238,7 +241,7 @@ func (pl *Preemption) PostFilter(ctx context.Context, state fwk.CycleState, pod 
 	}
 	if pl.defrag.Mode != Off && noCandidates(result, status) {
 		r, s := pl.defragment(ctx, state, pod, m)
-		if s.IsSuccess() || !s.IsRejected() {
+		if s.IsSuccess() || !s.IsRejected() || r != nil {
 			return r, s
 		}
 		return result, fwk.NewStatus(status.Code(), status.Message()+"; "+s.Message())
