@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kyb-ai/kyb-dra-driver/test/harness"
 )
@@ -36,6 +38,7 @@ func TestKybSchedulerPreempt(t *testing.T) {
 		if _, err := c.Client.SchedulingV1().PriorityClasses().Create(c.Ctx, pc, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create PriorityClass %s: %v", name, err)
 		}
+		waitForPriorityClass(t, c, name)
 	}
 	defer func() {
 		if t.Failed() {
@@ -103,6 +106,28 @@ func TestKybSchedulerPreempt(t *testing.T) {
 			t.Errorf("pods left %v, want the gang's alone", got)
 		}
 	})
+}
+
+// waitForPriorityClass waits until the API server's Priority admission
+// plugin, which reads PriorityClasses from its informer, knows the class:
+// until then a pod naming it is refused.
+func waitForPriorityClass(t *testing.T, c *harness.Cluster, name string) {
+	t.Helper()
+	probe := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "priority-probe", Namespace: "default"},
+		Spec: v1.PodSpec{
+			PriorityClassName: name,
+			Containers:        []v1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10"}},
+		},
+	}
+	var last error
+	err := wait.PollUntilContextTimeout(c.Ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		_, last = c.Client.CoreV1().Pods("default").Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return last == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("PriorityClass %s is not known to the API server's admission after %v: %v", name, timeout, last)
+	}
 }
 
 func priorityClass(name string) podOpt {
