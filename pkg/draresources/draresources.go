@@ -304,12 +304,6 @@ type DeviceClassOptions struct {
 	Labels map[string]string
 }
 
-// ProfileSelector is the CEL selector of a profile's DeviceClass: the
-// driver's devices whose attribute profile names it.
-func ProfileSelector(profile string) string {
-	return fmt.Sprintf(`device.driver == %q && device.attributes[%q].profile == %q`, driver.Name, driver.Name, profile)
-}
-
 // DeviceClasses returns one class per profile, selecting the driver's
 // devices of that profile.
 func DeviceClasses(profiles []*planner.Profile, opts DeviceClassOptions) []*resourceapi.DeviceClass {
@@ -320,7 +314,7 @@ func DeviceClasses(profiles []*planner.Profile, opts DeviceClassOptions) []*reso
 		dc.Kind = "DeviceClass"
 		dc.Name = DeviceClassName(p.Resource)
 		dc.Labels = opts.Labels
-		dc.Spec.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: ProfileSelector(p.Name)}}}
+		dc.Spec.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: driver.ProfileSelector(p.Name)}}}
 		if opts.ExtendedResources {
 			dc.Spec.ExtendedResourceName = ptr.To(p.Resource)
 		}

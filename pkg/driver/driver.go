@@ -32,6 +32,13 @@ import (
 // the driver publishes.
 const Name = "gpu.kyb.ai"
 
+// ProfileSelector is the CEL selector of a profile's DeviceClass: the
+// driver's devices whose attribute profile names it. kyb-scheduler, which
+// links none of the node's code, builds the same selector from here.
+func ProfileSelector(profile string) string {
+	return fmt.Sprintf(`device.driver == %q && device.attributes[%q].profile == %q`, Name, Name, profile)
+}
+
 // ShimSocketGlob matches the shim's sockets in the kubelet's device-plugin
 // directory: one per resource, kyb-<resource name after the domain>.sock.
 const ShimSocketGlob = "kyb-*.sock"

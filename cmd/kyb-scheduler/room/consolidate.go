@@ -22,7 +22,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/kyb-ai/kyb-dra-driver/api/kyb.ai/v1alpha1"
-	"github.com/kyb-ai/kyb-dra-driver/pkg/draresources"
 	"github.com/kyb-ai/kyb-dra-driver/pkg/driver"
 )
 
@@ -165,7 +164,7 @@ func closed(node *v1.Node) bool {
 // largestGroupClass is the DeviceClass of the driver's largest group
 // that takes its GPUs whole, and its size in GPUs: the profile of the
 // device naming the most GPUs, and the class selecting that profile (as
-// the driver's classes do, draresources.DeviceClasses). Empty where no
+// the driver's classes do, driver.ProfileSelector). Empty where no
 // class selects it.
 func (pl *Preemption) largestGroupClass() (string, int, error) {
 	slices, err := pl.dra.ResourceSlices().ListWithDeviceTaintRules()
@@ -196,7 +195,7 @@ func (pl *Preemption) largestGroupClass() (string, int, error) {
 	if err != nil {
 		return "", 0, fmt.Errorf("list DeviceClasses: %w", err)
 	}
-	want := draresources.ProfileSelector(profile)
+	want := driver.ProfileSelector(profile)
 	for _, dc := range classes {
 		for _, sel := range dc.Spec.Selectors {
 			if sel.CEL != nil && sel.CEL.Expression == want {
