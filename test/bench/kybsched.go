@@ -50,6 +50,12 @@ type KybSchedOptions struct {
 	// BurstWait is how long the burst study waits for its pods, in
 	// seconds, before it counts those left pending.
 	BurstWait int
+	// Profile, when set, is a directory prefix: every round of every
+	// scheduler process is CPU-profiled from the release to its last pod
+	// into <prefix>-<nodes>-<empty|busy>-<run>-r<round>/ (one file a
+	// second; `go tool pprof` merges a directory's). Profiling adds its
+	// own CPU to the round's.
+	Profile string
 	// PreemptNodes are the preemption study's nodes, all full;
 	// Preemptions its high-priority pods per round under kyb-scheduler;
 	// PreemptWait how long it waits for each to be bound, in seconds.
@@ -140,11 +146,12 @@ func kybScheduler(opts KybSchedOptions, score bool) schedulerUnderTest {
 func schedulerProcess(ctx context.Context, c *harness.Cluster, o harness.KybSchedulerOptions, name string) (schedTarget, func()) {
 	k := c.StartKybScheduler(o)
 	return schedTarget{
-		name:     name,
-		attempts: func(ctx context.Context) (map[string]float64, error) { return settledAttempts(ctx, k) },
-		costs:    func(ctx context.Context) (cycleCosts, error) { return processCycleCosts(ctx, k.Metrics) },
-		cpu:      func(ctx context.Context) (float64, error) { return processCPUSeconds(ctx, k.Metrics) },
-		metrics:  k.Metrics,
+		name:       name,
+		attempts:   func(ctx context.Context) (map[string]float64, error) { return settledAttempts(ctx, k) },
+		costs:      func(ctx context.Context) (cycleCosts, error) { return processCycleCosts(ctx, k.Metrics) },
+		cpu:        func(ctx context.Context) (float64, error) { return processCPUSeconds(ctx, k.Metrics) },
+		metrics:    k.Metrics,
+		cpuProfile: k.CPUProfile,
 	}, k.Stop
 }
 

@@ -57,6 +57,9 @@ const (
 	runOursKybNoScore
 )
 
+// runFiles name the runs in profile directories.
+var runFiles = []string{"basic-stock", "ours-stock", "ours-kyb", "ours-kyb-noscore"}
+
 // RunKybSched measures the schedulers at each node count, on empty nodes
 // and on a busy cluster (where BusyShare leaves a node full), as RunSched
 // does; the runs take turns, the first
@@ -107,7 +110,15 @@ func RunKybSched(ctx context.Context, c *harness.Cluster, opts KybSchedOptions) 
 				res, err := func() (roundResult, error) {
 					target, stop := r.Scheduler.start(ctx, c, id)
 					defer stop()
-					res, err := schedRound(ctx, c, target, r.Shape, id, sc.Nodes, sc.Full, sc.Pods[i], "")
+					profile := ""
+					if opts.Profile != "" {
+						kind := "empty"
+						if sc.Full > 0 {
+							kind = "busy"
+						}
+						profile = fmt.Sprintf("%s-%d-%s-%s-r%d", opts.Profile, sc.Nodes, kind, runFiles[i], round)
+					}
+					res, err := schedRound(ctx, c, target, r.Shape, id, sc.Nodes, sc.Full, sc.Pods[i], profile)
 					if err == nil && target.costs != nil {
 						costs[i], err = target.costs(ctx)
 					}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"sync"
@@ -160,6 +161,10 @@ type schedTarget struct {
 	// metrics, for a scheduler process, reads its metrics page; nil for
 	// the in-process scheduler.
 	metrics func(ctx context.Context) ([]byte, error)
+	// cpuProfile, for a scheduler process, profiles its CPU over the next
+	// seconds; nil for the in-process scheduler, which this process
+	// profiles itself.
+	cpuProfile func(ctx context.Context, seconds int) ([]byte, error)
 }
 
 // roundResult is what one round measured: pods/s, scheduling attempts,
@@ -220,7 +225,13 @@ func schedRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Sh
 	if err != nil {
 		return roundResult{}, err
 	}
-	if profile != "" {
+	if profile != "" && sched.cpuProfile != nil {
+		stop, err := profileProcess(ctx, sched.cpuProfile, profile)
+		if err != nil {
+			return roundResult{}, err
+		}
+		defer stop()
+	} else if profile != "" {
 		f, err := os.Create(profile)
 		if err != nil {
 			return roundResult{}, err
@@ -264,6 +275,38 @@ func schedRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Sh
 		attempts: total(after) - total(before),
 		cpu:      cpuAfter - cpuBefore,
 	}, nil
+}
+
+// profileProcess profiles a scheduler process's CPU, one second at a
+// time until stop, into dir (made here): a profile's length must be given
+// when it starts, and a round's is not known. `go tool pprof dir/*`
+// merges the windows. stop waits for the last window.
+func profileProcess(ctx context.Context, cpuProfile func(context.Context, int) ([]byte, error), dir string) (func(), error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	logger := klog.FromContext(ctx)
+	go func() {
+		defer close(finished)
+		for w := 0; ; w++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			data, err := cpuProfile(ctx, 1)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("w%03d.pprof", w)), data, 0o644)
+			}
+			if err != nil {
+				logger.Error(err, "Profile the scheduler", "dir", dir)
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-finished }, nil
 }
 
 // processCPU is the CPU seconds a scheduler process has used so far, 0

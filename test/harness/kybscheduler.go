@@ -98,6 +98,31 @@ func (k *KybScheduler) Metrics(ctx context.Context) ([]byte, error) {
 	return body, nil
 }
 
+// CPUProfile returns a CPU profile of the scheduler over the next
+// seconds (its /debug/pprof/profile, protobuf), for benchmarks that look
+// for where a scheduler's time goes.
+func (k *KybScheduler) CPUProfile(ctx context.Context, seconds int) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d/debug/pprof/profile?seconds=%d", k.port, seconds), nil)
+	if err != nil {
+		return nil, err
+	}
+	client := loopbackClient()
+	client.Timeout = time.Duration(seconds)*time.Second + 10*time.Second
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler CPU profile: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler CPU profile: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scheduler CPU profile: %s: %s", resp.Status, body)
+	}
+	return body, nil
+}
+
 // loopbackClient talks to the scheduler's secure port. Its serving
 // certificate is self-signed, made at its start: a loopback request to a
 // process this harness started.
