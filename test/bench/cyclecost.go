@@ -28,6 +28,9 @@ type cycleCosts struct {
 	steps map[string]float64
 	// scoreCycles are the cycles the score's PreScore ran in.
 	scoreCycles float64
+	// draFilters are the DynamicResources plugin's Filter calls, one
+	// per pod and node tried (scheduler_plugin_evaluation_total).
+	draFilters float64
 }
 
 // scoreShare is the score's own time as a share of an attempt; 0 where
@@ -78,7 +81,7 @@ func scanSamples(page []byte, sample func(name string, labels map[string]string,
 
 // parseCycleCosts reads cycleCosts from a scheduler's metrics page.
 func parseCycleCosts(page []byte) (cycleCosts, error) {
-	var algorithmSum, algorithmCount, scoreSum, preScores float64
+	var algorithmSum, algorithmCount, scoreSum, preScores, draFilters float64
 	steps := map[string]float64{}
 	err := scanSamples(page, func(name string, labels map[string]string, v float64) {
 		switch name {
@@ -93,6 +96,10 @@ func parseCycleCosts(page []byte) (cycleCosts, error) {
 			if labels["step"] == "PreScore" {
 				preScores += v
 			}
+		case "scheduler_plugin_evaluation_total":
+			if labels["plugin"] == "DynamicResources" && labels["extension_point"] == "Filter" {
+				draFilters += v
+			}
 		}
 	})
 	if err != nil || algorithmCount == 0 {
@@ -101,7 +108,7 @@ func parseCycleCosts(page []byte) (cycleCosts, error) {
 	for k := range steps {
 		steps[k] /= algorithmCount
 	}
-	return cycleCosts{attempt: algorithmSum / algorithmCount, score: scoreSum / algorithmCount, steps: steps, scoreCycles: preScores}, nil
+	return cycleCosts{attempt: algorithmSum / algorithmCount, score: scoreSum / algorithmCount, steps: steps, scoreCycles: preScores, draFilters: draFilters}, nil
 }
 
 // processCycleCosts reads a scheduler process's cycleCosts.

@@ -99,7 +99,7 @@ func burstRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Sh
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("%s-node-%03d", id, i)
 	}
-	if err := parallel(ctx, len(nodes), func(i int) error { return createNode(ctx, c.Client, nodes[i], s) }); err != nil {
+	if err := parallel(ctx, len(nodes), func(i int) error { return createNode(ctx, c.Client, nodes[i], s, nil) }); err != nil {
 		return err
 	}
 	defer removeRound(context.WithoutCancel(ctx), c.Client, ns, nodes)
@@ -112,7 +112,7 @@ func burstRound(ctx context.Context, c *harness.Cluster, sched schedTarget, s Sh
 		return err
 	}
 	defer stop()
-	before, err := createUnschedulable(ctx, c, sched, s, ns, id, pods)
+	before, err := createUnschedulable(ctx, c, sched, s.Class, ns, id, pods)
 	if err != nil {
 		return err
 	}

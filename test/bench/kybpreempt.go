@@ -148,7 +148,7 @@ func (r *preemptRound) run(ctx context.Context, preemptions int, res *KybPreempt
 		nodes[i] = fmt.Sprintf("%s-node-%03d", r.id, i)
 	}
 	defer removeRound(context.WithoutCancel(ctx), client, r.ns, nodes)
-	if err := parallel(ctx, len(nodes), func(i int) error { return createNode(ctx, client, nodes[i], r.s) }); err != nil {
+	if err := parallel(ctx, len(nodes), func(i int) error { return createNode(ctx, client, nodes[i], r.s, nil) }); err != nil {
 		return err
 	}
 	stopKubelet, err := r.standInKubelet(client)
