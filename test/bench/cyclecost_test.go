@@ -22,6 +22,9 @@ scheduler_scheduling_attempt_duration_seconds_count{profile="kyb-scheduler",resu
 scheduler_scheduling_algorithm_duration_seconds_bucket{le="0.001"} 2
 scheduler_scheduling_algorithm_duration_seconds_sum 0.4
 scheduler_scheduling_algorithm_duration_seconds_count 10
+scheduler_plugin_evaluation_total{extension_point="Filter",plugin="DynamicResources",profile="kyb-scheduler"} 1200
+scheduler_plugin_evaluation_total{extension_point="PreFilter",plugin="DynamicResources",profile="kyb-scheduler"} 10
+scheduler_plugin_evaluation_total{extension_point="Filter",plugin="NodeAffinity",profile="kyb-scheduler"} 2500
 `)
 	c, err := parseCycleCosts(page)
 	if err != nil {
@@ -29,11 +32,11 @@ scheduler_scheduling_algorithm_duration_seconds_count 10
 	}
 	// Per cycle of the algorithm; the framework's sampled plugin metric
 	// is not read.
-	want := cycleCosts{attempt: 0.4 / 10, score: (0.004 + 0.0005 + 0.0015) / 10, scoreCycles: 8}
+	want := cycleCosts{attempt: 0.4 / 10, score: (0.004 + 0.0005 + 0.0015) / 10, scoreCycles: 8, draFilters: 1200}
 	for _, f := range []struct {
 		name      string
 		got, want float64
-	}{{"attempt", c.attempt, want.attempt}, {"score", c.score, want.score}, {"score cycles", c.scoreCycles, want.scoreCycles}} {
+	}{{"attempt", c.attempt, want.attempt}, {"score", c.score, want.score}, {"score cycles", c.scoreCycles, want.scoreCycles}, {"DRA Filter calls", c.draFilters, want.draFilters}} {
 		if math.Abs(f.got-f.want) > 1e-12 {
 			t.Errorf("%s per cycle %v, want %v", f.name, f.got, f.want)
 		}

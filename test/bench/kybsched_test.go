@@ -45,6 +45,15 @@ func TestKybSchedStudiesAtSmallSize(t *testing.T) {
 	if c := costs[runOursKybNoScore]; c.attempt <= 0 || c.score != 0 {
 		t.Errorf("kyb-scheduler without the score: times per attempt %+v, want no score time", c)
 	}
+	// Released at once, every pod's cycle tries every node: on 4 nodes
+	// the scheduler filters them all, full ones included.
+	sc := st.Scenarios[0]
+	for i, r := range sc.Runs {
+		if c := costs[i]; c.attempt > 0 && c.draFilters < float64(sc.Nodes*sc.Pods[i]) {
+			t.Errorf("%s under %s: %v DRA Filter calls for %d pods on %d nodes, want every pod to try every node",
+				r.Shape.Name, r.Scheduler.Name, c.draFilters, sc.Pods[i], sc.Nodes)
+		}
+	}
 	// Each scheduler process's CPU for the round, from its own metrics:
 	// a scheduler that schedules pods uses some. Stock in-process has none.
 	for i, r := range st.Scenarios[0].Runs {
