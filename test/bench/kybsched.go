@@ -45,6 +45,11 @@ type KybSchedOptions struct {
 	// module's k8s.io/kubernetes/cmd/kube-scheduler); "" measures the
 	// in-process stock scheduler instead.
 	KubeScheduler string
+	// Compare, when set, is another kyb-scheduler command (an earlier
+	// build), measured with its built-in profile as a fifth run taking
+	// turns with the others, so that two builds are compared within one
+	// run's rounds, not across runs on a machine whose pace drifts.
+	Compare string
 	// BurstNodes are the burst study's nodes: all but one full.
 	BurstNodes int
 	// BurstWait is how long the burst study waits for its pods, in
@@ -135,8 +140,14 @@ func kybScheduler(opts KybSchedOptions, score bool) schedulerUnderTest {
 	if !score {
 		name, profiles = "kyb-scheduler without the score", noScoreProfile
 	}
+	return kybSchedulerBinary(opts.KybScheduler, name, profiles)
+}
+
+// kybSchedulerBinary is the kyb-scheduler command bin under name, with
+// profiles ("" for its built-in one).
+func kybSchedulerBinary(bin, name, profiles string) schedulerUnderTest {
 	return schedulerUnderTest{Name: name, start: func(ctx context.Context, c *harness.Cluster, turn string) (schedTarget, func()) {
-		return schedulerProcess(ctx, c, harness.KybSchedulerOptions{Binary: opts.KybScheduler, Name: "kyb-" + turn,
+		return schedulerProcess(ctx, c, harness.KybSchedulerOptions{Binary: bin, Name: "kyb-" + turn,
 			Config: processConfig(c.Kubeconfig, profiles)}, kybSchedulerName)
 	}}
 }

@@ -55,10 +55,12 @@ const (
 	runOursStock
 	runOursKyb
 	runOursKybNoScore
+	// runCompare is the other kyb-scheduler build, where one is given.
+	runCompare
 )
 
 // runFiles name the runs in profile directories.
-var runFiles = []string{"basic-stock", "ours-stock", "ours-kyb", "ours-kyb-noscore"}
+var runFiles = []string{"basic-stock", "ours-stock", "ours-kyb", "ours-kyb-noscore", "ours-kyb-compare"}
 
 // RunKybSched measures the schedulers at each node count, on empty nodes
 // and on a busy cluster (where BusyShare leaves a node full), as RunSched
@@ -75,6 +77,9 @@ func RunKybSched(ctx context.Context, c *harness.Cluster, opts KybSchedOptions) 
 	}
 	stock := stockScheduler(opts)
 	runs := []kybRun{{basic, stock}, {ours, stock}, {ours, kybScheduler(opts, true)}, {ours, kybScheduler(opts, false)}}
+	if opts.Compare != "" {
+		runs = append(runs, kybRun{ours, kybSchedulerBinary(opts.Compare, "kyb-scheduler "+opts.Compare+" (built-in profile)", "")})
+	}
 	st := &KybSchedStudy{Options: opts}
 	for _, n := range opts.Nodes {
 		full := int(float64(n)*opts.BusyShare + 0.5)
@@ -224,6 +229,10 @@ func (st *KybSchedStudy) Table() *Table {
 			"API server and etcd that share the machine. Empty with the in-process scheduler.",
 		"DRA Filter calls per pod are the process's scheduler_plugin_evaluation_total for the DynamicResources plugin's Filter, one per pod and " +
 			"node it ran on, over the pods: the nodes a pod's cycle tried past the filters before it (the round's label, resources)."}
+	if st.Options.Compare != "" {
+		t.Notes = append(t.Notes, fmt.Sprintf("The last row of each scenario is another kyb-scheduler build, %s, with its built-in profile, "+
+			"taking turns with the other runs in every round.", st.Options.Compare))
+	}
 	return t
 }
 

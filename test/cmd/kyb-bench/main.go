@@ -54,6 +54,7 @@ func main() {
 	flag.Float64Var(&opts.Sched.BusyFill, "sched-busy-fill", 0.6, "scheduler study: share of the free nodes' seats the pods released onto the busy cluster take")
 	flag.StringVar(&opts.KybSched.KybScheduler, "kyb-scheduler", "bin/kyb-scheduler", "kyb-scheduler studies: the kyb-scheduler binary (make kyb-scheduler)")
 	flag.StringVar(&opts.KybSched.KubeScheduler, "kube-scheduler", "", "kyb-scheduler studies: stock kube-scheduler of the test module's Kubernetes as a binary; empty: stock kube-scheduler in this process")
+	flag.StringVar(&opts.KybSched.Compare, "kyb-scheduler-compare", "", "kyb-scheduler study: another kyb-scheduler binary (an earlier build), measured with its built-in profile as a fifth run taking turns with the others")
 	flag.StringVar(&opts.KybSched.Profile, "kybsched-profile", "", "kyb-scheduler study: CPU-profile every round of every scheduler process into <prefix>-<nodes>-<empty|busy>-<run>-r<round>/ (go tool pprof merges a directory's files)")
 	flag.IntVar(&opts.KybSched.BurstNodes, "kybburst-nodes", 10, "kyb-scheduler burst study: nodes, all but one full")
 	flag.IntVar(&opts.KybSched.BurstWait, "kybburst-wait", 60, "kyb-scheduler burst study: seconds to wait for the burst's pods before counting those left pending")
