@@ -59,18 +59,23 @@ func BenchmarkScore(b *testing.B) {
 // kyb-scheduler's built-in profile: PreFilter, the device order handed to
 // the allocator, PreScore over the nodes that fit and Score. Half full:
 // every node has room; busy: nine nodes in ten full (all eight seats
-// allocated), as the throughput study's busy clusters, the others empty.
+// allocated), as the throughput study's busy clusters, the others empty;
+// empty: no seat allocated but the one the stream takes and gives back,
+// as the throughput study's empty nodes.
 func BenchmarkScoreCycle(b *testing.B) {
 	for _, c := range []struct {
-		name  string
-		nodes int
-		busy  bool
-	}{{"nodes=100", 100, false}, {"nodes=500", 500, false}, {"nodes=500,busy", 500, true}} {
+		name         string
+		nodes        int
+		busy, unused bool
+	}{{"nodes=100", 100, false, false}, {"nodes=500", 500, false, false}, {"nodes=500,busy", 500, true, false}, {"nodes=500,empty", 500, false, true}} {
 		b.Run(c.name, func(b *testing.B) {
 			var f *fixture
-			if c.busy {
+			switch {
+			case c.unused:
+				f = filled(b, c.nodes, func(int) int { return 0 }, nil)
+			case c.busy:
 				f = filled(b, c.nodes, func(node int) int { return 8 * min(1, node%10) }, nil)
-			} else {
+			default:
 				// GPUs 1, 3, 5, 7: every pair broken, so that each node's
 				// order differs from the published one.
 				f = halfFull(b, c.nodes, func(seat int) int { return 2*seat + 1 })
