@@ -55,11 +55,10 @@ const (
 	runOursStock
 	runOursKyb
 	runOursKybNoScore
-	// runCompare is the other kyb-scheduler build, where one is given.
-	runCompare
 )
 
-// runFiles name the runs in profile directories.
+// runFiles name the runs in profile directories; the one after
+// runOursKybNoScore is the other kyb-scheduler build, where one is given.
 var runFiles = []string{"basic-stock", "ours-stock", "ours-kyb", "ours-kyb-noscore", "ours-kyb-compare"}
 
 // RunKybSched measures the schedulers at each node count, on empty nodes
